@@ -1,0 +1,204 @@
+"""The memory (segment-recurrent) transformer: a decoder-only LM with Transformer-XL recurrence.
+
+Per layer n, with memory mem^{n-1} of the last M inputs that layer consumed (stop-gradient):
+
+    h~ = [SG(mem^{n-1}) ; h^{n-1}]                  (M + L states)
+    q = h^{n-1} W_q,   k = h~ W_k,   v = h~ W_v      (queries from the segment only)
+    h^n = Block(h^{n-1}; q, k, v)                    (the scheme decides how positions enter)
+
+The positional scheme is chosen by name (``ModelConfig.posenc``) and acts through one interface
+(``posenc_lab.positional.PositionalScheme``). This file imports only torch and that package.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .positional import Dims, Positions, PositionalScheme, build_scheme
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    n_layer: int = 4
+    d_model: int = 128
+    n_head: int = 4
+    d_inner: int = 512
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    mem_len: int = 0  # M: states each layer keeps from earlier segments (0 = no recurrence)
+    pre_norm: bool = True
+    tie_weights: bool = True
+    same_length: bool = False  # every query sees exactly mem_len + 1 keys
+    loss_recent_frac: float = 1.0  # train on the last fraction of the segment only (paper's half loss: 0.5)
+    posenc: str = "xl"
+    posenc_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, minimum in [("vocab_size", 2), ("n_layer", 1), ("d_model", 1), ("n_head", 1), ("d_inner", 1), ("mem_len", 0)]:
+            _check_int(f"model.{name}", getattr(self, name), minimum)
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
+                f"pick n_head among the divisors of d_model"
+            )
+        for name in ("dropout", "attn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not 0.0 < self.loss_recent_frac <= 1.0:
+            raise ValueError(f"model.loss_recent_frac must be in (0, 1], got {self.loss_recent_frac!r}")
+        if self.same_length and self.mem_len == 0:
+            raise ValueError("model.same_length=true needs model.mem_len >= 1 (each query sees mem_len + 1 keys)")
+        self.posenc_kwargs = dict(self.posenc_kwargs or {})
+
+    @property
+    def dims(self) -> Dims:
+        return Dims(self.n_layer, self.d_model, self.n_head)
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor  # [B, L, V]
+    mems: list[Tensor]  # n_layer x [B, M', D], detached
+    token_loss: Tensor | None = None  # [B, L] nats
+    loss: Tensor | None = None  # scalar: mean over counted tokens
+    attention: list[Tensor] | None = None  # n_layer x [B, H, L, N] when asked for
+
+
+class Block(nn.Module):
+    """Attention + feed-forward, pre- or post-LayerNorm; positions come from the shared scheme."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        D = cfg.d_model
+        self.n_head, self.pre_norm = cfg.n_head, cfg.pre_norm
+        self.attn_dropout = cfg.attn_dropout
+        self.ln_attn, self.ln_ff = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.q_proj = nn.Linear(D, D, bias=False)
+        self.kv_proj = nn.Linear(D, 2 * D, bias=False)  # fused: one matmul for k and v
+        self.out_proj = nn.Linear(D, D, bias=False)
+        self.ff = nn.Sequential(nn.Linear(D, cfg.d_inner), nn.GELU(), nn.Linear(cfg.d_inner, D))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def attention(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions,
+                  probs_out: list | None) -> Tensor:
+        """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]."""
+        B, L, D = x.shape
+        N, H = context.shape[1], self.n_head
+        q = self.q_proj(x).view(B, L, H, D // H).transpose(1, 2)  # [B, H, L, d_h]
+        k, v = self.kv_proj(context).view(B, N, 2, H, D // H).permute(2, 0, 3, 1, 4)  # 2 x [B, H, N, d_h]
+        if probs_out is not None:
+            probs_out.append(scheme.attention_probs(layer, q, k, pos).detach())
+        dropout_p = self.attn_dropout if self.training else 0.0
+        out = scheme.attend(layer, q, k, v, pos, dropout_p)
+        return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
+
+    def forward(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions,
+                probs_out: list | None = None) -> Tensor:
+        """x: [B, L, D] the segment, context: [B, M + L, D] = [memory ; x] -> [B, L, D]."""
+        if self.pre_norm:
+            normed = self.ln_attn(context)
+            x = x + self.drop(self.attention(normed[:, -x.shape[1]:], normed, scheme, layer, pos, probs_out))
+            return x + self.drop(self.ff(self.ln_ff(x)))
+        x = self.ln_attn(x + self.drop(self.attention(x, context, scheme, layer, pos, probs_out)))
+        return self.ln_ff(x + self.drop(self.ff(x)))
+
+
+class MemoryTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        # Evaluation may change these two without rebuilding the model.
+        self.mem_len, self.same_length = cfg.mem_len, cfg.same_length
+        self.scheme = build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.emb_scale = math.sqrt(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_out = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if cfg.tie_weights:
+            self.head.weight = self.embedding.weight
+        for block in self.blocks:  # GPT-2: scale the residual projections by depth
+            for proj in (block.out_proj, block.ff[2]):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def validate_lengths(self, segment_len: int, mem_len: int | None = None, max_offset: int = 0) -> None:
+        """Fail before any compute if these lengths cannot work for this model and scheme."""
+        mem_len = self.mem_len if mem_len is None else mem_len
+        _check_int("segment_len", segment_len, 1)
+        _check_int("mem_len", mem_len, 0)
+        _check_int("max_offset", max_offset, 0)
+        self.scheme.validate(segment_len, mem_len, max_offset)
+
+    def positions(self, L: int, M: int, offset: Tensor, device: torch.device) -> Positions:
+        """Queries at i = 0..L-1, keys at j = -M..L-1; key j visible to query i iff j <= i
+        (and, with same_length, j >= i - mem_len)."""
+        q = torch.arange(L, device=device)
+        k = torch.arange(-M, L, device=device)
+        visible = k[None, :] <= q[:, None]
+        if self.same_length:
+            visible &= k[None, :] >= q[:, None] - self.mem_len
+        return Positions(q=q, k=k, offset=offset, visible=visible)
+
+    def init_mems(self) -> list[Tensor]:
+        return []
+
+    def forward(self, tokens: Tensor, targets: Tensor | None = None, mems: list[Tensor] | None = None,
+                offset: int | Tensor = 0, loss_mask: Tensor | None = None,
+                return_attention: bool = False) -> ModelOutput:
+        """tokens, targets: [B, L] int64; mems: n_layer x [B, M, D] or None/[] (no memory yet);
+        offset: stream offset s of tokens[:, 0], int or [B]; loss_mask: [B, L] bool (True = counted)."""
+        B, L = tokens.shape
+        mems = mems or []
+        if mems and (len(mems) != len(self.blocks) or mems[0].shape[0] != B):
+            raise ValueError(
+                f"memory holds {len(mems)} layers x batch {mems[0].shape[0]}, "
+                f"the model has {len(self.blocks)} layers and this batch has {B} streams"
+            )
+        M = mems[0].shape[1] if mems else 0
+        if not torch.is_tensor(offset):
+            offset = torch.full((B,), int(offset), dtype=torch.long)
+        pos = self.positions(L, M, offset.to(tokens.device), tokens.device)
+
+        h = self.drop(self.scheme.embed(self.embedding(tokens) * self.emb_scale, pos))  # h^0
+        new_mems, attention = [], ([] if return_attention else None)
+        for layer, block in enumerate(self.blocks):
+            context = torch.cat([mems[layer], h], dim=1) if mems else h  # h~ = [SG(mem) ; h]
+            if self.mem_len > 0:  # this layer's inputs, newest last, at most mem_len, stop-gradient
+                new_mems.append(context[:, -self.mem_len:].detach())
+            h = block(h, context, self.scheme, layer, pos, attention)
+        logits = self.head(self.ln_out(h))
+
+        out = ModelOutput(logits=logits, mems=new_mems, attention=attention)
+        if targets is not None:
+            out.token_loss = F.cross_entropy(
+                logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+            ).view(B, L)
+            counted = torch.ones_like(targets, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+            recent = math.ceil(self.cfg.loss_recent_frac * L)
+            if recent < L:  # the paper's "half loss": only the recent part of the segment counts
+                counted = counted & (torch.arange(L, device=tokens.device) >= L - recent)
+            out.loss = (out.token_loss * counted).sum() / counted.sum().clamp(min=1)
+        return out

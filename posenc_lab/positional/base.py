@@ -1,0 +1,137 @@
+"""The one interface every positional scheme implements.
+
+A scheme can act in three places of a memory transformer, and overrides only those it needs:
+
+1. ``embed``   the input embedding (absolute schemes add a position vector to ``E[x]``);
+2. ``attend``  the attention scores (relative schemes: a bias, a rotation of q/k, or XL's terms);
+3. ``attend``  the value aggregation (Shaw's ``a^V``), since it needs the probabilities.
+
+The default ``attend`` is ``scaled_dot_product_attention`` over ``rotate(q, k)`` plus an optional
+additive ``score_bias``. Schemes that only rotate (RoPE) or add a bias (ALiBi, T5) override one
+small method and keep SDPA; Shaw and XL override ``attend`` itself.
+
+Positions are handed over, never guessed: the model builds one ``Positions`` per segment with the
+query positions ``i in [0, L)``, the key positions ``j in [-M, L)`` (memory keys are negative), the
+stream offset ``s`` of every stream and the visibility mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Sizes a scheme needs to build its parameters."""
+
+    n_layer: int
+    d_model: int
+    n_head: int
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_head
+
+
+@dataclass
+class Positions:
+    """Where the queries and keys of one segment sit.
+
+    q: [L] query positions i = 0..L-1.  k: [N] key positions j = -M..L-1, N = M + L.
+    offset: [B] stream offset s of each stream's first token (tokens since its episode began).
+    visible: [L, N] bool, True where key j may be attended by query i (causal, optional same-length).
+    """
+
+    q: Tensor
+    k: Tensor
+    offset: Tensor
+    visible: Tensor
+
+    @property
+    def distance(self) -> Tensor:
+        """[L, N] relative distance d = i - j (>= 0 where visible)."""
+        return self.q[:, None] - self.k[None, :]
+
+    def shifted(self, by: int) -> "Positions":
+        """The same segment with every position moved by ``by`` (for invariance tests)."""
+        return Positions(self.q + by, self.k + by, self.offset + by, self.visible)
+
+
+def mask_to_bias(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """[L, N] bool -> [L, N] additive mask: 0 where visible, -inf elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))
+
+
+def sinusoid_table(positions: Tensor, dim: int) -> Tensor:
+    """PE(p) in the concatenated ``[sin ; cos]`` layout, used by every sinusoidal scheme.
+
+    positions: [...] (any float/int tensor). Returns [..., dim] float32.
+    PE(p)[k] = sin(p / 10000^{2k/dim}),  PE(p)[dim/2 + k] = cos(p / 10000^{2k/dim}).
+    """
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class PositionalScheme(nn.Module):
+    """Base class: no positional signal at all (causality alone), plain SDPA.
+
+    Subclasses set ``name`` and register themselves with ``@register``.
+    """
+
+    name: str = "base"
+    #: True for schemes whose positions are absolute token indices added at the input.
+    absolute: bool = False
+
+    def __init__(self, dims: Dims):
+        super().__init__()
+        self.dims = dims
+
+    # -- 0. validation, before any compute ---------------------------------------------------
+    def validate(self, segment_len: int, mem_len: int, max_offset: int = 0) -> None:
+        """Raise ValueError if this scheme cannot serve these lengths. Default: anything goes."""
+
+    # -- 1. input --------------------------------------------------------------------------
+    def embed(self, h: Tensor, pos: Positions) -> Tensor:
+        """h: [B, L, D] token embeddings -> [B, L, D] layer-0 input. Default: unchanged."""
+        return h
+
+    # -- 2. scores -------------------------------------------------------------------------
+    def rotate(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
+        """q: [B, H, L, d_h], k: [B, H, N, d_h] -> the same, position-dependent. Default: unchanged."""
+        return q, k
+
+    def score_bias(self, layer: int, pos: Positions) -> Tensor | None:
+        """Additive bias of the scaled scores, broadcastable to [B, H, L, N], or None."""
+        return None
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
+        """q: [B, H, L, d_h]; k, v: [B, H, N, d_h] -> [B, H, L, d_h].
+
+        softmax(q k^T / sqrt(d_h) + bias + mask) v, through SDPA.
+        """
+        q, k = self.rotate(layer, q, k, pos)
+        bias = self.score_bias(layer, pos)
+        if bias is None:
+            mask = pos.visible  # bool masks keep SDPA's fused kernels available
+        else:
+            mask = bias.to(q.dtype) + mask_to_bias(pos.visible, q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+    def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+        """[B, H, L, N] attention probabilities, for analysis (where the model looks).
+
+        Attending over one-hot values returns the probabilities themselves, so every scheme whose
+        output is ``probs @ v`` gets this for free; schemes that add to the values override it.
+        """
+        B, H, _, _ = q.shape
+        N = k.shape[2]
+        one_hot = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
+        return self.attend(layer, q, k, one_hot, pos, dropout_p=0.0)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}"

@@ -1,0 +1,21 @@
+"""Absolute sinusoid whose positions keep counting across segments of a stream.
+
+h^0_i = E[x_i] + PE(s + i), s = the stream offset of the segment (reset at an episode start).
+Memory keeps true global positions (no confusion), but positions grow without bound: past the
+offsets seen in training the model meets positions it never saw (horizon extrapolation).
+"""
+
+from torch import Tensor
+
+from .base import Positions, PositionalScheme, sinusoid_table
+from .registry import register
+
+
+@register
+class GlobalSinusoid(PositionalScheme):
+    name = "global_sinusoid"
+    absolute = True
+
+    def embed(self, h: Tensor, pos: Positions) -> Tensor:
+        global_pos = pos.offset[:, None] + pos.q[None, :]  # [B, L]: s + i
+        return h + sinusoid_table(global_pos, self.dims.d_model).to(h.dtype)  # + PE(s + i)

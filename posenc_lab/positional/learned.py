@@ -1,0 +1,46 @@
+"""Learned absolute positions, reset per segment: h^0_i = E[x_i] + P[i], P a [max_positions, D] table.
+
+It cannot extrapolate: a position >= max_positions is a configuration error, raised before training
+(``validate``) and again at the forward pass. ``overflow="clamp"`` reuses the last row instead; it
+exists for analysis only and must be asked for explicitly.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from .base import Dims, Positions, PositionalScheme
+from .registry import register
+
+
+@register
+class Learned(PositionalScheme):
+    name = "learned"
+    absolute = True
+
+    def __init__(self, dims: Dims, *, max_positions: int = 512, overflow: str = "error"):
+        super().__init__(dims)
+        if not isinstance(max_positions, int) or max_positions < 1:
+            raise ValueError(f"learned: max_positions must be a positive integer, got {max_positions!r}")
+        if overflow not in ("error", "clamp"):
+            raise ValueError(f"learned: overflow must be 'error' or 'clamp', got {overflow!r}")
+        self.max_positions, self.overflow = max_positions, overflow
+        self.table = nn.Parameter(torch.randn(max_positions, dims.d_model) * 0.02)  # P
+
+    def _check(self, largest: int) -> None:
+        if largest >= self.max_positions and self.overflow == "error":
+            raise ValueError(
+                f"learned: position {largest} is past the table of max_positions={self.max_positions} "
+                f"(valid positions 0..{self.max_positions - 1}); raise posenc.max_positions to at least "
+                f"{largest + 1}, shorten the segment, or set posenc.overflow=clamp for analysis"
+            )
+
+    def validate(self, segment_len: int, mem_len: int, max_offset: int = 0) -> None:
+        self._check(segment_len - 1)
+
+    def embed(self, h: Tensor, pos: Positions) -> Tensor:
+        self._check(int(pos.q.max()))
+        index = pos.q.clamp(max=self.max_positions - 1)
+        return h + self.table[index].to(h.dtype)  # + P[i]
+
+    def extra_repr(self) -> str:
+        return f"max_positions={self.max_positions}, overflow={self.overflow!r}"
