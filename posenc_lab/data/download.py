@@ -1,0 +1,139 @@
+"""Cache directory, atomic downloads with checksums, and zip extraction.
+
+Every file lands under its final name only once it is complete and verified: bytes go to a
+temporary file in the same directory, then `os.replace` renames it. An interrupted run
+therefore leaves at most a stray `*.tmp` file, never a file that looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+CACHE_ENV = "POSENC_LAB_CACHE"
+_CHUNK = 1 << 20
+
+
+class DownloadError(RuntimeError):
+    """A download or a verification failed; the message says what to do instead."""
+
+
+def cache_root(root: str | os.PathLike | None = None) -> Path:
+    """The cache directory: `root` if given, else $POSENC_LAB_CACHE, else ~/.cache/posenc_lab."""
+    if root is None:
+        root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "posenc_lab"
+    return Path(root).expanduser()
+
+
+@contextmanager
+def atomic_path(dest: str | os.PathLike):
+    """Yield a temporary path next to `dest`; rename it to `dest` only if the block succeeds."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write `obj` as JSON atomically (a manifest written last marks a finished cache)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+
+
+def save_npy(path: str | os.PathLike, array) -> None:
+    """np.save, atomically."""
+    import numpy as np
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+
+
+def md5sum(path: str | os.PathLike) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify(path: Path, expected_size: int | None, md5: str | None, what: str) -> None:
+    size = path.stat().st_size
+    if expected_size is not None and size != expected_size:
+        raise DownloadError(f"{what}: size {size:,} bytes, expected {expected_size:,} bytes")
+    if md5 is not None and (got := md5sum(path)) != md5.lower():
+        raise DownloadError(f"{what}: md5 {got}, expected {md5.lower()}")
+
+
+def download(url: str, dest: str | os.PathLike, *, expected_size: int | None = None,
+             md5: str | None = None, hint: str = "", timeout: float = 60.0, progress: bool = True) -> Path:
+    """Download `url` to `dest` (atomically) unless `dest` already exists; verify size/md5 if given.
+
+    A verification failure deletes the bad bytes and raises DownloadError. A network failure raises
+    DownloadError naming the URL and the exact path where a manually fetched file would be used
+    (`hint` adds other ways, e.g. where an already extracted file would be used).
+    """
+    dest = Path(dest)
+    if dest.exists():
+        return dest
+    try:
+        with atomic_path(dest) as tmp:
+            _fetch(url, tmp, timeout=timeout, progress=progress)
+            _verify(tmp, expected_size, md5, f"downloaded {url}")
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+        raise DownloadError(
+            f"could not download {url} ({e}). If this machine is offline, fetch that file elsewhere "
+            f"and put it at {dest}{hint}, or pass url=... (or set the URL environment variable) for a mirror."
+        ) from e
+    return dest
+
+
+def _fetch(url: str, path: Path, *, timeout: float, progress: bool) -> None:
+    with urllib.request.urlopen(url, timeout=timeout) as resp, open(path, "wb") as f:
+        total = int(resp.headers.get("Content-Length") or 0)
+        done, shown = 0, -1
+        while chunk := resp.read(_CHUNK):
+            f.write(chunk)
+            done += len(chunk)
+            if progress and total and (pct := 100 * done // total) != shown:
+                shown = pct
+                print(f"\rdownloading {url}: {pct}%", end="", file=sys.stderr, flush=True)
+        if progress and total:
+            print(file=sys.stderr)
+    # urllib returns a short body silently when the server hangs up early; a truncated archive
+    # must never be renamed into place, so compare with the announced length ourselves.
+    if total and done != total:
+        raise DownloadError(f"incomplete download of {url}: got {done:,} of {total:,} bytes")
+
+
+def extract_member(archive: str | os.PathLike, member: str, dest: str | os.PathLike, *,
+                   expected_size: int | None = None) -> Path:
+    """Extract one file of a zip archive to `dest` (atomically), checking its size if given."""
+    dest = Path(dest)
+    if dest.exists():
+        return dest
+    try:
+        with zipfile.ZipFile(archive) as zf, atomic_path(dest) as tmp:
+            with zf.open(member) as src, open(tmp, "wb") as out:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+            _verify(tmp, expected_size, None, f"{member} extracted from {archive}")
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise DownloadError(f"cannot extract {member!r} from {archive}: {e}. Delete the archive to "
+                            f"download it again.") from e
+    return dest

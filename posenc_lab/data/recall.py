@@ -1,0 +1,65 @@
+"""The `recall` probe: one planted value, queried D tokens later.
+
+A stream is a sequence of items, one value in flight at a time:
+
+    [gap filler] v [D - 1 filler] ? v
+                 ^ planted        ^ query marker, then the answer: the planted value again
+
+D is uniform in [min_distance, max_distance]; the gap (0..max_gap filler tokens) varies where
+items start relative to segment boundaries. The answer is always the most recent value token
+before the marker, D positions before the marker. Only answers are scored (loss_mask) and the
+distance array holds D at each answer, -1 elsewhere, so accuracy can be bucketed by distance.
+
+Vocabulary: ids [0, n_filler) filler, [n_filler, n_filler + n_values) values, then the marker.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def recall_vocab(n_values: int = 16, n_filler: int = 32) -> list[str]:
+    """id -> symbol: f0.. filler, v0.. values, '?' the query marker."""
+    return [f"f{i}" for i in range(n_filler)] + [f"v{i}" for i in range(n_values)] + ["?"]
+
+
+def make_recall(n_tokens: int, *, seed=0, n_values: int = 16, n_filler: int = 32, min_distance: int = 2,
+                max_distance: int = 80, max_gap: int = 8):
+    """Generate one recall stream, deterministic given `seed` (an int or a sequence of ints).
+
+    Returns tokens [n_tokens] (int32), loss_mask [n_tokens] (bool, True at answers) and
+    distance [n_tokens] (int32, D at answers, -1 elsewhere). An item cut off by the end is
+    left as filler, so every marker is followed by its answer.
+    """
+    if n_values < 1 or n_filler < 1:
+        raise ValueError(f"need n_values >= 1 and n_filler >= 1, got n_values {n_values}, n_filler {n_filler}")
+    if not 1 <= min_distance <= max_distance:
+        raise ValueError(f"need 1 <= min_distance <= max_distance, got min_distance {min_distance}, "
+                         f"max_distance {max_distance}")
+    if max_gap < 0:
+        raise ValueError(f"max_gap must be >= 0, got {max_gap}")
+    if n_tokens < max_distance + max_gap + 2:
+        raise ValueError(f"n_tokens {n_tokens} is too short for one item; need >= max_distance + max_gap + 2 = "
+                         f"{max_distance + max_gap + 2}")
+    rng = np.random.default_rng(seed)
+    marker = n_filler + n_values
+    tokens = rng.integers(0, n_filler, n_tokens).astype(np.int32)
+    loss_mask = np.zeros(n_tokens, dtype=bool)
+    distance = np.full(n_tokens, -1, dtype=np.int32)
+
+    n_items = n_tokens // (min_distance + 2) + 1  # enough even if every item is the shortest
+    gap = rng.integers(0, max_gap + 1, n_items)
+    dist = rng.integers(min_distance, max_distance + 1, n_items)
+    value = rng.integers(n_filler, n_filler + n_values, n_items)
+    length = gap + dist + 2
+    planted = np.cumsum(length) - length + gap
+    answer = planted + dist + 1
+    keep = answer < n_tokens
+    planted, answer, dist, value = planted[keep], answer[keep], dist[keep], value[keep]
+
+    tokens[planted] = value
+    tokens[answer - 1] = marker
+    tokens[answer] = value
+    loss_mask[answer] = True
+    distance[answer] = dist
+    return tokens, loss_mask, distance
