@@ -207,9 +207,18 @@ MAHONEY_SIZE = 100_000_000  # both files unzipped
 MAHONEY_SPLIT = (90_000_000, 5_000_000, 5_000_000)  # the standard first 90M / next 5M / last 5M
 
 
+def _url_env(name: str) -> str:
+    return f"POSENC_LAB_{name.upper()}_URL"
+
+
 def _url(name: str, url: str | None, default: str) -> str:
     """url kwarg, else $POSENC_LAB_<NAME>_URL, else the official source."""
-    return url or os.environ.get(f"POSENC_LAB_{name.upper()}_URL") or default
+    return url or os.environ.get(_url_env(name)) or default
+
+
+def _offline_hint(name: str, extracted: str) -> str:
+    """The rest of the offline error: where extracted files would do, and how to use a mirror."""
+    return f" (or {extracted}); for a mirror pass url=... or set {_url_env(name)}"
 
 
 def _fetch_mahoney(root: Path, name: str, url: str, expected_size: int | None, md5: str | None) -> Path:
@@ -217,7 +226,7 @@ def _fetch_mahoney(root: Path, name: str, url: str, expected_size: int | None, m
     raw = root / name / name
     if not raw.exists():
         archive = download(url, root / name / f"{name}.zip", md5=md5,
-                           hint=f" (or the unzipped file `{name}` at {raw})")
+                           hint=_offline_hint(name, f"the unzipped file `{name}` at {raw}"))
         extract_member(archive, name, raw, expected_size=expected_size)
     elif expected_size is not None and raw.stat().st_size != expected_size:
         raise DownloadError(f"{raw} has {raw.stat().st_size:,} bytes, expected {expected_size:,}; delete it to "
@@ -313,7 +322,8 @@ def _load_wikitext(root: Path, name: str, url: str | None, md5: str | None) -> C
     files = {s: base / folder / f for s, f in _WIKITEXT_FILES.items()}
     if not all(p.exists() for p in files.values()):
         archive = download(url, base / Path(url).name, md5=md5,
-                           hint=f" (or the extracted {', '.join(_WIKITEXT_FILES.values())} in {base / folder})")
+                           hint=_offline_hint(name, f"the extracted {', '.join(_WIKITEXT_FILES.values())} in "
+                                                    f"{base / folder}"))
         for split, path in files.items():
             extract_member(archive, f"{folder}/{_WIKITEXT_FILES[split]}", path)
     key = {"version": 1, "sizes": {s: p.stat().st_size for s, p in files.items()}}

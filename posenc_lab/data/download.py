@@ -86,7 +86,7 @@ def download(url: str, dest: str | os.PathLike, *, expected_size: int | None = N
 
     A verification failure deletes the bad bytes and raises DownloadError. A network failure raises
     DownloadError naming the URL and the exact path where a manually fetched file would be used
-    (`hint` adds other ways, e.g. where an already extracted file would be used).
+    (`hint` adds other ways: where an extracted file would be used, how to name a mirror).
     """
     dest = Path(dest)
     if dest.exists():
@@ -98,7 +98,7 @@ def download(url: str, dest: str | os.PathLike, *, expected_size: int | None = N
     except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
         raise DownloadError(
             f"could not download {url} ({e}). If this machine is offline, fetch that file elsewhere "
-            f"and put it at {dest}{hint}, or pass url=... (or set the URL environment variable) for a mirror."
+            f"and put it at {dest}{hint}."
         ) from e
     return dest
 
