@@ -4,7 +4,9 @@ import itertools
 import json
 import pickle
 import sys
+import sysconfig
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from posenc_lab.data import CORPUS_NAMES, SegmentStream, load_corpus, make_recall
 from posenc_lab.data import corpora
-from posenc_lab.data.corpora import FILE_SEPARATOR, stdlib_files
+from posenc_lab.data.corpora import FILE_SEPARATOR, stdlib_files, stdlib_split_of
 
 KEYS = {"tokens", "targets", "loss_mask", "offset", "reset", "distance"}
 
@@ -216,6 +218,12 @@ def test_textfile_splits_by_position(tmp_path):
     assert bytes(c.valid) == content[5120:7680]
 
 
+def test_textfile_too_small_for_the_split(tmp_path):
+    (tmp_path / "t.txt").write_bytes(b"0123456789")
+    with pytest.raises(ValueError, match=r"split sizes must be .*t.txt \(10 bytes\), got \(9, 0, 0\)"):
+        load_corpus("textfile", root=tmp_path, path=tmp_path / "t.txt")
+
+
 def test_textfile_missing_file_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no file at .*missing.txt"):
         load_corpus("textfile", root=tmp_path, path=tmp_path / "missing.txt")
@@ -298,8 +306,8 @@ def test_pystdlib_real_stdlib_capped(tmp_path, monkeypatch):
     files = manifest(tmp_path / "env")["info"]["files"]
     assert not set(files["train"]) & set(files["valid"])
     # the full file list splits roughly 90/5/5
-    all_files = stdlib_files(corpora.Path(corpora.sysconfig.get_paths()["stdlib"]))
-    share = np.mean([corpora.stdlib_split_of(f) == "valid" for f in all_files])
+    all_files = stdlib_files(Path(sysconfig.get_paths()["stdlib"]))
+    share = np.mean([stdlib_split_of(f) == "valid" for f in all_files])
     assert len(all_files) > 300 and 0.02 < share < 0.09
 
 

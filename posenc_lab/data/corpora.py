@@ -109,9 +109,16 @@ def _cached(directory: Path, key: dict, build: Callable[[], tuple[dict, list | N
     return arrays, itos, manifest["info"]
 
 
-def _file_region(path: Path, start: int, stop: int) -> np.memmap:
-    """Bytes [start, stop) of a file as a read-only uint8 memmap (no copy)."""
-    return np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(stop - start,))
+def _split_file(name: str, path: Path, sizes) -> dict[str, np.memmap]:
+    """The file's first sizes[0] bytes as train, the next sizes[1] as valid, then sizes[2] as test:
+    read-only uint8 memmaps of the file itself (no copy)."""
+    size = path.stat().st_size
+    if len(sizes) != 3 or min(sizes) < 2 or sum(sizes) > size:
+        raise ValueError(f"{name}: split sizes must be 3 sizes >= 2 bytes summing to <= the size of {path} "
+                         f"({size:,} bytes), got {tuple(sizes)}")
+    cuts = np.cumsum([0, *sizes]).tolist()
+    return {s: np.memmap(path, dtype=np.uint8, mode="r", offset=a, shape=(b - a,))
+            for s, a, b in zip(SPLITS, cuts, cuts[1:])}
 
 
 # ---- pystdlib: the embedded default ----
@@ -191,11 +198,7 @@ def load_textfile(root: Path, *, path: str | os.PathLike, split: tuple[float, fl
     if len(split) != 3 or min(split) <= 0 or sum(split) > 1 + 1e-9:
         raise ValueError(f"textfile corpus: split must be 3 positive fractions summing to <= 1, got {split}")
     size = path.stat().st_size
-    cuts = np.cumsum([0, *split]) * size
-    cuts = [int(c) for c in cuts]
-    if min(b - a for a, b in zip(cuts, cuts[1:])) < 2:
-        raise ValueError(f"textfile corpus: {path} has {size} bytes, too few for the split {split}")
-    regions = {s: _file_region(path, a, b) for s, a, b in zip(SPLITS, cuts, cuts[1:])}
+    regions = _split_file("textfile corpus", path, [int(f * size) for f in split])
     return Corpus("textfile", **regions, vocab_size=256, unit="byte")
 
 
@@ -234,21 +237,12 @@ def _fetch_mahoney(root: Path, name: str, url: str, expected_size: int | None, m
     return raw
 
 
-def _check_split_sizes(name: str, split_sizes, size: int) -> list[int]:
-    if len(split_sizes) != 3 or min(split_sizes) < 2 or sum(split_sizes) > size:
-        raise ValueError(f"{name}: split_sizes must be 3 sizes >= 2 summing to <= the file size {size:,}, "
-                         f"got {split_sizes}")
-    return [int(c) for c in np.cumsum([0, *split_sizes])]
-
-
 @register_corpus("enwik8")
 def load_enwik8(root: Path, *, url: str | None = None, expected_size: int | None = MAHONEY_SIZE,
                 md5: str | None = None, split_sizes=MAHONEY_SPLIT) -> Corpus:
     """Byte-level enwik8 (vocab 256), memory-mapped straight from the unzipped file."""
     raw = _fetch_mahoney(root, "enwik8", _url("enwik8", url, ENWIK8_URL), expected_size, md5)
-    cuts = _check_split_sizes("enwik8", split_sizes, raw.stat().st_size)
-    regions = {s: _file_region(raw, a, b) for s, a, b in zip(SPLITS, cuts, cuts[1:])}
-    return Corpus("enwik8", **regions, vocab_size=256, unit="byte")
+    return Corpus("enwik8", **_split_file("enwik8", raw, split_sizes), vocab_size=256, unit="byte")
 
 
 @register_corpus("text8")
@@ -256,12 +250,10 @@ def load_text8(root: Path, *, url: str | None = None, expected_size: int | None 
                md5: str | None = None, split_sizes=MAHONEY_SPLIT) -> Corpus:
     """Character-level text8: ids index the sorted characters of train (27: space and a-z)."""
     raw = _fetch_mahoney(root, "text8", _url("text8", url, TEXT8_URL), expected_size, md5)
-    cuts = _check_split_sizes("text8", split_sizes, raw.stat().st_size)
+    parts = _split_file("text8", raw, split_sizes)
     key = {"version": 1, "split_sizes": list(split_sizes), "size": raw.stat().st_size}
 
     def build():
-        data = np.fromfile(raw, dtype=np.uint8)
-        parts = {s: data[a:b] for s, a, b in zip(SPLITS, cuts, cuts[1:])}
         chars = np.unique(parts["train"])
         lookup = np.full(256, -1, dtype=np.int16)
         lookup[chars] = np.arange(len(chars))

@@ -208,8 +208,12 @@ class SegmentStream(IterableDataset):
     # ---- resuming and pickling ----
 
     def _fingerprint(self) -> dict:
-        return {"n_tokens": len(self.data), "n_streams": self.n_streams, "segment_len": self.segment_len,
-                "episode_len": self.episode_len, "var_len": self.var_len, "seed": self.seed}
+        # everything the schedule depends on; rank and world size are not: batch k is a global step
+        fp = {"n_tokens": len(self.data), "n_streams": self.n_streams, "segment_len": self.segment_len,
+              "episode_len": self.episode_len, "cycle": self.cycle, "var_len": self.var_len}
+        if self.var_len:
+            fp.update(seed=self.seed, var_len_std=self.var_len_std, min_len=self.min_len, max_len=self.max_len)
+        return fp
 
     def state_dict(self) -> dict:
         """{"batch": the step the next iteration starts at, plus the settings that give it meaning}."""
