@@ -1,0 +1,169 @@
+"""Per-token evaluation at a controlled context: ordered streams with memory, the "same length"
+attention mask, and sliding windows. Public functions for the analysis (``analysis/`` imports them;
+nothing here imports ``analysis``). Imports only numpy, torch and the model.
+
+Three ways to run a trained model over token rows ``tokens [B, N + 1]`` (inputs ``tokens[:, :-1]``,
+targets ``tokens[:, 1:]``):
+
+- ``stream_losses``: segments of ``segment_len`` in order, each layer carrying ``mem_len`` states
+  (0: every segment alone), optionally the same-length mask; memory and offset reset every
+  ``episode_len`` tokens. The way the model was trained, at any lengths.
+- ``context_losses(mode="memory")``: every scored token sees exactly ``c`` previous tokens through
+  memory ``M' = c`` and the same-length mask (query i attends to keys i-c..i in every layer).
+- ``context_losses(mode="window")``: every scored token is the last of a fresh window of ``c + 1``
+  tokens, no memory (the vanilla Transformer's sliding-window evaluation).
+
+Lengths a scheme cannot serve raise ``ValueError`` from ``model.validate_lengths`` before any compute.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .model import MemoryTransformer, ModelOutput
+
+CONTEXT_MODES = ("memory", "window")
+
+
+@dataclass
+class StreamResult:
+    """Per-target results of one evaluation, all [B, N] (N = targets evaluated)."""
+
+    loss: Tensor  # nats
+    correct: Tensor  # bool: argmax of the logits == target
+    offset: Tensor  # long: stream offset (since the episode began) of the input token of each target
+
+
+@contextmanager
+def eval_lengths(model: MemoryTransformer, mem_len: int, same_length: bool = False):
+    """Temporarily set the memory length and same-length mask (the model reads them per forward)."""
+    saved = model.mem_len, model.same_length, model.training
+    model.mem_len, model.same_length = mem_len, bool(same_length and mem_len > 0)
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.mem_len, model.same_length = saved[0], saved[1]
+        model.train(saved[2])
+
+
+def _as_rows(tokens) -> Tensor:
+    tokens = torch.as_tensor(tokens)
+    if tokens.dim() == 1:
+        tokens = tokens[None]
+    if tokens.dim() != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be [B, N + 1] with N >= 1, got shape {tuple(tokens.shape)}")
+    return tokens.long()
+
+
+def iter_stream(model: MemoryTransformer, tokens, *, segment_len: int, mem_len: int, same_length: bool = False,
+                episode_len: int | None = None, start_offset: int = 0, return_attention: bool = False):
+    """Run ``tokens [B, N + 1]`` through the model in order; yield ``(start, offsets, output)`` per segment.
+
+    ``start``: index of the segment's first input in the row; ``offsets``: [L] stream offsets of its
+    inputs; ``output``: the ModelOutput (targets given, so ``token_loss`` is set). Memory (``mem_len``
+    states per layer) and offsets reset at the start and every ``episode_len`` tokens;
+    ``start_offset`` is the offset of the first token (as if the row began mid-episode).
+    """
+    tokens = _as_rows(tokens)
+    N = tokens.shape[1] - 1
+    T = episode_len
+    if T is not None and T < 1:
+        raise ValueError(f"episode_len must be None or >= 1, got {T}")
+    largest = (min(T, N + start_offset) if T else N + start_offset) - 1
+    model.validate_lengths(min(segment_len, N), mem_len, max_offset=max(largest, 0))
+    device = next(model.parameters()).device
+    with eval_lengths(model, mem_len, same_length), torch.inference_mode():
+        mems, pos, offset = None, 0, start_offset
+        while pos < N:
+            if T is not None and offset >= T:
+                mems, offset = None, 0
+            length = min(segment_len, N - pos, (T - offset) if T is not None else N)
+            x = tokens[:, pos:pos + length].to(device)
+            y = tokens[:, pos + 1:pos + length + 1].to(device)
+            out: ModelOutput = model(x, y, mems=mems, offset=offset, return_attention=return_attention)
+            yield pos, torch.arange(offset, offset + length), out
+            mems = out.mems if mem_len > 0 else None
+            pos, offset = pos + length, offset + length
+
+
+def stream_losses(model: MemoryTransformer, tokens, *, segment_len: int, mem_len: int, same_length: bool = False,
+                  episode_len: int | None = None, start_offset: int = 0) -> StreamResult:
+    """Per-target loss, correctness and offset of ``tokens [B, N + 1]`` run as an ordered stream."""
+    losses, correct, offsets = [], [], []
+    tokens = _as_rows(tokens)
+    for pos, offs, out in iter_stream(model, tokens, segment_len=segment_len, mem_len=mem_len,
+                                      same_length=same_length, episode_len=episode_len, start_offset=start_offset):
+        L = offs.numel()
+        losses.append(out.token_loss.float().cpu())
+        correct.append((out.logits.argmax(-1).cpu() == tokens[:, pos + 1:pos + L + 1]))
+        offsets.append(offs)
+    B = tokens.shape[0]
+    return StreamResult(torch.cat(losses, 1), torch.cat(correct, 1), torch.cat(offsets).expand(B, -1).clone())
+
+
+def context_losses(model: MemoryTransformer, tokens, c: int, *, score_start: int, n_score: int,
+                   mode: str = "memory", segment_len: int = 128, window_batch_tokens: int = 65536) -> StreamResult:
+    """Loss of the targets at ``tokens[:, score_start + 1 : score_start + n_score + 1]`` where the
+    input of every scored target sees exactly ``c`` previous tokens (``c <= score_start``).
+
+    mode "memory": memory M' = c with the same-length mask, segments of ``segment_len`` fed from
+    ``score_start - c`` (offset 0 there), so every scored query attends to keys i-c..i in every layer
+    (deeper layers carry older information through the memory: that is recurrence).
+    mode "window": each scored target is predicted from a fresh window of its c + 1 inputs
+    (positions 0..c, offset 0, no memory): nothing older than c tokens can reach it.
+    """
+    tokens = _as_rows(tokens)
+    if mode not in CONTEXT_MODES:
+        raise ValueError(f"context mode must be one of {CONTEXT_MODES}, got {mode!r}")
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise ValueError(f"context length c must be an integer >= 1, got {c!r}")
+    if c > score_start:
+        raise ValueError(f"context length {c} needs score_start >= {c} (tokens before the first scored one), "
+                         f"got {score_start}")
+    if n_score < 1 or score_start + n_score + 1 > tokens.shape[1]:
+        raise ValueError(f"need 1 <= n_score and score_start + n_score + 1 <= {tokens.shape[1]} tokens per row, "
+                         f"got score_start {score_start}, n_score {n_score}")
+    if mode == "memory":
+        feed = tokens[:, score_start - c:score_start + n_score + 1]
+        res = stream_losses(model, feed, segment_len=segment_len, mem_len=c, same_length=True)
+        return StreamResult(res.loss[:, c:], res.correct[:, c:], res.offset[:, c:])
+
+    # window: rows of c + 1 inputs ending at each scored input; one target each (the last)
+    model.validate_lengths(c + 1, 0, max_offset=c)
+    B = tokens.shape[0]
+    starts = torch.arange(score_start - c, score_start - c + n_score)  # window start per scored input
+    idx = starts[:, None] + torch.arange(c + 2)  # [n_score, c + 2]: c + 1 inputs and the last target
+    windows = tokens[:, idx].reshape(B * n_score, c + 2)
+    chunk = max(1, window_batch_tokens // (c + 1))
+    device = next(model.parameters()).device
+    loss, correct = [], []
+    with eval_lengths(model, 0), torch.inference_mode():
+        for w in windows.split(chunk):
+            w = w.to(device)
+            out = model(w[:, :-1], w[:, 1:], mems=None, offset=0)
+            loss.append(out.token_loss[:, -1].float().cpu())
+            correct.append((out.logits[:, -1].argmax(-1) == w[:, -1]).cpu())
+    offset = torch.full((B, n_score), c, dtype=torch.long)
+    return StreamResult(torch.cat(loss).view(B, n_score), torch.cat(correct).view(B, n_score), offset)
+
+
+def stream_rows(data, n_rows: int, row_len: int, start: int = 0) -> Tensor:
+    """``n_rows`` contiguous, non-overlapping rows of ``row_len + 1`` tokens from a 1-D token array
+    (the same layout as the ordered iterator: row b starts at ``start + b * stride``)."""
+    n = len(data) - start
+    stride = (n - 1) // n_rows
+    if stride < row_len:
+        raise ValueError(f"the split has {len(data):,} tokens: too few for {n_rows} rows of {row_len + 1} "
+                         f"(need {start + n_rows * row_len + 1:,}); use fewer rows or shorter ones")
+    idx = start + np.arange(n_rows)[:, None] * stride + np.arange(row_len + 1)[None, :]
+    return torch.from_numpy(np.asarray(data)[idx].astype(np.int64))
+
+
+__all__ = ["CONTEXT_MODES", "StreamResult", "context_losses", "eval_lengths", "iter_stream",
+           "stream_losses", "stream_rows"]

@@ -1,0 +1,108 @@
+"""Evaluation at an exact context length (posenc_lab.context): what RECL and the extrapolation
+analysis rely on. The "same length" mask with memory and the sliding window give every scored token
+exactly c previous tokens; for relative schemes with one layer both agree token for token, which
+also pins the relative shift with memory and the same-length mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc_lab.context import context_losses, stream_losses, stream_rows
+from posenc_lab.model import MemoryTransformer, ModelConfig
+
+V = 19
+OPTIONS = {"shaw": {"K": 3}, "learned": {"max_positions": 40}}
+
+
+def make_model(name: str, n_layer: int = 1, **cfg) -> MemoryTransformer:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=V, n_layer=n_layer, d_model=16, n_head=2, d_inner=32, dropout=0.0,
+                         posenc=name, posenc_kwargs=OPTIONS.get(name, {}), **cfg)
+    model = MemoryTransformer(config)
+    with torch.no_grad():  # large random weights: every visible token makes a clear difference
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", ["xl", "shaw", "sinusoid", "global_sinusoid", "learned"])
+@pytest.mark.parametrize("mode", ["memory", "window"])
+def test_every_scored_token_sees_exactly_c_previous_tokens(name, mode):
+    """One layer: a token c back changes the loss, one c + 1 back does not (in memory mode the
+    memory spans several segments of 4, so the same-length mask is what cuts the context)."""
+    model = make_model(name)
+    c, start, n = 7, 12, 9
+    tokens = torch.randint(V, (2, start + n + 1))
+    base = context_losses(model, tokens, c, score_start=start, n_score=n, mode=mode, segment_len=4).loss
+    for k in range(n):
+        t = start + k  # input index of scored target k
+        for back, should_change in ((c, True), (c + 1, False)):
+            changed = tokens.clone()
+            changed[:, t - back] = (changed[:, t - back] + 1) % V
+            loss = context_losses(model, changed, c, score_start=start, n_score=n, mode=mode, segment_len=4).loss
+            differs = not torch.allclose(loss[:, k], base[:, k], atol=1e-6)
+            assert differs == should_change, (name, mode, k, back)
+
+
+@pytest.mark.parametrize("name", ["xl", "shaw"])
+@pytest.mark.parametrize("c", [3, 8, 13])
+def test_relative_one_layer_memory_equals_sliding_window(name, c):
+    """Relative schemes, one layer: memory + same-length mask (through the relative shift, memory
+    keys at negative positions) gives the same losses as recomputing each window from scratch."""
+    model = make_model(name)
+    tokens = torch.randint(V, (3, 40))
+    kw = dict(score_start=16, n_score=20, segment_len=5)
+    mem = context_losses(model, tokens, c, mode="memory", **kw)
+    win = context_losses(model, tokens, c, mode="window", **kw)
+    torch.testing.assert_close(mem.loss, win.loss, atol=1e-5, rtol=1e-5)
+
+
+def test_absolute_memory_differs_from_window():
+    """sinusoid with memory carries positions of earlier segments: not a sliding window."""
+    model = make_model("sinusoid")
+    tokens = torch.randint(V, (2, 40))
+    kw = dict(score_start=16, n_score=20, segment_len=5)
+    assert not torch.allclose(context_losses(model, tokens, 8, mode="memory", **kw).loss,
+                              context_losses(model, tokens, 8, mode="window", **kw).loss, atol=1e-4)
+
+
+def test_stream_losses_match_a_manual_segment_loop():
+    model = make_model("xl", n_layer=2, mem_len=6)
+    tokens = torch.randint(V, (2, 23))
+    res = stream_losses(model, tokens, segment_len=6, mem_len=6)
+    mems, parts = None, []
+    with torch.no_grad():
+        for s in range(0, 22, 6):
+            e = min(s + 6, 22)
+            out = model(tokens[:, s:e], tokens[:, s + 1:e + 1], mems=mems, offset=s)
+            mems = out.mems
+            parts.append(out.token_loss)
+    torch.testing.assert_close(res.loss, torch.cat(parts, 1))
+    assert res.offset[0].tolist() == list(range(22))
+
+
+def test_episode_reset_restarts_offsets():
+    model = make_model("global_sinusoid", mem_len=4)
+    res = stream_losses(model, torch.randint(V, (1, 21)), segment_len=4, mem_len=4, episode_len=6)
+    assert res.offset[0].tolist() == [0, 1, 2, 3, 4, 5] * 3 + [0, 1]
+
+
+def test_lengths_a_scheme_cannot_serve_fail_before_compute():
+    model = make_model("learned")  # table of 40 positions
+    tokens = torch.randint(V, (1, 120))
+    with pytest.raises(ValueError, match="max_positions"):
+        stream_losses(model, tokens, segment_len=64, mem_len=0)
+    with pytest.raises(ValueError, match="max_positions"):
+        context_losses(model, tokens, 50, score_start=60, n_score=4, mode="window")
+    with pytest.raises(ValueError, match="score_start"):
+        context_losses(model, tokens, 50, score_start=10, n_score=4)
+
+
+def test_stream_rows_are_contiguous_and_disjoint():
+    data = torch.arange(1000).numpy()
+    rows = stream_rows(data, 4, 99)
+    assert rows.shape == (4, 100)
+    assert (rows[:, 1:] - rows[:, :-1] == 1).all() and rows[1, 0] > rows[0, -1]
+    with pytest.raises(ValueError, match="too few"):
+        stream_rows(data, 20, 99)
