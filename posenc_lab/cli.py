@@ -1,0 +1,81 @@
+"""The ``posenc-lab`` console script: ``posenc-lab <command> [args...]``.
+
+Built-in commands: ``train`` and ``eval`` (Hydra apps: the arguments are Hydra overrides, ``--help``
+shows the config groups, ``-m`` runs a sweep) and ``bench`` (``posenc_lab.bench``). Other packages
+add commands through the entry-point group ``posenc_lab.commands``: a callable ``main(argv)``
+registered as ``NAME = "module:main"`` (analysis/ registers ``ablate`` there), so posenc_lab itself
+never imports them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from importlib.metadata import entry_points
+from typing import Callable, Sequence
+
+ENTRY_POINT_GROUP = "posenc_lab.commands"
+
+# name -> (module run with `python -m` / imported, one-line help)
+BUILTIN = {
+    "train": ("posenc_lab.train", "train a model: posenc-lab train posenc=xl data=recall trainer.max_steps=200"),
+    "eval": ("posenc_lab.evaluate", "evaluate a checkpoint: posenc-lab eval ckpt=PATH data.segment_len=256 "
+                                    "model.mem_len=512"),
+    "bench": ("posenc_lab.bench", "measure speed and memory of the schemes"),
+}
+
+
+def plugin_commands() -> dict[str, object]:
+    """Entry points of the group ``posenc_lab.commands`` by name (not loaded)."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
+
+
+def usage() -> str:
+    lines = ["usage: posenc-lab <command> [args...]", "", "commands:"]
+    for name, (_, text) in BUILTIN.items():
+        lines.append(f"  {name:<8} {text}")
+    for name, ep in sorted(plugin_commands().items()):
+        lines.append(f"  {name:<8} (plugin: {ep.value})")
+    lines += ["", "`posenc-lab <command> --help` shows a command's own options. train and eval take Hydra",
+              "overrides (key=value, group=option, -m for sweeps); see README.md."]
+    return "\n".join(lines)
+
+
+def _run_hydra_app(module: str, argv: Sequence[str]) -> int:
+    """Run a Hydra app as ``python -m module argv...``. Hydra reads sys.argv; and Lightning's DDP
+    launcher re-runs the command line of the main process for every other rank, so the process
+    must *be* ``python -m posenc_lab.train ...``, not ``posenc-lab train ...``: replace it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+    return 0  # not reached
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command in ("train", "eval"):
+        return _run_hydra_app(BUILTIN[command][0], rest)
+    if command == "bench":
+        try:
+            bench = importlib.import_module("posenc_lab.bench")
+        except ModuleNotFoundError as e:
+            if e.name != "posenc_lab.bench":
+                raise
+            print("posenc-lab bench: posenc_lab.bench is not available in this installation", file=sys.stderr)
+            return 2
+        return int(bench.main(rest) or 0)
+    plugins = plugin_commands()
+    if command in plugins:
+        func: Callable = plugins[command].load()
+        return int(func(rest) or 0)
+    print(f"posenc-lab: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

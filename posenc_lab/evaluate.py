@@ -1,0 +1,159 @@
+"""Evaluate a checkpoint at any segment length, memory length or "same length" mask.
+
+CLI (Hydra, conf/eval.yaml):
+
+    posenc-lab eval ckpt=runs/X/checkpoints/last.ckpt data.segment_len=256 model.mem_len=512 \\
+        model.same_length=true dump_losses=true
+
+writes ``<out_dir>/<split>_L<segment_len>_M<mem_len>[_same].json`` (the figures) and, with
+``dump_losses=true``, ``.npz`` of per-token arrays [n_streams, T] (see ``evaluate_checkpoint``).
+``out_dir`` defaults to ``<run dir>/eval``.
+
+Python:
+
+    from posenc_lab.evaluate import evaluate_checkpoint, load_model, load_config
+    r = evaluate_checkpoint("runs/X/checkpoints/last.ckpt", segment_len=256, mem_len=512, same_length=True)
+    r["loss"], r.get("bpt"), r.get("acc_by_distance")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from .lit import CheckpointError, load_lit, read_checkpoint
+from .model import MemoryTransformer
+from .train import build_datamodule
+
+log = logging.getLogger("posenc_lab.evaluate")
+
+
+def load_model(ckpt_path: str | os.PathLike) -> MemoryTransformer:
+    """The trained MemoryTransformer of a checkpoint, on the CPU, in eval mode.
+
+    Its ``cfg`` is the training ModelConfig; set ``model.mem_len`` / ``model.same_length`` to
+    evaluate with another memory. Raises CheckpointError (naming the file) for a bad checkpoint.
+    """
+    return load_lit(ckpt_path).model
+
+
+def load_config(ckpt_path: str | os.PathLike) -> DictConfig:
+    """The full resolved training config stored in a checkpoint (posenc, model, data, optim, ...)."""
+    config = read_checkpoint(ckpt_path)["hyper_parameters"].get("config")
+    if config is None:
+        raise CheckpointError(f"checkpoint {ckpt_path} holds no training config")
+    return OmegaConf.create(config)
+
+
+def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = None, mem_len: int | None = None,
+                        same_length: bool | None = None, split: str = "test", *, batch_size: int | None = None,
+                        episode_len: int | None = None, data_overrides: dict[str, Any] | None = None,
+                        max_batches: int | None = None, return_token_losses: bool = False,
+                        accelerator: str = "cpu", precision: str = "32-true",
+                        progress_bar: bool = False) -> dict[str, Any]:
+    """Evaluate a checkpoint on one split; ``None`` keeps what the model was trained with.
+
+    segment_len: L' (data.segment_len); mem_len: M' (memory kept per layer); same_length: every
+    query sees exactly M' + 1 keys; split: "val" | "test"; batch_size: parallel streams;
+    episode_len: memory/offset reset period (longer than in training: horizon extrapolation);
+    data_overrides: any other data config keys (e.g. {"root": ..., "corpus": {"path": ...}});
+    max_batches: only the first N segments of every stream.
+
+    Returns a dict: checkpoint, split, scheme, segment_len, mem_len, same_length, batch_size,
+    episode_len, train_steps, train_segment_len, train_mem_len, loss (nats per scored token),
+    bpt or ppl, tokens, wall_time_s, and for recall acc, answers, acc_by_distance {"lo-hi": acc}.
+    With return_token_losses, also "token_losses": {name: ndarray} with token_loss, targets,
+    loss_mask, distance, correct (argmax == target), position (since episode start), all
+    [n_streams, T] in stream order, and stream_start [n_streams] (index of each stream's first
+    token in the split).
+    """
+    if split not in ("val", "test"):
+        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+    ckpt = read_checkpoint(ckpt_path)
+    lit = load_lit(ckpt_path, ckpt)
+    config = OmegaConf.create(lit.hparams.config or {})
+    if "data" not in config:
+        raise CheckpointError(f"checkpoint {ckpt_path} holds no data config")
+
+    overrides = dict(data_overrides or {})
+    for key, value in (("segment_len", segment_len), ("episode_len", episode_len)):
+        if value is not None:
+            overrides[key] = value
+    if batch_size is not None:
+        overrides["batch_size"] = overrides["eval_batch_size"] = batch_size
+    data_cfg = OmegaConf.merge(config.data, overrides)
+    datamodule = build_datamodule(data_cfg)
+
+    model = lit.model
+    model.mem_len = model.mem_len if mem_len is None else int(mem_len)
+    model.same_length = model.same_length if same_length is None else bool(same_length)
+    if model.same_length and model.mem_len < 1:
+        raise ValueError("same_length=true needs mem_len >= 1 (each query sees mem_len + 1 keys)")
+    try:
+        lit.check_data(datamodule, (split,))
+    except ValueError as e:
+        raise ValueError(f"cannot evaluate {ckpt_path} this way: {e}") from e
+
+    lit.collect_token_losses = return_token_losses
+    trainer = L.Trainer(accelerator=accelerator, devices=1, precision=precision, logger=False,
+                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress_bar,
+                        use_distributed_sampler=False, limit_val_batches=max_batches or 1.0,
+                        limit_test_batches=max_batches or 1.0)
+    start = time.perf_counter()
+    run = trainer.validate if split == "val" else trainer.test
+    run(lit, datamodule=datamodule, verbose=False)
+    wall = time.perf_counter() - start
+
+    train_data = config.data
+    result: dict[str, Any] = {
+        "checkpoint": str(ckpt_path), "split": split, "scheme": model.cfg.posenc,
+        "segment_len": int(data_cfg.segment_len), "mem_len": model.mem_len, "same_length": model.same_length,
+        "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size), "episode_len": data_cfg.episode_len,
+        "train_steps": int(ckpt.get("global_step", 0)), "train_segment_len": int(train_data.segment_len),
+        "train_mem_len": model.cfg.mem_len, "train_episode_len": train_data.episode_len,
+        **lit.eval_results[split], "wall_time_s": wall,
+    }
+    if return_token_losses:
+        arrays = dict(lit.token_losses.get(split, {}))
+        stream = datamodule.streams[split]
+        arrays["stream_start"] = np.arange(stream.batch_size, dtype=np.int64) * stream.stream_len
+        result["token_losses"] = arrays
+    return result
+
+
+def output_name(result: dict[str, Any]) -> str:
+    return f"{result['split']}_L{result['segment_len']}_M{result['mem_len']}" + ("_same" if result["same_length"] else "")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    ckpt = Path(cfg.ckpt)
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if v is not None}
+    result = evaluate_checkpoint(
+        ckpt, segment_len=data.pop("segment_len", None), mem_len=cfg.model.mem_len, same_length=cfg.model.same_length,
+        split=cfg.split, batch_size=data.pop("batch_size", None), episode_len=data.pop("episode_len", None),
+        data_overrides=data, max_batches=cfg.max_batches, return_token_losses=bool(cfg.dump_losses),
+        accelerator=cfg.accelerator, precision=cfg.precision, progress_bar=bool(cfg.progress_bar))
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.resolve().parent.parent / "eval"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = output_name(result)
+    arrays = result.pop("token_losses", None)
+    if arrays is not None:
+        np.savez_compressed(out_dir / f"{name}.npz", **arrays)
+        result["token_losses_file"] = str(out_dir / f"{name}.npz")
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    figures = {k: result[k] for k in ("loss", "bpt", "ppl", "acc") if k in result}
+    print(f"{out_dir / (name + '.json')}: {json.dumps(figures)}")
+
+
+if __name__ == "__main__":
+    main()
