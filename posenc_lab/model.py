@@ -185,7 +185,7 @@ class MemoryTransformer(nn.Module):
         h = self.drop(self.scheme.embed(self.embedding(tokens) * self.emb_scale, pos))  # h^0
         new_mems, attention = [], ([] if return_attention else None)
         for layer, block in enumerate(self.blocks):
-            context = torch.cat([mems[layer], h], dim=1) if mems else h  # h~ = [SG(mem) ; h]
+            context = torch.cat([mems[layer].detach(), h], dim=1) if mems else h  # h~ = [SG(mem) ; h]
             if self.mem_len > 0:  # this layer's inputs, newest last, at most mem_len, stop-gradient
                 new_mems.append(context[:, -self.mem_len:].detach())
             h = block(h, context, self.scheme, layer, pos, attention)
