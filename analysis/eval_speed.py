@@ -1,0 +1,122 @@
+"""Evaluation speed: tokens/s with memory reuse against recomputing a sliding window, at several
+attention lengths A (Transformer-XL Table 9: 363x at A = 800 up to 1,874x at A = 3,800 on a GPU).
+
+- memory reuse: segments of L tokens, memory M' = A with the same-length mask: every token sees
+  exactly A previous tokens, and a forward pass predicts L tokens.
+- sliding window: the vanilla evaluation; every predicted token gets a fresh window of its A
+  previous tokens, recomputed from scratch: a forward pass of A + 1 tokens predicts one token.
+
+Both run B parallel streams and give the same context to every token; weights do not matter for
+speed, so a fresh model of the given size (or a run's) is timed. If posenc_lab.bench provides
+``measure_eval_speed``, it is used instead of the local timer.
+
+    python -m analysis.eval_speed --out DIR --attn-lens 64,128,256,512 [--posenc xl --d-model 128 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from . import plots
+
+
+def _timed(fn, min_seconds: float, max_calls: int) -> tuple[float, int]:
+    fn()  # warm-up (allocations, kernels)
+    calls, start = 0, time.perf_counter()
+    while calls < max_calls and (calls == 0 or time.perf_counter() - start < min_seconds):
+        fn()
+        calls += 1
+    return time.perf_counter() - start, calls
+
+
+@torch.inference_mode()
+def measure(model, attn_len: int, segment_len: int, batch: int = 4, min_seconds: float = 0.5,
+            max_calls: int = 50) -> list[dict]:
+    """Tokens/s of both methods at one attention length (rows: method, attn_len, tokens_per_s, ...)."""
+    from posenc_lab.context import eval_lengths
+
+    V = model.cfg.vocab_size
+    L = segment_len
+    out = []
+    with eval_lengths(model, attn_len, same_length=True):
+        model.validate_lengths(L, attn_len)
+        x = torch.randint(V, (batch, L))
+        mems = None
+        for _ in range(-(-attn_len // L)):  # fill the memory
+            mems = model(x, mems=mems).mems
+        state = {"mems": mems}
+
+        def step():
+            state["mems"] = model(x, mems=state["mems"]).mems
+
+        seconds, calls = _timed(step, min_seconds, max_calls)
+        out.append({"method": "memory", "attn_len": attn_len, "segment_len": L, "batch": batch,
+                    "tokens_per_s": calls * batch * L / seconds, "seconds": seconds, "calls": calls})
+    with eval_lengths(model, 0):
+        model.validate_lengths(attn_len + 1, 0)
+        w = torch.randint(V, (batch, attn_len + 1))
+        seconds, calls = _timed(lambda: model(w), min_seconds, max_calls)
+        out.append({"method": "sliding window", "attn_len": attn_len, "segment_len": attn_len + 1, "batch": batch,
+                    "tokens_per_s": calls * batch / seconds, "seconds": seconds, "calls": calls})
+    return out
+
+
+def analyze(model, attn_lens: Sequence[int], out: Path, segment_len: int, batch: int = 4,
+            min_seconds: float = 0.5, log=print) -> tuple[pd.DataFrame, dict[str, Path]]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for A in attn_lens:
+        log(f"  eval speed: attention length {A}")
+        rows += measure(model, A, segment_len, batch, min_seconds)
+    df = pd.DataFrame(rows)
+    df["ms_per_token"] = 1000 / df["tokens_per_s"]
+    wide = df.pivot_table(index="attn_len", columns="method", values="tokens_per_s")
+    df["speedup"] = df["attn_len"].map(wide["memory"] / wide["sliding window"])
+    df["scheme"] = model.cfg.posenc
+    df["threads"] = torch.get_num_threads()
+    df.to_csv(out / "eval_speed.csv", index=False)
+    return df, {"eval_speed": plots.eval_speed(df, out / "eval_speed.png")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from posenc_lab.model import MemoryTransformer, ModelConfig
+
+    p = argparse.ArgumentParser(prog="python -m analysis.eval_speed", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--run", type=Path, help="time this run's model (default: a fresh model of the sizes below)")
+    p.add_argument("--attn-lens", default="64,128,256,512", help="comma-separated attention lengths")
+    p.add_argument("--segment-len", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--min-seconds", type=float, default=0.5)
+    p.add_argument("--posenc", default="xl")
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--n-head", type=int, default=4)
+    a = p.parse_args(argv)
+    if a.run:
+        from .runs import load_run
+
+        model = load_run(a.run).model()
+    else:
+        model = MemoryTransformer(ModelConfig(n_layer=a.n_layer, d_model=a.d_model, n_head=a.n_head,
+                                              d_inner=4 * a.d_model, posenc=a.posenc, dropout=0.0)).eval()
+    try:
+        df, _ = analyze(model, [int(x) for x in a.attn_lens.split(",")], a.out, a.segment_len, a.batch, a.min_seconds)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(df[["method", "attn_len", "tokens_per_s", "speedup"]].to_string(index=False))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

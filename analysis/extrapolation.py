@@ -1,0 +1,258 @@
+"""Extrapolation: the loss of every trained run along the two axes of shared/SCHEMES.md.
+
+Window axis (longer than trained):
+  - segment: evaluation segment length L' = L, 2L, ..., 16L, no memory (each segment alone);
+    the loss is the mean over the same tokens for every L'.
+  - memory: memory length M' = M, 2M, ..., 8M (M = the training memory, or L for runs trained
+    without memory) with the same-length mask, segment L: every scored token attends to exactly
+    M' previous tokens (its "attention length"), on the same scored tokens for every M'.
+Horizon axis (later than trained): the run as trained (L, M) over streams much longer than its
+training episodes (default 8 T), never reset: the loss as a function of the stream offset, and
+its difference to the same tokens evaluated as trained (reset every T), which takes the text's
+own difficulty out of the comparison.
+
+Lengths a scheme cannot serve (``learned`` past its table) are rows with status "n/a" and the
+scheme's own reason, never a crash and never a silent gap.
+
+    python -m analysis.extrapolation RUN_OR_FOLDER... --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import plots
+from .runs import Run, RunError, find_runs
+
+
+@dataclass
+class ExtrapolationSettings:
+    split: str = "valid"
+    n_rows: int = 8
+    segment_factors: tuple[int, ...] = (1, 2, 4, 8, 16)  # L' / L
+    memory_factors: tuple[int, ...] = (1, 2, 4, 8)  # M' / M
+    memory_score: int | None = None  # scored tokens per row on the memory axis (default 2 L)
+    horizon_factor: int = 8  # stream length / training episode length
+    horizon_tokens: int = 4096  # stream length for runs trained without episodes
+    horizon_bins: int = 32
+    horizon_rows: int | None = None  # streams on the horizon axis (default n_rows)
+
+
+def _row(run: Run, axis: str, length: int, factor: float, loss: float | None = None, reason: str = "",
+         **extra) -> dict:
+    return {**run.key, "axis": axis, "length": int(length), "factor": float(factor),
+            "loss_nats": float("nan") if loss is None else float(loss),
+            "status": "ok" if loss is not None else "n/a", "reason": reason, **extra}
+
+
+def segment_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
+    from posenc_lab.context import stream_losses, stream_rows
+
+    L = run.segment_len
+    lengths = [f * L for f in s.segment_factors]
+    data, side = run.split(s.split)
+    n = max(lengths)
+    rows = stream_rows(data, s.n_rows, n)
+    mask = (np.asarray(stream_rows(side["loss_mask"].astype(np.int64), s.n_rows, n))[:, 1:].astype(bool)
+            if "loss_mask" in side else None)
+    model = run.model()
+    out = []
+    for Lp in lengths:
+        try:
+            # each segment alone and its own episode: positions 0..L'-1 for every scheme (the offsets
+            # of global_sinusoid belong to the horizon axis)
+            res = stream_losses(model, rows, segment_len=Lp, mem_len=0, episode_len=Lp)
+        except ValueError as e:
+            out.append(_row(run, "segment", Lp, Lp / L, reason=str(e)))
+            continue
+        loss = res.loss.numpy()
+        out.append(_row(run, "segment", Lp, Lp / L, float(loss[mask].mean() if mask is not None else loss.mean())))
+    return out
+
+
+def memory_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
+    from posenc_lab.context import context_losses, stream_rows
+
+    L = run.segment_len
+    M_ref = run.mem_len or L
+    lengths = [f * M_ref for f in s.memory_factors]
+    n_score = s.memory_score or 2 * L
+    start = max(lengths)
+    data, side = run.split(s.split)
+    rows = stream_rows(data, s.n_rows, start + n_score)
+    mask = (np.asarray(stream_rows(side["loss_mask"].astype(np.int64), s.n_rows, start + n_score))[:, start + 1:]
+            .astype(bool) if "loss_mask" in side else None)
+    model = run.model()
+    out = []
+    for Mp in lengths:
+        try:
+            res = context_losses(model, rows, Mp, score_start=start, n_score=n_score, mode="memory", segment_len=L)
+        except ValueError as e:
+            out.append(_row(run, "memory", Mp, Mp / M_ref, reason=str(e)))
+            continue
+        loss = res.loss.numpy()
+        out.append(_row(run, "memory", Mp, Mp / M_ref, float(loss[mask].mean() if mask is not None else loss.mean())))
+    return out
+
+
+def horizon_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
+    """Loss by stream offset over streams of H tokens, never reset, and the difference to the same
+    tokens evaluated as trained (memory and offset reset every training episode T): ``delta_nats``
+    isolates what running past the training horizon does (0 inside the first episode by
+    construction; past it, positions never seen minus any gain from the longer memory)."""
+    from posenc_lab.context import stream_losses, stream_rows
+
+    T = run.episode_len
+    H = s.horizon_factor * T if T else s.horizon_tokens
+    n_rows = s.horizon_rows or s.n_rows
+    data, side = run.split(s.split)
+    rows = stream_rows(data, n_rows, H)
+    try:
+        long = stream_losses(run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len)
+        ref = (stream_losses(run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len, episode_len=T)
+               if T else None)
+    except ValueError as e:
+        return [_row(run, "horizon", 0, 0.0, reason=str(e), train_horizon=T or -1)]
+    loss = long.loss.numpy()
+    delta = loss - ref.loss.numpy() if ref is not None else np.full_like(loss, np.nan)
+    mask = (np.asarray(stream_rows(side["loss_mask"].astype(np.int64), n_rows, H))[:, 1:].astype(bool)
+            if "loss_mask" in side else np.ones_like(loss, dtype=bool))
+    width = max(1, H // s.horizon_bins)
+    offsets = long.offset.numpy()
+    out = []
+    for lo in range(0, H, width):
+        sel = mask & (offsets >= lo) & (offsets < lo + width)
+        if sel.any():
+            out.append(_row(run, "horizon", lo, lo / T if T else float("nan"), float(loss[sel].mean()),
+                            train_horizon=T or -1, tokens=int(sel.sum()), delta_nats=float(delta[sel].mean())))
+    return out
+
+
+@dataclass
+class ExtrapolationResult:
+    table: pd.DataFrame
+    summary: pd.DataFrame
+    figures: dict[str, Path] = field(default_factory=dict)
+
+
+def summarize(table: pd.DataFrame, unit_scale: float) -> pd.DataFrame:
+    """Per run: the loss at the training length and at the longest applicable evaluation length
+    of each window axis, the first n/a length, and the horizon loss inside vs past the training
+    episodes (in the corpus metric: bits per byte/char, nats per word)."""
+    out = []
+    keys = ["run", "scheme", "recurrence", "mem_len", "loss"]
+    for key, g in table.groupby(keys, sort=False):
+        row = dict(zip(keys, key))
+        for axis in ("segment", "memory"):
+            a = g[g["axis"] == axis]
+            ok = a[a["status"] == "ok"]
+            base = ok[ok["factor"] == 1.0]
+            row[f"{axis}_at_1x"] = float(base["loss_nats"].iloc[0]) * unit_scale if len(base) else np.nan
+            if len(ok):
+                last = ok.iloc[-1]
+                row[f"{axis}_longest"] = int(last["length"])
+                row[f"{axis}_at_longest"] = float(last["loss_nats"]) * unit_scale
+            na = a[a["status"] == "n/a"]
+            row[f"{axis}_na_from"] = int(na["length"].min()) if len(na) else None
+        h = g[(g["axis"] == "horizon") & (g["status"] == "ok")]
+        T = int(h["train_horizon"].iloc[0]) if len(h) and "train_horizon" in h else -1
+        if len(h) and T > 0:
+            inside, past = h[h["length"] < T], h[h["length"] >= T]
+            row["horizon_T"] = T
+            row["horizon_inside"] = float(np.average(inside["loss_nats"], weights=inside["tokens"])) * unit_scale
+            if len(past):
+                row["horizon_past"] = float(np.average(past["loss_nats"], weights=past["tokens"])) * unit_scale
+                row["horizon_past_delta"] = float(np.average(past["delta_nats"], weights=past["tokens"])) * unit_scale
+                last = past.iloc[-1]
+                row["horizon_last_delta"] = float(last["delta_nats"]) * unit_scale
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None = None, log=print) -> ExtrapolationResult:
+    """Evaluate every run along the three axes; write extrapolation.csv, extrapolation_summary.csv
+    and one PNG per axis into ``out``. Runs of several corpora are allowed (the figures facet by
+    recurrence; compare corpora in separate calls for a clean picture)."""
+    s = settings or ExtrapolationSettings()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, run in enumerate(runs, 1):
+        log(f"  extrapolation [{i}/{len(runs)}] {run.label}")
+        rows += segment_axis(run, s) + memory_axis(run, s) + horizon_axis(run, s)
+    table = pd.DataFrame(rows)
+    from .runs import metric_of
+
+    unit = runs[0].unit
+    name, scale = metric_of(unit)
+    table["metric"] = table["loss_nats"] * scale
+    if "delta_nats" in table:
+        table["delta_metric"] = table["delta_nats"] * scale
+    table.to_csv(out / "extrapolation.csv", index=False)
+    summary = summarize(table, scale)
+    summary.to_csv(out / "extrapolation_summary.csv", index=False)
+    res = ExtrapolationResult(table, summary)
+    L = runs[0].segment_len
+    ok = table[table["status"] == "ok"]
+    res.figures["segment"] = plots.lines(
+        ok[ok["axis"] == "segment"], x="length", y="loss_nats", path=out / "extrapolation_segment.png", unit=unit,
+        title="Window axis: evaluation segment length L' without memory", xlabel="evaluation segment length L' (tokens)",
+        vlines={"train L": L}, col="recurrence")
+    mems = sorted({r.mem_len for r in runs if r.mem_len})
+    res.figures["memory"] = plots.lines(
+        ok[ok["axis"] == "memory"], x="length", y="loss_nats", path=out / "extrapolation_memory.png", unit=unit,
+        title="Window axis: attention length M' with memory (same-length mask)",
+        xlabel="evaluation memory = attention length M' (tokens)",
+        vlines={f"train M": mems[0]} if len(mems) == 1 else None, col="recurrence")
+    hz = ok[ok["axis"] == "horizon"]
+    Ts = sorted({r.episode_len for r in runs if r.episode_len})
+    has_ref = "delta_nats" in hz and hz["delta_nats"].notna().any()
+    res.figures["horizon"] = plots.lines(
+        hz, x="length", y="delta_nats" if has_ref else "loss_nats", path=out / "extrapolation_horizon.png", unit=unit,
+        logx=False, title="Horizon axis: streams longer than the training episodes, never reset"
+        + ("\n(loss minus the same tokens evaluated with resets every T, as trained)" if has_ref else ""),
+        xlabel="stream offset since the episode start (tokens)",
+        ylabel=f"{'change in ' if has_ref else ''}{name}",
+        vlines={"train episode T": Ts[0]} if len(Ts) == 1 else None, col="recurrence")
+    return res
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.extrapolation", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="run directories or folders holding runs")
+    p.add_argument("--out", required=True, type=Path)
+    d = ExtrapolationSettings()
+    p.add_argument("--split", default=d.split)
+    p.add_argument("--n-rows", type=int, default=d.n_rows)
+    p.add_argument("--segment-factors", type=_ints, default=d.segment_factors, help="L'/L, comma-separated")
+    p.add_argument("--memory-factors", type=_ints, default=d.memory_factors, help="M'/M, comma-separated")
+    p.add_argument("--horizon-factor", type=int, default=d.horizon_factor)
+    p.add_argument("--horizon-tokens", type=int, default=d.horizon_tokens)
+    a = p.parse_args(argv)
+    s = ExtrapolationSettings(split=a.split, n_rows=a.n_rows, segment_factors=a.segment_factors,
+                              memory_factors=a.memory_factors, horizon_factor=a.horizon_factor,
+                              horizon_tokens=a.horizon_tokens)
+    try:
+        res = analyze(find_runs(a.runs), a.out, s)
+    except (RunError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(res.summary.to_string(index=False))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
