@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .lit import CheckpointError, load_lit, read_checkpoint
 from .model import MemoryTransformer
-from .train import build_datamodule
+from .train import CONF_DIR, build_datamodule
 
 log = logging.getLogger("posenc_lab.evaluate")
 
@@ -134,7 +134,7 @@ def output_name(result: dict[str, Any]) -> str:
     return f"{result['split']}_L{result['segment_len']}_M{result['mem_len']}" + ("_same" if result["same_length"] else "")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def main(cfg: DictConfig) -> None:
     ckpt = Path(cfg.ckpt)
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if v is not None}

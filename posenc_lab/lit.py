@@ -211,10 +211,13 @@ class LitLM(L.LightningModule):
         self.train_tokens += B * L_ * world
         logs = {"train/loss": loss, f"train/{self.metric}": self._figure(loss.detach())}
         answered = batch["loss_mask"] & (batch["distance"] >= 0)
-        if answered.any():
-            correct = (out.logits.detach().argmax(-1) == batch["targets"]) & answered
-            logs["train/acc"] = correct.sum() / answered.sum()
+        correct = (out.logits.detach().argmax(-1) == batch["targets"]) & answered
+        counts = torch.stack([correct.sum(), answered.sum()]).float()
+        if world > 1:  # every rank must take the same decision below (a collective inside log)
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
         self.log_dict(logs, prog_bar=False, sync_dist=world > 1, batch_size=B)
+        if counts[1] > 0:
+            self.log("train/acc", counts[0] / counts[1], batch_size=B)
         self.log("train/loss_step", loss.detach(), prog_bar=True, logger=False, batch_size=B)
         return loss
 

@@ -86,20 +86,37 @@ def _resume_path(cfg: DictConfig, run_dir: Path) -> Path | None:
     return Path(str(cfg.resume))
 
 
+_DDP_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def _prepare_ddp_relaunch() -> None:
     """Lightning's DDP launcher re-runs ``sys.argv`` for ranks > 0 with hydra.run.dir set to Hydra's
     run dir. Inside a multirun job that would start the whole sweep again in every rank: hand it this
     job's own overrides and output directory instead."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if not HydraConfig.initialized():
-        return
-    hc = HydraConfig.get()
-    if hc.mode == RunMode.MULTIRUN:
+    if _in_multirun():
+        hc = HydraConfig.get()
         sys.argv = [sys.argv[0], *hc.overrides.task]
         with read_write(hc), open_dict(hc):
             hc.run.dir = hc.runtime.output_dir
+
+
+def _end_local_ddp(env_before: set[str]) -> None:
+    """After a DDP job of a local multirun, the next job in this process must start its own ranks:
+    drop the process group and the rank variables Lightning's launcher set."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for key in _DDP_ENV:
+        if key not in env_before:
+            os.environ.pop(key, None)
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -140,6 +157,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             step = int(read_checkpoint(resume)["global_step"])
             (run_dir / "metrics.csv").rename(run_dir / f"metrics.until_step{step}.csv")
     _prepare_ddp_relaunch()
+    env_before = {k for k in _DDP_ENV if k in os.environ}
 
     start = time.perf_counter()
     trainer.fit(lit, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
@@ -167,6 +185,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.validate(lit, datamodule=datamodule, verbose=False)
         trainer.test(lit, datamodule=datamodule, verbose=False)
         results["val"], results["test"] = lit.eval_results.get("val"), lit.eval_results.get("test")
+    if _in_multirun() and trainer.world_size > 1:
+        _end_local_ddp(env_before)
     if trainer.is_global_zero:
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         summary = {k: results[k] for k in ("val", "test") if results.get(k)}
@@ -174,7 +194,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> None:
     train(cfg)
 

@@ -1,0 +1,78 @@
+"""Shared by tests/test_lit.py, test_cli.py, test_configs.py, test_ddp.py: compose the real conf/
+and train tiny models in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+
+def compose_config(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()):
+    """Compose the repository's real config with Hydra's compose API."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+# Small corpora: a recall probe of 20k tokens, 200 kB of the standard library.
+CORPUS = {
+    "recall": ["data.corpus.train_tokens=20000", "data.corpus.eval_tokens=3000", "data.corpus.max_distance=40"],
+    "pystdlib": ["data.corpus.max_bytes=200000"],
+}
+
+
+def tiny(run_dir, cache, *extra: str, steps: int = 4, data: str = "recall") -> list[str]:
+    """Overrides for a few-second run: tiny model, a small corpus, no progress bar."""
+    return [
+        f"run_dir={run_dir}", f"data={data}", f"data.root={cache}", *CORPUS.get(data, []), "model=tiny",
+        "data.segment_len=16", "data.batch_size=4", "model.mem_len=16", f"trainer.max_steps={steps}", "trainer.val_check_interval=1000", "trainer.limit_val_batches=2",
+        "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1", "final_eval.limit_batches=3", "optim.warmup_steps=2", *extra,
+    ]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for `python -m posenc_lab...` children: the repo importable, one thread each."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra)
+    return env
+
+
+def run_module(module: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=subprocess_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class LossRecorder(L.Callback):
+    """Writes every training step's (global step, loss, tokens) to <path>/rank<r>.json at the end."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.steps: list[dict] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps.append({"step": trainer.global_step, "loss": float(outputs["loss"]),
+                           "tokens": batch["tokens"].tolist(), "reset": bool(batch["reset"])})
+
+    def on_train_end(self, trainer, pl_module):
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.steps))
+
+
+def recorded(path, rank: int = 0) -> list[dict]:
+    return json.loads((Path(path) / f"rank{rank}.json").read_text())
+
+
+def record(path) -> list[str]:
+    """Overrides that add a LossRecorder writing to ``path``."""
+    return ["+callbacks.record._target_=tests.helpers_train.LossRecorder", f"+callbacks.record.path={path}"]

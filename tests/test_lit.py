@@ -1,0 +1,174 @@
+"""LitLM + SegmentDataModule + train(): exact resume, memory handling, metrics, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import lightning as L
+import pytest
+import torch
+
+from posenc_lab.lit import CheckpointError, LitLM, NonFiniteLossError, read_checkpoint, warmup_cosine
+from posenc_lab.train import train
+from tests.helpers_train import compose_config, record, recorded, tiny
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("corpus-cache")
+
+
+def test_warmup_cosine_schedule():
+    f = [warmup_cosine(s, warmup_steps=10, total_steps=110, min_lr_ratio=0.1) for s in range(120)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert f[10] == pytest.approx(1.0) and f[60] == pytest.approx(0.55)
+    assert f[110] == pytest.approx(0.1) and f[119] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))
+
+
+def test_resume_gives_the_same_next_losses(tmp_path, cache):
+    """Interrupt after step 4 of 8, resume from that checkpoint: steps 5..8 are those of the run
+    that never stopped. Dropout is on (RNG), memory carries across the cut, validation interleaves."""
+    common = ["model.dropout=0.1", "checkpoint_every=4", "callbacks.checkpoint.save_top_k=-1",
+              "trainer.val_check_interval=3"]
+    full = train(compose_config("train", tiny(tmp_path / "full", cache, *common, *record(tmp_path / "rec_full"),
+                                              steps=8)))
+    assert full["steps"] == 8
+    ckpt = tmp_path / "full" / "checkpoints" / "step0000004.ckpt"
+    state = read_checkpoint(ckpt)
+    assert state["global_step"] == 4
+    mems = state["posenc_lab"]["train_mems"]
+    assert len(mems) == 2 and mems[0].shape == (4, 16, 64)  # n_layer x [B, mem_len, d_model]
+    assert state["SegmentDataModule"]["train"]["batch"] == 4
+
+    train(compose_config("train", tiny(tmp_path / "resumed", cache, *common, f"resume={ckpt}",
+                                       *record(tmp_path / "rec_resumed"), steps=8)))
+    before, after = recorded(tmp_path / "rec_full"), recorded(tmp_path / "rec_resumed")
+    assert [s["step"] for s in after] == [5, 6, 7, 8]
+    assert [s["tokens"] for s in after] == [s["tokens"] for s in before[4:]]  # data position
+    assert not any(s["reset"] for s in after)  # so the memory matters
+    for a, b in zip(before[4:], after):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6, rel=0)
+
+    # The test can tell: without the saved memory the next loss differs.
+    state["posenc_lab"]["train_mems"] = []
+    torch.save(state, tmp_path / "no_mem.ckpt")
+    train(compose_config("train", tiny(tmp_path / "no_mem", cache, *common, f"resume={tmp_path / 'no_mem.ckpt'}",
+                                       *record(tmp_path / "rec_no_mem"), steps=5)))
+    assert recorded(tmp_path / "rec_no_mem")[0]["loss"] != pytest.approx(before[4]["loss"], abs=1e-6, rel=0)
+
+
+def test_auto_resume_from_the_run_dir(tmp_path, cache):
+    run = tmp_path / "run"
+    first = train(compose_config("train", tiny(run, cache, steps=3)))
+    assert first["resumed_from"] is None and first["steps"] == 3
+    again = train(compose_config("train", tiny(run, cache, steps=5)))  # same run dir, longer: continues
+    assert again["resumed_from"] == str(run / "checkpoints" / "last.ckpt") and again["steps"] == 5
+    assert (run / "metrics.until_step3.csv").exists() and (run / "metrics.csv").exists()
+
+
+def test_run_dir_layout_and_results(tmp_path, cache):
+    run = tmp_path / "run"
+    results = train(compose_config("train", tiny(run, cache, steps=3)))
+    for name in ("config.yaml", "metrics.csv", "hparams.yaml", "results.json", "checkpoints/last.ckpt"):
+        assert (run / name).exists(), name
+    on_disk = json.loads((run / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(results))
+    for key in ("scheme", "data", "steps", "tokens", "wall_time_s", "mem_len", "segment_len", "params", "val", "test"):
+        assert key in on_disk
+    assert on_disk["scheme"] == "xl" and on_disk["steps"] == 3 and on_disk["tokens"] == 3 * 4 * 16
+    for split in ("val", "test"):
+        figures = on_disk[split]
+        assert math.isfinite(figures["loss"]) and figures["ppl"] == pytest.approx(math.exp(figures["loss"]), rel=1e-5)
+        assert 0.0 <= figures["acc"] <= 1.0 and figures["acc_by_distance"]
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    for col in ("train/loss", "train/ppl", "train/lr", "train/tokens_per_s", "train/acc", "val/loss", "val/acc"):
+        assert col in header, col
+
+
+def test_byte_corpus_logs_bits_per_token(tmp_path, cache):
+    results = train(compose_config("train", tiny(tmp_path / "run", cache, steps=2, data="pystdlib")))
+    assert results["metric"] == "bpt" and "acc" not in results["val"]
+    assert results["val"]["bpt"] == pytest.approx(results["val"]["loss"] / math.log(2))
+
+
+def test_memory_is_kept_per_split_and_dropped_on_reset():
+    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=4, dropout=0.0))
+    batch = lambda reset: {"tokens": torch.randint(0, 10, (2, 3)), "targets": torch.randint(0, 10, (2, 3)),  # noqa: E731
+                           "loss_mask": torch.ones(2, 3, dtype=torch.bool), "offset": torch.zeros(2, dtype=torch.long),
+                           "reset": torch.tensor(reset), "distance": torch.full((2, 3), -1)}
+    lit.forward_segment(batch(True), "train")
+    assert lit._mems["train"][0].shape == (2, 3, 16) and lit._mems["val"] is None
+    lit.forward_segment(batch(False), "train")
+    assert lit._mems["train"][0].shape == (2, 4, 16)  # grows to mem_len
+    assert not lit._mems["train"][0].requires_grad
+    lit.forward_segment(batch(True), "train")  # reset: memory dropped first
+    assert lit._mems["train"][0].shape == (2, 3, 16)
+
+
+def test_no_weight_decay_on_embeddings_norms_biases_and_positional_tables():
+    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, posenc="learned",
+                           posenc_kwargs={"max_positions": 8}))
+    lit.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
+    groups = lit.configure_optimizers()["optimizer"].param_groups
+    decayed = {id(p) for p in groups[0]["params"]}
+    names = {id(p): n for n, p in lit.model.named_parameters()}
+    assert groups[0]["weight_decay"] > 0 and groups[1]["weight_decay"] == 0
+    assert all(names[i].endswith("weight") and ".ln" not in names[i] for i in decayed)
+    for name, p in lit.model.named_parameters():
+        if name.startswith(("embedding", "scheme")) or ".ln_" in name or name.endswith("bias"):
+            assert id(p) not in decayed, name
+
+
+class _Poison(L.Callback):
+    """Puts an inf into the weights before step 3."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 3:
+            with torch.no_grad():
+                pl_module.model.embedding.weight[0, 0] = float("inf")
+
+
+def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, cache):
+    cfg = compose_config("train", tiny(tmp_path / "run", cache, "checkpoint_every=2",
+                                       "+callbacks.poison._target_=tests.test_lit._Poison", steps=6))
+    with pytest.raises(NonFiniteLossError, match=r"at step 3 \(batch index 3\).*last\.ckpt"):
+        train(cfg)
+    last = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == 2
+    assert all(torch.isfinite(v).all() for v in last["state_dict"].values() if v.is_floating_point())
+
+
+def test_bad_inputs_fail_before_training(tmp_path, cache):
+    def run(*extra):
+        return train(compose_config("train", tiny(tmp_path / "bad", cache, *extra)))
+
+    with pytest.raises(ValueError, match="unknown positional scheme 'nosuch'"):
+        run("posenc.name=nosuch")
+    with pytest.raises(FileNotFoundError, match="no file at"):
+        train(compose_config("train", tiny(tmp_path / "bad", cache, f"data.corpus.path={tmp_path / 'missing.txt'}",
+                                           data="textfile")))
+    with pytest.raises(ValueError, match="episode_len"):
+        run("data.episode_len=8")  # shorter than a segment
+    with pytest.raises(ValueError, match="max_positions"):
+        run("posenc=learned", "posenc.max_positions=8")  # segments of 16 tokens
+    with pytest.raises(ValueError, match="same_length"):
+        run("model.same_length=true", "model.mem_len=0")
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_corrupt_or_mismatched_checkpoint_is_named(tmp_path, cache):
+    bad = tmp_path / "corrupt.ckpt"
+    bad.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt.ckpt cannot be read"):
+        train(compose_config("train", tiny(tmp_path / "a", cache, f"resume={bad}")))
+    with pytest.raises(CheckpointError, match="no such file"):
+        train(compose_config("train", tiny(tmp_path / "a", cache, f"resume={tmp_path / 'nope.ckpt'}")))
+
+    train(compose_config("train", tiny(tmp_path / "b", cache, steps=2)))
+    ckpt = tmp_path / "b" / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError, match=r"last.ckpt was trained with another model: d_model"):
+        train(compose_config("train", tiny(tmp_path / "c", cache, f"resume={ckpt}", "model.d_model=32")))
+    with pytest.raises(CheckpointError, match=r"last.ckpt was trained on other data settings.*n_streams"):
+        train(compose_config("train", tiny(tmp_path / "c", cache, f"resume={ckpt}", "data.batch_size=8")))
