@@ -6,9 +6,11 @@ W_{k,R}; learned u, v (per head) replace the query's absolute position:
     A_ij = (q_i + u) . k_j  +  (q_i + v) . (W_{k,R} R_{i-j}),   scaled by 1/sqrt(d_h)
            [(a) + (c)]          [(b) + (d)]
 
-(a)+(c) is plain attention with query q + u, so it goes through SDPA; (b)+(d) is computed once per
-layer for the N = M + L distances, [.., L, N], aligned by the relative shift, and handed to SDPA
-as an additive bias. No [L, N, D] tensor of R vectors is ever built.
+(b)+(d) is computed once per layer for the N = M + L distances (plus one future distance, masked),
+[.., L, N+1], with the causal mask accumulated into the same GEMM, and aligned by the relative shift
+(a strided view, no copy). (a)+(c) is accumulated onto it by a second GEMM, then softmax and the
+values. SDPA cannot serve: its fused kernels give no gradient for an additive bias, and its math
+fallback costs more than these few lines. No [L, N, D] tensor of R vectors is ever built.
 """
 
 import math
@@ -17,19 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dims, Positions, PositionalScheme, mask_to_bias, sinusoid_table
+from .base import Dims, Positions, PositionalScheme, relative_shift, sinusoid_table, unshifted_mask
 from .registry import register
-
-
-def relative_shift(x: Tensor) -> Tensor:
-    """x: [.., L, N] with column c holding distance N-1-c  ->  [.., L, N] with (i, j) holding M + i - j.
-
-    Pad one zero column on the left, view as [.., N+1, L], drop the first row, view back.
-    Entries with j > M + i (future keys) are garbage and must be masked.
-    """
-    *lead, L, N = x.shape
-    padded = F.pad(x, (1, 0))  # [.., L, N+1]
-    return padded.view(*lead, N + 1, L)[..., 1:, :].reshape(*lead, L, N)
 
 
 @register
@@ -51,25 +42,49 @@ class XLRelative(PositionalScheme):
         u, v = (self.u, self.v) if self.share_uv else (self.u[layer], self.v[layer])
         return u[None, :, None, :], v[None, :, None, :]  # [1, H, 1, d_h]
 
-    def distances(self, pos: Positions) -> Tensor:
-        """[N] distances of the last query to every key, N-1 .. 0, capped at clamp_len."""
-        d = pos.q[-1] - pos.k
+    def distances(self, pos: Positions, future: int = 0) -> Tensor:
+        """[N + future] distances of the last query to every key, N-1 .. 0 (then -1 .. -future for
+        ``future`` keys past the segment, masked anyway), capped at clamp_len."""
+        d = pos.q[-1] - torch.cat([pos.k, pos.k[-1] + torch.arange(1, future + 1, device=pos.k.device)])
         return d if self.clamp_len is None else d.clamp(max=self.clamp_len)
+
+    def position_vectors(self, layer: int, pos: Positions, dtype: torch.dtype, future: int = 0) -> Tensor:
+        """[H, N + future, d_h]: W_{k,R} R_d per head, for the distances of ``distances``."""
+        H, d_h = self.dims.n_head, self.dims.d_head
+        R = sinusoid_table(self.distances(pos, future), self.dims.d_model).to(dtype)  # [N, D]
+        return self.w_kr[layer](R).view(-1, H, d_h).transpose(0, 1)  # W_{k,R} R
 
     def position_scores(self, layer: int, q: Tensor, pos: Positions) -> Tensor:
         """(b)+(d) before the shift: [B, H, L, N], column c = (q_i + v) . W_{k,R} R_{N-1-c}."""
-        H, d_h = self.dims.n_head, self.dims.d_head
-        R = sinusoid_table(self.distances(pos), self.dims.d_model).to(q.dtype)  # [N, D]
-        r = self.w_kr[layer](R).view(-1, H, d_h).transpose(0, 1)  # [H, N, d_h]: W_{k,R} R
         _, v = self._uv(layer)
-        return (q + v.to(q.dtype)) @ r.transpose(-1, -2)
+        return (q + v.to(q.dtype)) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
+
+    def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+        """[B, H, L, N] masked scores A_ij / sqrt(d_h), -inf where key j is not visible to query i."""
+        B, H, L, d_h = q.shape
+        N, W, scale = k.shape[2], k.shape[2] + 1, 1.0 / math.sqrt(d_h)
+        u, v = self._uv(layer)
+        # (b)+(d) for the distances N-1 .. -1 (one future column keeps the shifted view free of
+        # overlap), plus the mask laid out before the shift, in one GEMM with accumulate: [B*H, L, W]
+        r = self.position_vectors(layer, pos, q.dtype, future=1)  # [H, W, d_h]
+        bd = torch.baddbmm(unshifted_mask(pos.visible, W, q.dtype), (q + v.to(q.dtype)).reshape(B * H, L, d_h),
+                           r.transpose(1, 2).expand(B, H, d_h, W).reshape(B * H, d_h, W))
+        bd = relative_shift(bd, N)  # [B*H, L, N] view: (i, j) holds distance M + i - j
+        # A / sqrt(d_h) = scale * (q + u) k^T  +  scale * ((b)+(d)), again one GEMM with accumulate
+        a = torch.baddbmm(bd, (q + u.to(q.dtype)).reshape(B * H, L, d_h), k.reshape(B * H, N, d_h).transpose(1, 2),
+                          beta=scale, alpha=scale)
+        return a.view(B, H, L, N)
+
+    def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+        return torch.softmax(self.scores(layer, q, k, pos), dim=-1, dtype=torch.float32).to(q.dtype)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        u, _ = self._uv(layer)
-        bias = relative_shift(self.position_scores(layer, q, pos)) * scale  # ((b)+(d)) / sqrt(d_h)
-        bias = bias + mask_to_bias(pos.visible, bias.dtype)
-        return F.scaled_dot_product_attention(q + u.to(q.dtype), k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)  # (a)+(c) + bias
+        # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
+        # softmax attention is written out: softmax(A / sqrt(d_h)) v.
+        probs = self.attention_probs(layer, q, k, pos)
+        if dropout_p > 0:
+            probs = F.dropout(probs, dropout_p)
+        return probs @ v
 
     def extra_repr(self) -> str:
         return f"clamp_len={self.clamp_len}, share_uv={self.share_uv}"
