@@ -7,8 +7,8 @@ attention lengths A (Transformer-XL Table 9: 363x at A = 800 up to 1,874x at A =
   previous tokens, recomputed from scratch: a forward pass of A + 1 tokens predicts one token.
 
 Both run B parallel streams and give the same context to every token; weights do not matter for
-speed, so a fresh model of the given size (or a run's) is timed. If posenc_lab.bench provides
-``measure_eval_speed``, it is used instead of the local timer.
+speed, so a fresh model of the given size (or a run's) is timed. posenc_lab.bench's
+``measure_eval_speed`` (median of 3) does the timing where it exists; the local timer otherwise.
 
     python -m analysis.eval_speed --out DIR --attn-lens 64,128,256,512 [--posenc xl --d-model 128 ...]
 """
@@ -68,13 +68,28 @@ def measure(model, attn_len: int, segment_len: int, batch: int = 4, min_seconds:
     return out
 
 
+def measure_with_bench(model, attn_len: int, segment_len: int, batch: int, reps: int = 3) -> list[dict] | None:
+    """posenc_lab.bench.measure_eval_speed (the performance engineer's timer), if this install has it."""
+    try:
+        from posenc_lab.bench import measure_eval_speed
+    except ImportError:
+        return None
+    r = measure_eval_speed(model=model, attention_len=attn_len, segment_len=segment_len, batch_size=batch, reps=reps)
+    common = {"attn_len": attn_len, "batch": batch, "calls": reps, "timer": "posenc_lab.bench"}
+    return [{"method": "memory", "segment_len": segment_len, "tokens_per_s": r["memory_tok_s"],
+             "seconds": r["memory_ms_per_segment"] / 1e3, **common},
+            {"method": "sliding window", "segment_len": attn_len + 1, "tokens_per_s": r["window_tok_s"],
+             "seconds": r["window_ms_per_window"] / 1e3, **common}]
+
+
 def analyze(model, attn_lens: Sequence[int], out: Path, segment_len: int, batch: int = 4,
             min_seconds: float = 0.5, log=print) -> tuple[pd.DataFrame, dict[str, Path]]:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for A in attn_lens:
         log(f"  eval speed: attention length {A}")
-        rows += measure(model, A, segment_len, batch, min_seconds)
+        rows += measure_with_bench(model, A, segment_len, batch) or [
+            {**r, "timer": "analysis.eval_speed"} for r in measure(model, A, segment_len, batch, min_seconds)]
     df = pd.DataFrame(rows)
     df["ms_per_token"] = 1000 / df["tokens_per_s"]
     wide = df.pivot_table(index="attn_len", columns="method", values="tokens_per_s")

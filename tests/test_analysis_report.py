@@ -1,0 +1,178 @@
+"""The main job end to end: `posenc-lab ablate experiment=tiny` trains the grid, runs every analysis
+and writes a report whose tables equal the CSVs beside it and whose figures exist. The `quick`
+preset (the one users run first, <= 3 min on 2 cores) is the slow variant of the same test."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import ablate
+from analysis.effective_context import analyze as recl_analyze
+from analysis.runs import RunError, find_runs, load_run
+
+SECTIONS = ["Ablation table", "Relative effective context length", "Extrapolation", "Attention spans",
+            "Evaluation speed", "Recall probe"]
+TABLES = ["table_ablation", "table_recl", "table_extrapolation", "table_not_applicable", "table_attention",
+          "table_eval_speed", "table_recall"]
+FIGURES = ["effective_context/loss_by_context.png", "extrapolation/extrapolation_segment.png",
+           "extrapolation/extrapolation_memory.png", "extrapolation/extrapolation_horizon.png",
+           "attention/attention_heatmap.png", "eval_speed/eval_speed.png", "recall/recall_accuracy.png"]
+
+
+def run_ablate(preset: str, out: Path) -> float:
+    start = time.perf_counter()
+    assert ablate.main([f"experiment={preset}", f"ablate.out={out}"]) == 0
+    return time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ablate") / "tiny"
+    seconds = run_ablate("tiny", out)
+    print(f"ablate experiment=tiny: {seconds:.1f} s")
+    return out
+
+
+def md_tables(text: str) -> dict[str, pd.DataFrame]:
+    """Tables of the report by the CSV their caption links to, as strings."""
+    tables = {}
+    for m in re.finditer(r"\(\[(\w+)\.csv\]\(\1\.csv\)\)\n\n((?:\|.*\|\n?)+)", text):
+        lines = [ln for ln in m.group(2).strip().split("\n")]
+        head = [c.strip() for c in lines[0].strip("|").split(" | ")]
+        rows = [[c.strip() for c in re.split(r"(?<!\\)\|", ln.strip()[1:-1])] for ln in lines[2:]]
+        tables[m.group(1)] = pd.DataFrame(rows, columns=head)
+    return tables
+
+
+def assert_cell_equals(md: str, csv_value, where: str) -> None:
+    if md == "n/a":
+        assert csv_value is None or (isinstance(csv_value, float) and math.isnan(csv_value)) or csv_value == "n/a", where
+        return
+    if re.fullmatch(r"-?\d+\.\d+", md):
+        decimals = len(md.split(".")[1])
+        assert abs(float(md) - float(csv_value)) <= 0.5 * 10 ** -decimals + 1e-12, f"{where}: {md} vs {csv_value}"
+    elif re.fullmatch(r"-?\d+", md):
+        assert float(md) == float(csv_value), f"{where}: {md} vs {csv_value}"
+    elif md in ("yes", "no"):
+        assert str(csv_value).lower() in (("true", "yes") if md == "yes" else ("false", "no")), where
+    else:
+        assert md == str(csv_value).replace("|", "\\|"), f"{where}: {md!r} vs {csv_value!r}"
+
+
+def check_report(out: Path, sections=SECTIONS, tables=TABLES, figures=FIGURES) -> str:
+    report = out / "report" / "report.md"
+    text = report.read_text()
+    for s in sections:
+        assert re.search(rf"^## \d+\. {s}", text, re.M), f"section {s!r} missing"
+    for f in figures:
+        assert f"]({f})" in text and (report.parent / f).stat().st_size > 5000, f"figure {f}"
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (report.parent / link).is_file(), link
+    found = md_tables(text)
+    for name in tables:
+        assert name in found, f"table {name} missing"
+        md = found[name]
+        csv = pd.read_csv(report.parent / f"{name}.csv", keep_default_na=False, na_values=[""])
+        assert list(md.columns) == list(csv.columns), name
+        assert len(md) == len(csv), name
+        for i in range(len(md)):
+            for col in md.columns:
+                assert_cell_equals(md.at[i, col], csv.at[i, col], f"{name}[{i}].{col}")
+    return text
+
+
+def test_tiny_ablation_report_has_every_table_and_figure(tiny):
+    text = check_report(tiny)
+    # the learned table is sized to the training segment: longer segments are n/a, with the reason
+    na = pd.read_csv(tiny / "report" / "table_not_applicable.csv")
+    assert set(na["scheme"]) == {"learned"} and na["reason"].str.contains("max_positions").all()
+    # the text under the tables is computed from them: the best row it names is the table's best
+    t6 = pd.read_csv(tiny / "report" / "table_ablation.csv")
+    top = t6.loc[t6["init_bpb"].idxmin()]
+    assert f"{top['scheme']} (memory {top['recurrence']}, {top['loss']} loss), {top['init_bpb']:.3f}" in text
+    # all five mission schemes, with and without memory, plus the preset's half-loss runs
+    rows = set(zip(t6["scheme"], t6["recurrence"], t6["loss"]))
+    for scheme in ("sinusoid", "learned", "global_sinusoid", "shaw", "xl"):
+        assert {(scheme, "on", "full"), (scheme, "off", "full")} <= rows
+    assert {("sinusoid", "on", "half"), ("xl", "on", "half")} <= rows
+
+
+def test_ablate_resumes_finished_runs(tiny, capsys):
+    cfg = ablate.compose("ablate", ["experiment=tiny", f"ablate.out={tiny}"])
+    specs = ablate.plan(cfg, ["experiment=tiny"])
+    spec = specs[0]
+    ckpt = tiny / "runs" / spec.name / "checkpoints" / "last.ckpt"
+    before = ckpt.stat().st_mtime_ns
+    status, _ = ablate.train_one(spec, tiny / "runs" / spec.name, retrain=False, log=print)
+    assert status == "reused" and ckpt.stat().st_mtime_ns == before
+    # a finished run with other settings is not silently reused
+    other = [*spec.overrides, "trainer.max_steps=7"]
+    with pytest.raises(ValueError, match="other settings"):
+        ablate.train_one(ablate.RunSpec(spec.name, spec.group, spec.scheme, spec.mem_len, spec.loss_frac, other),
+                         tiny / "runs" / spec.name, retrain=False, log=print)
+
+
+def test_bad_inputs_are_clear_errors(tiny, tmp_path):
+    runs = find_runs([tiny / "runs"])  # a folder of runs, searched recursively like a multirun folder
+    assert len(runs) == 14
+    with pytest.raises(RunError, match="one corpus only"):
+        recl_analyze(runs, tmp_path / "recl")  # pystdlib and recall runs in one RECL group
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny / "runs" / "xl_mem16_full", broken, ignore=shutil.ignore_patterns("checkpoints"))
+    with pytest.raises(RunError, match="no checkpoint"):
+        load_run(broken)
+    with pytest.raises(RunError, match="not a posenc-lab run directory"):
+        load_run(tmp_path)
+    with pytest.raises(RunError, match="no checkpoint"):  # found while searching a folder: still an error
+        find_runs([tmp_path])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match="no posenc-lab runs"):
+        find_runs([tmp_path / "empty"])
+
+
+def test_report_reads_a_multirun_folder(tiny, tmp_path):
+    """A Hydra multirun folder: numbered job folders with .hydra/ inside."""
+    multi = tmp_path / "multirun" / "2026-01-01" / "00-00-00"
+    for i, name in enumerate(["xl_mem16_full", "xl_mem0_full"]):
+        job = multi / f"{i}_xl_pystdlib"
+        shutil.copytree(tiny / "runs" / name, job)
+        (job / ".hydra").mkdir()
+        (job / ".hydra" / "config.yaml").write_text("not: a run\n")
+    from analysis import report
+
+    assert report.main([str(tmp_path / "multirun"), "--out", str(tmp_path / "rep"), "--no-speed"]) == 0
+    t6 = pd.read_csv(tmp_path / "rep" / "table_ablation.csv")
+    assert sorted(t6["recurrence"]) == ["off", "on"]
+
+
+@pytest.mark.slow
+def test_quick_preset_report(tmp_path):
+    """The `quick` preset as users run it: every table and figure; numbers equal the CSVs."""
+    seconds = run_ablate("quick", tmp_path / "quick")
+    print(f"ablate experiment=quick: {seconds:.1f} s")
+    check_report(tmp_path / "quick", sections=SECTIONS[:-1], tables=TABLES[:-1], figures=FIGURES[:-1])
+
+
+def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
+    """pyproject registers `ablate` in the entry-point group that posenc_lab.cli discovers."""
+    import tomllib
+    from importlib.metadata import EntryPoint
+
+    from posenc_lab import cli
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    value = pyproject["project"]["entry-points"][cli.ENTRY_POINT_GROUP]["ablate"]
+    assert value == "analysis.ablate:main"
+    ep = EntryPoint(name="ablate", value=value, group=cli.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(cli, "entry_points", lambda group: [ep] if group == cli.ENTRY_POINT_GROUP else [])
+    assert cli.main(["ablate", "--plan", "experiment=quick", f"ablate.out={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "12 runs" in out and "posenc-lab train experiment=quick posenc=xl model.mem_len=0" in out
+    assert cli.main(["ablate", "experiment=no_such_preset"]) == 2
