@@ -76,6 +76,8 @@ class BenchConfig:
 
 CONFIGS: dict[str, BenchConfig] = {
     "tiny": BenchConfig("tiny", n_layer=2, d_model=32, n_head=2, d_inner=64, segment_len=16, mem_len=16, batch_size=2),
+    # for the bf16-mixed vs fp32 loss curves where bf16 matmuls are slow (CPUs without AMX / AVX512-BF16)
+    "mini": BenchConfig("mini", n_layer=2, d_model=128, n_head=4, d_inner=512, segment_len=64, mem_len=64, batch_size=8),
     "small": BenchConfig("small", n_layer=4, d_model=128, n_head=4, d_inner=512, segment_len=128, mem_len=128,
                          batch_size=16),
     "base": BenchConfig("base", n_layer=6, d_model=512, n_head=8, d_inner=2048, segment_len=256, mem_len=256,
@@ -455,6 +457,69 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
 
 
 # --------------------------------------------------------------------------------------------------
+# bf16-mixed against fp32: training loss curves on real text
+# --------------------------------------------------------------------------------------------------
+def loss_curves(bench_cfg: BenchConfig | str = "tiny", scheme: str = "xl", steps: int = 300,
+                runs: Sequence[tuple[str, int]] = (("fp32", 0), ("bf16-mixed", 0), ("fp32", 1)),
+                lr: float = 1e-3, corpus: str = "pystdlib", max_bytes: int = 2_000_000,
+                device: str | torch.device | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """Training loss per step for each (precision, seed) run: same data order, memory carried, AdamW.
+
+    Weights are initialised from ``seed``; the batches (``corpus`` train split, byte level, ordered
+    streams) are the same for every run. A second fp32 seed measures the run-to-run noise the
+    bf16-mixed difference is compared with. Returns {"runs": {"fp32/seed0": [losses], ...}, "steps": n}.
+    """
+    from .data import load_corpus
+
+    bc = CONFIGS[bench_cfg] if isinstance(bench_cfg, str) else bench_cfg
+    device = pick_device(None if device is None else str(device))
+    data = load_corpus(corpus, max_bytes=max_bytes)
+    curves = {}
+    for precision, seed in runs:
+        torch.manual_seed(seed)
+        cfg = bc.model_config(scheme, memory=bc.mem_len > 0)
+        model = MemoryTransformer(cfg).to(device).train()
+        opt = make_optimizer(model, lr)
+        stream = iter(data.stream("train", bc.segment_len, bc.batch_size))
+        mems, losses = None, []
+        for step in range(steps):
+            try:
+                batch = next(stream)
+            except StopIteration:
+                stream, mems = iter(data.stream("train", bc.segment_len, bc.batch_size)), None
+                batch = next(stream)
+            if bool(batch["reset"]):
+                mems = None
+            with _autocast(device, precision):
+                out = model(batch["tokens"].to(device), batch["targets"].to(device), mems=mems,
+                            offset=batch["offset"].to(device))
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            opt.step()
+            mems = out.mems or None
+            losses.append(float(out.loss.detach()))
+            if log and (step + 1) % 50 == 0:
+                log(f"{precision} seed {seed}: step {step + 1} loss {statistics.fmean(losses[-50:]):.4f}")
+        curves[f"{precision}/seed{seed}"] = losses
+    return {"runs": curves, "steps": steps, "config": bc.name, "scheme": scheme}
+
+
+def summarize_curves(curves: dict, window: int = 50) -> list[dict]:
+    """Mean loss over the last ``window`` steps per run, and each run's gap to the first run."""
+    runs = curves["runs"]
+    names = list(runs)
+    ref = runs[names[0]]
+    rows = []
+    for name in names:
+        c = runs[name]
+        diffs = [a - b for a, b in zip(c, ref)]
+        rows.append({"run": name, "final_loss": statistics.fmean(c[-window:]),
+                     "gap_to_first": statistics.fmean(c[-window:]) - statistics.fmean(ref[-window:]),
+                     "mean_abs_step_diff": statistics.fmean(abs(d) for d in diffs)})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
 # output
 # --------------------------------------------------------------------------------------------------
 def _fmt(v) -> str:
@@ -539,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-len", default="800", help="comma-separated attention lengths for --eval-speed")
     p.add_argument("--eval-segment-len", type=int, default=128, help="segment length of memory-reuse evaluation")
     p.add_argument("--eval-batch", type=int, default=4, help="streams (windows) per forward in --eval-speed")
+    p.add_argument("--loss-curve", type=int, default=0, metavar="STEPS",
+                   help="instead: train STEPS steps on pystdlib in fp32 (seeds 0, 1) and bf16-mixed (seed 0), "
+                        "compare the loss curves (first config and scheme)")
     return p
 
 
@@ -559,6 +627,20 @@ def main(argv: list[str] | None = None) -> int:
     env = environment_line()
     command = "posenc-lab bench " + " ".join(sys.argv[1:] if argv is None else argv)
     print(env)
+    if args.loss_curve:
+        scheme = schemes[0] if args.schemes != "all" else "xl"
+        curves = loss_curves(configs[0], scheme, args.loss_curve, device=args.device,
+                             log=lambda line: print(line, flush=True))
+        rows = summarize_curves(curves)
+        print(format_table(rows))
+        if args.out:
+            write_outputs(rows, args.out, "loss_curve", f"{env}\n\n`{command}`")
+            per_step = [{"step": i + 1, **{k: v[i] for k, v in curves["runs"].items()}} for i in range(curves["steps"])]
+            with open(args.out / "loss_curve_steps.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(per_step[0]))
+                w.writeheader()
+                w.writerows(per_step)
+        return 0
     if args.eval_speed:
         rows = []
         for c in configs:
