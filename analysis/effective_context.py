@@ -145,6 +145,7 @@ class ContextSettings:
     window_batch_tokens: int = 32768
 
     def grid(self, runs: list[Run]) -> list[int]:
+        """The evenly spaced RECL grid c_min, c_min + delta, ..., <= c_max."""
         L = max(r.segment_len for r in runs)
         delta = self.delta or max(1, L // 2)
         c_min = self.c_min or delta
@@ -153,6 +154,20 @@ class ContextSettings:
             raise ValueError(f"the context grid needs c_max >= c_min + delta, got c_min {c_min}, delta {delta}, "
                              f"c_max {c_max}")
         return list(range(c_min, c_max + 1, delta))
+
+    def contexts(self, runs: list[Run]) -> list[int]:
+        """The grid plus every run's training attention length (its memory M, or its segment L without
+        memory), so that the loss at the training attention length is measured on the same tokens."""
+        grid = self.grid(runs)
+        extra = {train_attention_length(r) for r in runs if train_attention_length(r) <= grid[-1]}
+        return sorted(set(grid) | extra)
+
+
+def train_attention_length(run: Run) -> int:
+    """The attention length of training, in previous tokens: the memory M with recurrence (the
+    paper's convention; tokens saw M to M + L - 1), L - 1 without (the most any token saw: the last
+    of a segment). The attention-length axis of the ablation table starts here."""
+    return run.mem_len if run.recurrence else run.segment_len - 1
 
 
 def run_mode(run: Run, mode: str) -> str:
@@ -163,7 +178,8 @@ def run_mode(run: Run, mode: str) -> str:
     return mode
 
 
-def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path: Path) -> Path:
+def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path: Path,
+                        grid: list[int] | None = None) -> Path:
     """Per-token losses of ``run`` at every context length, saved as ``path`` (npz): loss
     [n_c, n_rows, n_score] nats, correct (same shape), mask [n_rows, n_score] (tokens that count),
     distance [n_rows, n_score], contexts, and a JSON ``meta`` (run, corpus, split, mode, rows)."""
@@ -172,7 +188,8 @@ def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path:
     mode = run_mode(run, s.mode)
     meta = {"run": run.name, "run_dir": str(run.path), "scheme": run.scheme, "mem_len": run.mem_len,
             "loss": run.loss, "corpus": run.corpus_key, "split": s.split, "mode": mode,
-            "n_rows": s.n_rows, "n_score": s.n_score, "score_start": max(contexts), "contexts": contexts}
+            "n_rows": s.n_rows, "n_score": s.n_score, "score_start": max(contexts), "contexts": contexts,
+            "grid": grid if grid is not None else contexts}
     if path.is_file():  # reuse a dump made with the same settings
         with np.load(path) as z:
             saved = json.loads(str(z["meta"]))
@@ -288,19 +305,23 @@ def analyze(runs: list[Run], out: Path, settings: ContextSettings | None = None,
     s = settings or ContextSettings()
     one_corpus(runs, "RECL")
     out.mkdir(parents=True, exist_ok=True)
-    contexts = s.grid(runs)
+    grid = s.grid(runs)
+    contexts = s.contexts(runs)
     dumps = []
     for i, run in enumerate(runs, 1):
-        log(f"  context losses [{i}/{len(runs)}] {run.label}: c = {contexts[0]}..{contexts[-1]} step "
-            f"{contexts[1] - contexts[0]}, mode {run_mode(run, s.mode)}")
-        dumps.append(dump_context_losses(run, contexts, s, out / "context_losses" / f"{run.name}.npz"))
+        log(f"  context losses [{i}/{len(runs)}] {run.label}: c = {grid[0]}..{grid[-1]} step "
+            f"{grid[1] - grid[0]}, mode {run_mode(run, s.mode)}")
+        dumps.append(dump_context_losses(run, contexts, s, out / "context_losses" / f"{run.name}.npz", grid))
     losses, contexts, metas = read_dumps(dumps)
     by_name = {r.name: r for r in runs}
-    table, gains = recl(losses, contexts)
+    on_grid = [contexts.index(c) for c in grid]
+    table, gains = recl({m: arr[on_grid] for m, arr in losses.items()}, grid)
     keys = pd.DataFrame([{**by_name[m["run"]].key, "mode": m["mode"]} for m in metas])
     table = keys.merge(table.rename(columns={"model": "run"}), on="run")
     gains = keys.merge(gains.rename(columns={"model": "run"}), on="run")
-    lbc = pd.DataFrame([{**by_name[m].key, "mode": run_mode(by_name[m], s.mode), "c": c, "loss": float(v.mean())}
+    lbc = pd.DataFrame([{**by_name[m].key, "mode": run_mode(by_name[m], s.mode), "c": c,
+                         "loss": float(v.mean()), "on_grid": c in grid,
+                         "train_attn_len": train_attention_length(by_name[m])}
                         for m, arr in losses.items() for c, v in zip(contexts, arr)])
     table.to_csv(out / "recl.csv", index=False)
     gains.to_csv(out / "recl_gains.csv", index=False)
@@ -332,8 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = ContextSettings(**{k: getattr(a, k) for k in ContextSettings.__dataclass_fields__})
     try:
         if a.from_dumps:
-            losses, contexts, _ = read_dumps(sorted(a.from_dumps.glob("*.npz")))
-            table, gains = recl(losses, contexts)
+            losses, contexts, metas = read_dumps(sorted(a.from_dumps.glob("*.npz")))
+            grid = metas[0].get("grid", contexts)
+            on_grid = [contexts.index(c) for c in grid]
+            table, gains = recl({m: arr[on_grid] for m, arr in losses.items()}, grid)
             a.out.mkdir(parents=True, exist_ok=True)
             table.to_csv(a.out / "recl.csv", index=False)
             gains.to_csv(a.out / "recl_gains.csv", index=False)

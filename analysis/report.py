@@ -133,30 +133,31 @@ class Report:
 
 # ---- section builders (each computes its text from its table) --------------------------------------
 
-def ablation_table(runs: list[Run], ext: pd.DataFrame, recl: pd.DataFrame | None, unit: str) -> pd.DataFrame:
-    """Table 6: one row per run. init: the loss at the training attention length; best: the lowest
-    over the evaluation attention lengths of the run's native axis (memory M' with the same-length
-    mask for runs trained with memory, segment L' without memory for the others)."""
+def ablation_table(runs: list[Run], lbc: pd.DataFrame, recl: pd.DataFrame | None, unit: str) -> pd.DataFrame:
+    """Table 6: one row per run. Attention length A = every scored token sees exactly A previous tokens
+    (memory A with the same-length mask for runs trained with memory, a sliding window of A tokens for
+    runs without), on the same tokens for every run and A. init: at the training attention length
+    (M with memory, L without); best: the lowest over the evaluated A, and that A."""
     _, scale = metric_of(unit)
     fig = figure_name(unit)
     rows = []
     for run in runs:
-        axis = "memory" if run.recurrence else "segment"
-        a = ext[(ext["run"] == run.name) & (ext["axis"] == axis) & (ext["status"] == "ok")]
-        init = a[a["factor"] == 1.0]
+        a = lbc[(lbc["run"] == run.name) & np.isfinite(lbc["loss"])]
+        train_len = effective_context.train_attention_length(run)
+        init = a[a["c"] == train_len]
         row = {"scheme": run.scheme, "recurrence": "on" if run.recurrence else "off", "loss": run.loss,
                "mem_len": run.mem_len, "segment_len": run.segment_len,
-               f"val_{fig}": np.nan, "attn_axis": "M'" if run.recurrence else "L'",
-               "train_attn_len": run.mem_len if run.recurrence else run.segment_len,
-               f"init_{fig}": float(init["loss_nats"].iloc[0]) * scale if len(init) else np.nan,
+               f"val_{fig}": np.nan, "eval_mode": effective_context.run_mode(run, "auto"),
+               "train_attn_len": train_len,
+               f"init_{fig}": float(init["loss"].iloc[0]) * scale if len(init) else np.nan,
                f"best_{fig}": np.nan, "best_attn_len": None}
         val = (run.results or {}).get("val") or {}
         if "loss" in val:
             row[f"val_{fig}"] = float(val["loss"]) * scale
         if len(a):
-            best = a.loc[a["loss_nats"].idxmin()]
-            row[f"best_{fig}"] = float(best["loss_nats"]) * scale
-            row["best_attn_len"] = int(best["length"])
+            best = a.loc[a["loss"].idxmin()]
+            row[f"best_{fig}"] = float(best["loss"]) * scale
+            row["best_attn_len"] = int(best["c"])
         if recl is not None:
             for r in effective_context.R_VALUES:
                 hit = recl[(recl["run"] == run.name) & (recl["r"] == r)]
@@ -208,18 +209,18 @@ def ablation_findings(t: pd.DataFrame, unit: str) -> list[str]:
                 "not separable at this scale" if abs(xl_best - rival[best]) <= TOL else "not reproduced")
             lines.append(f"Paper: \"XL encoding with recurrence is best\": {verdict} here (xl with memory, best "
                          f"{xl_best:.3f} vs the best other row, {_who(rival)}, {rival[best]:.3f}).")
-    # Memory on vs off per scheme (full loss).
+    # Memory on vs off per scheme (full loss), each at its training attention length.
     diffs = []
     for scheme, g in ok[ok["loss"] == "full"].groupby("scheme", sort=False):
         on, off = g[g["recurrence"] == "on"], g[g["recurrence"] == "off"]
         if len(on) and len(off):
-            d = on[best].min() - off[best].min()
-            diffs.append((scheme, d))
+            diffs.append((scheme, on[init].min() - off[init].min()))
     if diffs:
         helped = [f"{s} ({d:+.3f})" for s, d in diffs if d < -TOL]
         hurt = [f"{s} ({d:+.3f})" for s, d in diffs if d > TOL]
         same = [f"{s} ({d:+.3f})" for s, d in diffs if abs(d) <= TOL]
-        lines.append("Memory (best, on minus off, full loss): "
+        lens = sorted(set(ok["train_attn_len"].astype(int)))
+        lines.append(f"Memory (init, on minus off, full loss; attention length {'/'.join(map(str, lens))}): "
                      + "; ".join(x for x in (f"helps {', '.join(helped)}" if helped else "",
                                              f"hurts {', '.join(hurt)}" if hurt else "",
                                              f"no difference beyond {TOL} for {', '.join(same)}" if same else "") if x)
@@ -252,11 +253,16 @@ def ablation_findings(t: pd.DataFrame, unit: str) -> list[str]:
         lines.append(f"No run gains more than {TOL} from a longer evaluation attention than in training.")
     mem_rows = ok[ok["recurrence"] == "on"]
     if len(mem_rows):
-        mem_long = longer[longer["recurrence"] == "on"]
-        only_xl = len(mem_long) > 0 and set(mem_long["scheme"]) == {"xl"}
-        verdict = ("reproduced" if only_xl else "not reproduced" if len(mem_long) == 0 or "xl" not in set(mem_long["scheme"])
-                   else "partly reproduced (other schemes gain too)")
-        lines.append(f"Paper: \"a longer evaluation attention helps only the XL encoding\" (runs with memory): {verdict}.")
+        gainers = sorted(set(longer[longer["recurrence"] == "on"]["scheme"]))
+        if not gainers:
+            verdict = "not reproduced: no run with memory gains from a longer evaluation attention"
+        elif gainers == ["xl"]:
+            verdict = "reproduced: among the runs with memory only xl gains"
+        elif "xl" in gainers:
+            verdict = f"partly reproduced: xl gains, and so do {', '.join(g for g in gainers if g != 'xl')}"
+        else:
+            verdict = f"not reproduced: {', '.join(gainers)} gain(s), xl does not"
+        lines.append(f"Paper: \"a longer evaluation attention helps only the XL encoding\": {verdict}.")
     return lines
 
 
@@ -434,11 +440,14 @@ def build_report(runs: list[Run], out: Path, settings: ReportSettings | None = N
     if meta.get("notes"):
         rep.bullets(meta["notes"])
     rep.p("Conventions. Losses are shown in bits per byte (byte corpora), bits per character, or perplexity "
-          "(word corpora) where named `bpb`/`bpc`/`ppl`; figures plot the same unit. *Attention length*: for runs "
-          "trained with memory, the evaluation memory M' with the same-length mask (every token attends to exactly "
-          "M' previous tokens in every layer); for runs trained without memory, the evaluation segment length L' "
-          "(no memory). *init* is the loss at the training attention length, *best* the lowest over the evaluated "
-          "lengths. All evaluations use the same tokens of the validation split for every run. Differences below "
+          "(word corpora) where named `bpb`/`bpc`/`ppl`; figures plot bits (or nats per word). *Attention length* A: "
+          "every scored token sees exactly A previous tokens. Runs trained with memory are evaluated with memory A "
+          "and the same-length mask (every query attends to the A previous positions in every layer; deeper layers "
+          "carry older information through the memory, which is what recurrence is); runs trained without memory "
+          "with a sliding window of A tokens (the vanilla Transformer's evaluation). *init* is the loss at the "
+          "training attention length (M with memory; L - 1 without, the most context any training token had), *best* "
+          "the lowest over the evaluated lengths. "
+          "Each analysis scores the same tokens of the validation split for every run. Differences below "
           f"{TOL} are reported as no difference.")
 
     by_corpus: dict[str, list[Run]] = {}
@@ -455,17 +464,21 @@ def build_report(runs: list[Run], out: Path, settings: ReportSettings | None = N
         sub.mkdir(parents=True, exist_ok=True)
         corpus_tag = "" if len(lm_groups) == 1 else f" ({group[0].corpus_name})"
         log(f"analysis: {len(group)} runs on {group[0].corpus_name}")
-        ext = extrapolation.analyze(group, sub / "extrapolation", s.extrapolation, log=log)
         ctx = effective_context.analyze(group, sub / "effective_context", s.context, log=log)
+        ext = extrapolation.analyze(group, sub / "extrapolation", s.extrapolation, log=log)
         att = attention_span.analyze(group, sub / "attention", s.attention, log=log)
 
         section += 1
         rep.h(2, f"{section}. Ablation table{corpus_tag}")
+        cs = sorted(ctx.loss_by_context["c"].unique())
         rep.p(f"Settings: {_settings_line(group)}. Shaped like Transformer-XL Table 6 (WikiText-103): rows are "
               f"encoding x recurrence x training loss. `val_{fig}`: the training run's own validation figure "
-              f"(results.json, evaluated as trained); `init_{fig}` / `best_{fig}` / `best_attn_len`: see Conventions; "
+              f"(results.json, evaluated as trained). `init_{fig}`: at the training attention length "
+              f"`train_attn_len`; `best_{fig}`: the lowest over the evaluated attention lengths A = "
+              f"{', '.join(map(str, cs))}, at `best_attn_len`; `eval_mode`: memory (memory A, same-length mask) "
+              f"or window (sliding window of A tokens, for runs trained without memory). "
               f"`recl_r*`: relative effective context length (section {section + 1}).")
-        t6 = ablation_table(group, ext.table, ctx.recl, unit)
+        t6 = ablation_table(group, ctx.loss_by_context, ctx.recl, unit)
         rep.table(f"table_ablation{'_' + group[0].corpus_name if corpus_tag else ''}", t6,
                   f"ablation: {fig} by scheme, recurrence and loss", {c: 4 for c in t6.columns})
         rep.bullets(ablation_findings(t6, unit))

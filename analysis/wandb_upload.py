@@ -1,0 +1,158 @@
+"""Upload an analysis report to Weights & Biases: every CSV table as a ``wandb.Table``, every PNG
+figure as a ``wandb.Image``, the runs' final figures as one table, and the whole report folder
+as an artifact, in one wandb run (job_type ``report``) grouped with the sweep it analyses.
+
+    python -m analysis.report runs/sweeps/SWEEP_ID --out reports/SWEEP_ID
+    python -m analysis.wandb_upload reports/SWEEP_ID --runs runs/sweeps/SWEEP_ID --project posenc-lab
+
+Grouping. The training runs of a sweep log to wandb themselves (``logger=wandb``: resolved config,
+metrics; group = scheme, job_type = the sweep's name, tags). This run joins them with
+``--group`` (default: the sweep id when the runs live in ``runs/sweeps/SWEEP_ID/``, else the runs
+folder's name) and tags every scheme it covers; the tables keep a ``scheme`` column so that the
+wandb UI can group their rows by scheme, and per-scheme figures (``attention/<scheme>.png``) are
+logged under ``figures/<scheme>/``. Works offline: ``WANDB_MODE=offline`` (sync later with
+``wandb sync``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import yaml
+
+# Final figures of a run's results.json that go into the runs table.
+_RESULT_KEYS = ("loss", "bpt", "ppl", "acc")
+
+
+def run_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """One row per finished run (a folder with config.yaml and results.json) under ``run_dirs``."""
+    rows = []
+    for root in run_dirs:
+        root = Path(root)
+        configs = [root / "config.yaml"] if (root / "config.yaml").is_file() else sorted(root.rglob("config.yaml"))
+        for cfg_path in configs:
+            d = cfg_path.parent
+            if any(part.startswith(".") for part in d.relative_to(root).parts) or not (d / "results.json").is_file():
+                continue
+            cfg = yaml.safe_load(cfg_path.read_text()) or {}
+            res = json.loads((d / "results.json").read_text())
+            row: dict[str, Any] = {
+                "run": str(d.relative_to(root)) if d != root else d.name,
+                "scheme": (cfg.get("posenc") or {}).get("name", res.get("scheme")),
+                "data": (cfg.get("data") or {}).get("name", res.get("data")),
+                "mem_len": (cfg.get("model") or {}).get("mem_len", res.get("mem_len")),
+                "segment_len": (cfg.get("data") or {}).get("segment_len"),
+                "loss_recent_frac": (cfg.get("model") or {}).get("loss_recent_frac", 1.0),
+                "steps": res.get("steps"), "seed": res.get("seed"), "params": res.get("params"),
+            }
+            for split in ("val", "test"):
+                for k in _RESULT_KEYS:
+                    v = (res.get(split) or {}).get(k)
+                    if v is not None:
+                        row[f"{split}_{k}"] = v
+            rows.append(row)
+    return rows
+
+
+def default_group(report_dir: Path, run_dirs: Sequence[Path]) -> str:
+    """The sweep id for runs in runs/sweeps/SWEEP_ID/..., else the (first) runs folder's name."""
+    for d in run_dirs:
+        parts = Path(d).resolve().parts
+        if "sweeps" in parts[:-1]:
+            i = len(parts) - 1 - parts[::-1].index("sweeps")
+            if i + 1 < len(parts):
+                return f"sweep-{parts[i + 1]}"
+    return Path(run_dirs[0]).resolve().name if run_dirs else Path(report_dir).resolve().name
+
+
+def upload(report_dir: str | os.PathLike, runs: Sequence[str | os.PathLike] = (), project: str = "posenc-lab",
+           entity: str | None = None, group: str | None = None, name: str | None = None,
+           job_type: str = "report", tags: Sequence[str] = (), wandb_dir: str | None = None) -> str:
+    """Log the report in ``report_dir`` (and the runs' results) to one wandb run; return its id."""
+    import wandb
+
+    report_dir = Path(report_dir)
+    if not report_dir.is_dir():
+        raise FileNotFoundError(f"{report_dir}: no such report folder (write one with python -m analysis.report)")
+    run_dirs = [Path(r) for r in runs]
+    csvs = sorted(p for p in report_dir.rglob("*.csv") if p.is_file())
+    pngs = sorted(p for p in report_dir.rglob("*.png") if p.is_file())
+    if not csvs and not pngs:
+        raise FileNotFoundError(f"{report_dir}: no CSV tables or PNG figures to upload")
+    rows = run_rows(run_dirs)
+    schemes = sorted({str(r["scheme"]) for r in rows if r.get("scheme")})
+    for csv in csvs:  # schemes named in the tables too
+        try:
+            col = pd.read_csv(csv, usecols=["scheme"])["scheme"]
+            schemes = sorted(set(schemes) | {str(s) for s in col.dropna().unique()})
+        except (ValueError, KeyError):
+            pass
+    group = group or default_group(report_dir, run_dirs)
+    run = wandb.init(project=project, entity=entity, group=group, job_type=job_type,
+                     name=name or f"report-{group}", tags=sorted(set(tags) | set(schemes)),
+                     dir=wandb_dir, reinit="finish_previous",
+                     config={"report_dir": str(report_dir.resolve()), "runs": [str(d.resolve()) for d in run_dirs],
+                             "schemes": schemes, "n_runs": len(rows)})
+    try:
+        logged: dict[str, Any] = {}
+        for csv in csvs:
+            key = "tables/" + csv.relative_to(report_dir).with_suffix("").as_posix()
+            logged[key] = wandb.Table(dataframe=pd.read_csv(csv))
+        for png in pngs:
+            rel = png.relative_to(report_dir).with_suffix("")
+            stem = rel.name
+            # per-scheme figures (e.g. attention/xl.png) go under figures/<scheme>/
+            key = f"figures/{stem}/{rel.parent.as_posix()}" if stem in schemes else "figures/" + rel.as_posix()
+            logged[key] = wandb.Image(str(png), caption=rel.as_posix())
+        if rows:
+            logged["tables/runs"] = wandb.Table(dataframe=pd.DataFrame(rows))
+        run.log(logged)
+        for row in rows:  # also as summary numbers per scheme/memory, for wandb's charts
+            label = f"{row['scheme']}/mem{row['mem_len']}"
+            for k, v in row.items():
+                if k.startswith(("val_", "test_")) and isinstance(v, (int, float)):
+                    run.summary[f"runs/{label}/{k}"] = v
+        artifact = wandb.Artifact(f"report-{_safe(group)}", type="report",
+                                  description=f"analysis report of {', '.join(map(str, run_dirs)) or report_dir}")
+        artifact.add_dir(str(report_dir))
+        run.log_artifact(artifact)
+        return run.id
+    finally:
+        run.finish()
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.wandb_upload", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("report", type=Path, help="a report folder written by analysis/report.py (report.md, CSVs, PNGs)")
+    p.add_argument("--runs", nargs="*", default=[], type=Path,
+                   help="the run folders the report analysed (runs/sweeps/ID, a Hydra multirun dir)")
+    p.add_argument("--project", default="posenc-lab")
+    p.add_argument("--entity", default=None)
+    p.add_argument("--group", default=None, help="wandb group (default: sweep-ID for runs/sweeps/ID, else the runs folder)")
+    p.add_argument("--name", default=None)
+    p.add_argument("--job-type", default="report")
+    p.add_argument("--tags", nargs="*", default=[])
+    a = p.parse_args(argv)
+    try:
+        run_id = upload(a.report, a.runs, project=a.project, entity=a.entity, group=a.group, name=a.name,
+                        job_type=a.job_type, tags=a.tags)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"uploaded {a.report} as wandb run {run_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
