@@ -168,9 +168,11 @@ class LitLM(L.LightningModule):
 
     # ---- training --------------------------------------------------------------------------
 
-    def _step_seed(self) -> int:
-        seed = int(self.hparams.seed)
-        return int(np.random.SeedSequence([seed & 0xFFFFFFFF, self.global_step, self.global_rank]).generate_state(1)[0])
+    def _step_seed(self, batch_idx: int) -> int:
+        """Seed of the dropout noise of one training batch: (seed, step, micro-batch, rank)."""
+        micro = batch_idx % self.trainer.accumulate_grad_batches
+        key = [int(self.hparams.seed) & 0xFFFFFFFF, self.global_step, micro, self.global_rank]
+        return int(np.random.SeedSequence(key).generate_state(1)[0])
 
     def on_train_start(self) -> None:
         if self._pending_train_mems is not None:  # this rank's block of the saved global streams
@@ -184,7 +186,7 @@ class LitLM(L.LightningModule):
         self._t_last = None
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        torch.manual_seed(self._step_seed())  # dropout noise of step t depends on (seed, t, rank) only
+        torch.manual_seed(self._step_seed(batch_idx))  # dropout noise depends on (seed, step, rank) only
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         out = self.forward_segment(batch, "train")
@@ -215,10 +217,9 @@ class LitLM(L.LightningModule):
         counts = torch.stack([correct.sum(), answered.sum()]).float()
         if world > 1:  # every rank must take the same decision below (a collective inside log)
             counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        self.log_dict(logs, prog_bar=False, sync_dist=world > 1, batch_size=B)
+        self.log_dict(logs, prog_bar=True, sync_dist=world > 1, batch_size=B)
         if counts[1] > 0:
             self.log("train/acc", counts[0] / counts[1], batch_size=B)
-        self.log("train/loss_step", loss.detach(), prog_bar=True, logger=False, batch_size=B)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
