@@ -69,11 +69,10 @@ class Shaw(PositionalScheme):
         # backward two), with the mask, laid out before the shift, accumulated into it: [B*H, L, W].
         d = (N - 1 - torch.arange(W, device=q.device)).clamp(0, K)
         a_key = self.a_key[layer].to(q.dtype)[K - d]  # [W, d_h]
-        qa = torch.baddbmm(unshifted_mask(pos.visible, W, q.dtype), q.reshape(B * H, L, d_h),
-                           a_key.T.expand(B * H, d_h, W))
-        # e_ij = (q_i . k_j + q_i . a^K_{clip(j-i)}) / sqrt(d_h), one GEMM with accumulate
-        e = torch.baddbmm(relative_shift(qa, N), q.reshape(B * H, L, d_h), k.reshape(B * H, N, d_h).transpose(1, 2),
-                          beta=scale, alpha=scale)
+        q = q.contiguous().view(B * H, L, d_h) * scale  # 1/sqrt(d_h) applied to [L, d_h], not to [L, N]
+        qa = torch.baddbmm(unshifted_mask(pos.visible, W, q.dtype), q, a_key.T.expand(B * H, d_h, W))
+        # e_ij = (q_i . k_j + q_i . a^K_{clip(j-i)}) / sqrt(d_h), one GEMM accumulating onto the shifted q . a^K
+        e = torch.baddbmm(relative_shift(qa, N), q, k.reshape(B * H, N, d_h).transpose(1, 2))
         return e.view(B, H, L, N)
 
     def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:

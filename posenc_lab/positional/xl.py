@@ -64,15 +64,17 @@ class XLRelative(PositionalScheme):
         B, H, L, d_h = q.shape
         N, W, scale = k.shape[2], k.shape[2] + 1, 1.0 / math.sqrt(d_h)
         u, v = self._uv(layer)
+        q = q.contiguous() * scale  # 1/sqrt(d_h) applied to [L, d_h] here, not to [L, N] later
+        qu = (q + u.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + u) / sqrt(d_h)
+        qv = (q + v.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + v) / sqrt(d_h)
         # (b)+(d) for the distances N-1 .. -1 (one future column keeps the shifted view free of
         # overlap), plus the mask laid out before the shift, in one GEMM with accumulate: [B*H, L, W]
         r = self.position_vectors(layer, pos, q.dtype, future=1)  # [H, W, d_h]
-        bd = torch.baddbmm(unshifted_mask(pos.visible, W, q.dtype), (q + v.to(q.dtype)).reshape(B * H, L, d_h),
+        bd = torch.baddbmm(unshifted_mask(pos.visible, W, q.dtype), qv,
                            r.transpose(1, 2).expand(B, H, d_h, W).reshape(B * H, d_h, W))
         bd = relative_shift(bd, N)  # [B*H, L, N] view: (i, j) holds distance M + i - j
-        # A / sqrt(d_h) = scale * (q + u) k^T  +  scale * ((b)+(d)), again one GEMM with accumulate
-        a = torch.baddbmm(bd, (q + u.to(q.dtype)).reshape(B * H, L, d_h), k.reshape(B * H, N, d_h).transpose(1, 2),
-                          beta=scale, alpha=scale)
+        # A_ij / sqrt(d_h) = (q_i + u) . k_j / sqrt(d_h)  +  ((b)+(d)) / sqrt(d_h): a second GEMM accumulating onto it
+        a = torch.baddbmm(bd, qu, k.reshape(B * H, N, d_h).transpose(1, 2))
         return a.view(B, H, L, N)
 
     def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
