@@ -8,9 +8,9 @@ as an artifact, in one wandb run (job_type ``report``) grouped with the sweep it
 Grouping. The training runs of a sweep log to wandb themselves (``logger=wandb``: resolved config,
 metrics; group = scheme, job_type = the sweep's name, tags). This run joins them with
 ``--group`` (default: the sweep id when the runs live in ``runs/sweeps/SWEEP_ID/``, else the runs
-folder's name) and tags every scheme it covers; the tables keep a ``scheme`` column so that the
-wandb UI can group their rows by scheme, and per-scheme figures (``attention/<scheme>.png``) are
-logged under ``figures/<scheme>/``. Works offline: ``WANDB_MODE=offline`` (sync later with
+folder's name) and tags every scheme it covers; the tables keep their ``scheme`` column so that
+the wandb UI can group their rows by scheme, and the run summary holds every run's final figures
+under ``runs/<scheme>/mem<M>/``. Works offline: ``WANDB_MODE=offline`` (sync later with
 ``wandb sync``).
 """
 
@@ -106,10 +106,7 @@ def upload(report_dir: str | os.PathLike, runs: Sequence[str | os.PathLike] = ()
             logged[key] = wandb.Table(dataframe=pd.read_csv(csv))
         for png in pngs:
             rel = png.relative_to(report_dir).with_suffix("")
-            stem = rel.name
-            # per-scheme figures (e.g. attention/xl.png) go under figures/<scheme>/
-            key = f"figures/{stem}/{rel.parent.as_posix()}" if stem in schemes else "figures/" + rel.as_posix()
-            logged[key] = wandb.Image(str(png), caption=rel.as_posix())
+            logged["figures/" + rel.as_posix()] = wandb.Image(str(png), caption=rel.as_posix())
         if rows:
             logged["tables/runs"] = wandb.Table(dataframe=pd.DataFrame(rows))
         run.log(logged)

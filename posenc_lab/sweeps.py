@@ -403,7 +403,7 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
     from .data import CORPUS_NAMES
     from .datamodule import SegmentDataModule
     from .model import ModelConfig
-    from .positional import Dims, build_scheme
+    from .positional import build_scheme
     from .train import model_config
 
     problems: list[str] = []
@@ -606,7 +606,7 @@ def _blame(message: str, assignments: list[list[str]], sweep: Sweep, n_trials: i
     if swept:
         return f"  [from parameter {', '.join(sorted(swept))}; {len(assignments)} of {n_trials} trial(s)]"
     if len(assignments) == n_trials:
-        return f"  [every trial]"
+        return "  [every trial]"
     return f"  [{len(assignments)} of {n_trials} trial(s), e.g. {' '.join(assignments[0])}]"
 
 
