@@ -175,6 +175,18 @@ def test_cli_reports_bad_sweep(tmp_path):
     assert pyproject["project"]["entry-points"]["posenc_lab.commands"]["sweep-check"] == "posenc_lab.sweeps:main"
 
 
+def test_corpus_units_match_the_corpora(tmp_path):
+    """The checker knows each corpus's unit (bpt or ppl) without loading it; check the cheap ones."""
+    from posenc_lab.data import CORPUS_NAMES, load_corpus
+    from posenc_lab.sweeps import CORPUS_UNITS
+
+    assert set(CORPUS_UNITS) == set(CORPUS_NAMES)
+    text = tmp_path / "text.txt"
+    text.write_text("hello world, " * 2000)
+    assert load_corpus("textfile", root=tmp_path, path=str(text)).unit == CORPUS_UNITS["textfile"]
+    assert load_corpus("recall", root=tmp_path, train_tokens=5000, eval_tokens=1000).unit == CORPUS_UNITS["recall"]
+
+
 def test_multirun_overrides_of_a_grid():
     args = multirun_overrides(REPO / "sweeps" / "ablation.yaml")
     assert "posenc=xl,shaw,sinusoid,learned,global_sinusoid" in args and "model.mem_len=0,64,128,256" in args
@@ -276,6 +288,13 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
     assert {"ablation-recall", "xl", "mem32"} <= set(info["tags"])
     metric = yaml.safe_load(path.read_text())["metric"]["name"]
     assert metric in info["history"], sorted(info["history"])
+    # the checker's list of logged keys covers everything the run logged (no false rejections)
+    from posenc_lab.sweeps import logged_metrics
+
+    with Composer() as composer:
+        cfg = composer.compose(command[command.index("posenc_lab.train") + 1:])
+    logged = {k for k in info["history"] if "/" in k and not k.startswith("trainer/")}
+    assert logged <= logged_metrics(cfg), logged - logged_metrics(cfg)
     # the resolved config (LitLM's hyper-parameters hold the whole run config)
     config = info["config"]["config"]
     assert config["model"]["mem_len"] == 32 and config["posenc"]["name"] == "xl"
