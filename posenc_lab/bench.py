@@ -97,10 +97,13 @@ def scheme_kwargs(scheme: str, segment_len: int, mem_len: int) -> dict:
 # --------------------------------------------------------------------------------------------------
 # FLOP count
 # --------------------------------------------------------------------------------------------------
-def model_flops_per_token(cfg: ModelConfig, segment_len: int, mem_len: int, training: bool = True) -> float:
+def model_flops_per_token(cfg: ModelConfig, segment_len: int, mem_len: int, training: bool = True,
+                          batch_size: int = 1) -> float:
     """Matmul FLOPs per predicted token of one segment of ``segment_len`` tokens with ``mem_len`` memory.
 
-    Counts 2*m*n*k for every matrix product of the model, per segment, divided by ``segment_len``:
+    Counts 2*m*n*k for every matrix product of the model, per segment (per stream), divided by
+    ``segment_len``; a product shared by the ``batch_size`` streams (xl's position projection) is
+    divided among them:
 
     per layer (L = segment_len, M = mem_len, N = M + L, D = d_model, F = d_inner):
       q projection            2 L D D
@@ -109,7 +112,7 @@ def model_flops_per_token(cfg: ModelConfig, segment_len: int, mem_len: int, trai
       values p v              2 L N D
       output projection       2 L D D
       feed-forward            2 L D F  x 2
-      xl:   W_{k,R} R_d        2 N D D        position projection of the N distances
+      xl:   W_{k,R} R_d        2 N D D / B    position projection of the N distances, once per batch
             (q + v) . r        2 L N D        terms (b) + (d)
       shaw: q a^K^T            2 L D (2K+1)   and  P a^V:  2 L (2K+1) D
     output head                2 L D V
@@ -127,7 +130,7 @@ def model_flops_per_token(cfg: ModelConfig, segment_len: int, mem_len: int, trai
         + 2 * 2 * L * D * F  # feed-forward
     )
     if cfg.posenc == "xl":
-        per_layer += 2 * N * D * D + 2 * L * N * D
+        per_layer += 2 * N * D * D / batch_size + 2 * L * N * D
     elif cfg.posenc == "shaw":
         rows = 2 * int(cfg.posenc_kwargs.get("K", 16)) + 1
         per_layer += 2 * 2 * L * D * rows
@@ -213,17 +216,23 @@ class PeakMemory:
         return False
 
 
-def _median_time(fn: Callable[[], None], device: torch.device, warmup: int, reps: int) -> float:
-    """Median seconds of one call of ``fn`` over ``reps`` timed calls after ``warmup`` calls."""
+def _median_time(fn: Callable[[], None], device: torch.device, warmup: int, reps: int,
+                 cpu_times: list | None = None) -> float:
+    """Median seconds of one call of ``fn`` over ``reps`` timed calls after ``warmup`` calls.
+
+    ``cpu_times`` (optional) receives the process CPU seconds of each timed call (all threads): on a
+    shared machine, wall time includes waiting for the cores; CPU time is the work done."""
     for _ in range(warmup):
         fn()
     _sync(device)
     times = []
     for _ in range(reps):
-        start = time.perf_counter()
+        cpu, start = time.process_time(), time.perf_counter()
         fn()
         _sync(device)
         times.append(time.perf_counter() - start)
+        if cpu_times is not None:
+            cpu_times.append(time.process_time() - cpu)
     return statistics.median(times)
 
 
@@ -272,8 +281,10 @@ class BenchResult:
     params: int
     train_ms: float
     train_tok_s: float
+    train_cpu_ms: float  # process CPU time per step, all threads (wall time minus waiting, x threads)
     eval_ms: float
     eval_tok_s: float
+    eval_cpu_ms: float
     train_peak_mb: float
     eval_peak_mb: float
     train_gflop_per_step: float
@@ -335,7 +346,8 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
             opt.step()
             state["mems"] = out.mems if M > 0 else None
 
-        train_s = _median_time(train_step, device, warmup, reps)
+        train_cpu: list[float] = []
+        train_s = _median_time(train_step, device, warmup, reps, train_cpu)
     params = model.num_params()
 
     # -- evaluation -----------------------------------------------------------------------------
@@ -349,15 +361,17 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
                 out = step_model(data[:, :-1], data[:, 1:], mems=state["mems"])
             state["mems"] = out.mems if M > 0 else None
 
-        eval_s = _median_time(eval_step, device, warmup, reps)
+        eval_cpu: list[float] = []
+        eval_s = _median_time(eval_step, device, warmup, reps, eval_cpu)
 
-    train_flops = model_flops_per_token(cfg, L, M, training=True)
-    eval_flops = model_flops_per_token(cfg, L, M, training=False)
+    train_flops = model_flops_per_token(cfg, L, M, training=True, batch_size=B)
+    eval_flops = model_flops_per_token(cfg, L, M, training=False, batch_size=B)
     tokens = B * L
     return BenchResult(
         config=bc.name, scheme=scheme, mem_len=M, precision=precision, device=_device_name(device), batch=B,
         segment_len=L, params=params,
-        train_ms=train_s * 1e3, train_tok_s=tokens / train_s, eval_ms=eval_s * 1e3, eval_tok_s=tokens / eval_s,
+        train_ms=train_s * 1e3, train_tok_s=tokens / train_s, train_cpu_ms=statistics.median(train_cpu) * 1e3,
+        eval_ms=eval_s * 1e3, eval_tok_s=tokens / eval_s, eval_cpu_ms=statistics.median(eval_cpu) * 1e3,
         train_peak_mb=train_mem.peak_mb, eval_peak_mb=eval_mem.peak_mb,
         train_gflop_per_step=train_flops * tokens / 1e9, matmul_peak_gflops=matmul_peak / 1e9,
         train_mfu=train_flops * tokens / train_s / matmul_peak, eval_mfu=eval_flops * tokens / eval_s / matmul_peak,
@@ -407,7 +421,8 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
     tokens per predicted token (``batch_size`` windows per forward). Same model, same weights.
 
     ``model_cfg``: a ModelConfig, or the name of a bench config (``scheme`` picks the scheme, xl by default).
-    Returns a dict: attention_len, segment_len, batch, memory_tok_s, window_tok_s, speedup (memory/window).
+    Returns a dict: attention_len, segment_len, batch, memory_tok_s, window_tok_s, speedup (memory/window,
+    wall time), speedup_cpu (the same from process CPU time), and the milliseconds per forward.
     """
     device = pick_device(None if device is None else str(device))
     if isinstance(model_cfg, str):
@@ -435,7 +450,8 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
             def memory_step():
                 state["mems"] = model(seg[:, :-1], seg[:, 1:], mems=state["mems"]).mems
 
-            memory_s = _median_time(memory_step, device, warmup, reps)
+            memory_cpu: list[float] = []
+            memory_s = _median_time(memory_step, device, warmup, reps, memory_cpu)
             # sliding window
             model.mem_len, model.same_length = 0, False
             model.validate_lengths(A + 1, 0)
@@ -444,7 +460,8 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
             def window_step():
                 model(win[:, :-1], win[:, 1:])
 
-            window_s = _median_time(window_step, device, warmup, reps)
+            window_cpu: list[float] = []
+            window_s = _median_time(window_step, device, warmup, reps, window_cpu)
     finally:
         model.mem_len, model.same_length = saved[0], saved[1]
         model.train(saved[2])
@@ -453,7 +470,9 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
     return {"scheme": cfg.posenc, "attention_len": A, "segment_len": L, "batch": B, "precision": precision,
             "device": _device_name(device), "memory_ms_per_segment": memory_s * 1e3,
             "window_ms_per_window": window_s * 1e3, "memory_tok_s": memory_tok_s, "window_tok_s": window_tok_s,
-            "speedup": memory_tok_s / window_tok_s}
+            "speedup": memory_tok_s / window_tok_s,
+            # the same ratio from process CPU time per token (robust to other processes on the cores)
+            "speedup_cpu": (statistics.median(window_cpu) / B) / (statistics.median(memory_cpu) / (B * L))}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def test_flops_hand_count_xl_small():
         + 2 * L * N * D  # p v
         + 2 * L * D * D  # out
         + 2 * L * D * F + 2 * L * F * D  # feed-forward
-        + 2 * N * D * D  # xl: W_{k,R} R
+        + 2 * N * D * D  # xl: W_{k,R} R (once per batch: batch_size=1 here)
         + 2 * L * N * D  # xl: (q + v) . r
     )
     assert per_layer == 92_274_688
@@ -32,6 +32,9 @@ def test_flops_hand_count_xl_small():
     assert bench.model_flops_per_token(cfg, 128, 128, training=False) == forward / L
     assert bench.model_flops_per_token(cfg, 128, 128) == 3 * forward / L
     assert bench.model_flops_per_token(cfg, 128, 128) == 3 * (4 * 92_274_688 + 8_388_608) / 128 == 8_847_360
+    # batch 16: the position projection 2 N D D = 8,388,608 per layer is shared by the 16 streams
+    assert bench.model_flops_per_token(cfg, 128, 128, batch_size=16) == 3 * (
+        4 * (92_274_688 - 8_388_608 + 8_388_608 / 16) + 8_388_608) / 128
 
 
 def test_flops_hand_count_other_schemes():
@@ -68,7 +71,7 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
     assert list(rows[0]) == bench.COLUMNS
     assert {(r["scheme"], int(r["mem_len"])) for r in rows} == {(s, m) for s in SCHEMES for m in (16, 0)}
     for r in rows:
-        for key in ("train_ms", "train_tok_s", "eval_ms", "eval_tok_s", "train_gflop_per_step",
+        for key in ("train_ms", "train_tok_s", "train_cpu_ms", "eval_cpu_ms", "eval_ms", "eval_tok_s", "train_gflop_per_step",
                     "matmul_peak_gflops", "train_mfu", "eval_mfu", "params"):
             assert _positive(float(r[key])), (key, r)
         for key in ("train_peak_mb", "eval_peak_mb"):  # RSS growth can be 0 when the heap is reused
