@@ -9,8 +9,8 @@ indexed by clip(j - i, -K, K):
 Every distance past K collapses onto one row, memory included. Nothing per pair is built:
 q . a^K_r for the K+1 rows of j - i <= 0 (all a causal decoder uses), gathered by bucket per
 distance (as q @ a^K[rows]^T, [.., L, N+1]) and aligned with Transformer-XL's relative shift; for values the probabilities are
-summed per bucket ([.., L, K+1]: the K nearest distances are diagonals of the probabilities, a
-strided view; the far bucket is the rest of the row) and multiplied by a^V.
+summed per bucket and multiplied by a^V: every key gets the far row a^V_0, and the K nearest
+distances, diagonals of the probabilities (a strided view), get a^V_{K-d} - a^V_0 on top.
 """
 
 import math
@@ -23,23 +23,50 @@ from .base import Dims, Positions, PositionalScheme, relative_shift, unshifted_m
 from .registry import register
 
 
-def bucket_sums(probs: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """probs: [.., L, N] (keys j = -M..L-1 as columns 0..N-1), n <= N.
+def near_diagonals(x: Tensor, n: int) -> tuple[Tensor, Tensor, int]:
+    """x: [.., L, N] (keys j = -M..L-1 as columns 0..N-1), n <= N.
 
-    Returns near [.., L, n], column t = the probability at distance n-1-t (key M + i - (n-1-t)), 0
-    where that key does not exist; and far [.., L] = the rest of the row (distances >= n).
-    The near entries are diagonals of each [L, N] block: a strided view, flat offset
-    (M - n + 1) + i (N + 1) + t. Where that would start before the block (M < n - 1) the block is
-    padded in front; reads that fall before a row's first key land on the previous row's future keys,
-    whose probability is 0, or on the padding.
+    Returns (near, flat, pad): near [.., L, n] is a strided view of ``flat``, column t = x at distance
+    n-1-t (key M + i - (n-1-t)); ``flat`` is x as [.., L*N], padded in front by ``pad`` zeros (a copy)
+    where M < n - 1. Each column of near is a diagonal of the [L, N] block: flat offset
+    (M - n + 1) + i (N + 1) + t. Reads before a row's first key land on the previous row's future keys
+    (probability 0) or on the padding.
     """
-    *lead, L, N = probs.shape
+    *lead, L, N = x.shape
     start = N - L - n + 1
-    flat = probs.reshape(*lead, L * N)
-    if start < 0:
-        flat, start = F.pad(flat, (-start, 0)), 0
-    near = flat.as_strided((*lead, L, n), (*flat.stride()[:-1], N + 1, 1), flat.storage_offset() + start)
-    return near, probs.sum(-1) - near.sum(-1)
+    flat = x.reshape(*lead, L * N)
+    pad = max(0, -start)
+    if pad:
+        flat = F.pad(flat, (pad, 0))
+    near = flat.as_strided((*lead, L, n), (*flat.stride()[:-1], N + 1, 1), flat.storage_offset() + start + pad)
+    return near, flat, pad
+
+
+class _NearValues(torch.autograd.Function):
+    """probs @ v + near(probs) @ c, c [n, d_h]. The backward adds the near term's gradient into the n
+    diagonals of (dz v^T) in place; autograd alone would build a [.., L, N] tensor of zeros for it."""
+
+    @staticmethod
+    def forward(ctx, probs: Tensor, v: Tensor, c: Tensor) -> Tensor:
+        ctx.save_for_backward(probs, v, c)
+        return probs @ v + near_diagonals(probs, c.shape[0])[0] @ c
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        probs, v, c = ctx.saved_tensors
+        n, d_h = c.shape
+        grad_probs = grad_v = grad_c = None
+        if ctx.needs_input_grad[0]:
+            grad_probs = grad @ v.transpose(-1, -2)
+            near, flat, pad = near_diagonals(grad_probs, n)
+            near.add_(grad @ c.T)
+            if pad:
+                grad_probs = flat[..., pad:].view(grad_probs.shape)
+        if ctx.needs_input_grad[1]:
+            grad_v = probs.transpose(-1, -2) @ grad
+        if ctx.needs_input_grad[2]:
+            grad_c = (near_diagonals(probs, n)[0].transpose(-1, -2) @ grad).reshape(-1, n, d_h).sum(0)
+        return grad_probs, grad_v, grad_c
 
 
 @register
@@ -82,11 +109,14 @@ class Shaw(PositionalScheme):
         probs = self.attention_probs(layer, q, k, pos)  # softmax(e)
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)
-        near, far = bucket_sums(probs, min(self.K, k.shape[2]))
+        K, n = self.K, min(self.K, k.shape[2])  # near column t: distance n-1-t, row K-n+1+t
         a_value = self.a_value[layer].to(probs.dtype)
-        # sum_j p_ij v_j  +  sum_b P_ib a^V_b: the far bucket (row 0) and the near ones (rows K-n+1 .. K)
-        out = probs @ v + near @ a_value[self.K + 1 - near.shape[-1] : self.K + 1]
-        return out + far[..., None] * a_value[0]
+        # z_i = sum_j p_ij v_j + sum_b P_ib a^V_b, with the bucket sums P_ib written as
+        #     sum_b P_ib a^V_b = (sum_j p_ij) a^V_0 + sum_{d < n} p_{i, i-d} (a^V_{K-d} - a^V_0):
+        # every key gets the far row a^V_0, the n nearest distances are corrected (diagonals of p).
+        out = _NearValues.apply(probs, v, a_value[K + 1 - n : K + 1] - a_value[0])
+        row_sum = probs.sum(-1, keepdim=True) if dropout_p > 0 else 1.0  # softmax rows sum to 1
+        return out + row_sum * a_value[0]
 
     def extra_repr(self) -> str:
         return f"K={self.K}"
