@@ -137,7 +137,7 @@ class ContextSettings:
 
     split: str = "valid"
     n_rows: int = 8  # parallel streams (rows) of the split
-    n_score: int = 256  # scored tokens per row (recall: only its answers among them count)
+    n_score: int = 128  # scored tokens per row (recall: only its answers among them count)
     delta: int | None = None
     c_min: int | None = None  # default: delta
     c_max: int | None = None
@@ -293,9 +293,10 @@ def recall_accuracy(run: Run, split: str = "valid", n_rows: int = 16, n_tokens: 
 class EffectiveContextResult:
     recl: pd.DataFrame  # run, scheme, recurrence, mem_len, loss, mode, r, recl, censored
     gains: pd.DataFrame
-    loss_by_context: pd.DataFrame  # run, ..., c, loss (mean over counted tokens, nats)
+    loss_by_context: pd.DataFrame  # run, ..., c, loss_nats (mean over counted tokens)
     recall: pd.DataFrame | None
     figures: dict[str, Path] = field(default_factory=dict)
+    grid: list[int] = field(default_factory=list)  # the evenly spaced RECL grid
 
 
 def analyze(runs: list[Run], out: Path, settings: ContextSettings | None = None, recall_rows: int = 16,
@@ -320,16 +321,17 @@ def analyze(runs: list[Run], out: Path, settings: ContextSettings | None = None,
     table = keys.merge(table.rename(columns={"model": "run"}), on="run")
     gains = keys.merge(gains.rename(columns={"model": "run"}), on="run")
     lbc = pd.DataFrame([{**by_name[m].key, "mode": run_mode(by_name[m], s.mode), "c": c,
-                         "loss": float(v.mean()), "on_grid": c in grid,
+                         "loss_nats": float(v.mean()), "on_grid": c in grid,
                          "train_attn_len": train_attention_length(by_name[m])}
                         for m, arr in losses.items() for c, v in zip(contexts, arr)])
     table.to_csv(out / "recl.csv", index=False)
     gains.to_csv(out / "recl_gains.csv", index=False)
     lbc.to_csv(out / "loss_by_context.csv", index=False)
-    res = EffectiveContextResult(table, gains, lbc, None)
+    res = EffectiveContextResult(table, gains, lbc, None, grid=grid)
     unit = runs[0].unit
     res.figures["loss_by_context"] = plots.lines(
-        lbc, x="c", y="loss", path=out / "loss_by_context.png", unit=unit,
+        lbc[np.isfinite(lbc["loss_nats"])], x="c", y="loss_nats", path=out / "loss_by_context.png", unit=unit,
+        na=lbc[~np.isfinite(lbc["loss_nats"])],
         title="Loss by context length (every scored token sees exactly c previous tokens)",
         xlabel="context length c (tokens)")
     if runs[0].corpus_name == "recall":

@@ -11,7 +11,7 @@ training episodes (default 8 T), never reset: the loss as a function of the stre
 its difference to the same tokens evaluated as trained (reset every T), which takes the text's
 own difficulty out of the comparison.
 
-Lengths a scheme cannot serve (``learned`` past its table) are rows with status "n/a" and the
+Lengths a scheme cannot serve (``learned`` past its table) are rows with status "not applicable" and the
 scheme's own reason, never a crash and never a silent gap.
 
     python -m analysis.extrapolation RUN_OR_FOLDER... --out DIR
@@ -31,6 +31,9 @@ import pandas as pd
 from . import plots
 from .runs import Run, RunError, find_runs
 
+# (not "n/a": pandas reads that back as a missing value)
+NA_STATUS = "not applicable"
+
 
 @dataclass
 class ExtrapolationSettings:
@@ -49,7 +52,7 @@ def _row(run: Run, axis: str, length: int, factor: float, loss: float | None = N
          **extra) -> dict:
     return {**run.key, "axis": axis, "length": int(length), "factor": float(factor),
             "loss_nats": float("nan") if loss is None else float(loss),
-            "status": "ok" if loss is not None else "n/a", "reason": reason, **extra}
+            "status": "ok" if loss is not None else NA_STATUS, "reason": reason, **extra}
 
 
 def segment_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
@@ -159,7 +162,7 @@ def summarize(table: pd.DataFrame, unit_scale: float) -> pd.DataFrame:
                 last = ok.iloc[-1]
                 row[f"{axis}_longest"] = int(last["length"])
                 row[f"{axis}_at_longest"] = float(last["loss_nats"]) * unit_scale
-            na = a[a["status"] == "n/a"]
+            na = a[a["status"] == NA_STATUS]
             row[f"{axis}_na_from"] = int(na["length"].min()) if len(na) else None
         h = g[(g["axis"] == "horizon") & (g["status"] == "ok")]
         T = int(h["train_horizon"].iloc[0]) if len(h) and "train_horizon" in h else -1
@@ -200,16 +203,17 @@ def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None =
     res = ExtrapolationResult(table, summary)
     L = runs[0].segment_len
     ok = table[table["status"] == "ok"]
+    na = table[table["status"] == NA_STATUS]
     res.figures["segment"] = plots.lines(
         ok[ok["axis"] == "segment"], x="length", y="loss_nats", path=out / "extrapolation_segment.png", unit=unit,
         title="Window axis: evaluation segment length L' without memory", xlabel="evaluation segment length L' (tokens)",
-        vlines={"train L": L}, col="recurrence")
+        vlines={"train L": L}, col="recurrence", na=na[na["axis"] == "segment"])
     mems = sorted({r.mem_len for r in runs if r.mem_len})
     res.figures["memory"] = plots.lines(
         ok[ok["axis"] == "memory"], x="length", y="loss_nats", path=out / "extrapolation_memory.png", unit=unit,
         title="Window axis: attention length M' with memory (same-length mask)",
         xlabel="evaluation memory = attention length M' (tokens)",
-        vlines={f"train M": mems[0]} if len(mems) == 1 else None, col="recurrence")
+        vlines={"train M": mems[0]} if len(mems) == 1 else None, col="recurrence", na=na[na["axis"] == "memory"])
     hz = ok[ok["axis"] == "horizon"]
     Ts = sorted({r.episode_len for r in runs if r.episode_len})
     has_ref = "delta_nats" in hz and hz["delta_nats"].notna().any()

@@ -32,11 +32,23 @@ def _ordered(values, order) -> list:
     return [v for v in order if v in present] + [v for v in present if v not in order]
 
 
+def _thin(values, min_gap: float = 0.3) -> list:
+    """Tick positions on a log2 axis at least ``min_gap`` (log2 units) apart, first and last kept."""
+    out = []
+    for v in values:
+        if not out or math.log2(v) - math.log2(out[-1]) >= min_gap:
+            out.append(v)
+    if values and out[-1] != values[-1]:
+        out[-1] = values[-1]
+    return out
+
+
 def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str, xlabel: str,
           logx: bool = True, vlines: dict[str, float] | None = None, col: str = "recurrence",
-          ylabel: str | None = None, convert: bool = True) -> Path:
+          ylabel: str | None = None, convert: bool = True, na: pd.DataFrame | None = None) -> Path:
     """Line plot of ``y`` (a loss in nats, shown in the corpus's metric) against ``x``:
-    hue = scheme, style = training loss, one panel per value of ``col``."""
+    hue = scheme, style = training loss, one panel per value of ``col``. ``na``: rows (scheme,
+    ``col``, ``x``) that could not be evaluated; each panel names them, so a gap is never silent."""
     name, scale = metric_of(unit)
     d = df.copy()
     if convert:
@@ -60,14 +72,22 @@ def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str
     for ax in g.axes.flat:
         if logx:
             ax.set_xscale("log", base=2)
-            if len(xs) <= 12:
-                ax.set_xticks(xs, [f"{v:g}" for v in xs])
+            if len(xs) <= 16:
+                ticks = _thin(xs)
+                ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
             ax.minorticks_off()
         if vlines:
             for label, v in vlines.items():
                 ax.axvline(v, color="grey", ls=":", lw=1)
-                ax.text(v, 1.0, f" {label}", transform=ax.get_xaxis_transform(), va="top", ha="left",
+                ax.text(v, 0.01, f" {label}", transform=ax.get_xaxis_transform(), va="bottom", ha="left",
                         fontsize=8, color="grey")
+    if na is not None and len(na):
+        for key, ax in g.axes_dict.items() if col else [(None, g.ax)]:
+            part = na if key is None else na[na[col] == key]
+            notes = [f"{scheme}: n/a from {int(p[x].min())}" for scheme, p in part.groupby("scheme", sort=False)]
+            if notes:
+                ax.text(0.02, 0.97, "\n".join(notes), transform=ax.transAxes, fontsize=8, va="top",
+                        color="dimgrey", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
     if col:
         g.set_titles(col_template="memory {col_name}" if col == "recurrence" else "{col_var} = {col_name}")
     g.set_axis_labels(xlabel, ylabel or name)
@@ -114,8 +134,9 @@ def attention_heatmaps(mass: pd.DataFrame, path: Path, max_columns: int = 48) ->
     if dmax + 1 <= max_columns:
         edges = np.arange(dmax + 2)
     else:  # exact near, log-spaced far
+        L = int(mass["segment_len"].iloc[0]) if "segment_len" in mass else dmax + 1
         edges = np.unique(np.concatenate([np.arange(8), np.geomspace(8, dmax + 1, max_columns - 8).round().astype(int),
-                                          [dmax + 1]]))
+                                          [min(L, dmax + 1), dmax + 1]]))
     heads = mass.groupby("run")[["layer", "head"]].apply(lambda d: len(d.drop_duplicates())).max()
     fig, axes = plt.subplots(nrow, ncol, figsize=(6.4 * ncol, (0.22 * heads + 1.3) * nrow), squeeze=False)
     norm = matplotlib.colors.LogNorm(vmin=1e-4, vmax=1.0)

@@ -142,21 +142,21 @@ def ablation_table(runs: list[Run], lbc: pd.DataFrame, recl: pd.DataFrame | None
     fig = figure_name(unit)
     rows = []
     for run in runs:
-        a = lbc[(lbc["run"] == run.name) & np.isfinite(lbc["loss"])]
+        a = lbc[(lbc["run"] == run.name) & np.isfinite(lbc["loss_nats"])]
         train_len = effective_context.train_attention_length(run)
         init = a[a["c"] == train_len]
         row = {"scheme": run.scheme, "recurrence": "on" if run.recurrence else "off", "loss": run.loss,
                "mem_len": run.mem_len, "segment_len": run.segment_len,
                f"val_{fig}": np.nan, "eval_mode": effective_context.run_mode(run, "auto"),
                "train_attn_len": train_len,
-               f"init_{fig}": float(init["loss"].iloc[0]) * scale if len(init) else np.nan,
+               f"init_{fig}": float(init["loss_nats"].iloc[0]) * scale if len(init) else np.nan,
                f"best_{fig}": np.nan, "best_attn_len": None}
         val = (run.results or {}).get("val") or {}
         if "loss" in val:
             row[f"val_{fig}"] = float(val["loss"]) * scale
         if len(a):
-            best = a.loc[a["loss"].idxmin()]
-            row[f"best_{fig}"] = float(best["loss"]) * scale
+            best = a.loc[a["loss_nats"].idxmin()]
+            row[f"best_{fig}"] = float(best["loss_nats"]) * scale
             row["best_attn_len"] = int(best["c"])
         if recl is not None:
             for r in effective_context.R_VALUES:
@@ -280,9 +280,11 @@ def recl_findings(t: pd.DataFrame) -> list[str]:
             continue
         leaders = g[g["recl"] == top]
         cens = any(leaders["censored"])
+        lows = g[g["recl"] == low]
+        low_txt = (", ".join(_who(x) for _, x in lows.iterrows()) if len(lows) <= 3
+                   else f"{len(lows)} of the {len(g)} runs")
         lines.append(f"r = {r:g}: largest RECL {'>' if cens else ''}{int(top)} tokens for "
-                     + ", ".join(_who(x) for _, x in leaders.iterrows())
-                     + f"; smallest {int(low)} for " + ", ".join(_who(x) for _, x in g[g["recl"] == low].iterrows()) + ".")
+                     + ", ".join(_who(x) for _, x in leaders.iterrows()) + f"; smallest {int(low)} for {low_txt}.")
     full = t[(t["loss"] == "full") & (t["r"] == 0.1) & t["recl"].notna()]
     pairs = []
     for scheme, g in full.groupby("scheme", sort=False):
@@ -331,7 +333,7 @@ def extrapolation_findings(summary: pd.DataFrame, table: pd.DataFrame, unit: str
         if flat:
             parts.append(f"changes the loss by at most {TOL} for {flat} run(s)")
         lines.append(f"Longer memory M' (up to {int(mem['memory_longest'].max())}, same-length mask): " + "; ".join(parts) + ".")
-    na = table[table["status"] == "n/a"]
+    na = table[table["status"] == extrapolation.NA_STATUS]
     for key, g in na.groupby(["run", "axis"], sort=False):
         lines.append(f"Not applicable: {key[0]}, {key[1]} axis at lengths {', '.join(map(str, g['length'].tolist()))}: "
                      f"{g['reason'].iloc[0]}")
@@ -403,6 +405,13 @@ def recall_table(acc: pd.DataFrame) -> pd.DataFrame:
 
 def recall_findings(t: pd.DataFrame) -> list[str]:
     lines = []
+    ok = t[np.isfinite(t["acc_beyond_L"])]
+    if len(ok):
+        top = ok.loc[ok["acc_beyond_L"].idxmax()]
+        above = ok[ok["acc_beyond_L"] > 2 * ok["chance"]]
+        lines.append(f"Beyond one segment, {_who(top)} answers best ({top['acc_beyond_L']:.1%}); "
+                     f"{len(above)} of {len(ok)} runs exceed twice chance there"
+                     + (f": {', '.join(_who(r) for _, r in above.iterrows())}." if len(above) else "."))
     for _, r in t.iterrows():
         ratio = r["acc_beyond_L"] / r["chance"] if r["chance"] > 0 and np.isfinite(r["acc_beyond_L"]) else np.nan
         lines.append(f"{_who(r)}: {r['acc_within_L']:.1%} within one segment, {r['acc_beyond_L']:.1%} beyond it "
@@ -485,9 +494,9 @@ def build_report(runs: list[Run], out: Path, settings: ReportSettings | None = N
 
         section += 1
         rep.h(2, f"{section}. Relative effective context length (RECL){corpus_tag}")
-        contexts = sorted(ctx.loss_by_context["c"].unique())
+        grid = ctx.grid
         rep.p(f"RECL (Transformer-XL appendix C) of this group of {len(group)} models, from per-token losses at "
-              f"context lengths c = {contexts[0]}..{contexts[-1]} (step delta = {contexts[1] - contexts[0]}), "
+              f"context lengths c = {grid[0]}..{grid[-1]} (step delta = {grid[1] - grid[0]}), "
               f"{s.context.n_rows} x {s.context.n_score} scored tokens of the {s.context.split} split: runs with memory "
               f"use memory c with the same-length mask, runs without memory a sliding window of c tokens. RECL = the "
               f"first c where extending the context by delta gains less than 1% relative to the group's best "
@@ -527,7 +536,7 @@ def build_report(runs: list[Run], out: Path, settings: ReportSettings | None = N
                   f"first length not applicable, and the horizon inside vs past the training episodes",
                   {c: 4 for c in summ.columns})
         rep.bullets(extrapolation_findings(ext.summary, ext.table, unit))
-        na = ext.table[ext.table["status"] == "n/a"][["scheme", "recurrence", "mem_len", "loss", "axis", "length",
+        na = ext.table[ext.table["status"] == extrapolation.NA_STATUS][["scheme", "recurrence", "mem_len", "loss", "axis", "length",
                                                       "reason", "run"]]
         if len(na):
             rep.table(f"table_not_applicable{'_' + group[0].corpus_name if corpus_tag else ''}", na.reset_index(drop=True),
