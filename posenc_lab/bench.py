@@ -171,6 +171,19 @@ def _read_status_kb(key: str) -> int | None:
     return None
 
 
+def _release_free_heap() -> None:
+    """Return freed heap pages to the OS (glibc malloc_trim), so RSS growth shows new allocations."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMemory:
     """Peak memory growth (MiB) over a block: CUDA allocator peak, or the process's peak RSS on CPU."""
 
@@ -186,6 +199,7 @@ class PeakMemory:
             self._base = torch.cuda.memory_allocated(self.device)
             self.method = "cuda max_memory_allocated"
             return self
+        _release_free_heap()  # so that memory freed by earlier runs is not silently reused unseen
         self._reset_ok = False
         try:  # Linux >= 4.0: writing 5 resets VmHWM to the current RSS
             with open("/proc/self/clear_refs", "w") as f:
@@ -208,7 +222,7 @@ class PeakMemory:
             _sync(self.device)
             self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
         elif self._reset_ok:
-            self.peak_mb = (_read_status_kb("VmHWM") - self._base) / 1024
+            self.peak_mb = max(0.0, (_read_status_kb("VmHWM") - self._base) / 1024)
         else:
             import resource
 
@@ -237,11 +251,15 @@ def _median_time(fn: Callable[[], None], device: torch.device, warmup: int, reps
 
 
 def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
-                      max_n: int | None = None, reps: int = 5, min_seconds: float = 0.05) -> float:
-    """FLOP/s of a large square matmul of ``dtype`` (best of ``reps``): the hardware ceiling for MFU.
+                      max_n: int | None = None, reps: int = 5, min_seconds: float = 0.05,
+                      cpu_time: bool = False) -> float:
+    """FLOP/s of a large square matmul of ``dtype`` (best of ``reps``, of torch.mm and F.linear): the
+    hardware ceiling for MFU.
 
     The size doubles from 256 until one product takes ``min_seconds`` or reaches ``max_n`` (2048 on CPU,
     8192 on CUDA), so a dtype without fast kernels on this CPU does not stall the run.
+    ``cpu_time``: time by process CPU seconds / threads instead of wall seconds (CPU only): the rate per
+    core-second actually given to the process, which other processes on a shared machine do not lower.
     """
     device = pick_device(device if device is None else str(device))
     max_n = max_n or (8192 if device.type == "cuda" else 2048)
@@ -258,11 +276,16 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.de
             break
         n *= 2
     best = math.inf
-    for _ in range(reps):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
+    clock, per = (time.process_time, torch.get_num_threads()) if cpu_time and device.type == "cpu" else (time.perf_counter, 1)
+    # torch.mm and F.linear can take different kernels (on CPUs without bf16 hardware, bf16 torch.mm
+    # is far slower than the oneDNN linear the model uses): the peak is the faster of the two
+    for product in (lambda: torch.mm(a, b), lambda: torch.nn.functional.linear(a, b)):
+        product()
+        for _ in range(reps):
+            start = clock()
+            product()
+            _sync(device)
+            best = min(best, (clock() - start) / per)
     return 2 * n**3 / best
 
 
@@ -291,6 +314,11 @@ class BenchResult:
     matmul_peak_gflops: float
     train_mfu: float
     eval_mfu: float
+    # CPU only (nan on CUDA): model FLOPs per (process CPU second / threads) over the matmul peak timed the same
+    # way; what the step achieves on the core time it is given, unaffected by other processes on the cores
+    matmul_peak_cpu_gflops: float = float("nan")
+    train_mfu_cpu: float = float("nan")
+    eval_mfu_cpu: float = float("nan")
     extra: dict = field(default_factory=dict, repr=False)
 
     def row(self) -> dict:
@@ -317,7 +345,7 @@ def make_optimizer(model: torch.nn.Module, lr: float = 1e-3) -> torch.optim.Opti
 def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, precision: str = "fp32",
               device: str | torch.device | None = None, warmup: int = 3, reps: int = 5,
               matmul_peak: float | None = None, compile: bool = False, seed: int = 0,
-              model_overrides: dict | None = None) -> BenchResult:
+              model_overrides: dict | None = None, matmul_peak_cpu: float | None = None) -> BenchResult:
     """Train and eval throughput, peak memory and MFU of one scheme in one config (see the module doc)."""
     bc = CONFIGS[bench_cfg] if isinstance(bench_cfg, str) else bench_cfg
     device = pick_device(None if device is None else str(device))
@@ -325,8 +353,11 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
     B, L, M = bc.batch_size, bc.segment_len, cfg.mem_len
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     if matmul_peak is None:
-        matmul_peak = matmul_peak_flops(torch.float32 if precision == "fp32" else torch.bfloat16, device)
+        matmul_peak = matmul_peak_flops(dtype, device)
+    if matmul_peak_cpu is None and device.type == "cpu":
+        matmul_peak_cpu = matmul_peak_flops(dtype, device, cpu_time=True)
 
     # -- training -------------------------------------------------------------------------------
     data = _tokens(cfg, B, L, device, gen)
@@ -367,7 +398,7 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
     train_flops = model_flops_per_token(cfg, L, M, training=True, batch_size=B)
     eval_flops = model_flops_per_token(cfg, L, M, training=False, batch_size=B)
     tokens = B * L
-    return BenchResult(
+    result = BenchResult(
         config=bc.name, scheme=scheme, mem_len=M, precision=precision, device=_device_name(device), batch=B,
         segment_len=L, params=params,
         train_ms=train_s * 1e3, train_tok_s=tokens / train_s, train_cpu_ms=statistics.median(train_cpu) * 1e3,
@@ -377,6 +408,12 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
         train_mfu=train_flops * tokens / train_s / matmul_peak, eval_mfu=eval_flops * tokens / eval_s / matmul_peak,
         extra={"memory_method": train_mem.method, "compile": compile},
     )
+    if device.type == "cpu":
+        threads = torch.get_num_threads()
+        result.matmul_peak_cpu_gflops = matmul_peak_cpu / 1e9
+        result.train_mfu_cpu = train_flops * tokens / (result.train_cpu_ms / 1e3 / threads) / matmul_peak_cpu
+        result.eval_mfu_cpu = eval_flops * tokens / (result.eval_cpu_ms / 1e3 / threads) / matmul_peak_cpu
+    return result
 
 
 def _device_name(device: torch.device) -> str:
@@ -391,14 +428,16 @@ def run_benchmark(configs: Sequence[str] = ("small",), schemes: Sequence[str] = 
                   log: Callable[[str], None] | None = print) -> list[BenchResult]:
     """``bench_one`` over the grid; the matmul peak is measured once per precision in this run."""
     dev = pick_device(device)
-    peaks = {p: matmul_peak_flops(torch.float32 if p == "fp32" else torch.bfloat16, dev) for p in precisions}
+    dtypes = {p: torch.float32 if p == "fp32" else torch.bfloat16 for p in precisions}
+    peaks = {p: matmul_peak_flops(dtypes[p], dev) for p in precisions}
+    peaks_cpu = {p: matmul_peak_flops(dtypes[p], dev, cpu_time=True) if dev.type == "cpu" else None for p in precisions}
     results = []
     for c in configs:
         for p in precisions:
             for s in schemes:
                 for mem in memory:
                     r = bench_one(c, s, memory=mem, precision=p, device=dev, warmup=warmup, reps=reps,
-                                  matmul_peak=peaks[p], compile=compile)
+                                  matmul_peak=peaks[p], compile=compile, matmul_peak_cpu=peaks_cpu[p])
                     results.append(r)
                     if log:
                         log(_format_row(r.row()))

@@ -72,7 +72,8 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
     assert {(r["scheme"], int(r["mem_len"])) for r in rows} == {(s, m) for s in SCHEMES for m in (16, 0)}
     for r in rows:
         for key in ("train_ms", "train_tok_s", "train_cpu_ms", "eval_cpu_ms", "eval_ms", "eval_tok_s", "train_gflop_per_step",
-                    "matmul_peak_gflops", "train_mfu", "eval_mfu", "params"):
+                    "matmul_peak_gflops", "train_mfu", "eval_mfu", "params",
+                    "matmul_peak_cpu_gflops", "train_mfu_cpu", "eval_mfu_cpu"):  # CPU run
             assert _positive(float(r[key])), (key, r)
         for key in ("train_peak_mb", "eval_peak_mb"):  # RSS growth can be 0 when the heap is reused
             assert math.isfinite(float(r[key])) and float(r[key]) >= 0, (key, r)
