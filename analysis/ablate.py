@@ -263,6 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001
         log(f"report FAILED: {type(e).__name__}: {e}")
         raise
+    if a.get("wandb_project"):
+        from .report import log_to_wandb
+
+        log_to_wandb(path.parent, str(a.wandb_project), group=str(a.name))
+        log(f"logged the report to wandb project {a.wandb_project}")
     log(f"done in {(time.perf_counter() - t0) / 60:.1f} min: {path}")
     return 0
 

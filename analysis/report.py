@@ -611,6 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", help="run directories or folders of runs (Hydra multirun, ablation runs/)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--title", default="posenc-lab ablation report")
+    p.add_argument("--experiment", help="take the analysis settings (grids, rows) from this ablation preset's "
+                                        "ablate.analysis block, e.g. quick or ablation (default: built-in defaults)")
+    p.add_argument("--wandb", metavar="PROJECT", help="also log the report's tables and figures to this wandb project "
+                                                      "(one run, job_type=analysis; WANDB_MODE=offline works)")
     p.add_argument("--no-speed", action="store_true", help="skip the evaluation-speed timing")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     a = p.parse_args(argv)
@@ -619,14 +623,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
+        settings = None
+        if a.experiment:
+            from omegaconf import OmegaConf
+
+            from .ablate import compose
+
+            cfg = compose("ablate", [f"experiment={a.experiment}"])
+            settings = ReportSettings.from_dict(OmegaConf.to_container(cfg.ablate.analysis, resolve=True))
         runs = find_runs(a.runs)
-        path = build_report(runs, a.out, title=a.title, speed=not a.no_speed,
-                            meta={"command": f"Command: `python -m analysis.report {' '.join(map(str, a.runs))} --out {a.out}`."})
+        command = " ".join(["python -m analysis.report", *map(str, a.runs), "--out", str(a.out)]
+                           + (["--experiment", a.experiment] if a.experiment else []))
+        path = build_report(runs, a.out, settings, title=a.title, speed=not a.no_speed,
+                            meta={"command": f"Command: `{command}`."})
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {path}")
+    if a.wandb:
+        log_to_wandb(path.parent, a.wandb)
     return 0
+
+
+def log_to_wandb(report_dir: Path, project: str, group: str | None = None) -> None:
+    """Log every table CSV of a report as a wandb Table and every PNG as an Image, plus report.md."""
+    import wandb
+
+    run = wandb.init(project=project, job_type="analysis", group=group, name=f"report-{report_dir.parent.name}",
+                     config={"report_dir": str(report_dir)})
+    for csv in sorted(report_dir.rglob("*.csv")):
+        df = pd.read_csv(csv)
+        key = csv.relative_to(report_dir).with_suffix("").as_posix()
+        run.log({key: wandb.Table(dataframe=df.astype(str) if key.startswith("table_") else df)})
+    for png in sorted(report_dir.rglob("*.png")):
+        run.log({png.relative_to(report_dir).with_suffix("").as_posix(): wandb.Image(str(png))})
+    run.save(str(report_dir / "report.md"), base_path=str(report_dir), policy="now")
+    run.finish()
 
 
 if __name__ == "__main__":

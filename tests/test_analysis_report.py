@@ -176,3 +176,14 @@ def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "12 runs" in out and "posenc-lab train experiment=quick posenc=xl model.mem_len=0" in out
     assert cli.main(["ablate", "experiment=no_such_preset"]) == 2
+
+
+def test_report_logs_to_wandb_offline(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from analysis.report import log_to_wandb
+
+    log_to_wandb(tiny / "report", "posenc-lab-test", group="tiny")
+    runs = list(tmp_path.glob("wandb/offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
