@@ -425,12 +425,13 @@ def _device_name(device: torch.device) -> str:
 def run_benchmark(configs: Sequence[str] = ("small",), schemes: Sequence[str] = SCHEME_NAMES,
                   precisions: Sequence[str] = ("fp32",), memory: Sequence[bool] = (True, False),
                   device: str | None = None, warmup: int = 3, reps: int = 5, compile: bool = False,
-                  log: Callable[[str], None] | None = print) -> list[BenchResult]:
+                  log: Callable[[str], None] | None = print, matmul_max_n: int | None = None) -> list[BenchResult]:
     """``bench_one`` over the grid; the matmul peak is measured once per precision in this run."""
     dev = pick_device(device)
     dtypes = {p: torch.float32 if p == "fp32" else torch.bfloat16 for p in precisions}
-    peaks = {p: matmul_peak_flops(dtypes[p], dev) for p in precisions}
-    peaks_cpu = {p: matmul_peak_flops(dtypes[p], dev, cpu_time=True) if dev.type == "cpu" else None for p in precisions}
+    peaks = {p: matmul_peak_flops(dtypes[p], dev, matmul_max_n) for p in precisions}
+    peaks_cpu = {p: matmul_peak_flops(dtypes[p], dev, matmul_max_n, cpu_time=True) if dev.type == "cpu" else None
+                 for p in precisions}
     results = []
     for c in configs:
         for p in precisions:
@@ -656,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the median is quoted")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--matmul-max-n", type=int, default=None,
+                   help="largest square matmul for the peak (default 2048 on CPU, 8192 on CUDA)")
     p.add_argument("--out", type=Path, default=None, help="write bench.csv and bench.md (and eval_speed.*) here")
     p.add_argument("--eval-speed", action="store_true",
                    help="instead: evaluation with memory reuse vs a sliding window at --attention-len")
@@ -716,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     memory = {"both": (True, False), "on": (True,), "off": (False,)}[args.memory]
     results = run_benchmark(configs, schemes, precisions, memory, args.device, args.warmup, args.reps,
-                            args.compile, log=lambda line: print(line, flush=True))
+                            args.compile, log=lambda line: print(line, flush=True), matmul_max_n=args.matmul_max_n)
     rows = [r.row() for r in results]
     print()
     print(format_table(rows))

@@ -62,7 +62,7 @@ def _positive(x) -> bool:
 
 def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
     assert bench.main(["--configs", "tiny", "--schemes", ",".join(SCHEMES), "--warmup", "1", "--reps", "2",
-                       "--threads", "1", "--out", str(tmp_path)]) == 0
+                       "--threads", "1", "--matmul-max-n", "256", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     for column in ("train_tok_s", "eval_tok_s", "train_peak_mb", "train_mfu"):
         assert column in printed
@@ -82,7 +82,8 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
 
 
 def test_bench_one_bf16_and_result_fields():
-    r = bench.bench_one("tiny", "xl", memory=True, precision="bf16-mixed", warmup=1, reps=1, matmul_peak=1e9)
+    r = bench.bench_one("tiny", "xl", memory=True, precision="bf16-mixed", warmup=1, reps=1, matmul_peak=1e9,
+                        matmul_peak_cpu=1e9)
     assert r.precision == "bf16-mixed" and r.mem_len == 16
     assert _positive(r.train_tok_s) and _positive(r.eval_tok_s) and _positive(r.train_mfu)
 
