@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.get("wandb_project"):
         from .report import log_to_wandb
 
-        log_to_wandb(path.parent, str(a.wandb_project), group=str(a.name))
+        log_to_wandb(path.parent, str(a.wandb_project), [out / "runs"], group=f"ablate-{a.name}")
         log(f"logged the report to wandb project {a.wandb_project}")
     log(f"done in {(time.perf_counter() - t0) / 60:.1f} min: {path}")
     return 0

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from . import plots
-from .runs import Run, RunError, find_runs
+from .runs import Run, RunError, find_runs, add_threads_argument, apply_threads
 
 
 @dataclass
@@ -117,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split", default="valid")
     p.add_argument("--n-rows", type=int, default=4)
     p.add_argument("--n-segments", type=int, default=2)
+    add_threads_argument(p)
     a = p.parse_args(argv)
+    apply_threads(a.threads)
     try:
         res = analyze(find_runs(a.runs), a.out, AttentionSettings(a.split, a.n_rows, a.n_segments))
     except (RunError, ValueError) as e:

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from . import plots
-from .runs import Run, RunError, find_runs, one_corpus
+from .runs import Run, RunError, find_runs, one_corpus, add_threads_argument, apply_threads
 
 R_VALUES = (0.1, 0.5, 1.0)
 THRESHOLD = 0.01
@@ -351,7 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in ContextSettings.__dataclass_fields__.values():
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default) if f.default is not None else int,
                        default=f.default)
+    add_threads_argument(p)
     a = p.parse_args(argv)
+    apply_threads(a.threads)
     settings = ContextSettings(**{k: getattr(a, k) for k in ContextSettings.__dataclass_fields__})
     try:
         if a.from_dumps:

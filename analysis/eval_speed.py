@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from . import plots
+from .runs import add_threads_argument, apply_threads
 
 
 def _timed(fn, min_seconds: float, max_calls: int) -> tuple[float, int]:
@@ -115,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-head", type=int, default=4)
+    add_threads_argument(p)
     a = p.parse_args(argv)
+    apply_threads(a.threads)
     if a.run:
         from .runs import load_run
 

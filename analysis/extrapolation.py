@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from . import plots
-from .runs import Run, RunError, find_runs
+from .runs import Run, RunError, find_runs, add_threads_argument, apply_threads
 
 # (not "n/a": pandas reads that back as a missing value)
 NA_STATUS = "not applicable"
@@ -243,7 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--memory-factors", type=_ints, default=d.memory_factors, help="M'/M, comma-separated")
     p.add_argument("--horizon-factor", type=int, default=d.horizon_factor)
     p.add_argument("--horizon-tokens", type=int, default=d.horizon_tokens)
+    add_threads_argument(p)
     a = p.parse_args(argv)
+    apply_threads(a.threads)
     s = ExtrapolationSettings(split=a.split, n_rows=a.n_rows, segment_factors=a.segment_factors,
                               memory_factors=a.memory_factors, horizon_factor=a.horizon_factor,
                               horizon_tokens=a.horizon_tokens)

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from . import attention_span, effective_context, eval_speed, extrapolation
-from .runs import Run, RunError, figure_name, find_runs, metric_of
+from .runs import Run, RunError, add_threads_argument, apply_threads, figure_name, find_runs, metric_of
 
 # Differences smaller than this (in bits per byte/char, or nats per word) are called "no difference".
 TOL = 0.005
@@ -614,14 +614,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--experiment", help="take the analysis settings (grids, rows) from this ablation preset's "
                                         "ablate.analysis block, e.g. quick or ablation (default: built-in defaults)")
     p.add_argument("--wandb", metavar="PROJECT", help="also log the report's tables and figures to this wandb project "
-                                                      "(one run, job_type=analysis; WANDB_MODE=offline works)")
+                                                      "(analysis/wandb_upload.py; WANDB_MODE=offline works)")
     p.add_argument("--no-speed", action="store_true", help="skip the evaluation-speed timing")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_threads_argument(p)
     a = p.parse_args(argv)
-    import torch
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    apply_threads(a.threads)
     try:
         settings = None
         if a.experiment:
@@ -641,25 +638,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"wrote {path}")
     if a.wandb:
-        log_to_wandb(path.parent, a.wandb)
+        log_to_wandb(path.parent, a.wandb, a.runs)
     return 0
 
 
-def log_to_wandb(report_dir: Path, project: str, group: str | None = None) -> None:
-    """Log every table CSV of a report as a wandb Table and every PNG as an Image, plus report.md."""
-    import wandb
+def log_to_wandb(report_dir: Path, project: str, runs: Sequence[Path] = (), group: str | None = None) -> str:
+    """Log a report (tables, figures, the folder as an artifact) to wandb: analysis.wandb_upload."""
+    from .wandb_upload import upload
 
-    run = wandb.init(project=project, job_type="analysis", group=group, name=f"report-{report_dir.parent.name}",
-                     config={"report_dir": str(report_dir)})
-    for csv in sorted(report_dir.rglob("*.csv")):
-        df = pd.read_csv(csv)
-        key = csv.relative_to(report_dir).with_suffix("").as_posix()
-        run.log({key: wandb.Table(dataframe=df.astype(str) if key.startswith("table_") else df)})
-    for png in sorted(report_dir.rglob("*.png")):
-        run.log({png.relative_to(report_dir).with_suffix("").as_posix(): wandb.Image(str(png))})
-    run.save(str(report_dir / "report.md"), base_path=str(report_dir), policy="now")
-    run.finish()
-
+    return upload(report_dir, runs, project=project, group=group)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -215,3 +215,15 @@ def to_figure(loss_nats: float, unit: str) -> float:
 
 def figure_name(unit: str) -> str:
     return {"byte": "bpb", "char": "bpc"}.get(unit, "ppl")
+
+
+def add_threads_argument(parser) -> None:
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: robust on a busy or shared CPU; 0: torch's default)")
+
+
+def apply_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))

@@ -184,6 +184,35 @@ def test_report_logs_to_wandb_offline(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     from analysis.report import log_to_wandb
 
-    log_to_wandb(tiny / "report", "posenc-lab-test", group="tiny")
+    log_to_wandb(tiny / "report", "posenc-lab-test", [tiny / "runs"], group="tiny")
     runs = list(tmp_path.glob("wandb/offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_each_script_runs_on_its_own(tiny, tmp_path):
+    """The plain scripts (python -m analysis.X) on two runs: each writes its tables and figures."""
+    from analysis import attention_span, effective_context, eval_speed, extrapolation
+
+    runs = [str(tiny / "runs" / "xl_mem16_full"), str(tiny / "runs" / "learned_mem0_full")]
+    assert extrapolation.main([*runs, "--out", str(tmp_path / "ext"), "--n-rows", "2", "--segment-factors", "1,4",
+                               "--memory-factors", "1,2", "--horizon-factor", "2"]) == 0
+    ext = pd.read_csv(tmp_path / "ext" / "extrapolation.csv")
+    assert (ext[ext["status"] != "ok"]["scheme"] == "learned").all() and (ext["status"] != "ok").any()
+    assert {"extrapolation_segment.png", "extrapolation_memory.png", "extrapolation_horizon.png"} <= {
+        p.name for p in (tmp_path / "ext").iterdir()}
+    assert effective_context.main([*runs, "--out", str(tmp_path / "recl"), "--n-rows", "2", "--n-score", "16",
+                                   "--delta", "8", "--c-max", "32"]) == 0
+    assert (tmp_path / "recl" / "recl.csv").is_file() and len(list((tmp_path / "recl" / "context_losses").glob("*.npz"))) == 2
+    assert effective_context.main(["--from-dumps", str(tmp_path / "recl" / "context_losses"),
+                                   "--out", str(tmp_path / "recl2")]) == 0
+    a = pd.read_csv(tmp_path / "recl" / "recl.csv").sort_values(["run", "r"])
+    b = pd.read_csv(tmp_path / "recl2" / "recl.csv").sort_values(["model", "r"])
+    assert a["recl"].tolist() == b["recl"].tolist() and a["limited"].tolist() == b["limited"].tolist()
+    assert attention_span.main([*runs, "--out", str(tmp_path / "att"), "--n-rows", "1", "--n-segments", "1"]) == 0
+    assert (tmp_path / "att" / "attention_heatmap.png").is_file()
+    assert eval_speed.main(["--out", str(tmp_path / "speed"), "--run", runs[0], "--attn-lens", "16,32",
+                            "--segment-len", "16"]) == 0
+    assert len(pd.read_csv(tmp_path / "speed" / "eval_speed.csv")) == 4
+    # mixed corpora in one RECL group: a clear error, exit status 2
+    assert effective_context.main([runs[0], str(tiny / "runs" / "recall_xl_mem16_full"), "--out",
+                                   str(tmp_path / "bad")]) == 2
