@@ -51,7 +51,7 @@ def attention_mass(run: Run, s: AttentionSettings) -> tuple[pd.DataFrame, pd.Dat
             continue
         n_seg += 1
         for layer, probs in enumerate(out.attention):  # [B, H, L, N]
-            p = probs.double().mean(0)  # [H, L, N]
+            p = probs.double().mean(0).cpu()  # [H, L, N]
             Lq, N = p.shape[-2:]
             m_cur = N - Lq
             dist = (torch.arange(Lq)[:, None] + m_cur - torch.arange(N)[None, :])  # [L, N] = i - j

@@ -45,10 +45,11 @@ def measure(model, attn_len: int, segment_len: int, batch: int = 4, min_seconds:
 
     V = model.cfg.vocab_size
     L = segment_len
+    device = next(model.parameters()).device
     out = []
     with eval_lengths(model, attn_len, same_length=True):
         model.validate_lengths(L, attn_len)
-        x = torch.randint(V, (batch, L))
+        x = torch.randint(V, (batch, L), device=device)
         mems = None
         for _ in range(-(-attn_len // L)):  # fill the memory
             mems = model(x, mems=mems).mems
@@ -62,7 +63,7 @@ def measure(model, attn_len: int, segment_len: int, batch: int = 4, min_seconds:
                     "tokens_per_s": calls * batch * L / seconds, "seconds": seconds, "calls": calls})
     with eval_lengths(model, 0):
         model.validate_lengths(attn_len + 1, 0)
-        w = torch.randint(V, (batch, attn_len + 1))
+        w = torch.randint(V, (batch, attn_len + 1), device=device)
         seconds, calls = _timed(lambda: model(w), min_seconds, max_calls)
         out.append({"method": "sliding window", "attn_len": attn_len, "segment_len": attn_len + 1, "batch": batch,
                     "tokens_per_s": calls * batch / seconds, "seconds": seconds, "calls": calls})

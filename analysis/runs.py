@@ -102,11 +102,12 @@ class Run:
 
     # ---- model and data -------------------------------------------------------------------
     def model(self):
-        """The trained MemoryTransformer, on the CPU, in eval mode (loaded once)."""
+        """The trained MemoryTransformer in eval mode (loaded once), on the analysis device
+        (``set_device``: the CPU unless asked otherwise)."""
         if "model" not in self._cache:
             from posenc_lab.evaluate import load_model
 
-            self._cache["model"] = load_model(self.checkpoint).eval()
+            self._cache["model"] = load_model(self.checkpoint).eval().to(analysis_device())
         return self._cache["model"]
 
     def corpus(self):
@@ -124,6 +125,21 @@ class Run:
 
 
 _CORPORA: dict[str, Any] = {}
+_DEVICE = {"device": "cpu"}
+
+
+def set_device(device: str | None) -> str:
+    """Where the analyses run the models: "cpu", "cuda", or "auto" (a GPU if there is one)."""
+    import torch
+
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    _DEVICE["device"] = str(device)
+    return _DEVICE["device"]
+
+
+def analysis_device() -> str:
+    return _DEVICE["device"]
 
 
 def load_corpus_cached(name: str, root: str | None, options: dict[str, Any]):
