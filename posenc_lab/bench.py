@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 import sys
 
-if "torch" not in sys.modules:  # only effective before libgomp is loaded
+_OMP_POLICY_APPLIES = "torch" not in sys.modules  # libgomp reads it once, when torch loads it
+if _OMP_POLICY_APPLIES:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
@@ -635,7 +636,8 @@ def environment_line() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return (f"{_dt.datetime.now().isoformat(timespec='seconds')}  torch {torch.__version__}  "
             f"{platform.processor() or platform.machine()}  threads {torch.get_num_threads()}  "
-            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}  "
+            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+            f"{'' if _OMP_POLICY_APPLIES else ' (torch was loaded before bench: may not apply)'}  "
             f"load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
