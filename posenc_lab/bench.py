@@ -467,7 +467,9 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
     """
     device = pick_device(None if device is None else str(device))
     if isinstance(model_cfg, str):
-        model_cfg = CONFIGS[model_cfg].model_config(scheme or "xl", memory=False, dropout=0.0)
+        scheme = scheme or "xl"  # a learned table must cover the sliding window of attention_len + 1
+        model_cfg = CONFIGS[model_cfg].model_config(scheme, memory=False, dropout=0.0,
+                                                    posenc_kwargs=scheme_kwargs(scheme, attention_len + 1, 0))
     elif scheme is not None:
         model_cfg = ModelConfig(**{**asdict(model_cfg), "posenc": scheme})
     if model is None:
