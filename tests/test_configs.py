@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from posenc_lab.data import CORPUS_NAMES
 from posenc_lab.positional import SCHEME_NAMES, build_scheme, Dims, scheme_options
 from posenc_lab.train import train
-from tests.helpers_train import CONF_DIR, compose_config, tiny
+from tests.helpers_train import CONF_DIR, CORPUS, compose_config, tiny
 
 GROUPS = ("posenc", "model", "data", "trainer", "logger", "experiment")
 
@@ -110,10 +110,14 @@ def test_every_option_trains_a_few_steps(group, option, tmp_path, fake_corpora, 
     root, extra = fake_corpora
     data = option if group == "data" else "recall"
     overrides = tiny(tmp_path / "run", root, f"{group}={option}", *extra.get(data, []), steps=2, data=data)
-    if group == "experiment":  # presets set their own sizes; keep only what makes the run small and local
-        overrides = [o for o in overrides if o.split("=")[0] in ("run_dir", "data.root", "trainer.max_steps")] + \
-            [f"experiment={option}", "trainer.enable_progress_bar=false", "final_eval.limit_batches=2",
-             "trainer.limit_val_batches=2"]
+    if group == "experiment":  # the preset's choices, shrunk to a tiny model on small local data
+        data = compose_config("train", [f"experiment={option}"]).data.name
+        overrides = [
+            f"experiment={option}", f"run_dir={tmp_path / 'run'}", f"data.root={root}", *CORPUS.get(data, []),
+            *extra.get(data, []), "trainer.max_steps=2", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+            "model.d_inner=64", "model.mem_len=16", "data.segment_len=16", "data.batch_size=4",
+            "data.eval_batch_size=4", "trainer.val_check_interval=1000", "trainer.limit_val_batches=2",
+            "final_eval.limit_batches=2", "trainer.enable_progress_bar=false"]
     if group == "model" and option not in ("tiny",):
         overrides.append("model.mem_len=16")  # tiny() sets it for the tiny model; keep the others' sizes
         overrides = [o for o in overrides if o != "model=tiny"]
