@@ -170,7 +170,14 @@ def train_one(spec: RunSpec, run_dir: Path, retrain: bool, log) -> tuple[str, fl
         shutil.rmtree(run_dir)
     resumed = (run_dir / "checkpoints" / "last.ckpt").is_file()
     start = time.perf_counter()
-    train(cfg)
+    if "ddp" in str(cfg.trainer.get("strategy") or ""):
+        # DDP launches its ranks by re-running the command line, so each run gets its own
+        # `posenc_lab.train` process rather than re-running the whole ablation per rank.
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "posenc_lab.train", *spec.overrides, f"run_dir={run_dir}"], check=True)
+    else:
+        train(cfg)
     return ("resumed" if resumed else "trained"), time.perf_counter() - start
 
 
