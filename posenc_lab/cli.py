@@ -32,11 +32,13 @@ def plugin_commands() -> dict[str, object]:
 
 
 def usage() -> str:
+    plugins = plugin_commands()
+    width = max(map(len, [*BUILTIN, *plugins]))
     lines = ["usage: posenc-lab <command> [args...]", "", "commands:"]
     for name, (_, text) in BUILTIN.items():
-        lines.append(f"  {name:<8} {text}")
-    for name, ep in sorted(plugin_commands().items()):
-        lines.append(f"  {name:<8} (plugin: {ep.value})")
+        lines.append(f"  {name:<{width}}  {text}")
+    for name, ep in sorted(plugins.items()):
+        lines.append(f"  {name:<{width}}  (plugin: {ep.value})")
     lines += ["", "`posenc-lab <command> --help` shows a command's own options. train and eval take Hydra",
               "overrides (key=value, group=option, -m for sweeps); see README.md."]
     return "\n".join(lines)
