@@ -123,10 +123,13 @@ def _end_local_ddp(env_before: set[str]) -> None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train as configured, evaluate on val and test, write results.json; return the results."""
-    # run_dir defaults to Hydra's output directory; without Hydra (compose API) to a fresh runs/ folder.
-    run_dir = OmegaConf.select(cfg, "run_dir", throw_on_resolution_failure=False)
+    # run_dir unset: Hydra's output directory; without Hydra (compose API) a fresh runs/ folder.
+    run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
     if run_dir is None:
-        run_dir = f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else \
+            f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
     run_dir = Path(run_dir).resolve()
     with open_dict(cfg):
         cfg.run_dir = str(run_dir)
