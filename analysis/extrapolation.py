@@ -75,9 +75,13 @@ def segment_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
         except ValueError as e:
             out.append(_row(run, "segment", Lp, Lp / L, reason=str(e)))
             continue
-        loss = res.loss.numpy()
-        out.append(_row(run, "segment", Lp, Lp / L, float(loss[mask].mean() if mask is not None else loss.mean())))
+        out.append(_row(run, "segment", Lp, Lp / L, _scored_mean(res.loss.numpy(), mask)))
     return out
+
+
+def _scored_mean(loss: np.ndarray, mask: np.ndarray | None) -> float:
+    """Mean loss over the scored tokens (answers only on recall), all tokens without a mask."""
+    return float(loss[mask].mean() if mask is not None else loss.mean())
 
 
 def memory_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
@@ -100,8 +104,7 @@ def memory_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
         except ValueError as e:
             out.append(_row(run, "memory", Mp, Mp / M_ref, reason=str(e)))
             continue
-        loss = res.loss.numpy()
-        out.append(_row(run, "memory", Mp, Mp / M_ref, float(loss[mask].mean() if mask is not None else loss.mean())))
+        out.append(_row(run, "memory", Mp, Mp / M_ref, _scored_mean(res.loss.numpy(), mask)))
     return out
 
 
