@@ -1,16 +1,29 @@
 """Positional schemes behind one interface (``PositionalScheme``), one file each, one registry.
 
+A new scheme is one module in this package (a ``PositionalScheme`` subclass with ``@register``)
+plus ``conf/posenc/<name>.yaml``: every module here is imported, so registering is discovering.
+
 >>> from posenc_lab.positional import build_scheme, Dims, SCHEME_NAMES
 >>> scheme = build_scheme("xl", Dims(n_layer=2, d_model=64, n_head=4), clamp_len=128)
 """
 
+import importlib
+import pkgutil
+
 from .base import Dims, Positions, PositionalScheme, sinusoid_table
 from .registry import SCHEMES, build_scheme, register, scheme_class, scheme_options
 
-# Importing a scheme's module registers it.
-from . import nope, sinusoid, learned, global_sinusoid, shaw, xl, rope, alibi, t5  # noqa: E402,F401
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in ("base", "registry"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
-SCHEME_NAMES: tuple[str, ...] = tuple(SCHEMES)
+SCHEME_NAMES: tuple[str, ...] = tuple(sorted(SCHEMES))
+
+
+def schemes_of_kind(kind: str) -> tuple[str, ...]:
+    """Registered scheme names of one kind ("absolute", "relative", "none"), sorted."""
+    return tuple(name for name in SCHEME_NAMES if SCHEMES[name].kind == kind)
+
 
 __all__ = [
     "Dims",
@@ -22,5 +35,6 @@ __all__ = [
     "register",
     "scheme_class",
     "scheme_options",
+    "schemes_of_kind",
     "sinusoid_table",
 ]

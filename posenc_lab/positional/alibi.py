@@ -26,6 +26,7 @@ def alibi_slopes(n_head: int) -> Tensor:
 @register
 class ALiBi(PositionalScheme):
     name = "alibi"
+    kind = "relative"
 
     def __init__(self, dims: Dims):
         super().__init__(dims)

@@ -110,8 +110,14 @@ class PositionalScheme(nn.Module):
     """
 
     name: str = "base"
-    #: True for schemes whose positions are absolute token indices added at the input.
-    absolute: bool = False
+    #: "absolute": positions are token indices added at the input (sinusoid, learned, global_sinusoid);
+    #: "relative": positions enter the attention as distances i - j (shaw, xl, rope, alibi, t5);
+    #: "none": no positional signal (nope). Analysis and reports group schemes by this, never by name.
+    kind: str = "none"
+
+    @property
+    def absolute(self) -> bool:
+        return self.kind == "absolute"
 
     def __init__(self, dims: Dims):
         super().__init__()

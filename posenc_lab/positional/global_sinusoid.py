@@ -14,7 +14,7 @@ from .registry import register
 @register
 class GlobalSinusoid(PositionalScheme):
     name = "global_sinusoid"
-    absolute = True
+    kind = "absolute"
 
     def embed(self, h: Tensor, pos: Positions) -> Tensor:
         global_pos = pos.offset[:, None] + pos.q[None, :]  # [B, L]: s + i

@@ -15,7 +15,7 @@ from .registry import register
 @register
 class Learned(PositionalScheme):
     name = "learned"
-    absolute = True
+    kind = "absolute"
 
     def __init__(self, dims: Dims, *, max_positions: int = 512, overflow: str = "error"):
         super().__init__(dims)

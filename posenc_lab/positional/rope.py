@@ -19,6 +19,7 @@ def rotate_half(x: Tensor) -> Tensor:
 @register
 class RoPE(PositionalScheme):
     name = "rope"
+    kind = "relative"
 
     def __init__(self, dims: Dims, *, base: float = 10000.0):
         super().__init__(dims)

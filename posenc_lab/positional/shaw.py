@@ -72,6 +72,7 @@ class _NearValues(torch.autograd.Function):
 @register
 class Shaw(PositionalScheme):
     name = "shaw"
+    kind = "relative"
 
     def __init__(self, dims: Dims, *, K: int = 16):
         super().__init__(dims)

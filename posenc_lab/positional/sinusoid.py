@@ -13,7 +13,7 @@ from .registry import register
 @register
 class Sinusoid(PositionalScheme):
     name = "sinusoid"
-    absolute = True
+    kind = "absolute"
 
     def embed(self, h: Tensor, pos: Positions) -> Tensor:
         return h + sinusoid_table(pos.q, self.dims.d_model).to(h.dtype)  # + PE(i)

@@ -26,6 +26,7 @@ def t5_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tensor:
 @register
 class T5Bias(PositionalScheme):
     name = "t5"
+    kind = "relative"
 
     def __init__(self, dims: Dims, *, n_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)

@@ -26,6 +26,7 @@ from .registry import register
 @register
 class XLRelative(PositionalScheme):
     name = "xl"
+    kind = "relative"
 
     def __init__(self, dims: Dims, *, clamp_len: int | None = None, share_uv: bool = True):
         super().__init__(dims)
