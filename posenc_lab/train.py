@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .datamodule import SegmentDataModule
 from .lit import CheckpointError, LitLM, read_checkpoint
+from .positional import sized_options
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
@@ -41,10 +42,13 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
     """ModelConfig fields from the ``model`` and ``posenc`` nodes (the scheme's options are
-    everything in ``posenc`` but its name)."""
+    everything in ``posenc`` but its name; options left null are sized to the run's lengths by the scheme)."""
     posenc = OmegaConf.to_container(cfg.posenc, resolve=True)
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    return {**model, "vocab_size": vocab_size, "posenc": posenc.pop("name"), "posenc_kwargs": posenc}
+    name = posenc.pop("name")
+    posenc = sized_options(name, posenc, segment_len=cfg.data.segment_len, mem_len=model.get("mem_len", 0),
+                           max_offset=OmegaConf.select(cfg, "data.episode_len", default=None) or 0)
+    return {**model, "vocab_size": vocab_size, "posenc": name, "posenc_kwargs": posenc}
 
 
 def build_datamodule(data_cfg: DictConfig | dict) -> SegmentDataModule:

@@ -10,9 +10,10 @@ import torch
 
 from posenc_lab.context import context_losses, stream_losses, stream_rows
 from posenc_lab.model import MemoryTransformer, ModelConfig
+from tests.schemes import GLOBAL_SINUSOID, LEARNED, SHAW, SINUSOID, XL
 
 V = 19
-OPTIONS = {"shaw": {"K": 3}, "learned": {"max_positions": 40}}
+OPTIONS = {SHAW: {"K": 3}, LEARNED: {"max_positions": 40}}
 
 
 def make_model(name: str, n_layer: int = 1, **cfg) -> MemoryTransformer:
@@ -26,7 +27,7 @@ def make_model(name: str, n_layer: int = 1, **cfg) -> MemoryTransformer:
     return model.eval()
 
 
-@pytest.mark.parametrize("name", ["xl", "shaw", "sinusoid", "global_sinusoid", "learned"])
+@pytest.mark.parametrize("name", [XL, SHAW, SINUSOID, GLOBAL_SINUSOID, LEARNED])
 @pytest.mark.parametrize("mode", ["memory", "window"])
 def test_every_scored_token_sees_exactly_c_previous_tokens(name, mode):
     """One layer: a token c back changes the loss, one c + 1 back does not (in memory mode the
@@ -45,7 +46,7 @@ def test_every_scored_token_sees_exactly_c_previous_tokens(name, mode):
             assert differs == should_change, (name, mode, k, back)
 
 
-@pytest.mark.parametrize("name", ["xl", "shaw"])
+@pytest.mark.parametrize("name", [XL, SHAW])
 @pytest.mark.parametrize("c", [3, 8, 13])
 def test_relative_one_layer_memory_equals_sliding_window(name, c):
     """Relative schemes, one layer: memory + same-length mask (through the relative shift, memory
@@ -60,7 +61,7 @@ def test_relative_one_layer_memory_equals_sliding_window(name, c):
 
 def test_absolute_memory_differs_from_window():
     """sinusoid with memory carries positions of earlier segments: not a sliding window."""
-    model = make_model("sinusoid")
+    model = make_model(SINUSOID)
     tokens = torch.randint(V, (2, 40))
     kw = dict(score_start=16, n_score=20, segment_len=5)
     assert not torch.allclose(context_losses(model, tokens, 8, mode="memory", **kw).loss,
@@ -68,7 +69,7 @@ def test_absolute_memory_differs_from_window():
 
 
 def test_stream_losses_match_a_manual_segment_loop():
-    model = make_model("xl", n_layer=2, mem_len=6)
+    model = make_model(XL, n_layer=2, mem_len=6)
     tokens = torch.randint(V, (2, 23))
     res = stream_losses(model, tokens, segment_len=6, mem_len=6)
     mems, parts = None, []
@@ -83,13 +84,13 @@ def test_stream_losses_match_a_manual_segment_loop():
 
 
 def test_episode_reset_restarts_offsets():
-    model = make_model("global_sinusoid", mem_len=4)
+    model = make_model(GLOBAL_SINUSOID, mem_len=4)
     res = stream_losses(model, torch.randint(V, (1, 21)), segment_len=4, mem_len=4, episode_len=6)
     assert res.offset[0].tolist() == [0, 1, 2, 3, 4, 5] * 3 + [0, 1]
 
 
 def test_lengths_a_scheme_cannot_serve_fail_before_compute():
-    model = make_model("learned")  # table of 40 positions
+    model = make_model(LEARNED)  # table of 40 positions
     tokens = torch.randint(V, (1, 120))
     with pytest.raises(ValueError, match="max_positions"):
         stream_losses(model, tokens, segment_len=64, mem_len=0)

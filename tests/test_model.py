@@ -9,12 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
-from posenc_lab.positional import SCHEME_NAMES
+from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
+from tests.schemes import GLOBAL_SINUSOID, LEARNED, ROPE, SHAW, SINUSOID, T5, XL
 
-ALL = ("nope", "sinusoid", "learned", "global_sinusoid", "shaw", "xl", "rope", "alibi", "t5")
-RELATIVE = ("shaw", "xl", "rope", "alibi", "t5")
+ALL = SCHEME_NAMES
+RELATIVE = schemes_of_kind("relative")
 # Options that make the interesting branches reachable at test sizes (clipping, log buckets).
-OPTIONS = {"shaw": {"K": 3}, "t5": {"n_buckets": 8, "max_distance": 20}, "learned": {"max_positions": 64}}
+OPTIONS = {SHAW: {"K": 3}, T5: {"n_buckets": 8, "max_distance": 20}, LEARNED: {"max_positions": 64}}
 V, B = 23, 2
 
 
@@ -60,7 +61,7 @@ def test_unknown_scheme_in_config_lists_valid_names():
 
 def test_unknown_scheme_option_in_config_is_named():
     with pytest.raises(ValueError, match="clamp_lenn.*clamp_len"):
-        MemoryTransformer(ModelConfig(posenc="xl", posenc_kwargs={"clamp_lenn": 4}))
+        MemoryTransformer(ModelConfig(posenc=XL, posenc_kwargs={"clamp_lenn": 4}))
 
 
 @pytest.mark.parametrize(
@@ -74,8 +75,8 @@ def test_unknown_scheme_option_in_config_is_named():
         ({"same_length": True, "mem_len": 0}, r"same_length.*mem_len"),
         ({"loss_recent_frac": 0.0}, r"loss_recent_frac.*0\.0"),
         ({"dropout": 1.0}, r"dropout.*1\.0"),
-        ({"d_model": 12, "n_head": 4, "posenc": "rope"}, r"head size.*3"),
-        ({"posenc": "shaw", "posenc_kwargs": {"K": 0}}, r"K.*got 0"),
+        ({"d_model": 12, "n_head": 4, "posenc": ROPE}, r"head size.*3"),
+        ({"posenc": SHAW, "posenc_kwargs": {"K": 0}}, r"K.*got 0"),
     ],
 )
 def test_bad_config_raises_naming_the_value(cfg, match):
@@ -96,7 +97,7 @@ def test_bad_config_raises_naming_the_value(cfg, match):
 )
 def test_validate_lengths_rejects_bad_lengths(args, match):
     with pytest.raises(ValueError, match=match):
-        make_model("xl").validate_lengths(*args)
+        make_model(XL).validate_lengths(*args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ def test_validate_lengths_rejects_bad_lengths(args, match):
 
 
 def test_learned_past_its_table_fails_before_any_compute():
-    model = make_model("learned", mem_len=50, posenc_kwargs={"max_positions": 8})
+    model = make_model(LEARNED, mem_len=50, posenc_kwargs={"max_positions": 8})
     model.validate_lengths(8, mem_len=50, max_offset=10_000)  # positions reset per segment
     with pytest.raises(ValueError, match=r"position 8\b.*max_positions=8"):
         model.validate_lengths(9)
@@ -118,7 +119,7 @@ def test_learned_past_its_table_fails_before_any_compute():
 
 
 def test_learned_clamp_overflow_works_when_asked():
-    model = make_model("learned", posenc_kwargs={"max_positions": 8, "overflow": "clamp"})
+    model = make_model(LEARNED, posenc_kwargs={"max_positions": 8, "overflow": "clamp"})
     model.validate_lengths(12)
     out = model(tokens(B, 12), tokens(B, 12))
     assert torch.isfinite(out.loss)
@@ -135,20 +136,20 @@ def test_only_global_sinusoid_depends_on_the_stream_offset(name):
     mems = model(tokens(B, 6)).mems
     a = model(x, mems=mems, offset=6).logits
     b = model(x, mems=mems, offset=100).logits
-    if name == "global_sinusoid":
+    if name == GLOBAL_SINUSOID:
         assert (a - b).abs().max() > 1e-3
     else:
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_global_sinusoid_offset_is_per_stream():
-    model, x = make_model("global_sinusoid"), tokens(B, 6)
+    model, x = make_model(GLOBAL_SINUSOID), tokens(B, 6)
     both = model(x, offset=torch.tensor([0, 37])).logits
     torch.testing.assert_close(both[0], model(x, offset=0).logits[0])
     torch.testing.assert_close(both[1], model(x, offset=37).logits[1])
 
 
-@pytest.mark.parametrize("name", RELATIVE + ("nope",))
+@pytest.mark.parametrize("name", RELATIVE + schemes_of_kind("none"))
 def test_relative_models_are_shift_invariant(name, monkeypatch):
     """Every position moved by a constant (queries, memory keys, offset): same logits."""
     model = make_model(name, n_layer=2, mem_len=5)
@@ -166,7 +167,7 @@ def test_relative_models_are_shift_invariant(name, monkeypatch):
 
 def test_memory_holds_each_layers_last_inputs():
     L, M = 6, 4
-    model = make_model("xl", n_layer=2, mem_len=M)
+    model = make_model(XL, n_layer=2, mem_len=M)
     inputs = []
     model.blocks[1].register_forward_hook(lambda mod, args, out: inputs.append(args[0]))
     x = tokens(B, L)
@@ -216,7 +217,7 @@ def test_memory_equals_concatenated_run(name, n_layer, L, M, n_seg):
     start = (n_seg - 1) * L - min(M, (n_seg - 1) * L) if n_layer == 1 else 0
     model.mem_len = 0
     window = model(stream[:, start:], offset=start).logits[:, -L:]
-    if name in ("sinusoid", "learned"):
+    if name in (SINUSOID, LEARNED):
         assert (out.logits - window).abs().max() > 1e-3
     else:
         torch.testing.assert_close(out.logits, window, atol=1e-5, rtol=1e-4)
@@ -224,7 +225,7 @@ def test_memory_equals_concatenated_run(name, n_layer, L, M, n_seg):
 
 def test_no_gradient_reaches_the_memory():
     L = 6
-    model = make_model("xl", n_layer=2, mem_len=L).train()
+    model = make_model(XL, n_layer=2, mem_len=L).train()
     s1, t1, s2, t2 = tokens(B, L), tokens(B, L), tokens(B, L), tokens(B, L)
     out1 = model(s1, t1)
     assert all(not m.requires_grad and m.grad_fn is None for m in out1.mems)
@@ -314,7 +315,7 @@ def test_returned_attention_is_a_distribution_over_visible_keys(name, same_lengt
 
 
 def test_token_loss_is_the_per_token_nll():
-    model, x, y = make_model("xl"), tokens(B, 8), tokens(B, 8)
+    model, x, y = make_model(XL), tokens(B, 8), tokens(B, 8)
     out = model(x, y)
     expected = F.cross_entropy(out.logits.reshape(-1, V), y.reshape(-1), reduction="none").view(B, 8)
     torch.testing.assert_close(out.token_loss, expected)
@@ -324,7 +325,7 @@ def test_token_loss_is_the_per_token_nll():
 
 def test_half_loss_is_the_mean_of_the_last_half():
     L = 16
-    model, x, y = make_model("sinusoid", loss_recent_frac=0.5), tokens(B, L), tokens(B, L)
+    model, x, y = make_model(SINUSOID, loss_recent_frac=0.5), tokens(B, L), tokens(B, L)
     out = model(x, y)
     torch.testing.assert_close(out.loss, out.token_loss[:, L // 2:].mean())
     assert not torch.allclose(out.loss, out.token_loss.mean())
@@ -338,7 +339,7 @@ def test_half_loss_is_the_mean_of_the_last_half():
 @pytest.mark.parametrize("frac", [1.0, 0.5])
 def test_loss_mask_is_honoured(frac):
     L = 16
-    model, x, y = make_model("xl", loss_recent_frac=frac), tokens(B, L), tokens(B, L)
+    model, x, y = make_model(XL, loss_recent_frac=frac), tokens(B, L), tokens(B, L)
     mask = torch.rand(B, L) < 0.5
     mask[:, -1] = True
     recent = torch.arange(L) >= L - int(frac * L)

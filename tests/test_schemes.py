@@ -11,14 +11,24 @@ import math
 import pytest
 import torch
 
-from posenc_lab.positional import SCHEME_NAMES, Dims, Positions, build_scheme, scheme_options, sinusoid_table
-from posenc_lab.positional.xl import relative_shift
+import importlib
+import pkgutil
+from pathlib import Path
 
-ALL = ("nope", "sinusoid", "learned", "global_sinusoid", "shaw", "xl", "rope", "alibi", "t5")
-RELATIVE = ("shaw", "xl", "rope", "alibi", "t5")
-ABSOLUTE = ("sinusoid", "learned", "global_sinusoid")
+import yaml
+
+import posenc_lab.positional as positional
+from posenc_lab.positional import (SCHEME_NAMES, SCHEMES, Dims, Positions, build_scheme, scheme_options,
+                                   schemes_of_kind, sinusoid_table, sized_options)
+from posenc_lab.positional.xl import relative_shift
+from tests.schemes import ALIBI, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, T5, XL
+
+ALL = SCHEME_NAMES
+RELATIVE = schemes_of_kind("relative")
+ABSOLUTE = schemes_of_kind("absolute")
+CONF = Path(__file__).resolve().parent.parent / "conf" / "posenc"
 # Options that make the interesting branches reachable at test sizes (clipping, log buckets).
-OPTIONS = {"shaw": {"K": 2}, "t5": {"n_buckets": 8, "max_distance": 20}, "learned": {"max_positions": 64}}
+OPTIONS = {SHAW: {"K": 2}, T5: {"n_buckets": 8, "max_distance": 20}, LEARNED: {"max_positions": 64}}
 
 B, H, D = 2, 4, 16
 DH = D // H
@@ -69,15 +79,43 @@ def masked_softmax(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def test_every_scheme_is_registered_by_name():
-    assert set(SCHEME_NAMES) == set(ALL)
+def test_a_scheme_is_one_module_and_one_yaml():
+    """Every module of the package (but the interface and the registry) registers one scheme, found
+    without an import list, and every scheme has conf/posenc/<name>.yaml naming it."""
+    modules = {m.name for m in pkgutil.iter_modules(positional.__path__)} - {"base", "registry"}
+    by_module = {cls.__module__.rsplit(".", 1)[1]: name for name, cls in SCHEMES.items()}
+    assert set(by_module) == modules and len(by_module) == len(SCHEMES) == len(SCHEME_NAMES)
+    for name in SCHEME_NAMES:
+        assert yaml.safe_load((CONF / f"{name}.yaml").read_text())["name"] == name
+    assert set(RELATIVE) | set(ABSOLUTE) | set(schemes_of_kind("none")) == set(SCHEME_NAMES)
+    assert not set(RELATIVE) & set(ABSOLUTE) and importlib.import_module("posenc_lab.positional") is positional
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_build_scheme_by_name(name):
-    scheme = build_scheme(name, Dims(n_layer=2, d_model=D, n_head=H))
-    assert scheme.name == name
-    assert scheme.absolute == (name in ABSOLUTE)
+    scheme = build_scheme(name, Dims(n_layer=2, d_model=D, n_head=H), **sized_options(name, {}, 8, 4))
+    assert scheme.name == name and scheme.kind in ("absolute", "relative", "none")
+    assert scheme.absolute == (scheme.kind == "absolute")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_lengths_left_null_are_sized_to_the_run(name):
+    """Options the config leaves null (learned's table) are sized from the run's lengths; the sized scheme
+    serves those lengths; options given stay as given."""
+    conf = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+    conf.pop("name")
+    for L, M in [(8, 4), (40, 0)]:
+        options = sized_options(name, conf, L, M)
+        assert {k for k, v in conf.items() if v is not None} <= set(options)
+        assert all(options[k] == v for k, v in conf.items() if v is not None)
+        build_scheme(name, Dims(n_layer=1, d_model=D, n_head=H), **options).validate(L, M)
+
+
+def test_learned_table_defaults_to_the_segment_length():
+    assert sized_options(LEARNED, {"max_positions": None}, 24, 100) == {"max_positions": 24}
+    assert sized_options(LEARNED, {"max_positions": 7}, 24, 100) == {"max_positions": 7}
+    with pytest.raises(ValueError, match="max_positions=None must be sized"):
+        build_scheme(LEARNED, Dims(1, D, H))
 
 
 def test_unknown_scheme_lists_valid_names():
@@ -96,23 +134,23 @@ def test_unknown_option_is_named_with_the_valid_ones(name):
 
 
 def test_documented_options_exist():
-    assert set(scheme_options("xl")) == {"clamp_len", "share_uv"}
-    assert set(scheme_options("shaw")) == {"K"}
-    assert set(scheme_options("learned")) == {"max_positions", "overflow"}
-    assert set(scheme_options("t5")) == {"n_buckets", "max_distance"}
-    assert set(scheme_options("rope")) == {"base"}
+    assert set(scheme_options(XL)) == {"clamp_len", "share_uv"}
+    assert set(scheme_options(SHAW)) == {"K"}
+    assert set(scheme_options(LEARNED)) == {"max_positions", "overflow"}
+    assert set(scheme_options(T5)) == {"n_buckets", "max_distance"}
+    assert set(scheme_options(ROPE)) == {"base"}
 
 
 @pytest.mark.parametrize(
     "name, options, match",
     [
-        ("shaw", {"K": 0}, "K.*got 0"),
-        ("shaw", {"K": -2}, "K.*got -2"),
-        ("shaw", {"K": 1.5}, "K.*got 1.5"),
-        ("learned", {"max_positions": 0}, "max_positions.*got 0"),
-        ("learned", {"overflow": "wrap"}, "overflow.*'wrap'"),
-        ("xl", {"clamp_len": -1}, "clamp_len.*got -1"),
-        ("t5", {"n_buckets": 8, "max_distance": 4}, "max_distance=4"),
+        (SHAW, {"K": 0}, "K.*got 0"),
+        (SHAW, {"K": -2}, "K.*got -2"),
+        (SHAW, {"K": 1.5}, "K.*got 1.5"),
+        (LEARNED, {"max_positions": 0}, "max_positions.*got 0"),
+        (LEARNED, {"max_positions": 8, "overflow": "wrap"}, "overflow.*'wrap'"),
+        (XL, {"clamp_len": -1}, "clamp_len.*got -1"),
+        (T5, {"n_buckets": 8, "max_distance": 4}, "max_distance=4"),
     ],
 )
 def test_bad_options_raise_naming_the_value(name, options, match):
@@ -122,7 +160,7 @@ def test_bad_options_raise_naming_the_value(name, options, match):
 
 def test_rope_rejects_odd_head_size():
     with pytest.raises(ValueError, match="head size.*3"):
-        build_scheme("rope", Dims(n_layer=1, d_model=12, n_head=4))
+        build_scheme(ROPE, Dims(n_layer=1, d_model=12, n_head=4))
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,14 +176,14 @@ def test_sinusoid_table_is_the_formula():
 
 
 def test_sinusoid_adds_pe_of_the_segment_position_and_ignores_offset():
-    scheme, h = make_scheme("sinusoid"), torch.randn(B, 5, D)
+    scheme, h = make_scheme(SINUSOID), torch.randn(B, 5, D)
     out = scheme.embed(h, make_positions(5, 3, offset=40))
     expected = h + torch.stack([pe(i, D) for i in range(5)])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
 
 
 def test_global_sinusoid_adds_pe_of_offset_plus_position():
-    scheme, h = make_scheme("global_sinusoid"), torch.randn(B, 5, D)
+    scheme, h = make_scheme(GLOBAL_SINUSOID), torch.randn(B, 5, D)
     pos = make_positions(5, 3)
     pos.offset = torch.tensor([0, 40])
     out = scheme.embed(h, pos)
@@ -155,18 +193,18 @@ def test_global_sinusoid_adds_pe_of_offset_plus_position():
 
 
 def test_learned_adds_its_table_row():
-    scheme, h = make_scheme("learned"), torch.randn(B, 5, D)
+    scheme, h = make_scheme(LEARNED), torch.randn(B, 5, D)
     torch.testing.assert_close(scheme.embed(h, make_positions(5, 0, offset=9)), h + scheme.table[:5])
 
 
-@pytest.mark.parametrize("name", RELATIVE + ("nope",))
+@pytest.mark.parametrize("name", RELATIVE + schemes_of_kind("none"))
 def test_relative_schemes_leave_the_input_alone(name):
     h = torch.randn(B, 5, D)
     assert torch.equal(make_scheme(name).embed(h, make_positions(5, 3, offset=7)), h)
 
 
 def test_learned_past_its_table_fails_naming_position_and_size():
-    scheme = make_scheme("learned", max_positions=8)
+    scheme = make_scheme(LEARNED, max_positions=8)
     scheme.validate(segment_len=8, mem_len=100, max_offset=10_000)  # reset per segment: only L matters
     with pytest.raises(ValueError, match=r"position 8\b.*max_positions=8"):
         scheme.validate(segment_len=9, mem_len=0)
@@ -175,7 +213,7 @@ def test_learned_past_its_table_fails_naming_position_and_size():
 
 
 def test_learned_clamp_overflow_reuses_the_last_row_when_asked():
-    scheme = make_scheme("learned", max_positions=8, overflow="clamp")
+    scheme = make_scheme(LEARNED, max_positions=8, overflow="clamp")
     scheme.validate(segment_len=12, mem_len=0)
     out = scheme.embed(torch.zeros(B, 12, D), make_positions(12, 0))
     torch.testing.assert_close(out[0, :8], scheme.table)
@@ -210,7 +248,7 @@ def naive_xl(scheme, layer, q, k, v, pos):
 @pytest.mark.parametrize("clamp_len", [None, 2])
 @pytest.mark.parametrize("share_uv", [True, False])
 def test_xl_relative_shift_equals_naive_per_pair(L, M, same_length, clamp_len, share_uv):
-    scheme = make_scheme("xl", clamp_len=clamp_len, share_uv=share_uv)
+    scheme = make_scheme(XL, clamp_len=clamp_len, share_uv=share_uv)
     pos = make_positions(L, M, same_length)
     q, k, v = qkv(L, M)
     layer = 1
@@ -239,12 +277,12 @@ def test_xl_clamp_len_changes_far_scores_only():
     L, M = 4, 6
     q, k, v = qkv(L, M)
     pos = make_positions(L, M)
-    free, clamped = make_scheme("xl"), make_scheme("xl", clamp_len=3)
+    free, clamped = make_scheme(XL), make_scheme(XL, clamp_len=3)
     clamped.load_state_dict(free.state_dict())
     with torch.no_grad():
         a, b = free.attention_probs(0, q, k, pos), clamped.attention_probs(0, q, k, pos)
     assert not torch.allclose(a, b)
-    assert make_scheme("xl").distances(pos).max() == M + L - 1
+    assert make_scheme(XL).distances(pos).max() == M + L - 1
     assert clamped.distances(pos).max() == 3
 
 
@@ -271,7 +309,7 @@ def naive_shaw(scheme, layer, q, k, v, pos):
 @pytest.mark.parametrize("L, M, same_length", MASKS)
 @pytest.mark.parametrize("K", [1, 2, 16])
 def test_shaw_buckets_equal_naive_per_pair_with_clipping(L, M, same_length, K):
-    scheme = make_scheme("shaw", K=K)
+    scheme = make_scheme(SHAW, K=K)
     pos = make_positions(L, M, same_length)
     q, k, v = qkv(L, M)
     with torch.no_grad():
@@ -281,7 +319,7 @@ def test_shaw_buckets_equal_naive_per_pair_with_clipping(L, M, same_length, K):
 
 
 def test_shaw_value_term_matters_and_only_k_plus_one_rows_are_used():
-    scheme, (L, M) = make_scheme("shaw", K=2), (5, 5)
+    scheme, (L, M) = make_scheme(SHAW, K=2), (5, 5)
     pos, (q, k, v) = make_positions(L, M), qkv(L, M)
     with torch.no_grad():
         base = scheme.attend(0, q, k, v, pos, 0.0)
@@ -311,20 +349,20 @@ def naive_t5_bucket(d: int, n: int, max_distance: int) -> int:
 
 def naive_scores(name, scheme, q, k, pos):
     """Scaled scores of the schemes whose output is softmax(scores) @ v."""
-    if name == "rope":
+    if name == ROPE:
         q, k = rope_rotate(q, pos.q), rope_rotate(k, pos.k)
     scores = q @ k.transpose(-1, -2) / math.sqrt(DH)
     dist = pos.q[:, None] - pos.k[None, :]
-    if name == "alibi":
+    if name == ALIBI:
         slopes = torch.tensor([2.0 ** (-8 * (h + 1) / H) for h in range(H)])  # H = 4: 1/4, 1/16, ...
         scores = scores - slopes[:, None, None] * dist
-    if name == "t5":
+    if name == T5:
         buckets = [[naive_t5_bucket(max(int(d), 0), 8, 20) for d in row] for row in dist]
         scores = scores + scheme.bias[torch.tensor(buckets)].permute(2, 0, 1)
     return scores
 
 
-@pytest.mark.parametrize("name", ["nope", "sinusoid", "learned", "global_sinusoid", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("name", [NOPE, SINUSOID, LEARNED, GLOBAL_SINUSOID, ROPE, ALIBI, T5])
 @pytest.mark.parametrize("L, M", LENGTHS)
 def test_sdpa_schemes_equal_naive_scores(name, L, M):
     scheme = make_scheme(name)
@@ -352,7 +390,7 @@ def test_t5_buckets():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", RELATIVE + ("nope",))
+@pytest.mark.parametrize("name", RELATIVE + schemes_of_kind("none"))
 @pytest.mark.parametrize("L, M", LENGTHS)
 @pytest.mark.parametrize("shift", [7, -3, 50])
 def test_relative_schemes_are_shift_invariant(name, L, M, shift):
@@ -381,7 +419,7 @@ def test_relative_schemes_do_use_distance(name):
     L, M = 5, 3
     pos, (q, k, v) = make_positions(L, M), qkv(L, M)
     with torch.no_grad():
-        assert not torch.allclose(make_scheme(name).attend(0, q, k, v, pos, 0.0), make_scheme("nope").attend(0, q, k, v, pos, 0.0))
+        assert not torch.allclose(make_scheme(name).attend(0, q, k, v, pos, 0.0), make_scheme(NOPE).attend(0, q, k, v, pos, 0.0))
 
 
 @pytest.mark.parametrize("name", ABSOLUTE)

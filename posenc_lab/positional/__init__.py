@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 
 from .base import Dims, Positions, PositionalScheme, sinusoid_table
-from .registry import SCHEMES, build_scheme, register, scheme_class, scheme_options
+from .registry import SCHEMES, build_scheme, register, scheme_class, scheme_options, sized_options
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "registry"):
@@ -36,5 +36,6 @@ __all__ = [
     "scheme_class",
     "scheme_options",
     "schemes_of_kind",
+    "sized_options",
     "sinusoid_table",
 ]

@@ -123,6 +123,19 @@ class PositionalScheme(nn.Module):
         super().__init__()
         self.dims = dims
 
+    # -- 0. sizes and cost, asked by training, the benchmark and the sweeps ---------------------
+    @classmethod
+    def sized_options(cls, options: dict, segment_len: int, mem_len: int, max_offset: int = 0) -> dict:
+        """``options`` with the length-dependent ones left ``None`` filled in for a run of these lengths
+        (segment_len L, mem_len M, positions up to max_offset since an episode start). Default: as given."""
+        return dict(options)
+
+    def extra_flops(self, segment_len: int, mem_len: int, batch_size: int = 1) -> float:
+        """Matmul FLOPs per layer and per stream that this scheme adds to one forward of a segment of
+        L = segment_len queries over N = mem_len + L keys (a product shared by the ``batch_size`` streams is
+        divided among them). Element-wise work (rotations, biases, table lookups) is not counted. Default: 0."""
+        return 0.0
+
     # -- 0. validation, before any compute ---------------------------------------------------
     def validate(self, segment_len: int, mem_len: int, max_offset: int = 0) -> None:
         """Raise ValueError if this scheme cannot serve these lengths. Default: anything goes."""

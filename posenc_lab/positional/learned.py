@@ -1,7 +1,8 @@
 """Learned absolute positions, reset per segment: h^0_i = E[x_i] + P[i], P a [max_positions, D] table.
 
 It cannot extrapolate: a position >= max_positions is a configuration error, raised before training
-(``validate``) and again at the forward pass. ``overflow="clamp"`` reuses the last row instead; it
+(``validate``) and again at the forward pass. ``max_positions=None`` (the config's default) sizes the
+table to the run's segment length (``sized_options``), the longest position it trains on. ``overflow="clamp"`` reuses the last row instead; it
 exists for analysis only and must be asked for explicitly.
 """
 
@@ -17,14 +18,24 @@ class Learned(PositionalScheme):
     name = "learned"
     kind = "absolute"
 
-    def __init__(self, dims: Dims, *, max_positions: int = 512, overflow: str = "error"):
+    def __init__(self, dims: Dims, *, max_positions: int | None = None, overflow: str = "error"):
         super().__init__(dims)
-        if not isinstance(max_positions, int) or max_positions < 1:
+        if max_positions is None:
+            raise ValueError("learned: max_positions=None must be sized to the run before the table is built "
+                             "(posenc_lab.positional.sized_options, as training does), or set an integer")
+        if not isinstance(max_positions, int) or isinstance(max_positions, bool) or max_positions < 1:
             raise ValueError(f"learned: max_positions must be a positive integer, got {max_positions!r}")
         if overflow not in ("error", "clamp"):
             raise ValueError(f"learned: overflow must be 'error' or 'clamp', got {overflow!r}")
         self.max_positions, self.overflow = max_positions, overflow
         self.table = nn.Parameter(torch.randn(max_positions, dims.d_model) * 0.02)  # P
+
+    @classmethod
+    def sized_options(cls, options: dict, segment_len: int, mem_len: int, max_offset: int = 0) -> dict:
+        """max_positions=None -> segment_len: positions restart at 0 every segment (memory keys carry none)."""
+        if options.get("max_positions") is None:
+            return {**options, "max_positions": int(segment_len)}
+        return dict(options)
 
     def _check(self, largest: int) -> None:
         if largest >= self.max_positions and self.overflow == "error":

@@ -28,6 +28,11 @@ def scheme_class(name: str) -> type[PositionalScheme]:
     return SCHEMES[name]
 
 
+def sized_options(name: str, options: dict, segment_len: int, mem_len: int, max_offset: int = 0) -> dict:
+    """Scheme ``name``'s options with the length-dependent defaults (left None) sized to a run of these lengths."""
+    return scheme_class(name).sized_options(dict(options), int(segment_len), int(mem_len), int(max_offset or 0))
+
+
 def build_scheme(name: str, dims: Dims, **options) -> PositionalScheme:
     """Build scheme ``name`` for a model of ``dims``; unknown names or options fail with the valid ones."""
     cls = scheme_class(name)

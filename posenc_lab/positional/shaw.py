@@ -83,6 +83,10 @@ class Shaw(PositionalScheme):
         self.a_key = nn.Parameter(torch.randn(dims.n_layer, rows, dims.d_head) * 0.02)  # a^K per layer
         self.a_value = nn.Parameter(torch.randn(dims.n_layer, rows, dims.d_head) * 0.02)  # a^V per layer
 
+    def extra_flops(self, segment_len: int, mem_len: int, batch_size: int = 1) -> float:
+        """q a^K^T and P a^V over the 2K+1 rows (the model's math, not the gathered kernel): 2 x 2 L D (2K+1)."""
+        return 2 * 2 * segment_len * self.dims.d_model * (2 * self.K + 1)
+
     def buckets(self, pos: Positions) -> Tensor:
         """[L, N] row index clip(j - i, -K, K) + K."""
         return (-pos.distance).clamp(-self.K, self.K) + self.K

@@ -39,6 +39,11 @@ class XLRelative(PositionalScheme):
         self.u = nn.Parameter(torch.zeros(shape))  # global content bias
         self.v = nn.Parameter(torch.zeros(shape))  # global position bias
 
+    def extra_flops(self, segment_len: int, mem_len: int, batch_size: int = 1) -> float:
+        """W_{k,R} R_d for the N distances, 2 N D D, once per batch; (q + v) . r, terms (b) + (d): 2 L N D."""
+        L, N, D = segment_len, segment_len + mem_len, self.dims.d_model
+        return 2 * N * D * D / batch_size + 2 * L * N * D
+
     def _uv(self, layer: int) -> tuple[Tensor, Tensor]:
         u, v = (self.u, self.v) if self.share_uv else (self.u[layer], self.v[layer])
         return u[None, :, None, :], v[None, :, None, :]  # [1, H, 1, d_h]

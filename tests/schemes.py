@@ -1,0 +1,16 @@
+"""Scheme names for tests of one scheme's math, taken from the scheme classes (no name literals):
+a test about Shaw's clipping imports Shaw. Tests about every scheme ask the registry instead
+(``SCHEME_NAMES``, ``schemes_of_kind``)."""
+
+from posenc_lab.positional.alibi import ALiBi
+from posenc_lab.positional.global_sinusoid import GlobalSinusoid
+from posenc_lab.positional.learned import Learned
+from posenc_lab.positional.nope import NoPE
+from posenc_lab.positional.rope import RoPE
+from posenc_lab.positional.shaw import Shaw
+from posenc_lab.positional.sinusoid import Sinusoid
+from posenc_lab.positional.t5 import T5Bias
+from posenc_lab.positional.xl import XLRelative
+
+ALIBI, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE = ALiBi.name, GlobalSinusoid.name, Learned.name, NoPE.name, RoPE.name
+SHAW, SINUSOID, T5, XL = Shaw.name, Sinusoid.name, T5Bias.name, XLRelative.name
