@@ -1,21 +1,29 @@
-"""The benchmark runs (tiny config, no timing asserted) and its FLOP count matches a hand count."""
+"""The benchmark runs (tiny preset, no timing asserted), its FLOP count matches a hand count, its sizes
+are conf/model/'s, and the loss-curve experiment (analysis/loss_curve.py) runs."""
 
 from __future__ import annotations
 
 import csv
 import math
+from dataclasses import fields
 
 import pytest
+import yaml
 
 from posenc_lab import bench
-from posenc_lab.model import ModelConfig
+from posenc_lab.bench.configs import CONF_MODEL
+from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.positional import SCHEME_NAMES, sized_options
+from tests.schemes import NOPE, ROPE, SHAW, SINUSOID, XL
 
-SCHEMES = ("xl", "shaw", "sinusoid")
+SCHEMES = (XL, SHAW, SINUSOID)
+# the tiny preset shrunk further, so that a CPU test times it in seconds
+TINY = ["--configs", "tiny", "--segment-len", "16", "--batch", "2", "--model-set", "d_model=32,n_head=2,mem_len=16"]
 
 
 def test_flops_hand_count_xl_small():
     # small: 4 layers, D=128, F=512, V=256; L=128, M=128 -> N=256
-    cfg = ModelConfig(n_layer=4, d_model=128, n_head=4, d_inner=512, mem_len=128, posenc="xl")
+    cfg = ModelConfig(n_layer=4, d_model=128, n_head=4, d_inner=512, mem_len=128, posenc=XL)
     L, N, D, F, V = 128, 256, 128, 512, 256
     per_layer = (
         2 * L * D * D  # q
@@ -35,6 +43,8 @@ def test_flops_hand_count_xl_small():
     # batch 16: the position projection 2 N D D = 8,388,608 per layer is shared by the 16 streams
     assert bench.model_flops_per_token(cfg, 128, 128, batch_size=16) == 3 * (
         4 * (92_274_688 - 8_388_608 + 8_388_608 / 16) + 8_388_608) / 128
+    # a built model counts the same as its config
+    assert bench.model_flops_per_token(MemoryTransformer(cfg), 128, 128) == 8_847_360
 
 
 def test_flops_hand_count_other_schemes():
@@ -43,17 +53,52 @@ def test_flops_hand_count_other_schemes():
     base = 2 * L * D * D + 2 * N * D * 2 * D + 2 * 2 * L * N * D + 2 * L * D * D + 4 * L * D * F
     head = 2 * L * D * V
     for name, extra in [
-        ("sinusoid", 0),
-        ("rope", 0),
-        ("shaw", 2 * 2 * L * D * (2 * 3 + 1)),  # K = 3: q a^K^T and P a^V over 2K+1 rows
+        (SINUSOID, 0),
+        (ROPE, 0),
+        (SHAW, 2 * 2 * L * D * (2 * 3 + 1)),  # K = 3: q a^K^T and P a^V over 2K+1 rows
     ]:
         cfg = ModelConfig(n_layer=2, d_model=D, n_head=2, d_inner=F, posenc=name,
-                          posenc_kwargs={"K": 3} if name == "shaw" else {})
+                          posenc_kwargs={"K": 3} if name == SHAW else {})
         assert bench.model_flops_per_token(cfg, L, M, training=False) == (2 * (base + extra) + head) / L
     # no memory: N = L
-    cfg = ModelConfig(n_layer=1, d_model=D, n_head=2, d_inner=F, posenc="nope")
+    cfg = ModelConfig(n_layer=1, d_model=D, n_head=2, d_inner=F, posenc=NOPE)
     assert bench.model_flops_per_token(cfg, L, 0, training=False) == (
         2 * L * D * D + 2 * L * D * 2 * D + 4 * L * L * D + 2 * L * D * D + 4 * L * D * F + head) / L
+
+
+@pytest.mark.parametrize("name", SCHEME_NAMES)
+def test_every_scheme_is_counted(name):
+    """The count is the base model plus what the scheme itself declares: no scheme is special-cased in bench."""
+    cfg = ModelConfig(n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=name,
+                      posenc_kwargs=sized_options(name, {}, 16, 8))
+    model = MemoryTransformer(cfg)
+    nope = ModelConfig(n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=NOPE)
+    extra = model.scheme.extra_flops(16, 8, 4)
+    assert extra >= 0
+    assert bench.model_flops_per_token(model, 16, 8, training=False, batch_size=4) == pytest.approx(
+        bench.model_flops_per_token(nope, 16, 8, training=False, batch_size=4) + 2 * extra / 16)
+
+
+def test_sizes_come_from_conf_model():
+    assert set(bench.model_presets()) == {p.stem for p in CONF_MODEL.glob("*.yaml")} >= {"tiny", "small", "base"}
+    for name in bench.model_presets():
+        preset = yaml.safe_load((CONF_MODEL / f"{name}.yaml").read_text())
+        bc = bench.BenchConfig.preset(name)
+        cfg = bc.model_config(XL)
+        assert (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.mem_len) == (
+            preset["n_layer"], preset["d_model"], preset["n_head"], preset["mem_len"])
+        assert bc.segment_len * bc.batch_size == 2048 or bc.batch_size == 1  # the same tokens per step
+        assert bc.model_config(XL, memory=False).mem_len == 0
+    with pytest.raises(ValueError, match="unknown model preset 'huge'; valid .*small"):
+        bench.BenchConfig.preset("huge")
+
+
+def test_grid_axes_are_point_fields():
+    points = bench.grid(config=["a", "b"], scheme=[XL], memory=[True, False])
+    assert [(p.config, p.memory) for p in points] == [("a", True), ("a", False), ("b", True), ("b", False)]
+    assert {f.name for f in fields(bench.Point)} - {"memory"} <= set(bench.COLUMNS)
+    with pytest.raises(ValueError, match="unknown benchmark axis.*'fused'"):
+        bench.grid(config=["a"], fused=[True])
 
 
 def _positive(x) -> bool:
@@ -61,7 +106,7 @@ def _positive(x) -> bool:
 
 
 def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
-    assert bench.main(["--configs", "tiny", "--schemes", ",".join(SCHEMES), "--warmup", "1", "--reps", "2",
+    assert bench.main([*TINY, "--schemes", ",".join(SCHEMES), "--warmup", "1", "--reps", "2",
                        "--threads", "1", "--matmul-max-n", "256", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     for column in ("train_tok_s", "eval_tok_s", "train_peak_mb", "train_mfu"):
@@ -70,9 +115,10 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == bench.COLUMNS
     assert {(r["scheme"], int(r["mem_len"])) for r in rows} == {(s, m) for s in SCHEMES for m in (16, 0)}
+    assert {(int(r["segment_len"]), int(r["batch"])) for r in rows} == {(16, 2)}
     for r in rows:
-        for key in ("train_ms", "train_tok_s", "train_cpu_ms", "eval_cpu_ms", "eval_ms", "eval_tok_s", "train_gflop_per_step",
-                    "matmul_peak_gflops", "train_mfu", "eval_mfu", "params",
+        for key in ("train_ms", "train_tok_s", "train_cpu_ms", "eval_cpu_ms", "eval_ms", "eval_tok_s",
+                    "train_gflop_per_step", "matmul_peak_gflops", "train_mfu", "eval_mfu", "params",
                     "matmul_peak_cpu_gflops", "train_mfu_cpu", "eval_mfu_cpu"):  # CPU run
             assert _positive(float(r[key])), (key, r)
         for key in ("train_peak_mb", "eval_peak_mb"):  # RSS growth can be 0 when the heap is reused
@@ -82,9 +128,10 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
 
 
 def test_bench_one_bf16_and_result_fields():
-    r = bench.bench_one("tiny", "xl", memory=True, precision="bf16-mixed", warmup=1, reps=1, matmul_peak=1e9,
+    bc = bench.BenchConfig.preset("tiny", segment_len=16, batch_size=2, d_model=32, n_head=2, mem_len=16)
+    r = bench.bench_one(bc, XL, memory=True, precision="bf16-mixed", warmup=1, reps=1, matmul_peak=1e9,
                         matmul_peak_cpu=1e9)
-    assert r.precision == "bf16-mixed" and r.mem_len == 16
+    assert r.precision == "bf16-mixed" and r.mem_len == 16 and r.scheme == XL
     assert _positive(r.train_tok_s) and _positive(r.eval_tok_s) and _positive(r.train_mfu)
 
 
@@ -92,11 +139,11 @@ def test_eval_speed_tiny():
     r = bench.measure_eval_speed("tiny", attention_len=32, segment_len=8, batch_size=2, warmup=0, reps=1)
     for key in ("memory_tok_s", "window_tok_s", "speedup"):
         assert _positive(r[key])
-    assert r["attention_len"] == 32 and r["scheme"] == "xl"
+    assert r["attention_len"] == 32 and r["scheme"] == ModelConfig.posenc
 
 
 def test_eval_speed_cli(tmp_path):
-    assert bench.main(["--eval-speed", "--configs", "tiny", "--schemes", "sinusoid", "--attention-len", "24,32",
+    assert bench.main(["--eval-speed", *TINY, "--schemes", SINUSOID, "--attention-len", "24,32",
                        "--eval-segment-len", "8", "--eval-batch", "2", "--out", str(tmp_path)]) == 0
     with open(tmp_path / "eval_speed.csv") as f:
         rows = list(csv.DictReader(f))
@@ -106,8 +153,24 @@ def test_eval_speed_cli(tmp_path):
 def test_unknown_names_are_rejected(capsys):
     assert bench.main(["--configs", "huge"]) == 2
     assert bench.main(["--schemes", "bogus"]) == 2
-    assert "unknown" in capsys.readouterr().err
+    assert bench.main(["--model-set", "n_layerz=2"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown ['huge']" in err and "'bogus'" in err and "'n_layerz'" in err and "small" in err
 
 
 def test_matmul_peak_positive():
     assert bench.matmul_peak_flops(max_n=256, reps=1) > 0
+
+
+def test_loss_curve_experiment(tmp_path):
+    from analysis import loss_curve
+
+    assert loss_curve.main(["--steps", "3", "--segment-len", "16", "--batch", "2", "--model-set", "d_model=32,n_head=2",
+                            "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "loss_curve.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == ["fp32/seed0", "bf16-mixed/seed0", "fp32/seed1"]
+    assert float(rows[0]["gap_to_first"]) == 0 and all(math.isfinite(float(r["final_loss"])) for r in rows)
+    with open(tmp_path / "loss_curve_steps.csv") as f:
+        steps = list(csv.DictReader(f))
+    assert [int(s["step"]) for s in steps] == [1, 2, 3]

@@ -1,0 +1,64 @@
+"""What the benchmark times: a model preset of ``conf/model/`` (its one owner of sizes) at a segment length
+and a batch.
+
+The segment length defaults to the preset's memory length (the Transformer-XL convention, L = M) and the
+batch to ``TOKENS_PER_STEP // segment_len`` streams, so every preset is timed on the same tokens per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ..model import ModelConfig
+from ..positional import sized_options
+
+CONF_MODEL = Path(__file__).resolve().parents[2] / "conf" / "model"
+TOKENS_PER_STEP = 2048
+PRECISIONS = ("fp32", "bf16-mixed")
+
+
+def model_presets() -> tuple[str, ...]:
+    """Names of conf/model/*.yaml, sorted."""
+    return tuple(sorted(p.stem for p in CONF_MODEL.glob("*.yaml")))
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A model preset (``ModelConfig`` fields but the scheme) plus the lengths and batch it is timed at."""
+
+    name: str
+    model: dict = field(hash=False)
+    segment_len: int
+    batch_size: int
+    vocab_size: int = 256
+
+    @property
+    def mem_len(self) -> int:
+        return int(self.model.get("mem_len", 0))
+
+    @classmethod
+    def preset(cls, name: str, segment_len: int | None = None, batch_size: int | None = None,
+               vocab_size: int = 256, **model_overrides) -> "BenchConfig":
+        """conf/model/``name``.yaml with ``model_overrides`` (e.g. n_layer=2); lengths as in the module doc."""
+        presets = model_presets()
+        if name not in presets:
+            raise ValueError(f"unknown model preset {name!r}; valid (conf/model/): {', '.join(presets)}")
+        model = {**OmegaConf.to_container(OmegaConf.load(CONF_MODEL / f"{name}.yaml"), resolve=True),
+                 **model_overrides}
+        L = int(segment_len or model.get("mem_len") or 128)
+        return cls(name, model, L, int(batch_size or max(1, TOKENS_PER_STEP // L)), vocab_size)
+
+    def model_config(self, scheme: str, memory: bool = True, segment_len: int | None = None,
+                     **overrides) -> ModelConfig:
+        """The ModelConfig of ``scheme`` at this size; its length options sized to ``segment_len`` (default:
+        this config's), memory off unless ``memory``."""
+        mem_len = self.mem_len if memory else 0
+        options = sized_options(scheme, {}, segment_len or self.segment_len, mem_len)
+        kw = {**self.model, "vocab_size": self.vocab_size, "mem_len": mem_len, "posenc": scheme,
+              "posenc_kwargs": options, **overrides}
+        if not kw["mem_len"]:
+            kw["same_length"] = False
+        return ModelConfig(**kw)
