@@ -213,7 +213,8 @@ class LitLM(L.LightningModule):
         self.train_tokens += B * L_ * world
         logs = {"train/loss": loss, f"train/{self.metric}": self._figure(loss.detach())}
         answered = batch["loss_mask"] & (batch["distance"] >= 0)
-        correct = (out.logits.detach().argmax(-1) == batch["targets"]) & answered
+        # argmax only where there are answers: an adaptive softmax builds full-vocabulary scores for it
+        correct = (out.logits.detach().argmax(-1) == batch["targets"]) & answered if answered.any() else answered
         counts = torch.stack([correct.sum(), answered.sum()]).float()
         if world > 1:  # every rank must take the same decision below (a collective inside log)
             counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
@@ -252,8 +253,10 @@ class LitLM(L.LightningModule):
         stats = self._stats[split]
         stats["loss_sum"] += (out.token_loss.double() * mask).sum()
         stats["tokens"] += mask.sum()
-        predicted = out.logits.argmax(-1)
         answered = mask & (distance >= 0)
+        # argmax only when needed: an adaptive softmax builds full-vocabulary scores for it
+        needed = self.collect_token_losses or answered.any()
+        predicted = out.logits.argmax(-1) if needed else torch.full_like(targets, -1)
         bucket = (torch.bucketize(distance, self.bucket_edges, right=True) - 1).clamp(min=0)
         n = len(self.bucket_names)
         stats["answered"] += torch.bincount(bucket[answered], minlength=n)[:n].double()

@@ -8,18 +8,31 @@ Per layer n, with memory mem^{n-1} of the last M inputs that layer consumed (sto
 
 The positional scheme is chosen by name (``ModelConfig.posenc``) and acts through one interface
 (``posenc_lab.positional.PositionalScheme``). This file imports only torch and that package.
+
+The defaults are a modern variant (pre-LayerNorm, GELU, no output bias, full softmax). The published
+Transformer-XL is the same code with options (conf/model/txl_*.yaml): post-LayerNorm, ReLU, dropout
+after the feed-forward's inner activation, on the position embeddings and on the final hidden state,
+an output bias, the adaptive softmax for large vocabularies and the published same-length window.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .positional import Dims, Positions, PositionalScheme, build_scheme
+from .adaptive_softmax import AdaptiveSoftmax
+from .positional import Dims, PositionalScheme, Positions, build_scheme
+from .positional.base import PositionDropout
+
+FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+#: same_length windows: how many keys each query sees. "mem_len+1": itself and the mem_len states before
+#: it (posenc-lab's default); "mem_len": itself and mem_len - 1 before it (the published code).
+SAME_LENGTH_KEYS = ("mem_len+1", "mem_len")
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -34,12 +47,19 @@ class ModelConfig:
     d_model: int = 128
     n_head: int = 4
     d_inner: int = 512
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
+    dropout: float = 0.1  # on the input embedding, the attention output and the feed-forward output
+    attn_dropout: float = 0.0  # on the attention probabilities (the published "dropatt")
+    ff_inner_dropout: float = 0.0  # after the feed-forward's inner activation (published: = dropout)
+    pos_dropout: float = 0.0  # on a scheme's position embeddings, e.g. xl's R (published: = dropout)
+    final_dropout: float = 0.0  # on the last layer's output, before the softmax (published: = dropout)
+    ff_activation: str = "gelu"  # gelu | relu (published)
+    output_bias: bool = False  # a bias per word in the output layer (published: true)
+    adaptive_cutoffs: list[int] | None = None  # adaptive softmax cutoffs (WikiText-103: 20000 40000 200000)
     mem_len: int = 0  # M: states each layer keeps from earlier segments (0 = no recurrence)
     pre_norm: bool = True
     tie_weights: bool = True
-    same_length: bool = False  # every query sees exactly mem_len + 1 keys
+    same_length: bool = False  # every query sees the same number of keys (see same_length_keys)
+    same_length_keys: str = "mem_len+1"  # "mem_len+1" | "mem_len" (the published window, itself included)
     loss_recent_frac: float = 1.0  # train on the last fraction of the segment only (paper's half loss: 0.5)
     posenc: str = "xl"
     posenc_kwargs: dict = field(default_factory=dict)
@@ -52,13 +72,25 @@ class ModelConfig:
                 f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
                 f"pick n_head among the divisors of d_model"
             )
-        for name in ("dropout", "attn_dropout"):
+        for name in ("dropout", "attn_dropout", "ff_inner_dropout", "pos_dropout", "final_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)!r}")
         if not 0.0 < self.loss_recent_frac <= 1.0:
             raise ValueError(f"model.loss_recent_frac must be in (0, 1], got {self.loss_recent_frac!r}")
+        if self.ff_activation not in FF_ACTIVATIONS:
+            raise ValueError(f"model.ff_activation must be one of {sorted(FF_ACTIVATIONS)}, got {self.ff_activation!r}")
+        if self.same_length_keys not in SAME_LENGTH_KEYS:
+            raise ValueError(f"model.same_length_keys must be one of {list(SAME_LENGTH_KEYS)}, "
+                             f"got {self.same_length_keys!r}")
         if self.same_length and self.mem_len == 0:
-            raise ValueError("model.same_length=true needs model.mem_len >= 1 (each query sees mem_len + 1 keys)")
+            raise ValueError("model.same_length=true needs model.mem_len >= 1 (the window is mem_len keys)")
+        if self.adaptive_cutoffs is not None:
+            self.adaptive_cutoffs = list(self.adaptive_cutoffs)
+            bounds = [0, *self.adaptive_cutoffs, self.vocab_size]
+            if any(isinstance(c, bool) or not isinstance(c, int) for c in self.adaptive_cutoffs) \
+                    or any(b <= a for a, b in zip(bounds, bounds[1:])):
+                raise ValueError(f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
+                                 f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)")
         self.posenc_kwargs = dict(self.posenc_kwargs or {})
 
     @property
@@ -68,11 +100,21 @@ class ModelConfig:
 
 @dataclass
 class ModelOutput:
-    logits: Tensor  # [B, L, V]
+    hidden: Tensor  # [B, L, D] the input of the output layer
     mems: list[Tensor]  # n_layer x [B, M', D], detached
     token_loss: Tensor | None = None  # [B, L] nats
     loss: Tensor | None = None  # scalar: mean over counted tokens
     attention: list[Tensor] | None = None  # n_layer x [B, H, L, N] when asked for
+    scores: Callable[[Tensor], Tensor] | None = field(default=None, repr=False)  # hidden -> [B, L, V]
+    _logits: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def logits(self) -> Tensor:
+        """[B, L, V] scores whose argmax is the prediction: the logits of a full softmax, the
+        log-probabilities of an adaptive softmax (computed on first use: a full-vocabulary pass)."""
+        if self._logits is None:
+            self._logits = self.scores(self.hidden)
+        return self._logits
 
 
 class Block(nn.Module):
@@ -87,7 +129,8 @@ class Block(nn.Module):
         self.q_proj = nn.Linear(D, D, bias=False)
         self.kv_proj = nn.Linear(D, 2 * D, bias=False)  # fused: one matmul for k and v
         self.out_proj = nn.Linear(D, D, bias=False)
-        self.ff = nn.Sequential(nn.Linear(D, cfg.d_inner), nn.GELU(), nn.Linear(cfg.d_inner, D))
+        self.ff = nn.Sequential(nn.Linear(D, cfg.d_inner), FF_ACTIVATIONS[cfg.ff_activation](),
+                                nn.Dropout(cfg.ff_inner_dropout), nn.Linear(cfg.d_inner, D))
         self.drop = nn.Dropout(cfg.dropout)
 
     def attention(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions,
@@ -121,17 +164,25 @@ class MemoryTransformer(nn.Module):
         # Evaluation may change these two without rebuilding the model.
         self.mem_len, self.same_length = cfg.mem_len, cfg.same_length
         self.scheme = build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
+        for module in self.scheme.modules():  # the scheme's position embeddings, if it has any
+            if isinstance(module, PositionDropout):
+                module.p = cfg.pos_dropout
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.emb_scale = math.sqrt(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_out = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.final_drop = nn.Dropout(cfg.final_dropout)
+        if cfg.adaptive_cutoffs is None:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.output_bias)
+        else:
+            self.head = AdaptiveSoftmax(cfg.d_model, cfg.vocab_size, cfg.adaptive_cutoffs,
+                                        self.embedding.weight if cfg.tie_weights else None, bias=cfg.output_bias)
         self.apply(self._init_weights)
-        if cfg.tie_weights:
+        if cfg.tie_weights and cfg.adaptive_cutoffs is None:
             self.head.weight = self.embedding.weight
         for block in self.blocks:  # GPT-2: scale the residual projections by depth
-            for proj in (block.out_proj, block.ff[2]):
+            for proj in (block.out_proj, block.ff[-1]):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
     @staticmethod
@@ -153,13 +204,14 @@ class MemoryTransformer(nn.Module):
         self.scheme.validate(segment_len, mem_len, max_offset)
 
     def positions(self, L: int, M: int, offset: Tensor, device: torch.device) -> Positions:
-        """Queries at i = 0..L-1, keys at j = -M..L-1; key j visible to query i iff j <= i
-        (and, with same_length, j >= i - mem_len)."""
+        """Queries at i = 0..L-1, keys at j = -M..L-1; key j visible to query i iff j <= i and, with
+        same_length, i - j < W: W = mem_len + 1 keys ("mem_len+1") or W = mem_len ("mem_len", published)."""
         q = torch.arange(L, device=device)
         k = torch.arange(-M, L, device=device)
         visible = k[None, :] <= q[:, None]
         if self.same_length:
-            visible &= k[None, :] >= q[:, None] - self.mem_len
+            window = self.mem_len + (self.cfg.same_length_keys == "mem_len+1")
+            visible &= k[None, :] > q[:, None] - window
         return Positions(q=q, k=k, offset=offset, visible=visible)
 
     def init_mems(self) -> list[Tensor]:
@@ -189,13 +241,19 @@ class MemoryTransformer(nn.Module):
             if self.mem_len > 0:  # this layer's inputs, newest last, at most mem_len, stop-gradient
                 new_mems.append(context[:, -self.mem_len:].detach())
             h = block(h, context, self.scheme, layer, pos, attention)
-        logits = self.head(self.ln_out(h))
+        h = self.final_drop(self.ln_out(h))
 
-        out = ModelOutput(logits=logits, mems=new_mems, attention=attention)
+        adaptive = isinstance(self.head, AdaptiveSoftmax)
+        out = ModelOutput(hidden=h, mems=new_mems, attention=attention,
+                          scores=self.head.log_probs if adaptive else self.head)
         if targets is not None:
-            out.token_loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-            ).view(B, L)
+            if adaptive:  # tail words are scored only where a target lies in that tail
+                out.token_loss = self.head.token_nll(h, targets)
+            else:
+                logits = out.logits
+                out.token_loss = F.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+                ).view(B, L)
             counted = torch.ones_like(targets, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
             recent = math.ceil(self.cfg.loss_recent_frac * L)
             if recent < L:  # the paper's "half loss": only the recent part of the segment counts

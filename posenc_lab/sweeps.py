@@ -413,7 +413,9 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
 
     # model + positional scheme
     try:
-        mc = ModelConfig(**model_config(cfg, vocab_size=256))  # vocabulary size is the corpus's; any is fine here
+        # the vocabulary size is the corpus's: any is fine here that leaves room past the adaptive softmax cutoffs
+        cutoffs = get("model.adaptive_cutoffs") or [255]
+        mc = ModelConfig(**model_config(cfg, vocab_size=max(256, int(cutoffs[-1]) + 1)))
         scheme = build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs)
         episode = get("data.episode_len")
         scheme.validate(int(get("data.segment_len")), mc.mem_len, int(episode) if _is_int(episode) else 0)

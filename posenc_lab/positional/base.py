@@ -61,6 +61,14 @@ class Positions:
         return Positions(self.q + by, self.k + by, self.offset + by, self.visible)
 
 
+class PositionDropout(nn.Dropout):
+    """Dropout on a scheme's position embeddings (xl's R). Its rate is the model's ``pos_dropout``,
+    set by the model on every such module, so that each scheme gets the same option."""
+
+    def __init__(self):
+        super().__init__(0.0)
+
+
 def mask_to_bias(visible: Tensor, dtype: torch.dtype) -> Tensor:
     """[L, N] bool -> [L, N] additive mask: 0 where visible, -inf elsewhere."""
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))

@@ -11,6 +11,11 @@ W_{k,R}; learned u, v (per head) replace the query's absolute position:
 (a strided view, no copy). (a)+(c) is accumulated onto it by a second GEMM, then softmax and the
 values. SDPA cannot serve: its fused kernels give no gradient for an additive bias, and its math
 fallback costs more than these few lines. No [L, N, D] tensor of R vectors is ever built.
+
+``clamp_len``: distances past it use R_{clamp_len}; null means no clamp (the published code's
+``clamp_len <= 0``). 0 is refused: the published code reads it as "no clamp", a plain reading as
+"every distance is 0". With the model's ``pos_dropout``, R is dropped out once per segment and every
+layer sees the same dropped R, as in the published code.
 """
 
 import math
@@ -19,7 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dims, Positions, PositionalScheme, relative_shift, sinusoid_table, unshifted_mask
+from .base import (
+    Dims,
+    PositionalScheme,
+    PositionDropout,
+    Positions,
+    relative_shift,
+    sinusoid_table,
+    unshifted_mask,
+)
 from .registry import register
 
 
@@ -30,9 +43,12 @@ class XLRelative(PositionalScheme):
 
     def __init__(self, dims: Dims, *, clamp_len: int | None = None, share_uv: bool = True):
         super().__init__(dims)
-        if clamp_len is not None and (not isinstance(clamp_len, int) or clamp_len < 0):
-            raise ValueError(f"xl: clamp_len must be null or an integer >= 0, got {clamp_len!r}")
+        if clamp_len is not None and (isinstance(clamp_len, bool) or not isinstance(clamp_len, int) or clamp_len < 1):
+            hint = " (the published code's clamp_len=0 means no clamp: write null)" if clamp_len == 0 else ""
+            raise ValueError(f"xl: clamp_len must be null (no clamp) or an integer >= 1, got {clamp_len!r}{hint}")
         self.clamp_len, self.share_uv = clamp_len, share_uv
+        self.pos_drop = PositionDropout()
+        self._dropped_R: tuple[Positions, Tensor] | None = None  # (segment, its dropped R), while training
         H, d_h = dims.n_head, dims.d_head
         self.w_kr = nn.ModuleList(nn.Linear(dims.d_model, dims.d_model, bias=False) for _ in range(dims.n_layer))
         shape = (H, d_h) if share_uv else (dims.n_layer, H, d_h)
@@ -57,7 +73,12 @@ class XLRelative(PositionalScheme):
     def position_vectors(self, layer: int, pos: Positions, dtype: torch.dtype, future: int = 0) -> Tensor:
         """[H, N + future, d_h]: W_{k,R} R_d per head, for the distances of ``distances``."""
         H, d_h = self.dims.n_head, self.dims.d_head
-        R = sinusoid_table(self.distances(pos, future), self.dims.d_model).to(dtype)  # [N, D]
+        if self.training and self.pos_drop.p > 0:  # one dropout mask per segment, shared by all layers
+            if self._dropped_R is None or self._dropped_R[0] is not pos:
+                self._dropped_R = (pos, self.pos_drop(sinusoid_table(self.distances(pos, 1), self.dims.d_model)))
+            R = self._dropped_R[1][:pos.k.shape[0] + future].to(dtype)
+        else:
+            R = sinusoid_table(self.distances(pos, future), self.dims.d_model).to(dtype)  # [N, D]
         return self.w_kr[layer](R).view(-1, H, d_h).transpose(0, 1)  # W_{k,R} R
 
     def position_scores(self, layer: int, q: Tensor, pos: Positions) -> Tensor:
