@@ -31,7 +31,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from .lit import CheckpointError, load_lit, read_checkpoint
-from .model import MemoryTransformer
+from .model import MemoryTransformer, ModelConfig
+from .positional import build_scheme
 from .train import CONF_DIR, build_datamodule
 
 log = logging.getLogger("posenc_lab.evaluate")
@@ -55,7 +56,8 @@ def load_config(ckpt_path: str | os.PathLike) -> DictConfig:
 
 
 def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = None, mem_len: int | None = None,
-                        same_length: bool | None = None, split: str = "test", *, batch_size: int | None = None,
+                        same_length: bool | None = None, split: str = "test", *, same_length_keys: str | None = None,
+                        scheme_options: dict[str, Any] | None = None, batch_size: int | None = None,
                         episode_len: int | None = None, data_overrides: dict[str, Any] | None = None,
                         max_batches: int | None = None, return_token_losses: bool = False,
                         accelerator: str = "cpu", precision: str = "32-true",
@@ -63,7 +65,9 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     """Evaluate a checkpoint on one split; ``None`` keeps what the model was trained with.
 
     segment_len: L' (data.segment_len); mem_len: M' (memory kept per layer); same_length: every
-    query sees exactly M' + 1 keys; split: "val" | "test"; batch_size: parallel streams;
+    query sees the same number of keys; split: "val" | "test"; same_length_keys: "mem_len+1" | "mem_len"
+    (the published window); scheme_options: positional-scheme options to change (e.g. {"clamp_len": 400},
+    options that change no parameter); batch_size: parallel streams;
     episode_len: memory/offset reset period (longer than in training: horizon extrapolation);
     data_overrides: any other data config keys (e.g. {"root": ..., "corpus": {"path": ...}});
     max_batches: only the first N segments of every stream.
@@ -79,6 +83,13 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     if split not in ("val", "test"):
         raise ValueError(f"split must be 'val' or 'test', got {split!r}")
     ckpt = read_checkpoint(ckpt_path)
+    model_hp = ckpt["hyper_parameters"]["model"]
+    if same_length_keys is not None:
+        model_hp["same_length_keys"] = same_length_keys
+    if scheme_options:  # checked here, so that a wrong option is named as such, not as a checkpoint misfit
+        model_hp["posenc_kwargs"] = {**model_hp.get("posenc_kwargs", {}), **scheme_options}
+        cfg = ModelConfig(**model_hp)
+        build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
     lit = load_lit(ckpt_path, ckpt)
     config = OmegaConf.create(lit.hparams.config or {})
     if "data" not in config:
@@ -117,6 +128,7 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     result: dict[str, Any] = {
         "checkpoint": str(ckpt_path), "split": split, "scheme": model.cfg.posenc,
         "segment_len": int(data_cfg.segment_len), "mem_len": model.mem_len, "same_length": model.same_length,
+        "same_length_keys": model.cfg.same_length_keys, "scheme_options": dict(scheme_options or {}),
         "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size), "episode_len": data_cfg.episode_len,
         "train_steps": int(ckpt.get("global_step", 0)), "train_segment_len": int(train_data.segment_len),
         "train_mem_len": model.cfg.mem_len, "train_episode_len": train_data.episode_len,
@@ -131,7 +143,10 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
 
 
 def output_name(result: dict[str, Any]) -> str:
-    return f"{result['split']}_L{result['segment_len']}_M{result['mem_len']}" + ("_same" if result["same_length"] else "")
+    name = f"{result['split']}_L{result['segment_len']}_M{result['mem_len']}" + ("_same" if result["same_length"] else "")
+    if result["same_length"] and result.get("same_length_keys") == "mem_len":
+        name += "-published"  # the published window: mem_len keys per query, not mem_len + 1
+    return name + "".join(f"_{k}{v}" for k, v in sorted(result.get("scheme_options", {}).items()))
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
@@ -140,7 +155,9 @@ def main(cfg: DictConfig) -> None:
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if v is not None}
     result = evaluate_checkpoint(
         ckpt, segment_len=data.pop("segment_len", None), mem_len=cfg.model.mem_len, same_length=cfg.model.same_length,
-        split=cfg.split, batch_size=data.pop("batch_size", None), episode_len=data.pop("episode_len", None),
+        split=cfg.split, same_length_keys=cfg.model.same_length_keys,
+        scheme_options={k: v for k, v in OmegaConf.to_container(cfg.posenc, resolve=True).items() if v is not None},
+        batch_size=data.pop("batch_size", None), episode_len=data.pop("episode_len", None),
         data_overrides=data, max_batches=cfg.max_batches, return_token_losses=bool(cfg.dump_losses),
         accelerator=cfg.accelerator, precision=cfg.precision, progress_bar=bool(cfg.progress_bar))
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.resolve().parent.parent / "eval"

@@ -121,6 +121,8 @@ def test_every_option_trains_a_few_steps(group, option, tmp_path, fake_corpora, 
     if group == "model" and option not in ("tiny",):
         overrides.append("model.mem_len=16")  # tiny() sets it for the tiny model; keep the others' sizes
         overrides = [o for o in overrides if o != "model=tiny"]
+    if compose_config("train", [f"{group}={option}"]).model.adaptive_cutoffs:  # cutoffs inside the small vocabularies
+        overrides.append("model.adaptive_cutoffs=[4,10]")
     if group == "logger" and option == "wandb":
         monkeypatch.setenv("WANDB_MODE", "offline")
         monkeypatch.setenv("WANDB_DIR", str(tmp_path))
