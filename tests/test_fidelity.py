@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from posenc_lab.adaptive_softmax import AdaptiveSoftmax
 from posenc_lab.model import MemoryTransformer, ModelConfig
-from posenc_lab.positional import SCHEME_NAMES, sinusoid_table
+from posenc_lab.positional import SCHEME_NAMES, sinusoid_table, sized_options
 from posenc_lab.positional.base import PositionDropout
 from posenc_lab.train import model_config
 from tests.helpers_train import compose_config
@@ -31,6 +31,7 @@ def _seed():
 def build(posenc: str = "xl", randomize: bool = True, **cfg) -> MemoryTransformer:
     cfg = {"vocab_size": V, "n_layer": 2, "d_model": 16, "n_head": 2, "d_inner": 24, "mem_len": 4, "posenc": posenc,
            **cfg}
+    cfg["posenc_kwargs"] = sized_options(posenc, cfg.get("posenc_kwargs", {}), 16, cfg["mem_len"])  # learned's table
     model = MemoryTransformer(ModelConfig(**cfg))
     if randomize:  # u, v, biases and LayerNorms start at 0 / 1: make every term count
         with torch.no_grad():
@@ -298,6 +299,16 @@ def test_enwik8_base_has_the_published_count_and_26676_more_at_byte_level():
     assert preset_model("txl_enwik8_base", 256).num_params() == 41_055_436 + 52 * (512 + 1) == 41_082_112
 
 
+def test_bench_sizes_the_txl_presets_as_published():
+    """`posenc-lab bench --configs txl_wt103_base,txl_enwik8_base`: the word preset at WikiText-103's vocabulary."""
+    from posenc_lab.bench import BenchConfig
+
+    with torch.device("meta"):
+        sizes = {name: MemoryTransformer(BenchConfig.preset(name).model_config("xl")).num_params()
+                 for name in ("txl_wt103_base", "txl_enwik8_base")}
+    assert sizes == {"txl_wt103_base": 151_107_538, "txl_enwik8_base": 41_082_112}
+
+
 # --------------------------------------------------------------------------------------------
 # Every scheme keeps every option
 # --------------------------------------------------------------------------------------------
@@ -305,8 +316,7 @@ def test_enwik8_base_has_the_published_count_and_26676_more_at_byte_level():
 
 @pytest.mark.parametrize("name", SCHEME_NAMES)
 def test_every_scheme_takes_the_published_options(name):
-    kwargs = {"learned": {"max_positions": 64}}.get(name, {})
-    model = build(name, **PUBLISHED, adaptive_cutoffs=[8, 20], same_length=True, posenc_kwargs=kwargs)
+    model = build(name, **PUBLISHED, adaptive_cutoffs=[8, 20], same_length=True)
     x, y = torch.randint(V, (B, 6)), torch.randint(V, (B, 6))
     out = model.train()(x, y, mems=model(x).mems, offset=6)
     out.loss.backward()

@@ -17,6 +17,10 @@ from ..positional import sized_options
 
 CONF_MODEL = Path(__file__).resolve().parents[2] / "conf" / "model"
 TOKENS_PER_STEP = 2048
+BYTE_VOCAB_SIZE = 256
+# A preset with an adaptive softmax (txl_wt103_base) is sized with the vocabulary its cutoffs were made for:
+# WikiText-103's 267,735 words (then the xl model has the published 151,107,538 parameters).
+ADAPTIVE_VOCAB_SIZE = 267_735
 PRECISIONS = ("fp32", "bf16-mixed")
 
 
@@ -33,7 +37,7 @@ class BenchConfig:
     model: dict = field(hash=False)
     segment_len: int
     batch_size: int
-    vocab_size: int = 256
+    vocab_size: int = BYTE_VOCAB_SIZE
 
     @property
     def mem_len(self) -> int:
@@ -41,14 +45,17 @@ class BenchConfig:
 
     @classmethod
     def preset(cls, name: str, segment_len: int | None = None, batch_size: int | None = None,
-               vocab_size: int = 256, **model_overrides) -> "BenchConfig":
-        """conf/model/``name``.yaml with ``model_overrides`` (e.g. n_layer=2); lengths as in the module doc."""
+               vocab_size: int | None = None, **model_overrides) -> "BenchConfig":
+        """conf/model/``name``.yaml with ``model_overrides`` (e.g. n_layer=2); lengths as in the module doc.
+        vocab_size: None is bytes (256), or WikiText-103's 267,735 words for a preset with an adaptive softmax."""
         presets = model_presets()
         if name not in presets:
             raise ValueError(f"unknown model preset {name!r}; valid (conf/model/): {', '.join(presets)}")
         model = {**OmegaConf.to_container(OmegaConf.load(CONF_MODEL / f"{name}.yaml"), resolve=True),
                  **model_overrides}
         L = int(segment_len or model.get("mem_len") or 128)
+        if vocab_size is None:
+            vocab_size = ADAPTIVE_VOCAB_SIZE if model.get("adaptive_cutoffs") else BYTE_VOCAB_SIZE
         return cls(name, model, L, int(batch_size or max(1, TOKENS_PER_STEP // L)), vocab_size)
 
     def model_config(self, scheme: str, memory: bool = True, segment_len: int | None = None,

@@ -21,7 +21,7 @@ def model_flops_per_token(model: ModelConfig | MemoryTransformer, segment_len: i
       output projection       2 L D D
       feed-forward            2 L D F  x 2
       the scheme's own        scheme.extra_flops(L, M, batch_size)  (e.g. xl's position projection)
-    output head                2 L D V
+    output head                2 L D V        (an adaptive softmax costs less: a tail only for its tokens)
     Embedding lookups, layer norms, softmax and element-wise work are not counted.
     Training = 3 x forward (the backward pass costs two matmuls per forward matmul).
     """
