@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
+import re
+import shutil
 import time
+import zipfile
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,8 +34,10 @@ from typing import Any, Sequence
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
+from .errors import PosencLabError
 from .model import MemoryTransformer, ModelConfig
 
 SPLITS = ("train", "val", "test")
@@ -54,21 +60,58 @@ def bucket_labels(edges: Sequence[int]) -> list[str]:
     return [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(PosencLabError, FloatingPointError):
     """The training loss became NaN or infinite; raised before the optimizer step."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(PosencLabError, ValueError):
     """A checkpoint cannot be read or does not fit; the message names the file and what is wrong."""
 
 
+# Checkpoints carry data, never code: they are read with torch.load(weights_only=True), whose
+# unpickler builds only tensors, dicts (also OrderedDict), lists, tuples, sets, numbers, strings
+# and None. That is all a posenc-lab checkpoint holds (Lightning's entries included; the
+# hyper-parameters are plain containers, see train.build_lit), so nothing more is allowed here.
+# A file that needs any other global (a class, a function) is refused before it is unpickled.
+CHECKPOINT_SAFE_GLOBALS: list = []
+
+# A checkpoint is called good only if (1) when saved, every weight, optimizer moment and memory
+# state was finite and no weight or memory value beyond these magnitudes (trained weights are O(1),
+# the residual stream O(10-100); a diverging run reaches 1e6 and more), and (2) the training step
+# right after it, from exactly its weights and memory, gave a finite loss of at most SANE_LOSS_RATIO
+# times the loss of a uniform guess, ln(vocab_size) (a model far worse than guessing is broken).
+SANE_WEIGHT_ABS = 1e4
+SANE_MEMORY_ABS = 1e6
+SANE_LOSS_RATIO = 2.0
+
+
+def _refused(path: Path, detail: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is refused: it holds {detail}, which a posenc-lab checkpoint never does "
+        f"(checkpoints carry tensors and plain data only). Nothing in it was run. Use a checkpoint written "
+        f"by `posenc-lab train`.")
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a posenc-lab training checkpoint on the CPU, or raise CheckpointError naming the file."""
+    """Load a posenc-lab training checkpoint on the CPU, as data only, or raise CheckpointError
+    naming the file (missing, unreadable, not a posenc-lab checkpoint, or needing code to load)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: no such file")
+    if zipfile.is_zipfile(path):  # torch.save's format: list what it would import, without unpickling
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001 - a damaged archive: torch.load below names the problem
+            unsafe = []
+        allowed = {f"{g.__module__}.{g.__qualname__}" for g in CHECKPOINT_SAFE_GLOBALS}
+        if set(unsafe) - allowed:
+            raise _refused(path, f"code references ({', '.join(sorted(set(unsafe) - allowed))})")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # the weights-only unpickler met something that is not data
+        found = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(e))
+        raise _refused(path, found.group(0) if found else "objects other than tensors and plain data") from None
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged file
         raise CheckpointError(f"checkpoint {path} cannot be read (corrupt or not a checkpoint): "
                               f"{type(e).__name__}: {e}") from e
@@ -79,16 +122,103 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return ckpt
 
 
-def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = None) -> "LitLM":
+def checkpoint_health(state_dict: dict[str, Tensor], mems: Sequence[Tensor],
+                      optimizer_states: Sequence[dict] = ()) -> dict[str, Any]:
+    """{"ok", "max_abs_weight", "max_abs_memory", "finite"}: ok iff all finite and within SANE_*_ABS."""
+    def max_abs(tensors) -> float:
+        values = [t.detach().abs().max().item() for t in tensors if t.is_floating_point() and t.numel()]
+        return max(values, default=0.0)
+
+    moments = [v for s in optimizer_states for p in s.get("state", {}).values() for v in p.values()
+               if isinstance(v, Tensor)]
+    w, m, o = max_abs(state_dict.values()), max_abs(mems), max_abs(moments)
+    finite = all(math.isfinite(x) for x in (w, m, o))
+    return {"ok": finite and w <= SANE_WEIGHT_ABS and m <= SANE_MEMORY_ABS, "finite": finite,
+            "max_abs_weight": w, "max_abs_memory": m}
+
+
+GOOD_CHECKPOINTS = ("good.ckpt", "good.prev.ckpt")  # the newest two good ones, newest first
+_CANDIDATE = ".candidate.ckpt"  # the newest healthy checkpoint, until the next step confirms it
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Atomically make ``dst`` a hard link to ``src`` (a copy where hard links do not exist)."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+class Checkpointing(ModelCheckpoint):
+    """Lightning's ModelCheckpoint that also keeps the newest two good checkpoints (see SANE_*) as
+    good.ckpt and good.prev.ckpt: hard links, so no copy while the file they were saved as lives.
+    A divergence that spans several checkpoints still leaves a good one, whatever was overwritten."""
+
+    _candidate_step: int | None = None
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        health = getattr(trainer.lightning_module, "saved_health", None)
+        if trainer.is_global_zero and health and health["ok"] and Path(filepath).is_file():
+            _link(Path(filepath), Path(filepath).parent / _CANDIDATE)
+            self._candidate_step = trainer.global_step
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: "LitLM") -> None:
+        super().on_train_start(trainer, pl_module)
+        # The checkpoint this fit resumed from is a candidate too (a new run directory may have no other).
+        health = getattr(pl_module, "loaded_health", None)
+        if trainer.is_global_zero and trainer.ckpt_path and health and health["ok"]:
+            Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+            _link(Path(trainer.ckpt_path), Path(self.dirpath) / _CANDIDATE)
+            self._candidate_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: "LitLM", outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # trainer.global_step already counts this step's update: the loss came from step global_step - 1
+        if self._candidate_step is not None and self._candidate_step == trainer.global_step - 1:
+            loss = float(outputs["loss"]) if isinstance(outputs, dict) else float("nan")
+            candidate = Path(self.dirpath) / _CANDIDATE
+            if loss <= SANE_LOSS_RATIO * math.log(pl_module.model.cfg.vocab_size) and candidate.is_file():
+                good, prev = (candidate.parent / name for name in GOOD_CHECKPOINTS)
+                if good.exists():
+                    os.replace(good, prev)
+                os.replace(candidate, good)
+            self._candidate_step = None
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+def good_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The newest good checkpoint kept in ``directory`` (``Checkpointing``), or None."""
+    for name in GOOD_CHECKPOINTS:
+        try:
+            read_checkpoint(Path(directory) / name)
+            return Path(directory) / name
+        except CheckpointError:
+            continue
+    return None
+
+
+def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = None,
+             posenc_overrides: dict[str, Any] | None = None) -> "LitLM":
     """The LitLM of a training checkpoint (weights and hyper-parameters), on the CPU, in eval mode.
-    ``checkpoint``: the file's contents if already read (``read_checkpoint``)."""
+    ``checkpoint``: the file's contents if already read (``read_checkpoint``); ``posenc_overrides``:
+    scheme options that change no parameter (e.g. the learned table's ``overflow``)."""
     ckpt = read_checkpoint(ckpt_path) if checkpoint is None else checkpoint
     try:
-        lit = LitLM(**ckpt["hyper_parameters"])
+        hparams = dict(ckpt["hyper_parameters"])
+        if posenc_overrides:
+            model = dict(hparams["model"])
+            model["posenc_kwargs"] = {**model.get("posenc_kwargs", {}), **posenc_overrides}
+            hparams["model"] = model
+        lit = LitLM(**hparams)
         lit.load_state_dict(ckpt["state_dict"])
         lit.on_load_checkpoint(ckpt)
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {ckpt_path} does not fit this version of posenc-lab: "
+        raise CheckpointError(f"checkpoint {ckpt_path} does not fit this version of posenc-lab"
+                              f"{' with ' + repr(posenc_overrides) if posenc_overrides else ''}: "
                               f"{type(e).__name__}: {e}") from e
     return lit.eval()
 
@@ -122,6 +252,7 @@ class LitLM(L.LightningModule):
         self.token_losses: dict[str, dict[str, np.ndarray]] = {}
         self._collected: list[dict[str, Tensor]] = []
         self._t_last: float | None = None
+        self._wall_offset = 0.0  # fit seconds before this invocation (from the checkpoint)
 
     # ---- checks before any step ------------------------------------------------------------
 
@@ -203,11 +334,7 @@ class LitLM(L.LightningModule):
         if world > 1:
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
         if not finite:
-            ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
-            raise NonFiniteLossError(
-                f"non-finite training loss ({loss.item()}) at step {self.global_step} (batch index {batch_idx}); "
-                f"stopped before the update. Last good checkpoint: {ckpt}. Try a lower optim.lr, longer "
-                f"optim.warmup_steps or trainer.gradient_clip_val.")
+            raise NonFiniteLossError(self._non_finite_message(loss, batch_idx))
 
         B, L_ = batch["tokens"].shape
         self.train_tokens += B * L_ * world
@@ -342,13 +469,25 @@ class LitLM(L.LightningModule):
             return t
         return self.all_gather(t).flatten(0, 1)
 
+    def on_fit_start(self) -> None:
+        self._fit_t0 = time.perf_counter()
+
+    def wall_time_s(self) -> float:
+        """Seconds spent in fit, summed over the invocations that led to this state (the part of an
+        interrupted invocation after its last checkpoint is not counted: that work was redone)."""
+        t0 = getattr(self, "_fit_t0", None)
+        return self._wall_offset + (time.perf_counter() - t0 if t0 is not None else 0.0)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         mems = self._mems["train"] or []
         if self._pending_train_mems is not None:  # saved again before training resumed
             mems_global = self._pending_train_mems
         else:
             mems_global = [self._global_streams(m.contiguous()).cpu() for m in mems]
-        checkpoint["posenc_lab"] = {"version": 1, "train_mems": mems_global, "train_tokens": self.train_tokens}
+        health = checkpoint_health(checkpoint["state_dict"], mems_global, checkpoint.get("optimizer_states", ()))
+        checkpoint["posenc_lab"] = {"version": 1, "train_mems": mems_global, "train_tokens": self.train_tokens,
+                                    "wall_time_s": self.wall_time_s(), "health": health}
+        self.saved_health = health
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("posenc_lab")
@@ -356,3 +495,33 @@ class LitLM(L.LightningModule):
             raise ValueError("not a posenc-lab training checkpoint (no 'posenc_lab' entry)")
         self._pending_train_mems = list(state["train_mems"]) or None
         self.train_tokens = int(state["train_tokens"])
+        self._wall_offset = float(state.get("wall_time_s", 0.0))
+        self.loaded_health = state.get("health")
+        if self._trainer is not None and checkpoint.get("hyper_parameters", {}).get("optim") != self.hparams.optim:
+            self._use_current_optim_settings(checkpoint)
+
+    def _use_current_optim_settings(self, checkpoint: dict[str, Any]) -> None:
+        """Resuming with other optimizer settings (e.g. a lower lr after a divergence) must train with
+        them: Lightning restores the saved lr, betas, ... into the optimizer and scheduler after this hook."""
+        o = self.optim
+        lr, factor = float(o["lr"]), 1.0
+        for sched in checkpoint.get("lr_schedulers", []):
+            total = o.get("total_steps") or self.trainer.max_steps
+            factor = warmup_cosine(int(sched.get("last_epoch", 0)), int(o["warmup_steps"]), int(total),
+                                   float(o["min_lr_ratio"]))
+            sched["base_lrs"] = [lr] * len(sched.get("base_lrs", []))
+            sched["_last_lr"] = [lr * factor] * len(sched.get("base_lrs", []))
+        for state in checkpoint.get("optimizer_states", []):
+            for i, group in enumerate(state.get("param_groups", [])):
+                group.update(lr=lr * factor, initial_lr=lr, betas=tuple(o["betas"]), eps=float(o["eps"]),
+                             weight_decay=float(o["weight_decay"]) if i == 0 else 0.0)  # see configure_optimizers
+
+    def _non_finite_message(self, loss: Tensor, batch_idx: int) -> str:
+        directory = getattr(self.trainer.checkpoint_callback, "dirpath", None)
+        good = good_checkpoint(directory) if directory else None
+        where = (f"Last good checkpoint: {good} (see SANE_* in posenc_lab/lit.py); continue from it in a new run "
+                 f"directory with a lower learning rate: resume={good} run_dir=NEW_DIR optim.lr=LOWER" if good else
+                 "No good checkpoint was saved before it (lower checkpoint_every to keep more)")
+        return (f"non-finite training loss ({loss.item()}) at step {self.global_step} (batch index {batch_idx}); "
+                f"stopped before the update. {where}. Try a lower optim.lr, longer optim.warmup_steps or "
+                f"trainer.gradient_clip_val.")

@@ -2,35 +2,46 @@
 
 ``posenc-lab train ...`` runs the same thing. The run directory (Hydra's, or ``run_dir=...``) gets:
 
-    .hydra/            Hydra's composed config, overrides
+    run.json           the run's identity (see rundir.py): a run directory holds one run
+    .hydra/            Hydra's composed config, overrides (written once the checks have passed)
     config.yaml        the resolved config of this run
     metrics.csv        metric log (logger=csv; hparams.yaml next to it)
-    checkpoints/       last.ckpt (+ periodic ones with callbacks.checkpoint.save_top_k=-1)
+    checkpoints/       last.ckpt; good.ckpt, good.prev.ckpt: the newest two good ones (lit.Checkpointing)
+                       (+ periodic ones with callbacks.checkpoint.save_top_k=-1)
     results.json       final validation and test figures (see ``train``)
 
-Rerunning with the same run directory resumes from its last.ckpt (``resume=auto``).
+Rerunning with the same run directory resumes from its last.ckpt (``resume=auto``) if the run is
+the same (rundir.py); a longer ``trainer.max_steps`` extends it. Every config value, the data, the
+run directory and the checkpoint are checked before anything is written; a second process
+writing the same run directory is refused (``.lock``). In a sweep (``-m``) every job gets its own
+run directory: ``run_dir/<job number>_<scheme>_<data>`` (hydra.sweep.subdir).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
-
-import warnings
 
 import hydra
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from .checks import check_train_config
 from .datamodule import SegmentDataModule
-from .lit import CheckpointError, LitLM, read_checkpoint
+from .errors import ConfigError, reported
+from .io import write_json, write_text
+from .lit import CHECKPOINT_SAFE_GLOBALS, CheckpointError, LitLM, read_checkpoint
 from .positional import sized_options
+from .rundir import RunDirError, RunLock, check_run_dir, corpus_identity, newest_checkpoint, run_identity, \
+    write_record
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
@@ -62,8 +73,19 @@ def build_lit(cfg: DictConfig, datamodule: SegmentDataModule) -> LitLM:
                  config=OmegaConf.to_container(cfg, resolve=True))
 
 
-def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentDataModule) -> None:
-    """Raise CheckpointError if the checkpoint at ``path`` cannot continue this run."""
+def check_splits(datamodule: SegmentDataModule) -> None:
+    """Raise ConfigError naming the split that cannot be cut into the configured streams."""
+    for split in ("train", "val", "test"):
+        try:
+            datamodule.make_stream(split)
+        except ValueError as e:
+            sizes = "data.batch_size" if split == "train" else "data.eval_batch_size (or data.batch_size)"
+            raise ConfigError(f"the {split} split of data.name={datamodule.name} is too short for these streams: {e}. "
+                              f"Lower {sizes} or data.segment_len, or use a larger corpus") from e
+
+
+def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentDataModule) -> int:
+    """The global step of the checkpoint at ``path``; CheckpointError if it cannot continue this run."""
     ckpt = read_checkpoint(path)
     saved, now = dict(ckpt["hyper_parameters"]["model"]), lit.hparams.model
     # Dropout may change on resume; everything else shapes the parameters or their meaning.
@@ -79,15 +101,57 @@ def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentData
             stream.load_state_dict(data_state)
         except ValueError as e:
             raise CheckpointError(f"checkpoint {path} was trained on other data settings: {e}") from e
+    return int(ckpt.get("global_step", 0))
 
 
-def _resume_path(cfg: DictConfig, run_dir: Path) -> Path | None:
+def _resume_path(cfg: DictConfig, run_dir: Path, record: dict | None) -> Path | None:
     if cfg.resume in (None, False, "none", "never"):
+        existing = newest_checkpoint(run_dir) if record is not None else None
+        if existing is not None:
+            raise RunDirError(f"resume=null would start run_dir {run_dir} over and overwrite its checkpoints "
+                              f"({existing}); use resume=auto to continue it, or another run_dir")
         return None
     if cfg.resume == "auto":
-        last = run_dir / "checkpoints" / "last.ckpt"
-        return last if last.is_file() else None
+        return newest_checkpoint(run_dir)
     return Path(str(cfg.resume))
+
+
+def _run_dir(cfg: DictConfig) -> Path:
+    """run_dir; unset: Hydra's output directory (without Hydra: a fresh runs/ folder). In a sweep
+    always the job's own output directory (under run_dir when set, see hydra.sweep in train.yaml)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if _in_multirun():
+        return Path(HydraConfig.get().runtime.output_dir).resolve()
+    run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
+    if run_dir is None:
+        run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else \
+            f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
+    return Path(run_dir).resolve()
+
+
+def _keep_old_log(run_dir: Path, step: int) -> None:
+    """CSVLogger would delete the log of an interrupted part: keep it under another name."""
+    log_file = run_dir / "metrics.csv"
+    if log_file.exists():
+        target, n = run_dir / f"metrics.until_step{step}.csv", 1
+        while target.exists():
+            target, n = run_dir / f"metrics.until_step{step}.{n}.csv", n + 1
+        log_file.rename(target)
+
+
+def _write_run_start(cfg: DictConfig, composed: DictConfig, run_dir: Path) -> None:
+    """config.yaml, and .hydra/ as Hydra would write it (train.yaml sets hydra.output_subdir: null so
+    that Hydra writes nothing into the run directory before the checks have passed)."""
+    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        hydra_dir = run_dir / ".hydra"
+        write_text(hydra_dir / "config.yaml", OmegaConf.to_yaml(composed))
+        write_text(hydra_dir / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hc})))
+        write_text(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(hc.overrides.task))
 
 
 _DDP_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -100,15 +164,15 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def _prepare_ddp_relaunch() -> None:
+def _prepare_ddp_relaunch(run_dir: Path) -> None:
     """Lightning's DDP launcher re-runs ``sys.argv`` for ranks > 0 with hydra.run.dir set to Hydra's
     run dir. Inside a multirun job that would start the whole sweep again in every rank: hand it this
-    job's own overrides and output directory instead."""
+    job's own overrides and run directory instead."""
     from hydra.core.hydra_config import HydraConfig
 
     if _in_multirun():
         hc = HydraConfig.get()
-        sys.argv = [sys.argv[0], *hc.overrides.task]
+        sys.argv = [sys.argv[0], *[o for o in hc.overrides.task if not o.startswith("run_dir=")], f"run_dir={run_dir}"]
         with read_write(hc), open_dict(hc):
             hc.run.dir = hc.runtime.output_dir
 
@@ -127,48 +191,48 @@ def _end_local_ddp(env_before: set[str]) -> None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train as configured, evaluate on val and test, write results.json; return the results."""
-    # run_dir unset: Hydra's output directory; without Hydra (compose API) a fresh runs/ folder.
-    run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
-    if run_dir is None:
-        from hydra.core.hydra_config import HydraConfig
-
-        run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else \
-            f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
-    run_dir = Path(run_dir).resolve()
+    composed = cfg.copy()  # as Hydra composed it, for .hydra/config.yaml
+    run_dir = _run_dir(cfg)
     with open_dict(cfg):
         cfg.run_dir = str(run_dir)
-    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
-    # Everything that can be checked is checked before the trainer starts (and before DDP launches).
+    # Everything that can be checked is checked before anything is written (and before DDP launches).
+    check_train_config(cfg)
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
+    check_splits(datamodule)
     lit = build_lit(cfg, datamodule)
     lit.check_data(datamodule, ("train", "val"))
-    resume = _resume_path(cfg, run_dir)
-    if resume is not None:
-        check_resumable(resume, lit, datamodule)
+    identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
+    record = check_run_dir(run_dir, identity)
+    resume = _resume_path(cfg, run_dir, record)
+    resume_step = check_resumable(resume, lit, datamodule) if resume is not None else 0
+    if resume_step > cfg.trainer.max_steps:
+        raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps} is below the step of {resume} ({resume_step}): "
+                          f"a run is extended, never shortened; set trainer.max_steps >= {resume_step}")
 
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") and "_target_" in cfg.logger else False
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()
                  if c is not None and "_target_" in c]
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks,
                                                  default_root_dir=str(run_dir))
-    if trainer.max_steps is None or trainer.max_steps < 1:
-        raise ValueError("set trainer.max_steps: training is step-based (the train stream is infinite)")
-    if trainer.is_global_zero:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        log.info("run dir %s; %s; %.2fM parameters%s", run_dir, lit.model.cfg.posenc, lit.model.num_params() / 1e6,
-                 f"; resuming from {resume}" if resume else "")
-        if resume is not None and (run_dir / "metrics.csv").exists():
-            # CSVLogger would delete the log of the interrupted part: keep it under another name.
-            step = int(read_checkpoint(resume)["global_step"])
-            (run_dir / "metrics.csv").rename(run_dir / f"metrics.until_step{step}.csv")
-    _prepare_ddp_relaunch()
-    env_before = {k for k in _DDP_ENV if k in os.environ}
+    with RunLock(run_dir) if trainer.is_global_zero else contextlib.nullcontext():
+        if trainer.is_global_zero:
+            record = check_run_dir(run_dir, identity)  # again under the lock: another process may have begun
+            write_record(run_dir, identity, record)
+            _write_run_start(cfg, composed, run_dir)
+            _keep_old_log(run_dir, resume_step)
+            log.info("run dir %s; %s; %.2fM parameters%s", run_dir, lit.model.cfg.posenc,
+                     lit.model.num_params() / 1e6, f"; resuming from {resume}" if resume else "")
+        return _fit_and_evaluate(cfg, trainer, lit, datamodule, run_dir, resume)
 
-    start = time.perf_counter()
-    trainer.fit(lit, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
-    wall = time.perf_counter() - start
+
+def _fit_and_evaluate(cfg: DictConfig, trainer: L.Trainer, lit: LitLM, datamodule: SegmentDataModule, run_dir: Path,
+                      resume: Path | None) -> dict[str, Any]:
+    _prepare_ddp_relaunch(run_dir)
+    env_before = {k for k in _DDP_ENV if k in os.environ}
+    with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):  # checkpoints carry data only (lit.py)
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
 
     # last.ckpt must hold the final state even when max_steps is not a multiple of checkpoint_every.
     ckpt_dir = run_dir / "checkpoints"
@@ -180,7 +244,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     results: dict[str, Any] = {
         "scheme": lit.model.cfg.posenc, "posenc": OmegaConf.to_container(cfg.posenc, resolve=True),
         "data": cfg.data.name, "unit": datamodule.unit, "metric": lit.metric, "seed": int(cfg.seed),
-        "steps": trainer.global_step, "tokens": lit.train_tokens, "wall_time_s": wall,
+        "steps": trainer.global_step, "tokens": lit.train_tokens, "wall_time_s": lit.wall_time_s(),
         "params": lit.model.num_params(), "segment_len": cfg.data.segment_len, "batch_size": cfg.data.batch_size,
         "episode_len": cfg.data.episode_len, "mem_len": lit.model.cfg.mem_len,
         "n_layer": lit.model.cfg.n_layer, "d_model": lit.model.cfg.d_model, "n_head": lit.model.cfg.n_head,
@@ -195,7 +259,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if _in_multirun() and trainer.world_size > 1:
         _end_local_ddp(env_before)
     if trainer.is_global_zero:
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        write_json(run_dir / "results.json", results)
         summary = {k: results[k] for k in ("val", "test") if results.get(k)}
         log.info("results (%s): %s", run_dir / "results.json", json.dumps(summary))
     return results
@@ -203,7 +267,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> None:
-    train(cfg)
+    with reported("train"):
+        train(cfg)
 
 
 if __name__ == "__main__":

@@ -133,11 +133,11 @@ class _Poison(L.Callback):
 def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, cache):
     cfg = compose_config("train", tiny(tmp_path / "run", cache, "checkpoint_every=2",
                                        "+callbacks.poison._target_=tests.test_lit._Poison", steps=6))
-    with pytest.raises(NonFiniteLossError, match=r"at step 3 \(batch index 3\).*last\.ckpt"):
+    with pytest.raises(NonFiniteLossError, match=r"at step 3 \(batch index 3\).*good\.ckpt"):
         train(cfg)
-    last = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
-    assert last["global_step"] == 2
-    assert all(torch.isfinite(v).all() for v in last["state_dict"].values() if v.is_floating_point())
+    good = read_checkpoint(tmp_path / "run" / "checkpoints" / "good.ckpt")
+    assert good["global_step"] == 2
+    assert all(torch.isfinite(v).all() for v in good["state_dict"].values() if v.is_floating_point())
 
 
 def test_bad_inputs_fail_before_training(tmp_path, cache):
