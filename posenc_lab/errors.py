@@ -12,8 +12,8 @@ import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -51,7 +51,7 @@ def reported(command: str) -> Iterator[None]:
     """Run a command's body; turn a deliberate error into one line on stderr and exit status 1."""
     try:
         yield
-    except Exception as e:  # noqa: BLE001 - only deliberate errors are caught, the rest re-raised
+    except Exception as e:
         if not deliberate(e) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"posenc-lab {command}: error: {e}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr)

@@ -101,7 +101,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if zipfile.is_zipfile(path):  # torch.save's format: list what it would import, without unpickling
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:  # noqa: BLE001 - a damaged archive: torch.load below names the problem
+        except Exception:
             unsafe = []
         allowed = {f"{g.__module__}.{g.__qualname__}" for g in CHECKPOINT_SAFE_GLOBALS}
         if set(unsafe) - allowed:
@@ -112,7 +112,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     except pickle.UnpicklingError as e:  # the weights-only unpickler met something that is not data
         found = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(e))
         raise _refused(path, found.group(0) if found else "objects other than tensors and plain data") from None
-    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged file
+    except Exception as e:
         raise CheckpointError(f"checkpoint {path} cannot be read (corrupt or not a checkpoint): "
                               f"{type(e).__name__}: {e}") from e
     missing = [k for k in ("state_dict", "hyper_parameters", "posenc_lab") if k not in ckpt] \
@@ -166,7 +166,7 @@ class Checkpointing(ModelCheckpoint):
             _link(Path(filepath), Path(filepath).parent / _CANDIDATE)
             self._candidate_step = trainer.global_step
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: "LitLM") -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: LitLM) -> None:
         super().on_train_start(trainer, pl_module)
         # The checkpoint this fit resumed from is a candidate too (a new run directory may have no other).
         health = getattr(pl_module, "loaded_health", None)
@@ -175,7 +175,7 @@ class Checkpointing(ModelCheckpoint):
             _link(Path(trainer.ckpt_path), Path(self.dirpath) / _CANDIDATE)
             self._candidate_step = trainer.global_step
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: "LitLM", outputs: Any, batch: Any,
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: LitLM, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         # trainer.global_step already counts this step's update: the loss came from step global_step - 1
         if self._candidate_step is not None and self._candidate_step == trainer.global_step - 1:
@@ -202,7 +202,7 @@ def good_checkpoint(directory: str | os.PathLike) -> Path | None:
 
 
 def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = None,
-             posenc_overrides: dict[str, Any] | None = None) -> "LitLM":
+             posenc_overrides: dict[str, Any] | None = None) -> LitLM:
     """The LitLM of a training checkpoint (weights and hyper-parameters), on the CPU, in eval mode.
     ``checkpoint``: the file's contents if already read (``read_checkpoint``); ``posenc_overrides``:
     scheme options that change no parameter (e.g. the learned table's ``overflow``)."""

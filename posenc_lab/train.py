@@ -40,8 +40,7 @@ from .errors import ConfigError, reported
 from .io import write_json, write_text
 from .lit import CHECKPOINT_SAFE_GLOBALS, CheckpointError, LitLM, read_checkpoint
 from .positional import sized_options
-from .rundir import RunDirError, RunLock, check_run_dir, corpus_identity, newest_checkpoint, run_identity, \
-    write_record
+from .rundir import RunDirError, RunLock, check_run_dir, corpus_identity, newest_checkpoint, run_identity, write_record
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
