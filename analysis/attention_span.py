@@ -20,6 +20,8 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from posenc_lab.tables import write_csv
+
 from . import plots
 from .runs import Run, RunError, find_runs, add_threads_argument, apply_threads
 
@@ -98,15 +100,56 @@ def analyze(runs: list[Run], out: Path, settings: AttentionSettings | None = Non
     summary = heads.groupby(keys, sort=False).agg(
         mean_distance=("mean_distance", "mean"), max_head_distance=("mean_distance", "max"),
         memory_share=("memory_share", "mean"), beyond_L_share=("beyond_L_share", "mean")).reset_index()
-    mass.to_csv(out / "attention_mass.csv", index=False)
-    heads.to_csv(out / "attention_heads.csv", index=False)
-    summary.to_csv(out / "attention_summary.csv", index=False)
+    write_csv(mass, out / "attention_mass.csv")
+    write_csv(heads, out / "attention_heads.csv")
+    write_csv(summary, out / "attention_summary.csv")
     res = AttentionResult(mass, heads, summary)
     for loss in dict.fromkeys(mass["loss"]):
         part = mass[mass["loss"] == loss]
         name = "attention_heatmap.png" if loss == "full" else f"attention_heatmap_{loss.replace(' ', '_')}.png"
         res.figures[loss] = plots.attention_heatmaps(part, out / name)
     return res
+
+
+def section(res: AttentionResult, s: AttentionSettings, suffix: str = ""):
+    """The report's attention-span section (descriptive: no paper finding rests on it)."""
+    from .sections import Figure, Section, Table
+
+    text = (f"Attention probabilities of {s.n_segments} segments x {s.n_rows} streams after the memory is full, as "
+            f"trained; mass by distance d = i - j averaged over queries (memory keys included). `memory_share`: mass "
+            f"on memory keys; `beyond_L_share`: mass at d >= L. Per head and per distance: "
+            f"`attention/attention_heads.csv`, `attention/attention_mass.csv`.")
+    t = Table(f"table_attention{suffix}", res.summary, "attention span per run (mean over layers and heads)",
+              {"mean_distance": 2, "max_head_distance": 2, "memory_share": 4, "beyond_L_share": 4})
+    figs = [Figure(path, f"attention mass by layer/head and distance ({loss} loss runs)")
+            for loss, path in res.figures.items()]
+    return Section(f"Attention spans{' (' + suffix.strip('_') + ')' if suffix else ''}", text, [t], figs,
+                   findings(res.summary))
+
+
+def _who(row) -> str:
+    return f"{row['scheme']} (memory {row['recurrence']}, {row['loss']} loss)"
+
+
+def findings(s: pd.DataFrame) -> list[str]:
+    lines = []
+    if s.empty:
+        return lines
+    far = s.loc[s["mean_distance"].idxmax()]
+    near = s.loc[s["mean_distance"].idxmin()]
+    lines.append(f"Mean attended distance (over layers and heads): longest {far['mean_distance']:.1f} tokens for "
+                 f"{_who(far)}, shortest {near['mean_distance']:.1f} for {_who(near)}.")
+    mem = s[s["recurrence"] == "on"]
+    if len(mem):
+        top = mem.loc[mem["memory_share"].idxmax()]
+        low = mem.loc[mem["memory_share"].idxmin()]
+        lines.append(f"Share of attention on the memory: highest {top['memory_share']:.1%} ({_who(top)}), lowest "
+                     f"{low['memory_share']:.1%} ({_who(low)}).")
+        beyond = mem.sort_values("beyond_L_share", ascending=False)
+        lines.append("Mass at distances >= L (beyond one segment), runs with memory: " + ", ".join(
+            f"{r['scheme']}{'' if r['loss'] == 'full' else ' (' + r['loss'] + ')'} {r['beyond_L_share']:.1%}"
+            for _, r in beyond.iterrows()) + ".")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

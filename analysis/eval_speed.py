@@ -24,6 +24,8 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from posenc_lab.tables import write_csv
+
 from . import plots
 from .runs import add_threads_argument, apply_threads
 
@@ -98,8 +100,32 @@ def analyze(model, attn_lens: Sequence[int], out: Path, segment_len: int, batch:
     df["speedup"] = df["attn_len"].map(wide["memory"] / wide["sliding window"])
     df["scheme"] = model.cfg.posenc
     df["threads"] = torch.get_num_threads()
-    df.to_csv(out / "eval_speed.csv", index=False)
+    write_csv(df, out / "eval_speed.csv")
     return df, {"eval_speed": plots.eval_speed(df, out / "eval_speed.png")}
+
+
+def section(df: pd.DataFrame, figures: dict[str, Path], label: str, segment_len: int, batch: int,
+            paper_speed: str = ""):
+    """The report's evaluation-speed section (timings: no interval; the machine is named in the report)."""
+    from .sections import Figure, Section, Table
+
+    text = (f"Model of {label}; {batch} parallel streams, segment L = {segment_len} for memory reuse, "
+            f"{int(df['threads'].iloc[0])} CPU thread(s). Memory reuse: memory M' = A with the same-length mask; "
+            f"sliding window: a fresh forward pass over the A previous tokens for every predicted token. Both give "
+            f"every token exactly A tokens of context.")
+    t = Table("table_eval_speed", df[["attn_len", "method", "tokens_per_s", "ms_per_token", "speedup"]],
+              "evaluation tokens/s and the speed-up of memory reuse",
+              {"tokens_per_s": 1, "ms_per_token": 4, "speedup": 1})
+    mem = df[df["method"] == "memory"].sort_values("attn_len")
+    lines = []
+    if len(mem):
+        parts = ", ".join(f"{r['speedup']:.0f}x at {int(r['attn_len'])}" for _, r in mem.iterrows())
+        ref = f" (paper, GPU: {paper_speed})" if paper_speed else ""
+        lines.append(f"Memory reuse against a recomputed sliding window: {parts}{ref}."
+                     + (" The speed-up grows with the attention length, since a window costs a forward pass of A + 1 "
+                        "tokens per predicted token." if mem["speedup"].is_monotonic_increasing else ""))
+    return Section("Evaluation speed", text, [t], [Figure(figures["eval_speed"],
+                                                          "evaluation speed, memory reuse vs sliding window")], lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,12 +139,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--segment-len", type=int, default=64)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--min-seconds", type=float, default=0.5)
-    p.add_argument("--posenc", default="xl")
+    p.add_argument("--posenc", default=None, help="scheme of the fresh model (default: the paper's XL encoding, "
+                                                  "conf/paper.yaml)")
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-head", type=int, default=4)
     add_threads_argument(p)
     a = p.parse_args(argv)
+    if a.posenc is None:
+        from .ablation_table import paper
+
+        a.posenc = paper()["proposed"]
     apply_threads(a.threads)
     if a.run:
         from .runs import load_run

@@ -28,6 +28,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from posenc_lab.tables import write_csv
+
 from . import plots
 from .runs import Run, RunError, find_runs, add_threads_argument, apply_threads
 
@@ -55,7 +57,7 @@ def _row(run: Run, axis: str, length: int, factor: float, loss: float | None = N
             "status": "ok" if loss is not None else NA_STATUS, "reason": reason, **extra}
 
 
-def segment_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
+def segment_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None) -> list[dict]:
     from posenc_lab.context import stream_losses, stream_rows
 
     L = run.segment_len
@@ -76,7 +78,14 @@ def segment_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
             out.append(_row(run, "segment", Lp, Lp / L, reason=str(e)))
             continue
         out.append(_row(run, "segment", Lp, Lp / L, _scored_mean(res.loss.numpy(), mask)))
+        _keep(tokens, run, "segment", Lp, res.loss.numpy(), mask)
     return out
+
+
+def _keep(tokens: dict | None, run: Run, axis: str, length: int, loss: np.ndarray, mask: np.ndarray | None) -> None:
+    """Keep the per-token losses [n_rows, n] (and the tokens that count) for the intervals."""
+    if tokens is not None:
+        tokens[(run.name, axis, int(length))] = (loss, mask)
 
 
 def _scored_mean(loss: np.ndarray, mask: np.ndarray | None) -> float:
@@ -84,7 +93,7 @@ def _scored_mean(loss: np.ndarray, mask: np.ndarray | None) -> float:
     return float(loss[mask].mean() if mask is not None else loss.mean())
 
 
-def memory_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
+def memory_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None) -> list[dict]:
     from posenc_lab.context import context_losses, stream_rows
 
     L = run.segment_len
@@ -105,10 +114,11 @@ def memory_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
             out.append(_row(run, "memory", Mp, Mp / M_ref, reason=str(e)))
             continue
         out.append(_row(run, "memory", Mp, Mp / M_ref, _scored_mean(res.loss.numpy(), mask)))
+        _keep(tokens, run, "memory", Mp, res.loss.numpy(), mask)
     return out
 
 
-def horizon_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
+def horizon_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None) -> list[dict]:
     """Loss by stream offset over streams of H tokens, never reset, and the difference to the same
     tokens evaluated as trained (memory and offset reset every training episode T): ``delta_nats``
     isolates what running past the training horizon does (0 inside the first episode by
@@ -132,6 +142,8 @@ def horizon_axis(run: Run, s: ExtrapolationSettings) -> list[dict]:
             if "loss_mask" in side else np.ones_like(loss, dtype=bool))
     width = max(1, H // s.horizon_bins)
     offsets = long.offset.numpy()
+    if T:  # past the training episodes: the per-token change against resets every T
+        _keep(tokens, run, "horizon_past", T, delta, mask & (offsets >= T))
     out = []
     for lo in range(0, H, width):
         sel = mask & (offsets >= lo) & (offsets < lo + width)
@@ -146,6 +158,8 @@ class ExtrapolationResult:
     table: pd.DataFrame
     summary: pd.DataFrame
     figures: dict[str, Path] = field(default_factory=dict)
+    # (run, axis, length) -> (per-token losses [n_rows, n] nats, tokens that count or None)
+    tokens: dict = field(default_factory=dict)
 
 
 def summarize(table: pd.DataFrame, unit_scale: float) -> pd.DataFrame:
@@ -188,10 +202,10 @@ def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None =
     recurrence; compare corpora in separate calls for a clean picture)."""
     s = settings or ExtrapolationSettings()
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, tokens = [], {}
     for i, run in enumerate(runs, 1):
         log(f"  extrapolation [{i}/{len(runs)}] {run.label}")
-        rows += segment_axis(run, s) + memory_axis(run, s) + horizon_axis(run, s)
+        rows += segment_axis(run, s, tokens) + memory_axis(run, s, tokens) + horizon_axis(run, s, tokens)
     table = pd.DataFrame(rows)
     from .runs import metric_of
 
@@ -200,10 +214,10 @@ def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None =
     table["metric"] = table["loss_nats"] * scale
     if "delta_nats" in table:
         table["delta_metric"] = table["delta_nats"] * scale
-    table.to_csv(out / "extrapolation.csv", index=False)
+    write_csv(table, out / "extrapolation.csv")
     summary = summarize(table, scale)
-    summary.to_csv(out / "extrapolation_summary.csv", index=False)
-    res = ExtrapolationResult(table, summary)
+    write_csv(summary, out / "extrapolation_summary.csv")
+    res = ExtrapolationResult(table, summary, tokens=tokens)
     L = runs[0].segment_len
     ok = table[table["status"] == "ok"]
     na = table[table["status"] == NA_STATUS]
@@ -228,6 +242,119 @@ def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None =
         ylabel=f"{'change in ' if has_ref else ''}{name}",
         vlines={"train episode T": Ts[0]} if len(Ts) == 1 else None, col="recurrence")
     return res
+
+
+# ---- the report's section ----------------------------------------------------------------------
+
+def _sums(res: ExtrapolationResult, group: list[Run], axis: str, length: int, block: int):
+    """([n_seeds, n_blocks] block sums, [n_blocks] counts) of the runs of one cell, or None."""
+    from .stats import block_sums
+
+    parts = [res.tokens.get((r.name, axis, int(length))) for r in group]
+    if any(p is None for p in parts):
+        return None
+    sums = [block_sums(loss, mask, block) for loss, mask in parts]
+    return np.stack([x for x, _ in sums]), sums[0][1]
+
+
+def _contrast(res, group, axis, la, lb, boot_settings, scale):
+    """Interval of (loss at length la) - (at lb) over the same runs (or of the mean at la if lb is None)."""
+    from .stats import Bootstrap
+
+    block, n_boot, level = boot_settings
+    a = _sums(res, group, axis, la, block)
+    b = _sums(res, group, axis, lb, block) if lb is not None else None
+    if a is None or (lb is not None and b is None):
+        return None
+    keep = a[1] > 0
+    boot = Bootstrap(int(keep.sum()), n_boot, level)
+    if b is None:
+        return boot.mean(a[0][:, keep], a[1][keep]).scaled(scale)
+    return boot.diff(a[0][:, keep], b[0][:, keep], a[1][keep], same_runs=True).scaled(scale)
+
+
+def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings, boot_settings: tuple[int, int, float],
+            suffix: str = "", smoke: bool = False, expected_past_episodes: str | None = None):
+    """The report's extrapolation section: the summary table, and per cell the change at the longest
+    applicable length of each window axis and past the training episodes, each with its interval
+    (paired block bootstrap over the same runs; boot_settings = (block, n_boot, level))."""
+    from .runs import cells, figure_name, metric_of
+    from .sections import Figure, Section, Table
+    from .stats import sign_text, verdict
+
+    unit = runs[0].unit
+    fig = figure_name(unit)
+    _, scale = metric_of(unit)
+    text = (f"Window axis: evaluation segment length L' = {', '.join(str(f) + 'L' for f in s.segment_factors)} without "
+            f"memory, and attention length M' = {', '.join(str(f) + 'M' for f in s.memory_factors)} with memory and "
+            f"the same-length mask (M = L for runs trained without memory). Horizon axis: every run as trained over "
+            f"streams of {s.horizon_factor} x the training episode length T, never reset; loss by stream offset, and "
+            f"`horizon_past_delta`: past T, the loss minus that of the same tokens evaluated with resets every T "
+            f"as in training (so the text's own difficulty cancels). Intervals: {boot_settings[2]:.0%}, paired block "
+            f"bootstrap over the same tokens (and the cell's seeds). Full table (tidy, one row per run, axis and "
+            f"length, with the reason where not applicable): `extrapolation/extrapolation.csv`.")
+    summ = res.summary.copy()
+    cols = [c for c in ["scheme", "recurrence", "mem_len", "loss", "segment_at_1x", "segment_longest",
+                        "segment_at_longest", "segment_na_from", "memory_at_1x", "memory_longest",
+                        "memory_at_longest", "horizon_T", "horizon_inside", "horizon_past",
+                        "horizon_past_delta", "run"] if c in summ]
+    summ = summ[cols]
+    for c in ("segment_longest", "segment_na_from", "memory_longest", "horizon_T"):
+        if c in summ:
+            summ[c] = summ[c].astype("Int64")
+    lines = []
+    ok = res.table[res.table["status"] == "ok"]
+    for axis, unit_name in (("segment", "L'"), ("memory", "M'")):
+        parts = []
+        for cell, group in cells(runs).items():
+            a = ok[(ok["axis"] == axis) & ok["run"].isin([r.name for r in group])]
+            if a.empty:
+                continue
+            base = a[a["factor"] == 1.0]["length"]
+            longest = int(a.groupby("run")["length"].max().min())
+            if base.empty or longest == int(base.iloc[0]):
+                continue
+            iv = _contrast(res, group, axis, longest, int(base.iloc[0]), boot_settings, scale)
+            if iv is not None:
+                word = {"higher": "degrades", "lower": "improves"}.get(sign_text(iv), sign_text(iv))
+                parts.append(f"{cell} {iv.text(3)} at {unit_name} = {longest} ({word})")
+        if parts:
+            what = "Longer segments without memory" if axis == "segment" else "Longer memory M' (same-length mask)"
+            lines.append(f"{what}, loss at the longest applicable length minus at the training length ({fig}): "
+                         + "; ".join(parts) + ".")
+    na = res.table[res.table["status"] == NA_STATUS]
+    for key, g in na.groupby(["run", "axis"], sort=False):
+        lines.append(f"Not applicable: {key[0]}, {key[1]} axis at lengths {', '.join(map(str, g['length'].tolist()))}: "
+                     f"{g['reason'].iloc[0]}")
+    parts = []
+    for cell, group in cells(runs).items():
+        T = group[0].episode_len
+        if T:
+            iv = _contrast(res, group, "horizon_past", T, None, boot_settings, scale)
+            if iv is not None:
+                parts.append((group[0].scheme, cell, iv))
+    if parts:
+        lines.append("Past the training episodes (offset >= T), loss minus the same tokens evaluated with resets "
+                     f"every T as in training ({fig}): " + "; ".join(f"{c} {iv.text(3)} ({sign_text(iv)})"
+                                                                      for _, c, iv in parts) + ".")
+        mine = [iv for sch, _, iv in parts if sch == expected_past_episodes]
+        if mine:
+            v = "not judged (smoke run)" if smoke else verdict(mine[0], ">0")
+            lines.append(f"Expected: \"{expected_past_episodes} degrades past its training episodes\" (offsets it "
+                         f"never saw): **{v}**.")
+    tables = [Table(f"table_extrapolation{suffix}", summ,
+                    f"extrapolation summary ({fig}): at the training length (1x), at the longest applicable length, "
+                    f"first length not applicable, and the horizon inside vs past the training episodes",
+                    {c: 4 for c in summ.columns})]
+    na_t = na[["scheme", "recurrence", "mem_len", "loss", "axis", "length", "reason", "run"]]
+    if len(na_t):
+        tables.append(Table(f"table_not_applicable{suffix}", na_t.reset_index(drop=True),
+                            "evaluations a scheme cannot serve, with its reason"))
+    figures = [Figure(res.figures["segment"],
+                      f"window axis, segment length L' without memory ({fig}; gaps = not applicable, see the table)"),
+               Figure(res.figures["memory"], f"window axis, attention length M' with memory ({fig})"),
+               Figure(res.figures["horizon"], f"horizon axis, loss by stream offset ({fig})")]
+    return Section(f"Extrapolation{' (' + suffix.strip('_') + ')' if suffix else ''}", text, tables, figures, lines)
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -14,10 +14,18 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from .runs import SCHEME_ORDER, metric_of  # noqa: E402
+from posenc_lab.io import write_with  # noqa: E402
 
+from .runs import metric_of, scheme_order  # noqa: E402
+
+SCHEME_ORDER = scheme_order()
 _PALETTE = dict(zip(SCHEME_ORDER, sns.color_palette("tab10", len(SCHEME_ORDER))))
 sns.set_theme(style="whitegrid", context="notebook", font_scale=0.95)
+
+
+def _save(fig, path: Path) -> None:
+    """Save atomically (a half-written PNG is never left under the final name)."""
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix[1:] or "png"))
 
 
 def palette(schemes) -> dict:
@@ -58,7 +66,7 @@ def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str
         fig, ax = plt.subplots(figsize=(6, 3))
         ax.text(0.5, 0.5, "no applicable evaluations", ha="center", va="center")
         ax.set_axis_off()
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        _save(fig, path)
         plt.close(fig)
         return path
     schemes = _ordered(d["scheme"], SCHEME_ORDER)
@@ -92,7 +100,7 @@ def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str
         g.set_titles(col_template="memory {col_name}" if col == "recurrence" else "{col_var} = {col_name}")
     g.set_axis_labels(xlabel, ylabel or name)
     g.figure.suptitle(title, y=1.03 + 0.06 * title.count("\n"))
-    g.savefig(path, dpi=110, bbox_inches="tight")
+    _save(g, path)
     plt.close(g.figure)
     return path
 
@@ -116,7 +124,7 @@ def recall_accuracy(df: pd.DataFrame, path: Path) -> Path:
     g.set_titles(col_template="memory {col_name}")
     g.set_axis_labels("distance of the planted value (tokens)", "answer accuracy")
     g.figure.suptitle("Recall probe: accuracy by distance", y=1.03)
-    g.savefig(path, dpi=110, bbox_inches="tight")
+    _save(g, path)
     plt.close(g.figure)
     return path
 
@@ -169,7 +177,7 @@ def attention_heatmaps(mass: pd.DataFrame, path: Path, max_columns: int = 48) ->
     fig.tight_layout()
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention mass per key")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -202,6 +210,6 @@ def eval_speed(df: pd.DataFrame, path: Path) -> Path:
     a2.set_ylabel("speed-up of memory reuse")
     fig.suptitle("Evaluation speed: memory reuse vs recomputing a sliding window")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _save(fig, path)
     plt.close(fig)
     return path

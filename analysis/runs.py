@@ -11,16 +11,35 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import yaml
 
-MISSION_SCHEMES = ("sinusoid", "learned", "global_sinusoid", "shaw", "xl")
-# Row order of every table: the mission schemes first (absolute, then relative), then the rest.
-SCHEME_ORDER = MISSION_SCHEMES + ("nope", "rope", "alibi", "t5")
+KIND_ORDER = ("absolute", "relative", "none")
+
+
+def scheme_rank(scheme: str) -> tuple:
+    """Row order of every table: by kind (absolute, relative, none: the registry's class attribute),
+    then by name; a scheme the registry does not know goes last."""
+    from posenc_lab.positional import SCHEMES
+
+    cls = SCHEMES.get(scheme)
+    kind = getattr(cls, "kind", None)
+    return (KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER), scheme)
+
+
+def scheme_order() -> list[str]:
+    """Every registered scheme in table order."""
+    from posenc_lab.positional import SCHEME_NAMES
+
+    return sorted(SCHEME_NAMES, key=scheme_rank)
+
+
+def cell_name(scheme: str, mem_len: int, loss: str) -> str:
+    """The name of a cell of the grid (the runs equal but for their seed)."""
+    return f"{scheme}, mem {mem_len}, {loss} loss"
 
 
 class RunError(ValueError):
@@ -81,9 +100,20 @@ class Run:
         return None if T is None else int(T)
 
     @property
+    def seed(self) -> int | None:
+        seed = self.config.get("seed")
+        return None if seed is None else int(seed)
+
+    @property
     def label(self) -> str:
-        """e.g. 'xl, mem 64, full loss' (unique within an ablation)."""
-        return f"{self.scheme}, mem {self.mem_len}, {self.loss} loss"
+        """e.g. 'xl, mem 64, full loss, seed 0' (unique within an ablation)."""
+        return f"{self.scheme}, mem {self.mem_len}, {self.loss} loss" + (
+            "" if self.seed is None else f", seed {self.seed}")
+
+    @property
+    def cell(self) -> str:
+        """The runs that differ only in ``seed`` share a cell: e.g. 'xl, mem 64, full loss'."""
+        return cell_name(self.scheme, self.mem_len, self.loss)
 
     @property
     def key(self) -> dict[str, Any]:
@@ -165,7 +195,16 @@ def load_run(path: str | Path, need_checkpoint: bool = True) -> Run:
     for key in ("posenc", "model", "data"):
         if not isinstance(config.get(key), dict):
             raise RunError(f"run {path}: config.yaml has no '{key}' section; is it a posenc-lab training run?")
-    results = json.loads((path / "results.json").read_text()) if (path / "results.json").is_file() else None
+    results = None
+    if (path / "results.json").is_file():
+        from posenc_lab.io import CorruptFileError, read_json
+
+        try:
+            results = read_json(path / "results.json", remedy=(
+                f"delete it (and {path / 'checkpoints'} if the run should train again) and rerun: "
+                f"the run resumes from its last checkpoint and rewrites it"))
+        except CorruptFileError as e:
+            raise RunError(str(e)) from e
     run = Run(path, config, results)
     if need_checkpoint:
         run.checkpoint  # noqa: B018 - raises RunError naming the run if it is missing
@@ -197,10 +236,26 @@ def find_runs(paths: Iterable[str | Path], need_checkpoint: bool = True) -> list
 
 def sort_runs(runs: list[Run]) -> list[Run]:
     def order(r: Run):
-        s = SCHEME_ORDER.index(r.scheme) if r.scheme in SCHEME_ORDER else len(SCHEME_ORDER)
-        return (r.corpus_name, s, r.scheme, not r.recurrence, -r.loss_frac, r.mem_len, r.name)
+        return (r.corpus_name, scheme_rank(r.scheme), not r.recurrence, -r.loss_frac, r.mem_len,
+                -1 if r.seed is None else r.seed, r.name)
 
     return sorted(runs, key=order)
+
+
+def cells(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs grouped by cell (equal but for the seed), in table order; refuses two runs of one
+    cell with the same seed (the same experiment twice: which one would count?)."""
+    several = len({r.corpus_key for r in runs}) > 1
+    out: dict[str, list[Run]] = {}
+    for r in sort_runs(runs):  # several corpora: the cell's name starts with its corpus
+        out.setdefault(f"{r.corpus_name}: {r.cell}" if several else r.cell, []).append(r)
+    for cell, group in out.items():
+        seeds = [r.seed for r in group]
+        if len(set(seeds)) < len(seeds):
+            raise RunError(f"cell {cell!r} holds runs with the same seed: "
+                           + ", ".join(f"{r.path} (seed {r.seed})" for r in group)
+                           + "; analyse one of each (remove or move the duplicate)")
+    return out
 
 
 def one_corpus(runs: list[Run], what: str) -> str:

@@ -29,6 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+# The resolution of a mean of float32 losses (nats): an interval inside +-EPS is "identical" (e.g.
+# an absolute scheme given more memory it cannot tell apart), not a difference. Not a threshold of
+# importance: it only keeps rounding from deciding a sign.
+EPS = 1e-5
 
 
 def block_sums(loss: np.ndarray, mask: np.ndarray | None, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +156,7 @@ def verdict(iv: Interval, predicted: str) -> str:
     """Read a finding from the interval of a difference whose predicted sign is "<0" or ">0"."""
     if predicted not in ("<0", ">0"):
         raise ValueError(f"predicted must be '<0' or '>0', got {predicted!r}")
-    if not np.isfinite(iv.estimate):
+    if not np.isfinite(iv.estimate) or identical(iv):
         return INCONCLUSIVE
     below, above = iv.hi < 0, iv.lo > 0
     if (below and predicted == "<0") or (above and predicted == ">0"):
@@ -162,10 +166,18 @@ def verdict(iv: Interval, predicted: str) -> str:
     return INCONCLUSIVE
 
 
+def identical(iv: Interval) -> bool:
+    """The interval lies within float32 rounding of zero (``EPS`` in the interval's own units; the
+    report scales nats to bits, which only loosens it by 1.44)."""
+    return max(abs(iv.lo), abs(iv.hi)) < EPS
+
+
 def sign_text(iv: Interval) -> str:
     """'lower' / 'higher' / 'not distinguishable' from the interval of a difference a - b."""
     if not np.isfinite(iv.estimate):
         return "not evaluated"
+    if identical(iv):
+        return "identical up to rounding"
     return "lower" if iv.hi < 0 else "higher" if iv.lo > 0 else "not distinguishable"
 
 

@@ -205,8 +205,8 @@ def test_each_script_runs_on_its_own(tiny, tmp_path):
     assert (tmp_path / "recl" / "recl.csv").is_file() and len(list((tmp_path / "recl" / "context_losses").glob("*.npz"))) == 2
     assert effective_context.main(["--from-dumps", str(tmp_path / "recl" / "context_losses"),
                                    "--out", str(tmp_path / "recl2")]) == 0
-    a = pd.read_csv(tmp_path / "recl" / "recl.csv").sort_values(["run", "r"])
-    b = pd.read_csv(tmp_path / "recl2" / "recl.csv").sort_values(["model", "r"])
+    a = pd.read_csv(tmp_path / "recl" / "recl.csv").sort_values(["cell", "r"])
+    b = pd.read_csv(tmp_path / "recl2" / "recl.csv").sort_values(["cell", "r"])
     assert a["recl"].tolist() == b["recl"].tolist() and a["limited"].tolist() == b["limited"].tolist()
     assert attention_span.main([*runs, "--out", str(tmp_path / "att"), "--n-rows", "1", "--n-segments", "1"]) == 0
     assert (tmp_path / "att" / "attention_heatmap.png").is_file()

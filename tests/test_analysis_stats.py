@@ -115,3 +115,13 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="predicted"):
         verdict(Interval(0.1, 0.0, 0.2, 0.95), "less")
     assert np.isnan(Bootstrap(4).diff(np.array([1.0, np.nan, 1, 1]), np.ones(4), np.ones(4)).estimate)
+
+
+def test_rounding_is_not_a_difference():
+    """Two evaluations equal up to float32 rounding (an absolute scheme given a memory it cannot
+    tell apart): 'identical', never 'reproduced' or 'contradicted'."""
+    from analysis.stats import sign_text
+
+    iv = Interval(3e-7, 1e-7, 6e-7, 0.95)
+    assert sign_text(iv) == "identical up to rounding"
+    assert verdict(iv, ">0") == verdict(iv, "<0") == INCONCLUSIVE
