@@ -46,7 +46,8 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
         assert run.posenc.name == spec.scheme and run.model.mem_len == spec.mem_len
         assert run.model.loss_recent_frac == spec.loss_frac
         # the run's scheme is built with its options sized to the run, and serves the training lengths
-        mc = ModelConfig(**model_config(run, vocab_size=256))
+        cutoffs = run.model.get("adaptive_cutoffs")  # wt103_table6: WikiText-103's 267,735 words
+        mc = ModelConfig(**model_config(run, vocab_size=267_735 if cutoffs else 256))
         build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs).validate(run.data.segment_len, mc.mem_len,
                                                                       run.data.episode_len or 0)
 
