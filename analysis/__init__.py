@@ -1,7 +1,9 @@
 """Analysis scripts of posenc-lab (RECL, extrapolation, attention spans, eval speed, report, ablate).
 
 They use posenc_lab's public functions and run directories; posenc_lab never imports analysis.
-Importing posenc_lab first sets OMP_WAIT_POLICY before torch loads (see posenc_lab/__init__.py).
 """
 
-import posenc_lab  # noqa: F401
+from posenc_lab import prefer_passive_openmp
+
+# Every module here is a script (python -m ...), and this runs before any of them imports torch.
+prefer_passive_openmp()

@@ -32,7 +32,9 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+from posenc_lab import config_dir
+
+CONF_DIR = config_dir()
 # Keys that decide what a run is: a finished run is reused only if these match.
 IDENTITY = ("posenc", "model", "data", "optim", "seed")
 

@@ -15,6 +15,8 @@ import sys
 from importlib.metadata import entry_points
 from typing import Callable, Sequence
 
+from . import prefer_passive_openmp
+
 ENTRY_POINT_GROUP = "posenc_lab.commands"
 
 # name -> (module run with `python -m` / imported, one-line help)
@@ -55,6 +57,7 @@ def _run_hydra_app(module: str, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prefer_passive_openmp()  # before any command imports torch; train/eval inherit it through exec
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())

@@ -37,7 +37,9 @@ from typing import Any, Sequence
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from . import config_dir
+
+CONF_DIR = Path(config_dir())
 CONFIG_NAME = "train"
 ENTRY_MODULE = "posenc_lab.train"
 

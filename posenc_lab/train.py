@@ -34,6 +34,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from . import config_dir
 from .checks import check_train_config
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, reported
@@ -45,7 +46,7 @@ from .rundir import RunDirError, RunLock, check_run_dir, corpus_identity, newest
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
 warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = config_dir()
 
 
 # ---- building blocks (also used by evaluate.py and the tests) -----------------------------------

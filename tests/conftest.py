@@ -1,5 +1,7 @@
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +10,16 @@ import pytest
 # slow every small op down several-fold on a loaded machine. The training subprocesses the tests start
 # inherit it. posenc-lab's CLI sets the same (posenc_lab/cli.py); importing posenc_lab does not.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# analysis/ installs as the package posenc_lab_analysis (setup.py). The tests import it by that name from
+# this checkout, whatever is installed: a bare checkout has no such name, and an editable install may
+# point at another checkout (a git worktree).
+_ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
+_spec = importlib.util.spec_from_file_location(
+    "posenc_lab_analysis", _ANALYSIS / "__init__.py", submodule_search_locations=[str(_ANALYSIS)]
+)
+sys.modules["posenc_lab_analysis"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["posenc_lab_analysis"])
 
 
 def pytest_configure(config):

@@ -169,7 +169,7 @@ def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
 
     pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     value = pyproject["project"]["entry-points"][cli.ENTRY_POINT_GROUP]["ablate"]
-    assert value == "analysis.ablate:main"
+    assert value == "posenc_lab_analysis.ablate:main"
     ep = EntryPoint(name="ablate", value=value, group=cli.ENTRY_POINT_GROUP)
     monkeypatch.setattr(cli, "entry_points", lambda group: [ep] if group == cli.ENTRY_POINT_GROUP else [])
     assert cli.main(["ablate", "--plan", "experiment=quick", f"ablate.out={tmp_path}"]) == 0

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from .. import config_dir
 from ..model import ModelConfig
 from ..positional import sized_options
 
-CONF_MODEL = Path(__file__).resolve().parents[2] / "conf" / "model"
+CONF_MODEL = Path(config_dir()) / "model"
 TOKENS_PER_STEP = 2048
 BYTE_VOCAB_SIZE = 256
 # A preset with an adaptive softmax (txl_wt103_base) is sized with the vocabulary its cutoffs were made for:

@@ -1,0 +1,197 @@
+"""Installs that work anywhere. `import posenc_lab` changes nothing in the process (the command line sets
+OMP_WAIT_POLICY); a wheel (`pip install .`, not editable) in a fresh virtual environment carries the
+configs inside the package and the analysis code as `posenc_lab_analysis`, and `posenc-lab train`, `eval`
+and `ablate` run from an unrelated directory with no checkout in sight."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import posenc_lab
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "posenc_lab", "conf", "analysis")  # what a wheel needs
+TINY = [
+    "model=tiny",
+    "data=recall",
+    "data.corpus.train_tokens=20000",
+    "data.corpus.eval_tokens=3000",
+    "data.corpus.max_distance=40",
+    "data.segment_len=16",
+    "data.batch_size=4",
+    "model.mem_len=16",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=1000",
+    "trainer.limit_val_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_progress_bar=false",
+    "final_eval.limit_batches=2",
+]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without this checkout on the path and without OMP_WAIT_POLICY (conftest sets it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_WAIT_POLICY")}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def python(code: str, **env: str) -> str:
+    """Run `python -c code` with the checkout importable; its stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(PYTHONPATH=str(REPO), **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_importing_the_packages_changes_no_environment_variable():
+    changed = python(
+        "import os; before = dict(os.environ)\n"
+        "import posenc_lab, posenc_lab.cli\n"
+        "print(sorted(set(os.environ.items()) ^ set(before.items())))"
+    )
+    assert changed.strip() == "[]"
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_command_line_asks_for_passive_openmp_threads_unless_told_otherwise(preset, expected):
+    code = (
+        "import contextlib, io, os, posenc_lab.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()): posenc_lab.cli.main(['--help'])\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    assert python(code, **({"OMP_WAIT_POLICY": preset} if preset else {})).strip() == expected
+
+
+def test_config_dir_of_a_checkout_is_the_top_level_conf():
+    assert Path(posenc_lab.config_dir()) == REPO / "conf"
+
+
+# ---- the wheel, in a virtual environment of its own ----
+
+
+def run(cmd: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        list(map(str, cmd)), cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(bin directory of a venv holding only the wheel of this checkout, an unrelated working directory).
+
+    The sources are copied first so that the build writes nothing into the checkout. The dependencies
+    come from the running environment through a .pth file (no download); `--ignore-installed` keeps pip
+    from touching that environment's own (editable) posenc-lab.
+    """
+    root = tmp_path_factory.mktemp("install")
+    src, venv, work = root / "src", root / "venv", root / "work"
+    src.mkdir()
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(REPO / name, src / name)
+    run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=root)
+    venv_site = run(
+        [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root
+    ).stdout.strip()
+    Path(venv_site, "_posenc_lab_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            venv / "bin" / "python",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--ignore-installed",
+            "--no-index",
+            "--quiet",
+            src,
+        ],
+        cwd=root,
+    )
+    shutil.rmtree(src)  # nothing may read the sources after the install
+    work.mkdir()
+    return venv / "bin", work
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_two_packages_and_the_configs(installed):
+    bin_dir, work = installed
+    code = (
+        "import importlib.metadata as m, importlib.util, posenc_lab\n"
+        "files = m.distribution('posenc-lab').files\n"
+        "print(sorted({f.parts[0] for f in files if f.parts[0] != '..' and '.dist-info' not in f.parts[0]}))\n"
+        "print(posenc_lab.config_dir())\n"
+        "print(importlib.util.find_spec('analysis'))"
+    )
+    top_level, conf, analysis = run([bin_dir / "python", "-c", code], cwd=work).stdout.splitlines()
+    assert top_level == "['posenc_lab', 'posenc_lab_analysis']"
+    assert Path(conf).is_relative_to(bin_dir.parent) and Path(conf, "hydra", "launcher", "slurm.yaml").is_file()
+    assert analysis == "None"  # the generic name stays free
+
+
+@pytest.mark.slow
+def test_train_eval_and_ablate_run_from_an_unrelated_directory(installed, tmp_path):
+    bin_dir, work = installed
+    cli = bin_dir / "posenc-lab"
+    run([cli, "train", f"run_dir={tmp_path / 'run'}", f"data.root={tmp_path / 'cache'}", *TINY], cwd=work)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["steps"] == 2
+    hydra_cfg = (tmp_path / "run" / ".hydra" / "hydra.yaml").read_text()
+    assert str(bin_dir.parent) in hydra_cfg and str(REPO) not in hydra_cfg  # composed from the installed conf
+
+    run(
+        [
+            cli,
+            "eval",
+            f"ckpt={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
+            "max_batches=2",
+            f"out_dir={tmp_path / 'eval'}",
+            "progress_bar=false",
+        ],
+        cwd=work,
+    )
+    assert list((tmp_path / "eval").glob("*.json"))
+
+    assert "posenc-lab ablate" in run([cli, "ablate", "--help"], cwd=work).stdout
+    out = tmp_path / "ablate"
+    run(
+        [
+            cli,
+            "ablate",
+            "experiment=tiny",
+            "ablate.schemes=[xl]",
+            "ablate.recurrence=[true]",
+            "ablate.half_loss.schemes=[]",
+            "ablate.recall.schemes=[]",
+            "trainer.max_steps=2",
+            "data.corpus.max_bytes=100000",
+            f"ablate.out={out}",
+            f"data.root={tmp_path / 'cache'}",
+        ],
+        cwd=work,
+    )
+    with open(out / "report" / "table_ablation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 1 and (out / "report" / "report.md").is_file()
+    assert not any(work.iterdir())  # every output went where it was told
