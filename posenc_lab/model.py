@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from .adaptive_softmax import AdaptiveSoftmax
 from .positional import Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
+from .positional.fused import IMPLS
 
 FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 #: same_length windows: how many keys each query sees. "mem_len+1": itself and the mem_len states before
@@ -63,6 +64,7 @@ class ModelConfig:
     loss_recent_frac: float = 1.0  # train on the last fraction of the segment only (paper's half loss: 0.5)
     posenc: str = "xl"
     posenc_kwargs: dict = field(default_factory=dict)
+    attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
 
     def __post_init__(self) -> None:
         for name, minimum in [("vocab_size", 2), ("n_layer", 1), ("d_model", 1), ("n_head", 1), ("d_inner", 1), ("mem_len", 0)]:
@@ -92,6 +94,8 @@ class ModelConfig:
                 raise ValueError(f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
                                  f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)")
         self.posenc_kwargs = dict(self.posenc_kwargs or {})
+        if self.attention_impl not in IMPLS:
+            raise ValueError(f"model.attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
 
     @property
     def dims(self) -> Dims:
@@ -167,6 +171,7 @@ class MemoryTransformer(nn.Module):
         for module in self.scheme.modules():  # the scheme's position embeddings, if it has any
             if isinstance(module, PositionDropout):
                 module.p = cfg.pos_dropout
+        self.scheme.attention_impl = cfg.attention_impl
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.emb_scale = math.sqrt(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)

@@ -90,7 +90,7 @@ def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentData
     saved, now = dict(ckpt["hyper_parameters"]["model"]), lit.hparams.model
     # Dropout may change on resume; everything else shapes the parameters or their meaning.
     diff = {k: (saved.get(k), v) for k, v in now.items()
-            if k not in ("dropout", "attn_dropout") and saved.get(k) != v}
+            if k not in ("dropout", "attn_dropout", "attention_impl") and saved.get(k) != v}  # speed-only: may change
     if diff:
         listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(f"checkpoint {path} was trained with another model: {listed}")

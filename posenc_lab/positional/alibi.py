@@ -5,6 +5,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import fused
 from .base import Dims, Positions, PositionalScheme
 from .registry import register
 
@@ -34,3 +35,9 @@ class ALiBi(PositionalScheme):
 
     def score_bias(self, layer: int, pos: Positions) -> Tensor:
         return -self.slopes[:, None, None] * pos.distance.to(self.slopes.dtype)  # [H, L, N]: -m_h (i - j)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
+        if fused.use_fused(self.attention_impl, q, dropout_p):  # -m_h d per distance, [H, N]
+            table = -self.slopes[:, None] * fused.distances(pos).to(self.slopes.dtype)
+            return fused.attend_distance_bias(q, k, v, pos, table)
+        return super().attend(layer, q, k, v, pos, dropout_p)

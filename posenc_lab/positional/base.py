@@ -122,6 +122,9 @@ class PositionalScheme(nn.Module):
     #: "relative": positions enter the attention as distances i - j (shaw, xl, rope, alibi, t5);
     #: "none": no positional signal (nope). Analysis and reports group schemes by this, never by name.
     kind: str = "none"
+    #: auto | fused | unfused: the attention path of the relative schemes (``fused.py``); set by the model
+    #: from ``model.attention_impl``.
+    attention_impl: str = "auto"
 
     @property
     def absolute(self) -> bool:
@@ -184,7 +187,7 @@ class PositionalScheme(nn.Module):
         B, H, _, _ = q.shape
         N = k.shape[2]
         one_hot = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
-        return self.attend(layer, q, k, one_hot, pos, dropout_p=0.0)
+        return PositionalScheme.attend(self, layer, q, k, one_hot, pos, dropout_p=0.0)  # SDPA, never flex
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

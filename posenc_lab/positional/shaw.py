@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import fused
 from .base import Dims, Positions, PositionalScheme, relative_shift, unshifted_mask
 from .registry import register
 
@@ -111,6 +112,10 @@ class Shaw(PositionalScheme):
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1, dtype=torch.float32).to(q.dtype)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
+        if fused.use_fused(self.attention_impl, q, dropout_p, needs_lse=True):  # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
+            rows = self.a_key[layer].to(q.dtype)[self.K - torch.arange(self.K + 1, device=q.device)]
+            qa = (q * q.shape[-1] ** -0.5) @ rows.T
+            return fused.attend_shaw(q, k, v, pos, qa, self.a_value[layer])
         probs = self.attention_probs(layer, q, k, pos)  # softmax(e)
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)

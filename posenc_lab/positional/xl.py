@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import fused
 from .base import (
     Dims,
     PositionalScheme,
@@ -109,7 +110,12 @@ class XLRelative(PositionalScheme):
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
-        # softmax attention is written out: softmax(A / sqrt(d_h)) v.
+        # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path: fused.py.
+        if fused.use_fused(self.attention_impl, q, dropout_p):
+            u, vb = self._uv(layer)
+            scale = q.shape[-1] ** -0.5
+            bd = ((q + vb.to(q.dtype)) * scale) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
+            return fused.attend_xl(q + u.to(q.dtype), k, v, pos, bd)
         probs = self.attention_probs(layer, q, k, pos)
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)

@@ -1,0 +1,152 @@
+"""The fused attention path of the relative schemes: ``flex_attention``, no [B, H, L, N] probabilities.
+
+``flex_attention`` computes softmax(q k^T / sqrt(d_h) + score_mod) v block by block (online softmax,
+as in FlashAttention) and differentiates into the tensors a ``score_mod`` reads. Every relative
+scheme here is a score_mod over the distance d = i - j + M (query i in [0, L), key column j in
+[0, N), N = M + L) plus the visibility mask as a block mask:
+
+    alibi  s + table[h, d]                  table = -m_h d                    [H, N]
+    t5     s + table[h, d]                  table = b_h(bucket(d))            [H, N]
+    xl     (q_i + u) . k_j / sqrt(d_h) + bd[b, h, i, d],
+                                            bd = (q_i + v) . W_{k,R} R_d / sqrt(d_h)   [B, H, L, N]
+    shaw   s + qa[b, h, i, min(d, K)],      qa = q_i . a^K_{K-d} / sqrt(d_h)           [B, H, L, K+1]
+
+xl's per-distance table is as large as one probability matrix, but it is read once and never
+normalised, stored for the softmax or written back per pair. Shaw's value term needs the
+probabilities of the K nearest keys only, rebuilt from the log-sum-exp flex returns:
+
+    z_i = flex(q, k, v)_i + a^V_0 + sum_{d < K} exp(e_{i,i-d} - lse_i) (a^V_{K-d} - a^V_0)
+
+Where it runs: ``flex_attention`` needs ``torch.compile`` (eager it is a slow reference), and
+torch (2.13) refuses its backward on CPU. So ``auto`` takes the fused path on CUDA, and on CPU
+only where no gradient is needed (evaluation); ``fused`` forces it (and fails, naming the reason,
+where it cannot run); ``unfused`` keeps the schemes' own explicit attention. Attention dropout
+is not part of flex_attention: with ``attn_dropout > 0`` the unfused path runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Positions
+
+try:
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+except ImportError:  # torch without flex_attention: the unfused path only
+    flex_attention = None
+
+IMPLS = ("auto", "fused", "unfused")
+#: True: run flex_attention uncompiled (torch's dense reference, differentiable wherever torch lets it
+#: run), so tests can check on CPU the score_mods and corrections that CUDA runs compiled.
+REFERENCE = False
+_compiled_flex = None
+_block_masks: dict = {}
+
+
+def _flex():
+    """flex_attention compiled once per process (it is a slow reference implementation uncompiled)."""
+    global _compiled_flex
+    if REFERENCE:
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def why_not(q: Tensor, dropout_p: float, needs_lse: bool = False) -> str | None:
+    """Why the fused path cannot run for these inputs, or None if it can. ``needs_lse``: the scheme
+    needs flex's log-sum-exp (Shaw)."""
+    if flex_attention is None:
+        return f"torch {torch.__version__} has no torch.nn.attention.flex_attention"
+    if dropout_p > 0:
+        return f"flex_attention has no attention dropout (model.attn_dropout={dropout_p})"
+    if q.device.type == "cpu" and torch.is_grad_enabled() and not REFERENCE:
+        return f"torch {torch.__version__}'s flex_attention has no backward on CPU"
+    if q.device.type == "cpu" and needs_lse and not REFERENCE:
+        return f"torch {torch.__version__}'s compiled flex_attention on CPU returns no log-sum-exp"
+    if q.device.type not in ("cpu", "cuda"):
+        return f"flex_attention does not run on {q.device.type}"
+    return None
+
+
+def use_fused(impl: str, q: Tensor, dropout_p: float, needs_lse: bool = False) -> bool:
+    """Take the fused path? ``impl``: auto | fused | unfused (see the module docstring)."""
+    if impl == "unfused":
+        return False
+    reason = why_not(q, dropout_p, needs_lse)
+    if impl == "fused" and reason is not None:
+        raise RuntimeError(f"model.attention_impl=fused cannot run here: {reason}; "
+                           f"use model.attention_impl=auto (fused where it can run) or unfused")
+    if impl not in IMPLS:
+        raise ValueError(f"model.attention_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    return reason is None
+
+
+def block_mask(pos: Positions):
+    """The visibility mask as a flex BlockMask (fully masked blocks are skipped); built once per
+    ``Positions`` (one per forward, shared by the layers)."""
+    if _block_masks.get("visible") is not pos.visible:
+        visible = pos.visible
+        L, N = visible.shape
+        _block_masks["visible"] = visible
+        _block_masks["mask"] = create_block_mask(lambda b, h, i, j: visible[i, j], None, None, L, N,
+                                                 device=str(visible.device))
+    return _block_masks["mask"]
+
+
+def distances(pos: Positions) -> Tensor:
+    """[N] distances of the last query to every key, N-1 .. 0: column c of every per-distance table
+    holds distance N-1-c."""
+    return pos.q[-1] - pos.k
+
+
+def _column(L: int, N: int, i: Tensor, j: Tensor) -> Tensor:
+    """Table column of the pair (i, j): distance M + i - j sits at column L-1-i+j; future keys
+    (masked anyway) read the distance-0 column, so that every read is in bounds."""
+    return torch.clamp(L - 1 - i + j, max=N - 1)
+
+
+def attend_distance_bias(q: Tensor, k: Tensor, v: Tensor, pos: Positions, table: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d_h) + table[h, col(i, j)]) v.  table: [H, N], column c: distance N-1-c."""
+    L, N = pos.visible.shape
+    table = table.to(q.dtype)
+
+    def score_mod(s, b, h, i, j):
+        return s + table[h, _column(L, N, i, j)]
+
+    return _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask(pos))
+
+
+def attend_xl(q_u: Tensor, k: Tensor, v: Tensor, pos: Positions, bd: Tensor) -> Tensor:
+    """softmax((q_i + u) . k_j / sqrt(d_h) + bd[b, h, i, col(i, j)]) v.  q_u: q + u;
+    bd: [B, H, L, N] (b)+(d) already scaled, column c: distance N-1-c."""
+    L, N = pos.visible.shape
+
+    def score_mod(s, b, h, i, j):
+        return s + bd[b, h, i, _column(L, N, i, j)]
+
+    return _flex()(q_u, k, v, score_mod=score_mod, block_mask=block_mask(pos))
+
+
+def attend_shaw(q: Tensor, k: Tensor, v: Tensor, pos: Positions, qa: Tensor, a_value: Tensor) -> Tensor:
+    """Shaw's attention (see the module docstring). qa: [B, H, L, K+1], column d: q_i . a^K_{K-d} / sqrt(d_h)
+    (d = K: every distance >= K); a_value: [2K+1, d_h] this layer's a^V."""
+    B, H, L, d_h = q.shape
+    N, K = k.shape[2], qa.shape[-1] - 1
+    M, n = N - L, min(K, N)
+
+    def score_mod(s, b, h, i, j):
+        return s + qa[b, h, i, torch.clamp(M + i - j, 0, K)]
+
+    out, aux = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask(pos), return_aux=AuxRequest(lse=True))
+    # e_{i, i-d} for the n nearest distances d < n: key column M + i - d (padded in front where M < n - 1)
+    k_pad = torch.nn.functional.pad(k, (0, 0, n - 1, 0))
+    vis_pad = torch.nn.functional.pad(pos.visible, (n - 1, 0))
+    rows = torch.arange(L, device=q.device)
+    near = torch.stack([torch.linalg.vecdot(q, k_pad[:, :, M - d + n - 1: M - d + n - 1 + L]) for d in range(n)], -1)
+    near = near * d_h**-0.5 + qa[..., :n]  # [B, H, L, n]
+    seen = torch.stack([vis_pad[rows, rows + M - d + n - 1] for d in range(n)], -1)  # [L, n]
+    p_near = torch.exp(near - aux.lse[..., None].to(near.dtype)).masked_fill(~seen, 0.0)
+    rows_v = a_value[K - torch.arange(n, device=q.device)] - a_value[0]  # [n, d_h]: a^V_{K-d} - a^V_0
+    return out + (p_near.to(v.dtype) @ rows_v.to(v.dtype) + a_value[0].to(v.dtype))
