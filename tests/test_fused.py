@@ -1,0 +1,143 @@
+"""The fused (flex_attention) path of xl, shaw, t5 and alibi against the naive per-pair references.
+
+torch refuses flex_attention's backward on CPU, so the gradients are checked through its uncompiled
+reference implementation (``fused.REFERENCE``, torch's CPU refusal lifted for the test): the same
+score_mods, block masks and Shaw correction that CUDA runs compiled. The compiled CPU forward (what
+``attention_impl=fused`` runs for CPU evaluation) is checked in the slow tests.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as torch_flex
+
+from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.positional import fused
+from tests.test_schemes import MASKS, make_positions, make_scheme, masked_softmax, naive_scores, naive_shaw, naive_xl, qkv
+
+FUSED = ("xl", "shaw", "t5", "alibi")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    """flex_attention uncompiled, with its backward allowed on CPU."""
+    monkeypatch.setattr(fused, "REFERENCE", True)
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda q, k, v: None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        yield
+
+
+def naive_attend(name, scheme, layer, q, k, v, pos):
+    if name == "xl":
+        return naive_xl(scheme, layer, q, k, v, pos)[1]
+    if name == "shaw":
+        return naive_shaw(scheme, layer, q, k, v, pos)[1]
+    return masked_softmax(naive_scores(name, scheme, q, k, pos), pos.visible) @ v
+
+
+def grads(out, inputs):
+    weight = torch.linspace(-1.0, 1.0, out.numel()).view_as(out)  # every output element counts differently
+    return torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)
+
+
+@pytest.mark.parametrize("L, M, same_length", MASKS)
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_equals_naive_forward_and_backward(reference, name, L, M, same_length):
+    scheme = make_scheme(name).train()
+    scheme.attention_impl = "fused"
+    pos = make_positions(L, M, same_length)
+    q, k, v = (x.requires_grad_() for x in qkv(L, M))
+    inputs = [q, k, v, *(p for p in scheme.parameters())]
+    out = scheme.attend(1, q, k, v, pos, 0.0)
+    want = naive_attend(name, scheme, 1, q, k, v, pos)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    for got, ref, what in zip(grads(out, inputs), grads(want, inputs), ["q", "k", "v", *dict(scheme.named_parameters())]):
+        if ref is None:
+            assert got is None or not got.any(), what
+        else:
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"grad of {what}: {m}")
+
+
+def test_fused_positional_tables_get_a_gradient(reference):
+    """The captured tables (t5 bias, xl's (b)+(d), shaw a^K and a^V) are trained through the fused path."""
+    L, M = 5, 3
+    pos = make_positions(L, M)
+    for name, param in [("t5", "bias"), ("xl", "v"), ("shaw", "a_key"), ("shaw", "a_value")]:
+        scheme = make_scheme(name).train()
+        scheme.attention_impl = "fused"
+        q, k, v = qkv(L, M)
+        (g,) = grads(scheme.attend(1, q, k, v, pos, 0.0), [getattr(scheme, param)])
+        assert g is not None and g.abs().sum() > 0, (name, param)
+
+
+def test_auto_keeps_the_unfused_path_for_cpu_training(monkeypatch):
+    monkeypatch.setattr(fused, "_flex", lambda: pytest.fail("flex_attention called"))
+    scheme, pos = make_scheme("xl").train(), make_positions(5, 3)
+    q, k, v = (x.requires_grad_() for x in qkv(5, 3))
+    assert scheme.attention_impl == "auto"
+    out = scheme.attend(1, q, k, v, pos, 0.0)
+    out.sum().backward()
+    assert q.grad is not None
+
+
+@pytest.mark.parametrize("grad, name, dropout, match", [
+    (True, "xl", 0.0, "no backward on CPU"),
+    (False, "shaw", 0.0, "no log-sum-exp"),
+    (False, "t5", 0.1, "no attention dropout"),
+])
+def test_forced_fused_names_why_it_cannot_run(grad, name, dropout, match):
+    scheme, pos = make_scheme(name), make_positions(5, 3)
+    scheme.attention_impl = "fused"
+    q, k, v = qkv(5, 3)
+    with torch.set_grad_enabled(grad), pytest.raises(RuntimeError, match=f"attention_impl=fused.*{match}"):
+        scheme.attend(1, q.requires_grad_(grad), k, v, pos, dropout)
+
+
+def test_model_rejects_an_unknown_attention_impl():
+    with pytest.raises(ValueError, match="attention_impl must be one of auto, fused, unfused, got 'flash'"):
+        ModelConfig(attention_impl="flash")
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_model_fused_equals_unfused_with_memory(reference, name):
+    """The model passes model.attention_impl to the scheme: loss and gradients agree over two segments
+    (the second with memory) and the same-length mask."""
+    cfg = dict(n_layer=2, d_model=16, n_head=4, d_inner=32, mem_len=6, same_length=True, dropout=0.0, posenc=name,
+               posenc_kwargs={"K": 2} if name == "shaw" else {})
+    tokens = torch.randint(256, (2, 2, 5))
+    results = []
+    for impl in ("unfused", "fused"):
+        torch.manual_seed(1)
+        model = MemoryTransformer(ModelConfig(**cfg, attention_impl=impl))
+        assert model.scheme.attention_impl == impl
+        mems, losses = None, []
+        for seg in tokens.unbind(1):
+            out = model(seg, seg.roll(-1, 1), mems=mems)
+            mems = out.mems
+            losses.append(out.loss)
+        total = sum(losses)
+        results.append((total.detach(), torch.autograd.grad(total, list(model.parameters()))))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow  # compiles flex_attention for the CPU: 15-60 s per scheme on 2 shared cores
+@pytest.mark.parametrize("name", ["xl", "t5", "alibi"])
+def test_compiled_cpu_forward_equals_naive(name):
+    """What attention_impl=fused runs in CPU evaluation: the compiled kernel, no gradient."""
+    scheme, (L, M) = make_scheme(name), (5, 9)
+    scheme.attention_impl = "fused"
+    pos, (q, k, v) = make_positions(L, M, same_length=True), qkv(L, M)
+    with torch.no_grad():
+        torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), naive_attend(name, scheme, 1, q, k, v, pos),
+                                   atol=1e-5, rtol=1e-5)
