@@ -18,10 +18,12 @@ probabilities of the K nearest keys only, rebuilt from the log-sum-exp flex retu
     z_i = flex(q, k, v)_i + a^V_0 + sum_{d < K} exp(e_{i,i-d} - lse_i) (a^V_{K-d} - a^V_0)
 
 Where it runs: ``flex_attention`` needs ``torch.compile`` (eager it is a slow reference), and
-torch (2.13) refuses its backward on CPU. So ``auto`` takes the fused path on CUDA, and on CPU
-only where no gradient is needed (evaluation); ``fused`` forces it (and fails, naming the reason,
-where it cannot run); ``unfused`` keeps the schemes' own explicit attention. Attention dropout
-is not part of flex_attention: with ``attn_dropout > 0`` the unfused path runs.
+torch (2.13) refuses its backward on CPU, and its log-sum-exp output (Shaw) on CPU. So ``auto``
+takes the fused path on CUDA only: on CPU training cannot use it, and for evaluation compiling
+costs 30-65 s per shape on 2 cores for no gain on xl (t5 1.8x, alibi 1.2x faster per call;
+docs/PERFORMANCE.md). ``fused`` forces it (CPU: evaluation of xl, t5, alibi), failing with the
+reason where it cannot run; ``unfused`` keeps the schemes' own explicit attention. Attention
+dropout is not part of flex_attention: with ``attn_dropout > 0`` the unfused path runs.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def use_fused(impl: str, q: Tensor, dropout_p: float, needs_lse: bool = False) -
                            f"use model.attention_impl=auto (fused where it can run) or unfused")
     if impl not in IMPLS:
         raise ValueError(f"model.attention_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    return reason is None
+    return reason is None and (impl == "fused" or q.device.type == "cuda")
 
 
 def block_mask(pos: Positions):
