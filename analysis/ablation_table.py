@@ -122,9 +122,25 @@ def ablation_table(cl: CellLosses, unit: str, recl: pd.DataFrame | None) -> tupl
             per_run.append({"cell": cell.name, "seed": x.seed, f"val_{fig}": float(((x.results or {}).get("val") or {})
                                                                                 .get("loss", np.nan)) * scale,
                             f"init_{fig}": float(v), "run": x.name})
+    rows = _not_trained(rows)
     df = pd.DataFrame(rows)
-    df["best_attn_len"] = df["best_attn_len"].astype("Int64")
+    for c in ("mem_len", "segment_len", "seeds", "train_attn_len", "best_attn_len"):
+        df[c] = df[c].astype("Int64")
     return df, pd.DataFrame(per_run)
+
+
+def _not_trained(rows: list[dict]) -> list[dict]:
+    """Table 6's shape: a scheme trained with memory but not without it (``ablate.no_memory_schemes``)
+    gets a "not trained" row without memory, so the gap is visible, not silent."""
+    out = []
+    have = {(r["scheme"], r["recurrence"], r["loss"]) for r in rows}
+    for r in rows:
+        out.append(r)
+        if r["recurrence"] == "on" and r["loss"] == "full" and (r["scheme"], "off", "full") not in have:
+            out.append({"scheme": r["scheme"], "recurrence": "off", "loss": "full", "mem_len": 0,
+                        "segment_len": r["segment_len"], "seeds": 0, "eval_mode": "not trained",
+                        "cell": f"{r['scheme']}, mem 0, full loss"})
+    return out
 
 
 def recl_cell(hit: pd.DataFrame) -> str:

@@ -216,3 +216,51 @@ def test_each_script_runs_on_its_own(tiny, tmp_path):
     # mixed corpora in one RECL group: a clear error, exit status 2
     assert effective_context.main([runs[0], str(tiny / "runs" / "recall_xl_mem16_full"), "--out",
                                    str(tmp_path / "bad")]) == 2
+
+
+def test_truncated_analysis_files_recover_or_name_what_to_delete(tiny, tmp_path, capsys):
+    """Fault injection: each kind of file the analysis writes or reads, truncated. A per-token loss
+    dump is named and recomputed (the result equals the clean one); CSVs, PNGs and report.md are
+    rewritten whole by the next command; a broken results.json of a run is named with what to delete.
+    Every file is written atomically: no temporary file is left behind."""
+    from analysis import effective_context, report
+
+    runs = [str(tiny / "runs" / "xl_mem16_full"), str(tiny / "runs" / "xl_mem0_full")]
+    out = tmp_path / "recl"
+    args = [*runs, "--out", str(out), "--n-rows", "2", "--n-score", "16", "--delta", "8", "--c-max", "32"]
+    assert effective_context.main(args) == 0
+    clean = pd.read_csv(out / "recl.csv")
+    dump = out / "context_losses" / "xl_mem16_full.npz"
+    dump.write_bytes(dump.read_bytes()[:200])
+    capsys.readouterr()
+    assert effective_context.main(["--from-dumps", str(out / "context_losses"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert str(dump) in err and "delete it" in err
+    (out / "recl.csv").write_text((out / "recl.csv").read_text()[:50])
+    assert effective_context.main(args) == 0
+    log = capsys.readouterr().out
+    assert f"{dump} cannot be read" in log and "recomputing" in log
+    pd.testing.assert_frame_equal(pd.read_csv(out / "recl.csv"), clean)
+
+    rep = tmp_path / "rep"
+    assert report.main([*runs, "--out", str(rep), "--no-speed"]) == 0
+    text = (rep / "report.md").read_text()
+    table = pd.read_csv(rep / "table_ablation.csv")
+    for path in (rep / "report.md", rep / "table_ablation.csv", rep / "effective_context" / "loss_by_context.png"):
+        path.write_bytes(path.read_bytes()[:40])
+    assert report.main([*runs, "--out", str(rep), "--no-speed"]) == 0
+    again = (rep / "report.md").read_text()
+    assert again.split("\n", 3)[3] == text.split("\n", 3)[3]  # all but the time stamp line
+    pd.testing.assert_frame_equal(pd.read_csv(rep / "table_ablation.csv"), table)
+    assert (rep / "effective_context" / "loss_by_context.png").stat().st_size > 5000
+
+    broken = tmp_path / "broken"
+    shutil.copytree(runs[0], broken)
+    (broken / "results.json").write_text('{"val": {"loss": 1.')
+    with pytest.raises(RunError, match=re.escape(str(broken / "results.json")) + r" is corrupt.*delete it"):
+        load_run(broken)
+    capsys.readouterr()
+    assert report.main([str(broken), "--out", str(tmp_path / "rep2"), "--no-speed"]) == 2
+    err = capsys.readouterr().err
+    assert str(broken / "results.json") in err and "delete it" in err
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
