@@ -41,6 +41,7 @@ from .errors import PosencLabError
 from .model import MemoryTransformer, ModelConfig
 
 SPLITS = ("train", "val", "test")
+TRAIN_EXTRAS = ("lr", "tokens_per_s", "tokens")  # logged by training only
 DEFAULT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512)
 DEFAULT_OPTIM = dict(lr=1e-3, weight_decay=0.01, warmup_steps=100, min_lr_ratio=0.1, betas=(0.9, 0.95), eps=1e-8,
                      total_steps=None)
@@ -58,6 +59,24 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
 def bucket_labels(edges: Sequence[int]) -> list[str]:
     """[1, 8, 16] -> ["1-7", "8-15", "16+"]."""
     return [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
+
+
+def figure_name(unit: str) -> str:
+    """The headline figure of a corpus of ``unit`` tokens: ``ppl`` (perplexity) for words, else ``bpt``
+    (bits per token)."""
+    return "ppl" if unit == "word" else "bpt"
+
+
+def logged_metrics(unit: str | None, answers: bool, distance_buckets: Sequence[int] = DEFAULT_BUCKETS) -> set[str]:
+    """Every key LitLM logs for a corpus of ``unit`` tokens (None: unknown, both figures) whose batches carry
+    recall distances if ``answers``: ``{train,val,test}/{loss,<figure>}``, ``train/{lr,tokens_per_s,tokens}``
+    and, with answers, ``{train,val,test}/acc`` and ``{val,test}/acc_d<bucket>``."""
+    figures = {"loss", figure_name(unit)} if unit else {"loss", "bpt", "ppl"}
+    names = {f"{split}/{k}" for split in SPLITS for k in figures} | {f"train/{k}" for k in TRAIN_EXTRAS}
+    if answers:
+        names |= {f"{split}/acc" for split in SPLITS}
+        names |= {f"{split}/acc_d{b}" for split in SPLITS[1:] for b in bucket_labels(sorted(distance_buckets))}
+    return names
 
 
 class NonFiniteLossError(PosencLabError, FloatingPointError):

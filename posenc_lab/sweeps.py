@@ -8,12 +8,14 @@ reaches Hydra as the text ``None``; this module formats values the same way.
 
 ``check_sweep(path)`` composes the config of every combination of the parameters (all grid
 points; for a random or Bayesian search every categorical value and both ends of every range)
-with Hydra on ``conf/``, applies the command's fixed overrides, and validates what is cheap:
-config keys and config-group options, ``ModelConfig``, the positional scheme (built, and its
-lengths checked), the data, optimizer and trainer settings, the metric (one that
-``posenc_lab.lit.LitLM`` logs for that corpus, with the right goal) and the wandb logger. It
-returns the override list of every trial, or raises ``SweepError`` naming each bad key or value
-and what would be valid. Nothing trains and no corpus is loaded.
+with Hydra's public compose API on ``conf/`` (the command's fixed overrides included, exactly as
+the trial's command line), and validates what is cheap: config keys and config-group options,
+``ModelConfig``, the positional scheme (built, and its lengths checked), the data, optimizer and
+trainer settings, the metric and the wandb logger. The facts come from their owners: corpus units
+from ``posenc_lab.data``, logged metric names from ``posenc_lab.lit``, precisions from
+Lightning's ``Trainer`` signature. It returns the override list of every trial, or raises
+``SweepError`` naming each bad key or value and what would be valid. Nothing trains and no corpus
+is loaded.
 
     posenc-lab sweep-check sweeps/ablation.yaml            # check; list the trials
     posenc-lab sweep-check sweeps/ablation.yaml --multirun # the same grid as a Hydra multirun
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import config_dir
 
@@ -53,11 +55,6 @@ DISTRIBUTIONS = {
 ARGS_MACRO = "${args_no_hyphens}"
 OTHER_ARGS_MACROS = ("${args}", "${args_no_boolean_flags}", "${args_json}", "${args_json_file}",
                      "${args_no_equals}", "${args_append_hydra}", "${args_override_hydra}")
-# The corpus unit decides LitLM's figure: bits per token (byte/char) or perplexity (word).
-CORPUS_UNITS = {"pystdlib": "byte", "textfile": "byte", "enwik8": "byte", "hf": "byte", "text8": "char",
-                "wikitext103": "word", "wikitext2": "word", "recall": "word"}
-# Corpora whose batches carry recall distances, so that LitLM logs acc and acc_d<bucket>.
-ANSWER_CORPORA = {"recall"}
 MAX_COMBINATIONS = 5000
 
 
@@ -258,21 +255,25 @@ def _format(path: Path, problems: Sequence[str]) -> str:
 # ---- composing with Hydra ----------------------------------------------------------------------
 
 class Composer:
-    """Hydra's compose API on ``conf_dir``.
+    """Hydra's public compose API on ``conf_dir``: ``compose(overrides)`` is ``hydra.compose`` (hydra node
+    included), as the trial's command line would compose; group names and options come from Hydra's
+    config loader. Use as a context manager (it initialises Hydra and restores the previous state).
 
-    ``compose(overrides)`` is Hydra's ``compose`` (hydra config included). ``compose_trials``
-    composes many trials that share overrides quickly: Hydra composes the defaults list once
-    per distinct set of config-group choices, the shared value overrides are applied once, and
-    each trial's own value overrides are applied by Hydra's own override code on a copy (the
-    step ``compose`` runs after the defaults list), instead of re-reading every file per trial.
+    ``compose_trial`` gives the same config faster for many trials: ``hydra.compose`` once per distinct set
+    of group choices and shared overrides, then each trial's own plain ``key=value`` overrides set on a copy
+    with ``OmegaConf.update(cfg, key, value, merge=True)`` (what Hydra does with them once the defaults list
+    is composed; the value parsed by Hydra's override grammar). A trial with ``+``, ``++`` or ``~``
+    overrides of its own is composed whole. Only the hydra node's record of the overrides
+    (``hydra.overrides``, ``hydra.job.override_dirname``) then lists the shared ones alone.
     """
 
     def __init__(self, conf_dir: str | os.PathLike = CONF_DIR, config_name: str = CONFIG_NAME):
         self.conf_dir, self.config_name = str(Path(conf_dir).resolve()), config_name
-        self._bases: dict[tuple[str, ...], tuple[DictConfig, DictConfig]] = {}
         self._parsed: dict[str, Any] = {}
-        self._raw: dict[tuple[str, ...], DictConfig] = {}
-        self._init = None
+        self._groups_cfg: dict[tuple[str, ...], DictConfig] = {}
+        self._bases: dict[tuple[str, ...], DictConfig] = {}
+        self._groups: dict[str, set[str]] = {}
+        self._options: dict[str, list[str]] = {}
         self._backup = None
 
     def __enter__(self) -> "Composer":
@@ -282,7 +283,7 @@ class Composer:
 
         self._backup = get_gh_backup()
         GlobalHydra.instance().clear()
-        self._init = initialize_config_dir(config_dir=self.conf_dir, version_base="1.3")
+        initialize_config_dir(config_dir=self.conf_dir, version_base="1.3")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -300,12 +301,16 @@ class Composer:
         return GlobalHydra.instance().config_loader()
 
     def is_group(self, override) -> bool:
-        """Hydra's own rule (defaults_list.Overrides): a group override names an existing group
-        and its value is not a dict."""
-        return self._loader.repository.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
+        """Hydra's rule: a group override names an existing config group and its value is not a dict."""
+        parent, _, leaf = override.key_or_group.rpartition("/")
+        if parent not in self._groups:  # the loader reads the search path on every call: once per parent
+            self._groups[parent] = set(self._loader.list_groups(parent))
+        return leaf in self._groups[parent] and not isinstance(override.value(), dict)
 
     def group_options(self, group: str) -> list[str]:
-        return sorted(self._loader.get_group_options(group))
+        if group not in self._options:
+            self._options[group] = sorted(self._loader.get_group_options(group))
+        return self._options[group]
 
     def parse(self, override: str):
         """One parsed override (cached: trials repeat the same lines)."""
@@ -320,33 +325,28 @@ class Composer:
 
         return compose(self.config_name, list(overrides), return_hydra_config=True)
 
-    def groups_config(self, groups: Sequence[str]) -> DictConfig:
-        """The config of these group choices alone (cached; do not modify)."""
-        key = tuple(groups)
-        if key not in self._raw:
-            self._raw[key] = self.compose(groups)
-        return self._raw[key]
-
-    def base(self, groups: Sequence[str], shared: Sequence[str]) -> tuple[DictConfig, DictConfig]:
-        """(config with hydra node, config without) for these group choices and shared value overrides."""
-        key = tuple(groups) + ("|",) + tuple(shared)
+    def compose_trial(self, trial: Sequence[str], shared: Sequence[str]) -> DictConfig:
+        """hydra.compose(trial) (see the class doc); ``shared``: the overrides of ``trial`` common to many trials."""
+        parsed = [self.parse(o) for o in trial]
+        groups = [p.input_line for p in parsed if self.is_group(p)]
+        shared_values = [o for o in shared if o not in groups]
+        own = [p for p in parsed if p.input_line not in groups and p.input_line not in shared_values]
+        if any(p.is_add() or p.is_force_add() or p.is_delete() or p.package is not None for p in own):
+            return self.compose(trial)
+        key = tuple(groups) + ("|",) + tuple(shared_values)
         if key not in self._bases:
-            from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-            full = copy.deepcopy(self.groups_config(groups))
-            ConfigLoaderImpl._apply_overrides_to_config([self.parse(o) for o in shared], full)
-            light = copy.deepcopy(full)
-            with open_dict(light):
-                del light["hydra"]
-            self._bases[key] = (full, light)
-        return self._bases[key]
-
-    def apply(self, base: DictConfig, values: Sequence[str]) -> DictConfig:
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-        cfg = copy.deepcopy(base)
-        ConfigLoaderImpl._apply_overrides_to_config([self.parse(o) for o in values], cfg)
+            self._bases[key] = self.compose([*groups, *shared_values])
+        cfg = copy.deepcopy(self._bases[key])
+        for p in own:
+            OmegaConf.update(cfg, p.key_or_group, p.value(), merge=True)
         return cfg
+
+    def groups_config(self, groups: Sequence[str]) -> DictConfig:
+        """The config of these group choices alone, for naming missing keys (cached; do not modify)."""
+        key = tuple(groups)
+        if key not in self._groups_cfg:
+            self._groups_cfg[key] = self.compose(groups)
+        return self._groups_cfg[key]
 
 
 def _missing_key_message(cfg: DictConfig, key: str) -> str | None:
@@ -378,22 +378,29 @@ def _missing_key_message(cfg: DictConfig, key: str) -> str | None:
 # ---- cheap validation of one composed config ---------------------------------------------------
 
 def logged_metrics(cfg: DictConfig) -> set[str]:
-    """The metric keys LitLM (posenc_lab/lit.py) logs for this config: ``{train,val,test}/loss``,
-    ``bpt`` (byte/char corpora) or ``ppl`` (word corpora), ``train/{lr,tokens_per_s,tokens}``, and on
-    recall ``acc`` and ``{val,test}/acc_d<bucket>``. A corpus unknown here gets both figures."""
-    from .lit import bucket_labels
+    """The metric keys LitLM logs for this config (``posenc_lab.lit.logged_metrics`` for its corpus's unit;
+    a corpus unknown here gets both figures and the recall metrics)."""
+    from .data import ANSWER_CORPORA, CORPUS_UNITS
+    from .lit import logged_metrics as lit_metrics
 
     data = str(cfg.data.name)
     unit = CORPUS_UNITS.get(data)
-    figures = {"loss", "ppl" if unit == "word" else "bpt"} if unit else {"loss", "bpt", "ppl"}
-    names = {f"train/{k}" for k in figures | {"lr", "tokens_per_s", "tokens"}}
-    for split in ("val", "test"):
-        names |= {f"{split}/{k}" for k in figures}
-    if data in ANSWER_CORPORA or unit is None:
-        names |= {f"{split}/acc" for split in ("train", "val", "test")}
-        buckets = bucket_labels(sorted(int(e) for e in cfg.metrics.distance_buckets))
-        names |= {f"{split}/acc_d{b}" for split in ("val", "test") for b in buckets}
-    return names
+    return lit_metrics(unit, data in ANSWER_CORPORA or unit is None,
+                       [int(e) for e in cfg.metrics.distance_buckets])
+
+
+def lightning_precisions() -> list:
+    """The values Lightning's ``Trainer(precision=...)`` accepts, read from its signature."""
+    import typing
+
+    import lightning
+
+    def leaves(t) -> list:
+        if typing.get_origin(t) is typing.Literal:
+            return list(typing.get_args(t))
+        return [v for a in typing.get_args(t) for v in leaves(a)]
+
+    return leaves(typing.get_type_hints(lightning.Trainer.__init__)["precision"])
 
 
 def _is_int(x: Any) -> bool:
@@ -460,11 +467,10 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
     if not _is_int(steps) or steps < 1:
         problems.append(f"trainer.max_steps must be an integer >= 1 (training is step-based), got {steps!r}")
     precision = get("trainer.precision")
-    valid_precision = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", 16, 32, 64,
-                       "16", "32", "64", "bf16", "transformer-engine", "transformer-engine-float16")
+    valid_precision = lightning_precisions()
     if precision not in valid_precision:
         problems.append(f"trainer.precision={precision!r} is not a Lightning precision; valid: "
-                        f"{', '.join(map(str, valid_precision[:6]))}")
+                        f"{', '.join(str(p) for p in valid_precision if isinstance(p, str) and '-' in p)}")
     if not (devices == "auto" or devices == -1 or (_is_int(devices) and devices >= 1) or isinstance(devices, ListConfig)):
         problems.append(f"trainer.devices must be an integer >= 1, -1, a list or 'auto', got {devices!r}")
     if not _is_int(nodes) or nodes < 1:
@@ -515,13 +521,12 @@ def validate_launcher(cfg: DictConfig) -> list[str]:
 
 # ---- the checker -------------------------------------------------------------------------------
 
-def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR, full: bool = False,
-                require_wandb: bool = True, configs: list | None = None) -> list[list[str]]:
+def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR, require_wandb: bool = True,
+                configs: list | None = None) -> list[list[str]]:
     """Validate sweep file ``path`` against the Hydra config in ``conf_dir`` before any run.
 
     Returns the override list of every checked trial (grid: every trial the agent will run), or
     raises SweepError listing each bad key or value, where it comes from and what is valid.
-    ``full=True`` composes every trial from scratch with ``hydra.compose`` (slower, same result).
     ``configs``: a list that receives ``(overrides, composed config)`` of every trial.
     """
     sweep = load_sweep(path)
@@ -554,17 +559,13 @@ def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR,
         if problems:
             raise SweepError(_format(sweep.path, problems))
 
-        # 2. Every trial composes, every key exists, every value is valid.
-        fixed_values = [o for o in sweep.fixed if not composer.is_group(composer.parse(o))]
-        failures: dict[str, str] = {}
-        checked_bases: set[int] = set()
+        # 2. Every trial composes (as hydra.compose of its command line), every key exists, every value is valid.
+        failures: dict[str, list[list[str]]] = {}
         for trial in trials:
             assignment = [o for o in trial if o not in sweep.fixed]
             parsed = [composer.parse(o) for o in trial]
-            groups = [p.input_line for p in parsed if composer.is_group(p)]
-            own_values = [p.input_line for p in parsed if not composer.is_group(p) and p.input_line not in fixed_values]
             try:
-                raw = composer.groups_config(groups)
+                raw = composer.groups_config([p.input_line for p in parsed if composer.is_group(p)])
                 for p in parsed:
                     if composer.is_group(p) or p.is_add() or p.is_force_add() or p.is_delete():
                         continue
@@ -573,24 +574,14 @@ def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR,
                         src = (f"command override {p.input_line!r}" if p.input_line in sweep.fixed
                                else f"parameter {p.key_or_group!r}")
                         raise SweepError(f"{src}: {msg}")
-                if full:
-                    cfg = composer.compose(trial)
-                    hydra_cfg = cfg
-                else:
-                    hydra_cfg, light = composer.base(groups, fixed_values)
-                    needs_hydra = any(p.key_or_group.startswith("hydra") for p in parsed if p.input_line in own_values)
-                    cfg = composer.apply(hydra_cfg if needs_hydra else light, own_values)
+                cfg = composer.compose_trial(trial, sweep.fixed)
             except SweepError as e:
                 failures.setdefault(str(e), []).append(assignment)
                 continue
             except Exception as e:  # noqa: BLE001 - Hydra / OmegaConf composition errors
                 failures.setdefault(f"does not compose: {_first_line(e)}", []).append(assignment)
                 continue
-            if id(hydra_cfg) not in checked_bases or full:
-                checked_bases.add(id(hydra_cfg))
-                for p in validate_launcher(hydra_cfg):
-                    failures.setdefault(p, []).append(assignment)
-            for p in validate_config(cfg, sweep.metric, require_wandb=require_wandb):
+            for p in validate_launcher(cfg) + validate_config(cfg, sweep.metric, require_wandb=require_wandb):
                 failures.setdefault(p, []).append(assignment)
             if configs is not None:
                 configs.append((trial, cfg))
@@ -650,7 +641,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Validate wandb sweep files against conf/ before any run (every combination composes).")
     parser.add_argument("sweeps", nargs="+", help="sweep YAML files (e.g. sweeps/ablation.yaml)")
     parser.add_argument("--conf-dir", default=str(CONF_DIR), help="Hydra config directory (default: the package's conf/)")
-    parser.add_argument("--full", action="store_true", help="compose every trial from scratch with hydra.compose (slower)")
     parser.add_argument("--list", action="store_true", help="print every trial's overrides")
     parser.add_argument("--multirun", action="store_true",
                         help="print the equivalent `posenc-lab train -m ...` command (grid sweeps; no wandb)")
@@ -658,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     for path in args.sweeps:
         try:
-            trials = check_sweep(path, conf_dir=args.conf_dir, full=args.full)
+            trials = check_sweep(path, conf_dir=args.conf_dir)
         except SweepError as e:
             print(f"FAIL {e}", file=sys.stderr)
             status = 1

@@ -19,8 +19,10 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
 from posenc_lab.sweeps import (Composer, SweepError, check_sweep, format_override, load_sweep, multirun_overrides,
                                validate_launcher)
+from tests.schemes import SHAW, SINUSOID, XL
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -73,7 +75,8 @@ def test_every_combination_composes(path):
 
 def test_grids_cover_what_the_issue_asks():
     ablation = load_sweep(REPO / "sweeps" / "ablation.yaml")
-    assert set(ablation.parameters["posenc"]) >= {"xl", "shaw", "sinusoid", "learned", "global_sinusoid"}
+    schemes = set(ablation.parameters["posenc"])  # the issue's five: every absolute scheme, shaw and xl
+    assert schemes >= set(schemes_of_kind("absolute")) | {SHAW, XL}
     assert len(ablation.parameters["model.mem_len"]) >= 2 and 0 in ablation.parameters["model.mem_len"]
     bayes = load_sweep(REPO / "sweeps" / "bayes_xl.yaml")
     assert bayes.method == "bayes" and "posenc=xl" in bayes.fixed
@@ -82,19 +85,26 @@ def test_grids_cover_what_the_issue_asks():
     assert "posenc=shaw" in shaw.fixed and {"posenc.K", "model.mem_len"} <= set(shaw.parameters)
 
 
-def test_fast_composition_equals_hydra_compose():
-    """check_sweep composes the defaults list once per group choice and applies value overrides
-    with Hydra's own code; the result equals hydra.compose of the whole override list."""
+def test_checked_configs_equal_hydra_compose():
+    """check_sweep composes once per group choice and sets each trial's own values with OmegaConf; the
+    result equals hydra.compose of the trial's whole override list. No private Hydra module is used."""
+    import posenc_lab.sweeps as sweeps
+
     path = REPO / "sweeps" / "ablation.yaml"
     fast: list = []
     check_sweep(path, configs=fast)
-    picked = [fast[0], fast[7], fast[-1]]
     with Composer() as composer:
-        for trial, cfg in picked:
-            full = composer.compose(trial)
-            full_dict = OmegaConf.to_container(full, resolve=False)
-            assert full_dict.pop("hydra")["run"]["dir"] == "runs/sweeps/${oc.env:WANDB_SWEEP_ID}/${oc.env:WANDB_RUN_ID}"
-            assert OmegaConf.to_container(cfg, resolve=False) == full_dict, trial
+        for trial, cfg in [fast[0], fast[7], fast[-1]]:
+            full = OmegaConf.to_container(composer.compose(trial), resolve=False)
+            fast = OmegaConf.to_container(cfg, resolve=False)
+            hydra_full, hydra_fast = full.pop("hydra"), fast.pop("hydra")
+            assert hydra_full["run"]["dir"] == "runs/sweeps/${oc.env:WANDB_SWEEP_ID}/${oc.env:WANDB_RUN_ID}"
+            assert fast == full, trial
+            # the hydra node differs only in its record of the overrides (the trial's own values are set later)
+            for node in (hydra_fast, hydra_full):
+                del node["overrides"], node["job"]["override_dirname"]
+            assert hydra_fast == hydra_full
+    assert "_internal" not in Path(sweeps.__file__).read_text()
 
 
 # ---- bad sweeps are rejected before any run ----------------------------------------------------
@@ -125,9 +135,9 @@ def test_bad_value_is_rejected(tmp_path):
 
 
 def test_bad_group_option_is_rejected(tmp_path):
-    path = _write_sweep(tmp_path, "ablation.yaml", parameters={"posenc": {"values": ["xl", "xll"]}})
-    with pytest.raises(SweepError, match=r"'xll' is not an option of config group 'posenc' \(did you mean 'xl'\?\); "
-                                         r"options: alibi, .*xl"):
+    path = _write_sweep(tmp_path, "ablation.yaml", parameters={"posenc": {"values": [XL, XL + "l"]}})
+    with pytest.raises(SweepError, match=rf"'{XL}l' is not an option of config group 'posenc' \(did you mean '{XL}'\?\); "
+                                         rf"options: {', '.join(SCHEME_NAMES)}"):
         check_sweep(path)
 
 
@@ -136,6 +146,8 @@ def test_bad_group_option_is_rejected(tmp_path):
     ({"posenc.K": {"values": [4, None]}}, "write the string \"null\" instead"),
     ({"model.dropout": {"values": [0.1, 1.5]}}, "model.dropout must be in [0, 1), got 1.5"),
     ({"optim.lr": {"distribution": "log_uniform_values", "min": -1.0, "max": 1.0e-3}}, "optim.lr must be a number > 0"),
+    ({"trainer.precision": {"values": ["32-true", "bf17-mixed"]}},  # the valid ones come from Lightning
+     "trainer.precision='bf17-mixed' is not a Lightning precision; valid: "),
 ])
 def test_bad_values_name_key_and_reason(tmp_path, params, expected):
     path = _write_sweep(tmp_path, "shaw_k.yaml", parameters=params, method="bayes")
@@ -177,8 +189,7 @@ def test_cli_reports_bad_sweep(tmp_path):
 
 def test_corpus_units_match_the_corpora(tmp_path):
     """The checker knows each corpus's unit (bpt or ppl) without loading it; check the cheap ones."""
-    from posenc_lab.data import CORPUS_NAMES, load_corpus
-    from posenc_lab.sweeps import CORPUS_UNITS
+    from posenc_lab.data import CORPUS_NAMES, CORPUS_UNITS, load_corpus
 
     assert set(CORPUS_UNITS) == set(CORPUS_NAMES)
     text = tmp_path / "text.txt"
@@ -271,7 +282,7 @@ def agent_command(path: Path, assignment: dict, python: str = sys.executable) ->
 def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
     path = REPO / "sweeps" / "ablation_recall.yaml"
     trials = check_sweep(path)  # first the check, as before a real sweep
-    assignment = {"posenc": "xl", "model.mem_len": 32}
+    assignment = {"posenc": XL, "model.mem_len": 32}
     command = agent_command(path, assignment)
     assert [format_override(k, v) for k, v in assignment.items()] == command[command.index("posenc_lab.train") + 1:][:2]
     assert command[command.index("posenc_lab.train") + 1:] in trials
@@ -281,11 +292,11 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "sweeps" / "sweeptest" / "trial0001"
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["scheme"] == "xl" and results["mem_len"] == 32 and results["steps"] == 4
+    assert results["scheme"] == XL and results["mem_len"] == 32 and results["steps"] == 4
     info = wandb_run_summary(run_dir)
     assert info["run_id"] == "trial0001"
-    assert info["group"] == "xl" and info["job_type"] == "ablation-recall"
-    assert {"ablation-recall", "xl", "mem32"} <= set(info["tags"])
+    assert info["group"] == XL and info["job_type"] == "ablation-recall"
+    assert {"ablation-recall", XL, "mem32"} <= set(info["tags"])
     metric = yaml.safe_load(path.read_text())["metric"]["name"]
     assert metric in info["history"], sorted(info["history"])
     # the checker's list of logged keys covers everything the run logged (no false rejections)
@@ -297,7 +308,7 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
     assert logged <= logged_metrics(cfg), logged - logged_metrics(cfg)
     # the resolved config (LitLM's hyper-parameters hold the whole run config)
     config = info["config"]["config"]
-    assert config["model"]["mem_len"] == 32 and config["posenc"]["name"] == "xl"
+    assert config["model"]["mem_len"] == 32 and config["posenc"]["name"] == XL
     assert config["run_dir"] == str(run_dir.resolve()) and "${" not in json.dumps(config)
 
 
@@ -318,11 +329,11 @@ def test_two_job_multirun_and_report(tmp_path):
     from analysis.report import main as report_main
     from analysis.runs import find_runs
 
-    assert [r.scheme for r in find_runs([sweep_dir])] == ["sinusoid", "xl"]
+    assert [r.scheme for r in find_runs([sweep_dir])] == [SINUSOID, XL]
     out = tmp_path / "report"
     assert report_main([str(sweep_dir), "--out", str(out), "--no-speed"]) == 0
     text = (out / "report.md").read_text()
-    assert "0_xl_recall" in text or "xl" in text
+    assert f"0_{XL}_recall" in text or XL in text
     tables = list(out.rglob("*.csv"))
     assert tables, list(out.iterdir())
     rows = "".join(t.read_text() for t in tables)
@@ -338,7 +349,7 @@ def test_two_job_multirun_and_report(tmp_path):
     run_id = proc.stdout.split("as wandb run ")[-1].strip()
     info = wandb_run_summary(tmp_path / "wandb")
     assert info["run_id"] == run_id and info["job_type"] == "report" and info["group"] == "multirun"
-    assert {"xl", "sinusoid"} <= set(info["tags"])
+    assert {XL, SINUSOID} <= set(info["tags"])
     kinds = {k: v[-1].get("_type") for k, v in info["history"].items() if isinstance(v[-1], dict)}
     assert kinds.get("tables/runs") == "table-file"
     assert any(k.startswith("figures/") and t == "image-file" for k, t in kinds.items()), kinds

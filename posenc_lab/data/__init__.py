@@ -6,12 +6,12 @@
     loader = torch.utils.data.DataLoader(train, batch_size=None)
 """
 
-from .corpora import CORPORA, SPLITS, Corpus, load_corpus, register_corpus
+from .corpora import ANSWER_CORPORA, CORPORA, CORPUS_UNITS, SPLITS, Corpus, load_corpus, register_corpus
 from .download import DownloadError, cache_root
 from .recall import make_recall
 from .streams import SegmentStream
 
 CORPUS_NAMES = tuple(sorted(CORPORA))
 
-__all__ = ["CORPORA", "CORPUS_NAMES", "SPLITS", "Corpus", "DownloadError", "SegmentStream", "cache_root",
+__all__ = ["ANSWER_CORPORA", "CORPORA", "CORPUS_NAMES", "CORPUS_UNITS", "SPLITS", "Corpus", "DownloadError", "SegmentStream", "cache_root",
            "load_corpus", "make_recall", "register_corpus"]

@@ -32,7 +32,8 @@ SPLITS = ("train", "valid", "test")
 class Corpus:
     """One corpus. train/valid/test: 1-D integer token arrays (often read-only memmaps).
 
-    unit: "byte" | "char" | "word"; itos: id -> symbol (None for bytes, where id = byte value);
+    unit: "byte" | "char" | "word", as registered (``register_corpus``); itos: id -> symbol (None for bytes,
+    where id = byte value);
     side: per split, optional side arrays {"loss_mask": [N] bool, "distance": [N] int} (recall).
     """
 
@@ -41,7 +42,7 @@ class Corpus:
     valid: np.ndarray
     test: np.ndarray
     vocab_size: int
-    unit: str
+    unit: str = ""  # filled in by load_corpus from the registration
     itos: list[str] | None = None
     side: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
@@ -56,13 +57,20 @@ class Corpus:
 
 
 CORPORA: dict[str, Callable[..., Corpus]] = {}
+CORPUS_UNITS: dict[str, str] = {}  # name -> "byte" | "char" | "word": bits per token or perplexity
+ANSWER_CORPORA: set[str] = set()  # corpora whose tokens carry recall distances (accuracy is measured)
 
 
-def register_corpus(name: str):
-    """Decorator: make `fn(root: Path, **kwargs) -> Corpus` loadable as load_corpus(name, ...)."""
+def register_corpus(name: str, unit: str, answers: bool = False):
+    """Decorator: make `fn(root: Path, **kwargs) -> Corpus` loadable as load_corpus(name, ...); its tokens are
+    ``unit``s ("byte", "char", "word"); ``answers``: its batches carry recall distances."""
+    if unit not in ("byte", "char", "word"):
+        raise ValueError(f"corpus {name!r}: unit must be byte, char or word, got {unit!r}")
 
     def add(fn):
-        CORPORA[name] = fn
+        CORPORA[name], CORPUS_UNITS[name] = fn, unit
+        if answers:
+            ANSWER_CORPORA.add(name)
         return fn
 
     return add
@@ -72,7 +80,9 @@ def load_corpus(name: str, root: str | os.PathLike | None = None, **kwargs) -> C
     """Load corpus `name`, preparing and caching it under `root` (default: the cache root) if needed."""
     if name not in CORPORA:
         raise ValueError(f"unknown corpus {name!r}; valid: {', '.join(sorted(CORPORA))}")
-    return CORPORA[name](cache_root(root), **kwargs)
+    corpus = CORPORA[name](cache_root(root), **kwargs)
+    corpus.unit = CORPUS_UNITS[name]
+    return corpus
 
 
 # ---- cache of prepared arrays ----
@@ -145,7 +155,7 @@ def stdlib_files(stdlib: Path, include_tests: bool = False) -> list[str]:
     return sorted(found)
 
 
-@register_corpus("pystdlib")
+@register_corpus("pystdlib", unit="byte")
 def load_pystdlib(root: Path, *, max_bytes: int | None = None, include_tests: bool = False,
                   stdlib_dir: str | os.PathLike | None = None) -> Corpus:
     """Byte-level corpus of the running Python's standard library sources (vocab 256).
@@ -179,13 +189,13 @@ def load_pystdlib(root: Path, *, max_bytes: int | None = None, include_tests: bo
         return arrays, None, {"files": used}
 
     arrays, _, _ = _cached(_key_dir(root / "pystdlib", key), key, build)
-    return Corpus("pystdlib", **arrays, vocab_size=256, unit="byte")
+    return Corpus("pystdlib", **arrays, vocab_size=256)
 
 
 # ---- textfile: any local file, bytes ----
 
 
-@register_corpus("textfile")
+@register_corpus("textfile", unit="byte")
 def load_textfile(root: Path, *, path: str | os.PathLike, split: tuple[float, float, float] = (0.9, 0.05, 0.05)
                   ) -> Corpus:
     """Byte-level corpus of one local file, split by position (fractions train/valid/test).
@@ -199,7 +209,7 @@ def load_textfile(root: Path, *, path: str | os.PathLike, split: tuple[float, fl
         raise ValueError(f"textfile corpus: split must be 3 positive fractions summing to <= 1, got {split}")
     size = path.stat().st_size
     regions = _split_file("textfile corpus", path, [int(f * size) for f in split])
-    return Corpus("textfile", **regions, vocab_size=256, unit="byte")
+    return Corpus("textfile", **regions, vocab_size=256)
 
 
 # ---- enwik8 and text8 (Matt Mahoney's Wikipedia dumps) ----
@@ -237,15 +247,15 @@ def _fetch_mahoney(root: Path, name: str, url: str, expected_size: int | None, m
     return raw
 
 
-@register_corpus("enwik8")
+@register_corpus("enwik8", unit="byte")
 def load_enwik8(root: Path, *, url: str | None = None, expected_size: int | None = MAHONEY_SIZE,
                 md5: str | None = None, split_sizes=MAHONEY_SPLIT) -> Corpus:
     """Byte-level enwik8 (vocab 256), memory-mapped straight from the unzipped file."""
     raw = _fetch_mahoney(root, "enwik8", _url("enwik8", url, ENWIK8_URL), expected_size, md5)
-    return Corpus("enwik8", **_split_file("enwik8", raw, split_sizes), vocab_size=256, unit="byte")
+    return Corpus("enwik8", **_split_file("enwik8", raw, split_sizes), vocab_size=256)
 
 
-@register_corpus("text8")
+@register_corpus("text8", unit="char")
 def load_text8(root: Path, *, url: str | None = None, expected_size: int | None = MAHONEY_SIZE,
                md5: str | None = None, split_sizes=MAHONEY_SPLIT) -> Corpus:
     """Character-level text8: ids index the sorted characters of train (27: space and a-z)."""
@@ -267,7 +277,7 @@ def load_text8(root: Path, *, url: str | None = None, expected_size: int | None 
         return arrays, [chr(c) for c in chars], {}
 
     arrays, itos, _ = _cached(_key_dir(root / "text8", key), key, build)
-    return Corpus("text8", **arrays, vocab_size=len(itos), unit="char", itos=itos)
+    return Corpus("text8", **arrays, vocab_size=len(itos), itos=itos)
 
 
 # ---- WikiText (word level) ----
@@ -326,16 +336,16 @@ def _load_wikitext(root: Path, name: str, url: str | None, md5: str | None) -> C
         return {s: encode_words(p, stoi) for s, p in files.items()}, itos, {}
 
     arrays, itos, _ = _cached(_key_dir(base / "tokens", key), key, build)
-    return Corpus(name, **arrays, vocab_size=len(itos), unit="word", itos=itos)
+    return Corpus(name, **arrays, vocab_size=len(itos), itos=itos)
 
 
-@register_corpus("wikitext103")
+@register_corpus("wikitext103", unit="word")
 def load_wikitext103(root: Path, *, url: str | None = None, md5: str | None = None) -> Corpus:
     """WikiText-103, word level: vocabulary from train, `<eos>` per line, `<unk>` as in the data."""
     return _load_wikitext(root, "wikitext103", url, md5)
 
 
-@register_corpus("wikitext2")
+@register_corpus("wikitext2", unit="word")
 def load_wikitext2(root: Path, *, url: str | None = None, md5: str | None = None) -> Corpus:
     """WikiText-2, word level: vocabulary from train, `<eos>` per line, `<unk>` as in the data."""
     return _load_wikitext(root, "wikitext2", url, md5)
@@ -344,7 +354,7 @@ def load_wikitext2(root: Path, *, url: str | None = None, md5: str | None = None
 # ---- recall: the synthetic probe ----
 
 
-@register_corpus("recall")
+@register_corpus("recall", unit="word", answers=True)
 def load_recall(root: Path, *, seed: int = 0, n_values: int = 16, n_filler: int = 32, min_distance: int = 2,
                 max_distance: int = 80, eval_max_distance: int | None = None, max_gap: int = 8,
                 train_tokens: int = 1_000_000, eval_tokens: int = 100_000) -> Corpus:
@@ -371,14 +381,14 @@ def load_recall(root: Path, *, seed: int = 0, n_values: int = 16, n_filler: int 
     key = {"version": 1, **settings}
     arrays, itos, _ = _cached(_key_dir(root / "recall", key), key, build)
     side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
-    return Corpus("recall", arrays["train"], arrays["valid"], arrays["test"], vocab_size=len(itos), unit="word",
+    return Corpus("recall", arrays["train"], arrays["valid"], arrays["test"], vocab_size=len(itos),
                   itos=itos, side=side)
 
 
 # ---- hf: any text dataset through the optional `datasets` library ----
 
 
-@register_corpus("hf")
+@register_corpus("hf", unit="byte")
 def load_hf(root: Path, *, path: str, config: str | None = None, text_field: str = "text",
             splits: tuple[str, str, str] = ("train", "validation", "test"), separator: str = "\n") -> Corpus:
     """Byte-level corpus of a Hugging Face dataset's text field (UTF-8), texts joined by `separator`.
@@ -411,4 +421,4 @@ def load_hf(root: Path, *, path: str, config: str | None = None, text_field: str
         return arrays, None, {}
 
     arrays, _, _ = _cached(_key_dir(root / "hf", key), key, build)
-    return Corpus("hf", **arrays, vocab_size=256, unit="byte")
+    return Corpus("hf", **arrays, vocab_size=256)

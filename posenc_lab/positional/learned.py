@@ -34,7 +34,7 @@ class Learned(PositionalScheme):
     def sized_options(cls, options: dict, segment_len: int, mem_len: int, max_offset: int = 0) -> dict:
         """max_positions=None -> segment_len: positions restart at 0 every segment (memory keys carry none)."""
         if options.get("max_positions") is None:
-            return {**options, "max_positions": int(segment_len)}
+            return {**options, "max_positions": segment_len}
         return dict(options)
 
     def _check(self, largest: int) -> None:

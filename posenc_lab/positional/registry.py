@@ -30,7 +30,7 @@ def scheme_class(name: str) -> type[PositionalScheme]:
 
 def sized_options(name: str, options: dict, segment_len: int, mem_len: int, max_offset: int = 0) -> dict:
     """Scheme ``name``'s options with the length-dependent defaults (left None) sized to a run of these lengths."""
-    return scheme_class(name).sized_options(dict(options), int(segment_len), int(mem_len), int(max_offset or 0))
+    return scheme_class(name).sized_options(dict(options), segment_len, mem_len, max_offset or 0)
 
 
 def build_scheme(name: str, dims: Dims, **options) -> PositionalScheme:
