@@ -3,9 +3,7 @@
 import itertools
 import json
 import pickle
-import sys
 import sysconfig
-import types
 from pathlib import Path
 
 import numpy as np
@@ -198,7 +196,7 @@ def test_side_arrays_are_taken_at_target_positions():
         assert torch.equal(b["distance"], torch.where(b["loss_mask"], b["targets"] % 50, -1))
 
 
-# ---------------------------------------------------------------- registry, textfile, hf
+# ---------------------------------------------------------------- registry, textfile (hf: test_hf.py)
 
 
 def test_unknown_corpus_lists_the_valid_names():
@@ -227,30 +225,6 @@ def test_textfile_too_small_for_the_split(tmp_path):
 def test_textfile_missing_file_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no file at .*missing.txt"):
         load_corpus("textfile", root=tmp_path, path=tmp_path / "missing.txt")
-
-
-def test_hf_without_datasets_says_how_to_install(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-    with pytest.raises(ImportError, match=r"pip install posenc-lab\[hf\]"):
-        load_corpus("hf", root=tmp_path, path="wikitext", config="wikitext-2-raw-v1")
-
-
-def test_hf_offline_and_uncached_is_a_clear_error(tmp_path, monkeypatch):
-    def load_dataset(*a, **k):
-        raise ConnectionError("Couldn't reach the Hub")
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    with pytest.raises(RuntimeError, match="could not load dataset 'wikitext'.*Offline"):
-        load_corpus("hf", root=tmp_path, path="wikitext")
-
-
-def test_hf_joins_the_text_field_as_bytes(tmp_path, monkeypatch):
-    ds = {"train": {"text": ["héllo", "world"]}, "validation": {"text": ["a"]}, "test": {"text": ["b", "c"]}}
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda *a: ds))
-    c = load_corpus("hf", root=tmp_path, path="x")
-    assert bytes(c.train) == "héllo\nworld".encode() and bytes(c.test) == b"b\nc"
-    monkeypatch.setitem(sys.modules, "datasets", None)  # the second load needs only the cache
-    assert bytes(load_corpus("hf", root=tmp_path, path="x").valid) == b"a"
 
 
 # ---------------------------------------------------------------- pystdlib
