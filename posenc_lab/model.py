@@ -34,6 +34,7 @@ FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 #: same_length windows: how many keys each query sees. "mem_len+1": itself and the mem_len states before
 #: it (posenc-lab's default); "mem_len": itself and mem_len - 1 before it (the published code).
 SAME_LENGTH_KEYS = ("mem_len+1", "mem_len")
+INITS = ("gpt2", "published")
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -62,6 +63,7 @@ class ModelConfig:
     same_length: bool = False  # every query sees the same number of keys (see same_length_keys)
     same_length_keys: str = "mem_len+1"  # "mem_len+1" | "mem_len" (the published window, itself included)
     loss_recent_frac: float = 1.0  # train on the last fraction of the segment only (paper's half loss: 0.5)
+    init: str = "gpt2"  # gpt2 | published (see MemoryTransformer.__init__)
     posenc: str = "xl"
     posenc_kwargs: dict = field(default_factory=dict)
     attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
@@ -81,6 +83,8 @@ class ModelConfig:
             raise ValueError(f"model.loss_recent_frac must be in (0, 1], got {self.loss_recent_frac!r}")
         if self.ff_activation not in FF_ACTIVATIONS:
             raise ValueError(f"model.ff_activation must be one of {sorted(FF_ACTIVATIONS)}, got {self.ff_activation!r}")
+        if self.init not in INITS:
+            raise ValueError(f"model.init must be one of {list(INITS)}, got {self.init!r}")
         if self.same_length_keys not in SAME_LENGTH_KEYS:
             raise ValueError(f"model.same_length_keys must be one of {list(SAME_LENGTH_KEYS)}, "
                              f"got {self.same_length_keys!r}")
@@ -183,12 +187,25 @@ class MemoryTransformer(nn.Module):
         else:
             self.head = AdaptiveSoftmax(cfg.d_model, cfg.vocab_size, cfg.adaptive_cutoffs,
                                         self.embedding.weight if cfg.tie_weights else None, bias=cfg.output_bias)
+        # Both inits: weights of linear maps and embeddings N(0, 0.02), biases 0. "gpt2" also scales the
+        # residual projections by 1/sqrt(2 n_layer) and keeps each scheme's own init of its tables (u, v = 0).
+        # "published" (the Transformer-XL code): LayerNorm gains N(1, 0.02) and every other parameter of
+        # the scheme (u, v, tables) N(0, 0.02).
         self.apply(self._init_weights)
         if cfg.tie_weights and cfg.adaptive_cutoffs is None:
             self.head.weight = self.embedding.weight
-        for block in self.blocks:  # GPT-2: scale the residual projections by depth
-            for proj in (block.out_proj, block.ff[-1]):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        if cfg.init == "gpt2":
+            for block in self.blocks:
+                for proj in (block.out_proj, block.ff[-1]):
+                    nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        else:
+            for module in self.modules():
+                if isinstance(module, nn.LayerNorm):
+                    nn.init.normal_(module.weight, 1.0, 0.02)
+            for module in self.scheme.modules():
+                if not isinstance(module, nn.Linear):
+                    for param in module.parameters(recurse=False):
+                        nn.init.normal_(param, 0.0, 0.02)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

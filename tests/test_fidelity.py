@@ -187,6 +187,22 @@ def test_dropout_sites_act_in_training_only():
     assert (model(x).logits - a).abs().max() > 1e-3
 
 
+def test_published_init_differs_from_gpt2_where_the_published_code_does():
+    """published: residual projections N(0, 0.02) unscaled, LayerNorm gains N(1, 0.02), u, v N(0, 0.02);
+    gpt2: residual projections N(0, 0.02 / sqrt(2 n_layer)), gains 1, u = v = 0."""
+    kw = dict(vocab_size=V, n_layer=8, d_model=128, n_head=4, d_inner=256, pre_norm=False)
+    pub, gpt = (MemoryTransformer(ModelConfig(**kw, init=init)) for init in ("published", "gpt2"))
+    assert pub.blocks[0].out_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert gpt.blocks[0].out_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
+    gains = torch.cat([b.ln_attn.weight for b in pub.blocks])
+    assert gains.mean().item() == pytest.approx(1.0, abs=0.005) and gains.std().item() == pytest.approx(0.02, rel=0.1)
+    assert all(torch.equal(b.ln_attn.weight, torch.ones(128)) for b in gpt.blocks)
+    uv = torch.cat([pub.scheme.u.flatten(), pub.scheme.v.flatten()])
+    assert uv.std().item() == pytest.approx(0.02, rel=0.15) and not gpt.scheme.u.any()
+    with pytest.raises(ValueError, match=r"model.init must be one of \['gpt2', 'published'\], got 'xavier'"):
+        ModelConfig(init="xavier")
+
+
 # --------------------------------------------------------------------------------------------
 # clamp_len and the same-length window
 # --------------------------------------------------------------------------------------------
@@ -343,7 +359,8 @@ def test_training_presets_hold_the_published_settings():
         assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio, cfg.optim.weight_decay) == \
             (2.5e-4, 0, 0.0, 0.0)
         assert cfg.trainer.gradient_clip_val == 0.25 and cfg.posenc.name == "xl" and cfg.posenc.clamp_len is None
-        assert (cfg.model.pre_norm, cfg.model.ff_activation, cfg.model.output_bias) == (False, "relu", True)
+        assert (cfg.model.pre_norm, cfg.model.ff_activation, cfg.model.output_bias, cfg.model.init) == \
+            (False, "relu", True, "published")
     table6 = compose_config("train", ["experiment=wt103_table6"])
     wt103 = compose_config("train", ["experiment=txl_wt103_base"])
     assert table6.model == wt103.model and table6.optim == wt103.optim
