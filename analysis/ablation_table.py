@@ -22,16 +22,15 @@ import yaml
 from .effective_context import Dumps, recl_text, run_mode, train_attention_length
 from .runs import Run, figure_name, metric_of
 from .sections import Section, Table
-from .stats import (CONTRADICTED, INCONCLUSIVE, REPRODUCED, Bootstrap, Interval, block_sums, combine, sign_text,
-                    verdict)
+from .stats import CONTRADICTED, INCONCLUSIVE, REPRODUCED, Bootstrap, Interval, block_sums, combine, sign_text, verdict
 
 
 @cache
 def paper() -> dict:
     """The paper's claims and figures (conf/paper.yaml): which scheme each claim is about."""
-    from posenc_lab.train import CONF_DIR
+    from posenc_lab import config_dir
 
-    return yaml.safe_load((Path(CONF_DIR) / "paper.yaml").read_text())
+    return yaml.safe_load((Path(config_dir()) / "paper.yaml").read_text())
 
 
 def absolute_schemes() -> tuple[str, ...]:
@@ -187,7 +186,7 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
     fig = figure_name(unit)
     level = f"{cl.boot.level:.0%}"
     lines = []
-    judged = (lambda v: "not judged (smoke run)") if smoke else (lambda v: v)  # noqa: E731
+    judged = (lambda v: "not judged (smoke run)") if smoke else (lambda v: v)
     ok = [c for c in cl.cells.values() if _init(c) in cl.contexts and np.isfinite(cl.mean(c, _init(c))).all()]
     if not ok:
         return ["No cell could be evaluated at its training attention length."]

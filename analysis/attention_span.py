@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 import torch
@@ -23,7 +23,7 @@ import torch
 from posenc_lab.tables import write_csv
 
 from . import plots
-from .runs import Run, RunError, find_runs, add_threads_argument, apply_threads
+from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
 
 
 @dataclass

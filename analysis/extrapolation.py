@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ import pandas as pd
 from posenc_lab.tables import write_csv
 
 from . import plots
-from .runs import Run, RunError, find_runs, add_threads_argument, apply_threads
+from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
 
 # (not "n/a": pandas reads that back as a missing value)
 NA_STATUS = "not applicable"
@@ -196,7 +196,8 @@ def summarize(table: pd.DataFrame, unit_scale: float) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None = None, log=print) -> ExtrapolationResult:
+def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None = None,
+            log=print) -> ExtrapolationResult:
     """Evaluate every run along the three axes; write extrapolation.csv, extrapolation_summary.csv
     and one PNG per axis into ``out``. Runs of several corpora are allowed (the figures facet by
     recurrence; compare corpora in separate calls for a clean picture)."""
@@ -223,7 +224,8 @@ def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None =
     na = table[table["status"] == NA_STATUS]
     res.figures["segment"] = plots.lines(
         ok[ok["axis"] == "segment"], x="length", y="loss_nats", path=out / "extrapolation_segment.png", unit=unit,
-        title="Window axis: evaluation segment length L' without memory", xlabel="evaluation segment length L' (tokens)",
+        title="Window axis: evaluation segment length L' without memory",
+        xlabel="evaluation segment length L' (tokens)",
         vlines={"train L": L}, col="recurrence", na=na[na["axis"] == "segment"])
     mems = sorted({r.mem_len for r in runs if r.mem_len})
     res.figures["memory"] = plots.lines(

@@ -9,14 +9,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-from posenc_lab.io import write_with  # noqa: E402
+from posenc_lab.io import write_with
 
-from .runs import metric_of, scheme_order  # noqa: E402
+from .runs import metric_of, scheme_order
 
 SCHEME_ORDER = scheme_order()
 _PALETTE = dict(zip(SCHEME_ORDER, sns.color_palette("tab10", len(SCHEME_ORDER))))

@@ -19,16 +19,18 @@ import argparse
 import datetime
 import platform
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
+
+from posenc_lab.tables import write_csv
 
 from . import ablation_table, attention_span, effective_context, eval_speed, extrapolation
 from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
 from .sections import Figure, Section, Table, render
-from posenc_lab.tables import write_csv
 
 
 @dataclass
@@ -49,7 +51,7 @@ class ReportSettings:
     smoke: bool = False  # a smoke run (ablate.smoke): the report draws no conclusions
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ReportSettings":
+    def from_dict(cls, d: dict[str, Any]) -> ReportSettings:
         """From the ``ablate.analysis`` block of conf/ablate.yaml."""
         split = d.get("split", "valid")
         boot = d.get("bootstrap") or {}
@@ -207,9 +209,9 @@ def preset_analysis(experiment: str) -> tuple[dict, bool]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from posenc_lab.train import CONF_DIR
+    from posenc_lab import config_dir
 
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("ablate", overrides=[f"experiment={experiment}"])
     return OmegaConf.to_container(cfg.ablate.analysis, resolve=True), bool(cfg.ablate.get("smoke", False))
 

@@ -146,7 +146,8 @@ def test_bad_inputs():
 
 
 def _dump(path, run: str, corpus: str, contexts=(8, 16, 24)):
-    meta = {"run": run, "scheme": "s", "mem_len": 8, "loss": "full", "corpus": corpus, "split": "valid", "n_rows": 2, "n_score": 5, "score_start": max(contexts),
+    meta = {"run": run, "scheme": "s", "mem_len": 8, "loss": "full", "corpus": corpus, "split": "valid",
+            "n_rows": 2, "n_score": 5, "score_start": max(contexts),
             "contexts": list(contexts), "mode": "memory"}
     np.savez(path, loss=np.ones((len(contexts), 2, 5), np.float32), mask=np.ones((2, 5), bool),
              contexts=np.array(contexts), meta=json.dumps(meta))

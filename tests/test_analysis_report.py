@@ -53,7 +53,8 @@ def md_tables(text: str) -> dict[str, pd.DataFrame]:
 
 def assert_cell_equals(md: str, csv_value, where: str) -> None:
     if md == "n/a":
-        assert csv_value is None or (isinstance(csv_value, float) and math.isnan(csv_value)) or csv_value == "n/a", where
+        missing = csv_value is None or (isinstance(csv_value, float) and math.isnan(csv_value))
+        assert missing or csv_value == "n/a", where
         return
     if re.fullmatch(r"-?\d+\.\d+", md):
         decimals = len(md.split(".")[1])
@@ -162,8 +163,9 @@ def test_quick_preset_report(tmp_path):
 
 def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
     """pyproject registers `ablate` in the entry-point group that posenc_lab.cli discovers."""
-    import tomllib
     from importlib.metadata import EntryPoint
+
+    import tomllib
 
     from posenc_lab import cli
 
@@ -202,7 +204,8 @@ def test_each_script_runs_on_its_own(tiny, tmp_path):
         p.name for p in (tmp_path / "ext").iterdir()}
     assert effective_context.main([*runs, "--out", str(tmp_path / "recl"), "--n-rows", "2", "--n-score", "16",
                                    "--delta", "8", "--c-max", "32"]) == 0
-    assert (tmp_path / "recl" / "recl.csv").is_file() and len(list((tmp_path / "recl" / "context_losses").glob("*.npz"))) == 2
+    assert (tmp_path / "recl" / "recl.csv").is_file()
+    assert len(list((tmp_path / "recl" / "context_losses").glob("*.npz"))) == 2
     assert effective_context.main(["--from-dumps", str(tmp_path / "recl" / "context_losses"),
                                    "--out", str(tmp_path / "recl2")]) == 0
     a = pd.read_csv(tmp_path / "recl" / "recl.csv").sort_values(["cell", "r"])
