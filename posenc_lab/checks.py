@@ -112,9 +112,8 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def check_train_config(cfg: DictConfig) -> None:
-    """Raise ConfigError naming the first bad key (with what would be valid)."""
-    for key, check in CHECKS.items():
+def _check(cfg: DictConfig, checks: dict[str, Callable[[Any], str | None]]) -> None:
+    for key, check in checks.items():
         value = OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False)
         if value is _MISSING:
             continue
@@ -124,7 +123,32 @@ def check_train_config(cfg: DictConfig) -> None:
         if expected is not None:
             if key == "trainer.max_steps":
                 expected += " (training is step-based: the train stream is infinite)"
+            if key == "max_batches":
+                expected += " (the first N segments of every stream; null: all)"
             raise ConfigError(f"{key} must be {expected}, got {value!r}")
+
+
+def check_train_config(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the first bad key (with what would be valid)."""
+    _check(cfg, CHECKS)
     resume = OmegaConf.select(cfg, "resume", default=None)
     if resume is not None and not isinstance(resume, (str, bool)) or resume is True:
         raise ConfigError(f"resume must be auto, null or a checkpoint path, got {resume!r}")
+
+EVAL_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "max_batches": _int(1, allow_none=True),
+    "data.segment_len": _int(1, allow_none=True),
+    "data.batch_size": _int(1, allow_none=True),
+    "data.episode_len": _int(1, allow_none=True),
+    "model.mem_len": _int(0, allow_none=True),
+    "model.same_length": lambda v: None if v is None or isinstance(v, bool) else "true, false or null",
+    "dump_losses": _bool,
+    "progress_bar": _bool,
+}
+
+
+def check_eval_config(cfg: DictConfig) -> None:
+    """``posenc-lab eval``'s keys (conf/eval.yaml); ConfigError naming the first bad one."""
+    _check(cfg, EVAL_CHECKS)
+    if cfg.split not in ("val", "test"):
+        raise ConfigError(f"split must be val or test, got {cfg.split!r}")

@@ -5,9 +5,10 @@ CLI (Hydra, conf/eval.yaml):
     posenc-lab eval ckpt=runs/X/checkpoints/last.ckpt data.segment_len=256 model.mem_len=512 \\
         model.same_length=true dump_losses=true
 
-writes ``<out_dir>/<split>_L<segment_len>_M<mem_len>[_same].json`` (the figures) and, with
-``dump_losses=true``, ``.npz`` of per-token arrays [n_streams, T] (see ``evaluate_checkpoint``).
-``out_dir`` defaults to ``<run dir>/eval``.
+writes ``<out_dir>/<name>.json`` (the figures and settings) and, with ``dump_losses=true``, ``.npz``
+of per-token arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically. The name carries every
+setting that changes the figures (``output_name``: ``test_step6_L256_M512_same_Tnone_B16_all``), so
+evaluations never overwrite each other. ``out_dir`` defaults to ``<run dir>/eval``.
 
 Python:
 
@@ -18,6 +19,7 @@ Python:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +32,9 @@ import lightning as L
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from .checks import check_eval_config
+from .errors import ConfigError, reported
+from .io import save_npz, write_json
 from .lit import CheckpointError, load_lit, read_checkpoint
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
@@ -81,7 +86,11 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     token in the split).
     """
     if split not in ("val", "test"):
-        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        raise ConfigError(f"split must be 'val' or 'test', got {split!r}")
+    if max_batches is not None and (not isinstance(max_batches, int) or isinstance(max_batches, bool)
+                                    or max_batches < 1):
+        raise ConfigError(f"max_batches must be an integer >= 1 (the first N segments of every stream) or null "
+                          f"(all of them), got {max_batches!r}")
     ckpt = read_checkpoint(ckpt_path)
     model_hp = ckpt["hyper_parameters"]["model"]
     if same_length_keys is not None:
@@ -117,8 +126,8 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     lit.collect_token_losses = return_token_losses
     trainer = L.Trainer(accelerator=accelerator, devices=1, precision=precision, logger=False,
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress_bar,
-                        use_distributed_sampler=False, limit_val_batches=max_batches or 1.0,
-                        limit_test_batches=max_batches or 1.0)
+                        use_distributed_sampler=False, limit_val_batches=1.0 if max_batches is None else max_batches,
+                        limit_test_batches=1.0 if max_batches is None else max_batches)
     start = time.perf_counter()
     run = trainer.validate if split == "val" else trainer.test
     run(lit, datamodule=datamodule, verbose=False)
@@ -130,6 +139,8 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
         "segment_len": int(data_cfg.segment_len), "mem_len": model.mem_len, "same_length": model.same_length,
         "same_length_keys": model.cfg.same_length_keys, "scheme_options": dict(scheme_options or {}),
         "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size), "episode_len": data_cfg.episode_len,
+        "max_batches": max_batches, "data_overrides": {k: v for k, v in (data_overrides or {}).items()
+                                                       if k not in ("segment_len", "episode_len", "batch_size", "root")},
         "train_steps": int(ckpt.get("global_step", 0)), "train_segment_len": int(train_data.segment_len),
         "train_mem_len": model.cfg.mem_len, "train_episode_len": train_data.episode_len,
         **lit.eval_results[split], "wall_time_s": wall,
@@ -143,14 +154,31 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
 
 
 def output_name(result: dict[str, Any]) -> str:
-    name = f"{result['split']}_L{result['segment_len']}_M{result['mem_len']}" + ("_same" if result["same_length"] else "")
-    if result["same_length"] and result.get("same_length_keys") == "mem_len":
-        name += "-published"  # the published window: mem_len keys per query, not mem_len + 1
-    return name + "".join(f"_{k}{v}" for k, v in sorted(result.get("scheme_options", {}).items()))
+    """A name that differs whenever the figures may: split, checkpoint step, segment (L), memory (M),
+    window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options and a
+    hash of any other data setting. ``test_step6_L32_M32_same_Tnone_B4_all``."""
+    name = f"{result['split']}_step{result['train_steps']}_L{result['segment_len']}_M{result['mem_len']}"
+    if result["same_length"]:
+        name += "_same" + ("-published" if result.get("same_length_keys") == "mem_len" else "")
+    episode, max_batches = result.get("episode_len"), result.get("max_batches")
+    name += f"_T{'none' if episode is None else episode}_B{result['batch_size']}"
+    name += "_all" if max_batches is None else f"_first{max_batches}"
+    name += "".join(f"_{k}{v}" for k, v in sorted(result.get("scheme_options", {}).items()))
+    if result.get("data_overrides"):
+        canonical = json.dumps(result["data_overrides"], sort_keys=True, default=str).encode()
+        name += "_data-" + hashlib.sha1(canonical).hexdigest()[:8]  # the settings are in the .json itself
+    return name
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def main(cfg: DictConfig) -> None:
+    with reported("eval"):
+        evaluate_main(cfg)
+
+
+def evaluate_main(cfg: DictConfig) -> None:
+    """``posenc-lab eval``: evaluate, then write <out_dir>/<output_name>.json (and .npz), atomically."""
+    check_eval_config(cfg)
     ckpt = Path(cfg.ckpt)
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if v is not None}
     result = evaluate_checkpoint(
@@ -161,13 +189,12 @@ def main(cfg: DictConfig) -> None:
         data_overrides=data, max_batches=cfg.max_batches, return_token_losses=bool(cfg.dump_losses),
         accelerator=cfg.accelerator, precision=cfg.precision, progress_bar=bool(cfg.progress_bar))
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.resolve().parent.parent / "eval"
-    out_dir.mkdir(parents=True, exist_ok=True)
     name = output_name(result)
     arrays = result.pop("token_losses", None)
-    if arrays is not None:
-        np.savez_compressed(out_dir / f"{name}.npz", **arrays)
+    if arrays is not None:  # the .npz first: a .json present means its arrays are complete
+        save_npz(out_dir / f"{name}.npz", **arrays)
         result["token_losses_file"] = str(out_dir / f"{name}.npz")
-    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out_dir / f"{name}.json", result)
     figures = {k: result[k] for k in ("loss", "bpt", "ppl", "acc") if k in result}
     print(f"{out_dir / (name + '.json')}: {json.dumps(figures)}")
 

@@ -120,7 +120,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if zipfile.is_zipfile(path):  # torch.save's format: list what it would import, without unpickling
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:
+        except Exception:  # a damaged archive: torch.load below names the problem
             unsafe = []
         allowed = {f"{g.__module__}.{g.__qualname__}" for g in CHECKPOINT_SAFE_GLOBALS}
         if set(unsafe) - allowed:
@@ -131,7 +131,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     except pickle.UnpicklingError as e:  # the weights-only unpickler met something that is not data
         found = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(e))
         raise _refused(path, found.group(0) if found else "objects other than tensors and plain data") from None
-    except Exception as e:
+    except Exception as e:  # torch raises many kinds for a damaged file
         raise CheckpointError(f"checkpoint {path} cannot be read (corrupt or not a checkpoint): "
                               f"{type(e).__name__}: {e}") from e
     missing = [k for k in ("state_dict", "hyper_parameters", "posenc_lab") if k not in ckpt] \
@@ -220,24 +220,16 @@ def good_checkpoint(directory: str | os.PathLike) -> Path | None:
     return None
 
 
-def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = None,
-             posenc_overrides: dict[str, Any] | None = None) -> LitLM:
+def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = None) -> LitLM:
     """The LitLM of a training checkpoint (weights and hyper-parameters), on the CPU, in eval mode.
-    ``checkpoint``: the file's contents if already read (``read_checkpoint``); ``posenc_overrides``:
-    scheme options that change no parameter (e.g. the learned table's ``overflow``)."""
+    ``checkpoint``: the file's contents if already read (``read_checkpoint``)."""
     ckpt = read_checkpoint(ckpt_path) if checkpoint is None else checkpoint
     try:
-        hparams = dict(ckpt["hyper_parameters"])
-        if posenc_overrides:
-            model = dict(hparams["model"])
-            model["posenc_kwargs"] = {**model.get("posenc_kwargs", {}), **posenc_overrides}
-            hparams["model"] = model
-        lit = LitLM(**hparams)
+        lit = LitLM(**ckpt["hyper_parameters"])
         lit.load_state_dict(ckpt["state_dict"])
         lit.on_load_checkpoint(ckpt)
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {ckpt_path} does not fit this version of posenc-lab"
-                              f"{' with ' + repr(posenc_overrides) if posenc_overrides else ''}: "
+        raise CheckpointError(f"checkpoint {ckpt_path} does not fit this version of posenc-lab: "
                               f"{type(e).__name__}: {e}") from e
     return lit.eval()
 

@@ -91,12 +91,12 @@ def differences(saved: Any, now: Any, key: str = "") -> list[str]:
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
-    """checkpoints/last.ckpt, else the newest periodic checkpoint, else None."""
+    """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     if (ckpt_dir / "last.ckpt").is_file():
         return ckpt_dir / "last.ckpt"
-    periodic = sorted(ckpt_dir.glob("step*.ckpt"))
-    return periodic[-1] if periodic else None
+    others = [p for p in ckpt_dir.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
+    return max(others, key=lambda p: p.stat().st_mtime) if others else None
 
 
 def check_run_dir(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:

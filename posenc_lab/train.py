@@ -206,7 +206,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
     record = check_run_dir(run_dir, identity)
     resume = _resume_path(cfg, run_dir, record)
-    resume_step = check_resumable(resume, lit, datamodule) if resume is not None else 0
+    try:
+        resume_step = check_resumable(resume, lit, datamodule) if resume is not None else 0
+    except CheckpointError as e:
+        if cfg.resume != "auto" or "cannot be read" not in str(e):
+            raise
+        raise CheckpointError(f"{e}. Delete it to resume from the newest other checkpoint in {resume.parent} "
+                              f"(or to start the run over if there is none), or pass resume=PATH") from e
     if resume_step > cfg.trainer.max_steps:
         raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps} is below the step of {resume} ({resume_step}): "
                           f"a run is extended, never shortened; set trainer.max_steps >= {resume_step}")

@@ -135,9 +135,9 @@ def test_console_eval(trained, tmp_path):
     _console("eval", f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "data.segment_len=32", "model.mem_len=32",
              "model.same_length=true", "dump_losses=true", "max_batches=4", "progress_bar=false",
              f"out_dir={tmp_path}")
-    out = json.loads((tmp_path / "test_L32_M32_same.json").read_text())
+    out = json.loads((tmp_path / "test_step6_L32_M32_same_Tnone_B4_first4.json").read_text())
     assert out["segment_len"] == 32 and out["same_length"] is True and "loss" in out
-    assert np.load(tmp_path / "test_L32_M32_same.npz")["token_loss"].shape == (4, 4 * 32)
+    assert np.load(tmp_path / "test_step6_L32_M32_same_Tnone_B4_first4.npz")["token_loss"].shape == (4, 4 * 32)
 
 
 def _hydra_app_fails(main, argv, monkeypatch, capsys) -> str:

@@ -403,6 +403,6 @@ def test_adaptive_model_trains_and_evaluates_with_per_token_losses(tmp_path):
     mask = arrays["loss_mask"]
     assert mask.sum() > 0 and arrays["correct"].shape == mask.shape
     assert r["loss"] == pytest.approx(float(arrays["token_loss"][mask].mean()), rel=1e-5)
-    assert output_name(r) == "test_L8_M24_same-published_clamp_len12"
+    assert output_name(r) == "test_step2_L8_M24_same-published_Tnone_B4_first3_clamp_len12"
     with pytest.raises(ValueError, match=r"no option\(s\) \['clamp_lenn'\].*clamp_len"):
         evaluate_checkpoint(results["checkpoint"], scheme_options={"clamp_lenn": 12}, max_batches=1)
