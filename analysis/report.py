@@ -50,6 +50,15 @@ class ReportSettings:
     level: float = 0.95  # coverage of every interval
     smoke: bool = False  # a smoke run (ablate.smoke): the report draws no conclusions
 
+    def __post_init__(self):
+        """Bad bootstrap settings fail here, naming the key, before any analysis runs."""
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
+            raise ValueError(f"ablate.analysis.bootstrap.block must be an integer >= 1 (tokens), got {self.block!r}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"ablate.analysis.bootstrap.level must be in (0, 1), e.g. 0.95, got {self.level!r}")
+        if self.n_boot < 100:
+            raise ValueError(f"ablate.analysis.bootstrap.n_boot must be >= 100 replicates, got {self.n_boot!r}")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ReportSettings:
         """From the ``ablate.analysis`` block of conf/ablate.yaml."""

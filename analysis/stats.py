@@ -97,7 +97,8 @@ class Bootstrap:
     def __init__(self, n_blocks: int, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
         if n_blocks < 2:
             raise ValueError(f"a bootstrap needs at least 2 blocks of tokens, got {n_blocks}; score more tokens "
-                             f"(more rows or tokens per row) or use shorter blocks")
+                             f"(ablate.analysis.context.n_rows / n_score) or use shorter blocks "
+                             f"(ablate.analysis.bootstrap.block)")
         if not 0 < level < 1:
             raise ValueError(f"bootstrap level must be in (0, 1), got {level}")
         self.n_blocks, self.n_boot, self.level = n_blocks, n_boot, level

@@ -103,3 +103,14 @@ def test_the_report_says_smoke_and_how_many_seeds():
     assert f"3 seeds: 1 cell ({XL}, mem 32, full loss); 1 seed: 1 cell" in text
     assert "smoke" not in "\n".join(_preamble(runs, ReportSettings(), "cpu", {}))
     assert ReportSettings.from_dict({"smoke": True, "bootstrap": {"block": 8}}).block == 8
+
+
+def test_bad_bootstrap_settings_name_the_key():
+    from analysis.report import ReportSettings
+
+    with pytest.raises(ValueError, match=r"ablate.analysis.bootstrap.block must be an integer >= 1.*got 0"):
+        ReportSettings.from_dict({"bootstrap": {"block": 0}})
+    with pytest.raises(ValueError, match=r"bootstrap.level must be in \(0, 1\).*got 95"):
+        ReportSettings.from_dict({"bootstrap": {"level": 95}})
+    with pytest.raises(ValueError, match=r"bootstrap.n_boot must be >= 100"):
+        ReportSettings.from_dict({"bootstrap": {"n_boot": 10}})
