@@ -43,30 +43,31 @@ def _timed(fn, min_seconds: float, max_calls: int) -> tuple[float, int]:
 def measure(model, attn_len: int, segment_len: int, batch: int = 4, min_seconds: float = 0.5,
             max_calls: int = 50) -> list[dict]:
     """Tokens/s of both methods at one attention length (rows: method, attn_len, tokens_per_s, ...)."""
-    from posenc_lab.context import eval_lengths
+    from posenc_lab.context import evaluating
 
     V = model.cfg.vocab_size
     L = segment_len
     device = next(model.parameters()).device
     out = []
-    with eval_lengths(model, attn_len, same_length=True):
+    lengths = {"mem_len": attn_len, "same_length": True}
+    with evaluating(model):
         model.validate_lengths(L, attn_len)
         x = torch.randint(V, (batch, L), device=device)
         mems = None
         for _ in range(-(-attn_len // L)):  # fill the memory
-            mems = model(x, mems=mems).mems
+            mems = model(x, mems=mems, **lengths).mems
         state = {"mems": mems}
 
         def step():
-            state["mems"] = model(x, mems=state["mems"]).mems
+            state["mems"] = model(x, mems=state["mems"], **lengths).mems
 
         seconds, calls = _timed(step, min_seconds, max_calls)
         out.append({"method": "memory", "attn_len": attn_len, "segment_len": L, "batch": batch,
                     "tokens_per_s": calls * batch * L / seconds, "seconds": seconds, "calls": calls})
-    with eval_lengths(model, 0):
+    with evaluating(model):
         model.validate_lengths(attn_len + 1, 0)
         w = torch.randint(V, (batch, attn_len + 1), device=device)
-        seconds, calls = _timed(lambda: model(w), min_seconds, max_calls)
+        seconds, calls = _timed(lambda: model(w, mem_len=0, same_length=False), min_seconds, max_calls)
         out.append({"method": "sliding window", "attn_len": attn_len, "segment_len": attn_len + 1, "batch": batch,
                     "tokens_per_s": calls * batch / seconds, "seconds": seconds, "calls": calls})
     return out

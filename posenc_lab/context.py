@@ -40,16 +40,14 @@ class StreamResult:
 
 
 @contextmanager
-def eval_lengths(model: MemoryTransformer, mem_len: int, same_length: bool = False):
-    """Temporarily set the memory length and same-length mask (the model reads them per forward)."""
-    saved = model.mem_len, model.same_length, model.training
-    model.mem_len, model.same_length = mem_len, bool(same_length and mem_len > 0)
+def evaluating(model: MemoryTransformer):
+    """The model in eval mode (no dropout) for the block, its previous mode restored after."""
+    was_training = model.training
     model.eval()
     try:
         yield model
     finally:
-        model.mem_len, model.same_length = saved[0], saved[1]
-        model.train(saved[2])
+        model.train(was_training)
 
 
 def _as_rows(tokens) -> Tensor:
@@ -78,7 +76,8 @@ def iter_stream(model: MemoryTransformer, tokens, *, segment_len: int, mem_len: 
     largest = (min(T, N + start_offset) if T else N + start_offset) - 1
     model.validate_lengths(min(segment_len, N), mem_len, max_offset=max(largest, 0))
     device = next(model.parameters()).device
-    with eval_lengths(model, mem_len, same_length), torch.inference_mode():
+    same_length = bool(same_length and mem_len > 0)
+    with evaluating(model), torch.inference_mode():
         mems, pos, offset = None, 0, start_offset
         while pos < N:
             if T is not None and offset >= T:
@@ -86,7 +85,8 @@ def iter_stream(model: MemoryTransformer, tokens, *, segment_len: int, mem_len: 
             length = min(segment_len, N - pos, (T - offset) if T is not None else N)
             x = tokens[:, pos:pos + length].to(device)
             y = tokens[:, pos + 1:pos + length + 1].to(device)
-            out: ModelOutput = model(x, y, mems=mems, offset=offset, return_attention=return_attention)
+            out: ModelOutput = model(x, y, mems=mems, offset=offset, return_attention=return_attention,
+                                     mem_len=mem_len, same_length=same_length)
             yield pos, torch.arange(offset, offset + length), out
             mems = out.mems if mem_len > 0 else None
             pos, offset = pos + length, offset + length
@@ -143,10 +143,10 @@ def context_losses(model: MemoryTransformer, tokens, c: int, *, score_start: int
     chunk = max(1, window_batch_tokens // (c + 1))
     device = next(model.parameters()).device
     loss, correct = [], []
-    with eval_lengths(model, 0), torch.inference_mode():
+    with evaluating(model), torch.inference_mode():
         for w in windows.split(chunk):
             w = w.to(device)
-            out = model(w[:, :-1], w[:, 1:], mems=None, offset=0)
+            out = model(w[:, :-1], w[:, 1:], mems=None, offset=0, mem_len=0, same_length=False)
             loss.append(out.token_loss[:, -1].float().cpu())
             correct.append((out.logits[:, -1].argmax(-1) == w[:, -1]).cpu())
     offset = torch.full((B, n_score), c, dtype=torch.long)
@@ -165,5 +165,5 @@ def stream_rows(data, n_rows: int, row_len: int, start: int = 0) -> Tensor:
     return torch.from_numpy(np.asarray(data)[idx].astype(np.int64))
 
 
-__all__ = ["CONTEXT_MODES", "StreamResult", "context_losses", "eval_lengths", "iter_stream",
+__all__ = ["CONTEXT_MODES", "StreamResult", "context_losses", "evaluating", "iter_stream",
            "stream_losses", "stream_rows"]

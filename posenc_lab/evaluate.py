@@ -36,6 +36,7 @@ from .checks import check_eval_config
 from .errors import ConfigError, reported
 from .io import save_npz, write_json
 from .lit import CheckpointError, load_lit, read_checkpoint
+from .metrics import TokenDump
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
 from .train import CONF_DIR, build_datamodule
@@ -46,7 +47,7 @@ log = logging.getLogger("posenc_lab.evaluate")
 def load_model(ckpt_path: str | os.PathLike) -> MemoryTransformer:
     """The trained MemoryTransformer of a checkpoint, on the CPU, in eval mode.
 
-    Its ``cfg`` is the training ModelConfig; set ``model.mem_len`` / ``model.same_length`` to
+    Its ``cfg`` is the training ModelConfig; pass ``mem_len`` / ``same_length`` to its forward pass to
     evaluate with another memory. Raises CheckpointError (naming the file) for a bad checkpoint.
     """
     return load_lit(ckpt_path).model
@@ -114,17 +115,17 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     datamodule = build_datamodule(data_cfg)
 
     model = lit.model
-    model.mem_len = model.mem_len if mem_len is None else int(mem_len)
-    model.same_length = model.same_length if same_length is None else bool(same_length)
-    if model.same_length and model.mem_len < 1:
-        raise ValueError("same_length=true needs mem_len >= 1 (each query sees mem_len + 1 keys)")
+    lit.evaluate_at(None if mem_len is None else int(mem_len), None if same_length is None else bool(same_length))
+    mem_len = lit.eval_lengths.get("mem_len", model.cfg.mem_len)
+    same_length = lit.eval_lengths.get("same_length", model.cfg.same_length)
     try:
         lit.check_data(datamodule, (split,))
     except ValueError as e:
         raise ValueError(f"cannot evaluate {ckpt_path} this way: {e}") from e
 
-    lit.collect_token_losses = return_token_losses
+    dump = TokenDump() if return_token_losses else None
     trainer = L.Trainer(accelerator=accelerator, devices=1, precision=precision, logger=False,
+                        callbacks=[dump] if dump else None,
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress_bar,
                         use_distributed_sampler=False, limit_val_batches=1.0 if max_batches is None else max_batches,
                         limit_test_batches=1.0 if max_batches is None else max_batches)
@@ -136,7 +137,7 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     train_data = config.data
     result: dict[str, Any] = {
         "checkpoint": str(ckpt_path), "split": split, "scheme": model.cfg.posenc,
-        "segment_len": int(data_cfg.segment_len), "mem_len": model.mem_len, "same_length": model.same_length,
+        "segment_len": int(data_cfg.segment_len), "mem_len": mem_len, "same_length": same_length,
         "same_length_keys": model.cfg.same_length_keys, "scheme_options": dict(scheme_options or {}),
         "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size), "episode_len": data_cfg.episode_len,
         "max_batches": max_batches, "data_overrides": {k: v for k, v in (data_overrides or {}).items()
@@ -146,7 +147,7 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
         **lit.eval_results[split], "wall_time_s": wall,
     }
     if return_token_losses:
-        arrays = dict(lit.token_losses.get(split, {}))
+        arrays = dict(dump.arrays.get(split, {}))
         stream = datamodule.streams[split]
         arrays["stream_start"] = np.arange(stream.batch_size, dtype=np.int64) * stream.stream_len
         result["token_losses"] = arrays

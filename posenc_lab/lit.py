@@ -15,7 +15,9 @@ as never stopping.
 Metrics (logged as ``train/*``, ``val/*``, ``test/*``): loss (nats per scored token), ``bpt``
 (bits per token, byte/char corpora) or ``ppl`` (word corpora), ``acc`` and ``acc_d{lo}-{hi}``
 (argmax accuracy of scored tokens that carry a distance, i.e. recall answers, overall and by
-distance bucket), ``lr``, ``tokens_per_s`` and ``tokens`` (global, cumulative).
+distance bucket), ``lr``, ``tokens_per_s`` and ``tokens`` (global, cumulative). The val/test
+figures come from ``posenc_lab.metrics.EvalStats`` (summed over DDP ranks); per-token results are
+kept by the ``posenc_lab.metrics.TokenDump`` callback. Evaluation at other lengths: ``evaluate_at``.
 """
 
 from __future__ import annotations
@@ -38,11 +40,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
 from .errors import PosencLabError
+from .metrics import DEFAULT_BUCKETS, SPLITS, EvalStats, figure, figure_name
+from .metrics import bucket_labels, logged_metrics  # noqa: F401 - their home before posenc_lab.metrics
 from .model import MemoryTransformer, ModelConfig
 
-SPLITS = ("train", "val", "test")
-TRAIN_EXTRAS = ("lr", "tokens_per_s", "tokens")  # logged by training only
-DEFAULT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512)
 DEFAULT_OPTIM = dict(lr=1e-3, weight_decay=0.01, warmup_steps=100, min_lr_ratio=0.1, betas=(0.9, 0.95), eps=1e-8,
                      total_steps=None)
 
@@ -54,29 +55,6 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def bucket_labels(edges: Sequence[int]) -> list[str]:
-    """[1, 8, 16] -> ["1-7", "8-15", "16+"]."""
-    return [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
-
-
-def figure_name(unit: str) -> str:
-    """The headline figure of a corpus of ``unit`` tokens: ``ppl`` (perplexity) for words, else ``bpt``
-    (bits per token)."""
-    return "ppl" if unit == "word" else "bpt"
-
-
-def logged_metrics(unit: str | None, answers: bool, distance_buckets: Sequence[int] = DEFAULT_BUCKETS) -> set[str]:
-    """Every key LitLM logs for a corpus of ``unit`` tokens (None: unknown, both figures) whose batches carry
-    recall distances if ``answers``: ``{train,val,test}/{loss,<figure>}``, ``train/{lr,tokens_per_s,tokens}``
-    and, with answers, ``{train,val,test}/acc`` and ``{val,test}/acc_d<bucket>``."""
-    figures = {"loss", figure_name(unit)} if unit else {"loss", "bpt", "ppl"}
-    names = {f"{split}/{k}" for split in SPLITS for k in figures} | {f"train/{k}" for k in TRAIN_EXTRAS}
-    if answers:
-        names |= {f"{split}/acc" for split in SPLITS}
-        names |= {f"{split}/acc_d{b}" for split in SPLITS[1:] for b in bucket_labels(sorted(distance_buckets))}
-    return names
 
 
 class NonFiniteLossError(PosencLabError, FloatingPointError):
@@ -247,21 +225,14 @@ class LitLM(L.LightningModule):
         self.save_hyperparameters()
         self.model = MemoryTransformer(ModelConfig(**model))
         self.optim = {**DEFAULT_OPTIM, **(optim or {})}
-        self.metric = "ppl" if unit == "word" else "bpt"
-        edges = sorted(int(e) for e in distance_buckets)
-        if not edges or edges[0] < 0:
-            raise ValueError(f"distance_buckets must be non-empty lower edges >= 0, got {list(distance_buckets)}")
-        self.register_buffer("bucket_edges", torch.tensor(edges), persistent=False)
-        self.bucket_names = bucket_labels(edges)
+        self.unit, self.metric = unit, figure_name(unit)
+        self.eval_stats = nn.ModuleDict({split: EvalStats(distance_buckets) for split in SPLITS[1:]})
+        self.eval_lengths: dict[str, Any] = {}  # mem_len / same_length of val and test passes (evaluate_at)
 
         self._mems: dict[str, list[Tensor] | None] = dict.fromkeys(SPLITS)
         self._pending_train_mems: list[Tensor] | None = None  # from a checkpoint, global streams
-        self._stats: dict[str, dict[str, Tensor]] = {}
         self.eval_results: dict[str, dict[str, Any]] = {}  # the last val / test figures, plain floats
         self.train_tokens = 0  # global tokens consumed by training
-        self.collect_token_losses = False  # evaluate.py: keep per-token losses of val/test passes
-        self.token_losses: dict[str, dict[str, np.ndarray]] = {}
-        self._collected: list[dict[str, Tensor]] = []
         self._t_last: float | None = None
         self._wall_offset = 0.0  # fit seconds before this invocation (from the checkpoint)
 
@@ -275,12 +246,13 @@ class LitLM(L.LightningModule):
                              f"the model has vocab_size={cfg.vocab_size}")
         for split in splits:
             segment_len, max_position = datamodule.lengths(split)
+            mem_len = self._lengths(split).get("mem_len", cfg.mem_len)
             try:
-                self.model.validate_lengths(segment_len, self.model.mem_len, max_position)
+                self.model.validate_lengths(segment_len, mem_len, max_position)
             except ValueError as e:
                 raise ValueError(
                     f"posenc={cfg.posenc} cannot serve the {split} data (segments up to {segment_len} tokens, "
-                    f"positions up to {max_position} since an episode start, model.mem_len={self.model.mem_len}; "
+                    f"positions up to {max_position} since an episode start, model.mem_len={mem_len}; "
                     f"see data.segment_len, data.episode_len, model.mem_len): {e}") from e
 
     def setup(self, stage: str) -> None:
@@ -291,22 +263,24 @@ class LitLM(L.LightningModule):
 
     # ---- the recurrent step ----------------------------------------------------------------
 
+    def evaluate_at(self, mem_len: int | None = None, same_length: bool | None = None) -> None:
+        """Run the val / test passes with memory ``mem_len`` and the same-length mask (None: as trained);
+        handed to the model's forward pass, the model itself is not changed."""
+        lengths = {k: v for k, v in (("mem_len", mem_len), ("same_length", same_length)) if v is not None}
+        if lengths.get("same_length", self.model.cfg.same_length) and lengths.get("mem_len", self.model.cfg.mem_len) < 1:
+            raise ValueError("same_length=true needs mem_len >= 1 (each query sees mem_len + 1 keys)")
+        self.eval_lengths = lengths
+
+    def _lengths(self, split: str) -> dict[str, Any]:
+        return {} if split == "train" else self.eval_lengths
+
     def forward_segment(self, batch: dict[str, Tensor], split: str):
         """Run one segment with the memory of ``split`` and keep the new memory."""
         mems = None if bool(batch["reset"]) else self._mems[split]
         out = self.model(batch["tokens"], batch["targets"], mems=mems, offset=batch["offset"],
-                         loss_mask=batch["loss_mask"])
+                         loss_mask=batch["loss_mask"], **self._lengths(split))
         self._mems[split] = out.mems
         return out
-
-    def _scored(self, batch: dict[str, Tensor]) -> Tensor:
-        """[B, L] tokens that count in the training loss: loss_mask and the recent-fraction cut."""
-        mask = batch["loss_mask"]
-        L_ = mask.shape[1]
-        recent = math.ceil(self.model.cfg.loss_recent_frac * L_)
-        if recent < L_:
-            mask = mask & (torch.arange(L_, device=mask.device) >= L_ - recent)
-        return mask
 
     # ---- training --------------------------------------------------------------------------
 
@@ -338,7 +312,7 @@ class LitLM(L.LightningModule):
             # Normalise by the *global* count of scored tokens, so that DDP's gradient average
             # equals the single-process gradient of the global batch (recall scores few tokens,
             # and their count differs between ranks).
-            n_local = self._scored(batch).sum().float()
+            n_local = out.counted.sum().float()
             n_global = self.trainer.strategy.reduce(n_local.clone(), reduce_op="sum")
             loss = loss * n_local * world / n_global.clamp(min=1.0)
         finite = bool(torch.isfinite(loss))
@@ -349,7 +323,7 @@ class LitLM(L.LightningModule):
 
         B, L_ = batch["tokens"].shape
         self.train_tokens += B * L_ * world
-        logs = {"train/loss": loss, f"train/{self.metric}": self._figure(loss.detach())}
+        logs = {"train/loss": loss, f"train/{self.metric}": figure(loss.detach(), self.unit)}
         answered = batch["loss_mask"] & (batch["distance"] >= 0)
         # argmax only where there are answers: an adaptive softmax builds full-vocabulary scores for it
         correct = (out.logits.detach().argmax(-1) == batch["targets"]) & answered if answered.any() else answered
@@ -370,70 +344,35 @@ class LitLM(L.LightningModule):
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
         self.log("train/tokens", float(self.train_tokens), batch_size=1)
 
-    def _figure(self, loss: Tensor) -> Tensor:
-        return loss.exp() if self.metric == "ppl" else loss / math.log(2)
-
     # ---- evaluation ------------------------------------------------------------------------
 
     def _eval_start(self, split: str) -> None:
         self._mems[split] = None
-        n = len(self.bucket_names)
-        dev = self.device
-        self._stats[split] = {"loss_sum": torch.zeros((), dtype=torch.float64, device=dev),
-                              "tokens": torch.zeros((), dtype=torch.float64, device=dev),
-                              "answered": torch.zeros(n, dtype=torch.float64, device=dev),
-                              "correct": torch.zeros(n, dtype=torch.float64, device=dev)}
-        self._collected = []
+        self.eval_stats[split].reset()
 
-    def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
+    def _eval_step(self, batch: dict[str, Tensor], split: str) -> dict[str, Any]:
+        """One segment into the split's statistics; returns {"out": ModelOutput} for callbacks (TokenDump)."""
         out = self.forward_segment(batch, split)
         mask, distance, targets = batch["loss_mask"], batch["distance"], batch["targets"]
-        stats = self._stats[split]
-        stats["loss_sum"] += (out.token_loss.double() * mask).sum()
-        stats["tokens"] += mask.sum()
-        answered = mask & (distance >= 0)
-        # argmax only when needed: an adaptive softmax builds full-vocabulary scores for it
-        needed = self.collect_token_losses or answered.any()
-        predicted = out.logits.argmax(-1) if needed else torch.full_like(targets, -1)
-        bucket = (torch.bucketize(distance, self.bucket_edges, right=True) - 1).clamp(min=0)
-        n = len(self.bucket_names)
-        stats["answered"] += torch.bincount(bucket[answered], minlength=n)[:n].double()
-        stats["correct"] += torch.bincount(bucket[answered & (predicted == targets)], minlength=n)[:n].double()
-        if self.collect_token_losses:
-            L_ = targets.shape[1]
-            self._collected.append({
-                "token_loss": out.token_loss.float().cpu(), "targets": targets.cpu(), "loss_mask": mask.cpu(),
-                "distance": distance.cpu(), "correct": (predicted == targets).cpu(),
-                "position": (batch["offset"][:, None] + torch.arange(L_, device=targets.device)).cpu()})
+        # argmax only where there are answers: an adaptive softmax builds full-vocabulary scores for it
+        correct = out.logits.argmax(-1) == targets if (mask & (distance >= 0)).any() else None
+        self.eval_stats[split].update(out.token_loss, mask, distance, correct)
+        return {"out": out}
 
     def _eval_end(self, split: str) -> None:
-        stats = {k: self.trainer.strategy.reduce(v, reduce_op="sum") if self.trainer.world_size > 1 else v
-                 for k, v in self._stats[split].items()}
-        tokens = float(stats["tokens"])
-        loss = float(stats["loss_sum"]) / max(tokens, 1.0)
-        result: dict[str, Any] = {"loss": loss, self.metric: float(self._figure(torch.tensor(loss))),
-                                  "tokens": int(tokens)}
-        answered = float(stats["answered"].sum())
-        if answered > 0:
-            result["acc"] = float(stats["correct"].sum()) / answered
-            result["answers"] = int(answered)
-            result["acc_by_distance"] = {
-                name: float(c / a) for name, c, a in zip(self.bucket_names, stats["correct"], stats["answered"]) if a > 0}
+        result = self.eval_stats[split].compute()  # summed over DDP ranks
+        result = {"loss": result["loss"], self.metric: float(figure(result["loss"], self.unit)), **result}
         self.eval_results[split] = result
         logs = {f"{split}/{k}": v for k, v in result.items() if k in ("loss", self.metric, "acc")}
         logs.update({f"{split}/acc_d{k}": v for k, v in result.get("acc_by_distance", {}).items()})
         self.log_dict(logs, sync_dist=False, batch_size=1)
-        if self.collect_token_losses and self._collected:
-            self.token_losses[split] = {k: torch.cat([c[k] for c in self._collected], dim=1).numpy()
-                                        for k in self._collected[0]}
-        self._collected = []
         self._t_last = None  # tokens/s must not count the evaluation pause
 
     def on_validation_epoch_start(self) -> None:
         self._eval_start("val")
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "val")
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
+        return self._eval_step(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
         self._eval_end("val")
@@ -441,8 +380,8 @@ class LitLM(L.LightningModule):
     def on_test_epoch_start(self) -> None:
         self._eval_start("test")
 
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "test")
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
+        return self._eval_step(batch, "test")
 
     def on_test_epoch_end(self) -> None:
         self._eval_end("test")

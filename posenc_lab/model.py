@@ -112,6 +112,7 @@ class ModelOutput:
     mems: list[Tensor]  # n_layer x [B, M', D], detached
     token_loss: Tensor | None = None  # [B, L] nats
     loss: Tensor | None = None  # scalar: mean over counted tokens
+    counted: Tensor | None = None  # [B, L] bool: the tokens the loss counts (loss_mask and the recent cut)
     attention: list[Tensor] | None = None  # n_layer x [B, H, L, N] when asked for
     scores: Callable[[Tensor], Tensor] | None = field(default=None, repr=False)  # hidden -> [B, L, V]
     _logits: Tensor | None = field(default=None, repr=False)
@@ -169,8 +170,6 @@ class MemoryTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        # Evaluation may change these two without rebuilding the model.
-        self.mem_len, self.same_length = cfg.mem_len, cfg.same_length
         self.scheme = build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
         for module in self.scheme.modules():  # the scheme's position embeddings, if it has any
             if isinstance(module, PositionDropout):
@@ -214,6 +213,15 @@ class MemoryTransformer(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    @property
+    def mem_len(self) -> int:
+        """M of training (read-only: evaluation passes its own ``mem_len`` to ``forward``)."""
+        return self.cfg.mem_len
+
+    @property
+    def same_length(self) -> bool:
+        return self.cfg.same_length
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -225,25 +233,43 @@ class MemoryTransformer(nn.Module):
         _check_int("max_offset", max_offset, 0)
         self.scheme.validate(segment_len, mem_len, max_offset)
 
-    def positions(self, L: int, M: int, offset: Tensor, device: torch.device) -> Positions:
+    def positions(self, L: int, M: int, offset: Tensor, device: torch.device, mem_len: int | None = None,
+                  same_length: bool | None = None) -> Positions:
         """Queries at i = 0..L-1, keys at j = -M..L-1; key j visible to query i iff j <= i and, with
-        same_length, i - j < W: W = mem_len + 1 keys ("mem_len+1") or W = mem_len ("mem_len", published)."""
+        same_length, i - j < W: W = mem_len + 1 keys ("mem_len+1") or W = mem_len ("mem_len", published).
+        mem_len, same_length: None is the config's."""
+        mem_len = self.cfg.mem_len if mem_len is None else mem_len
         q = torch.arange(L, device=device)
         k = torch.arange(-M, L, device=device)
         visible = k[None, :] <= q[:, None]
-        if self.same_length:
-            window = self.mem_len + (self.cfg.same_length_keys == "mem_len+1")
+        if self.cfg.same_length if same_length is None else same_length:
+            window = mem_len + (self.cfg.same_length_keys == "mem_len+1")
             visible &= k[None, :] > q[:, None] - window
         return Positions(q=q, k=k, offset=offset, visible=visible)
 
     def init_mems(self) -> list[Tensor]:
         return []
 
+    def scored(self, loss_mask: Tensor) -> Tensor:
+        """[B, L] bool: the tokens the loss counts, ``loss_mask`` and, with ``loss_recent_frac`` < 1 (the
+        paper's "half loss"), only the last ceil(frac * L) positions of the segment."""
+        L = loss_mask.shape[1]
+        recent = math.ceil(self.cfg.loss_recent_frac * L)
+        if recent < L:
+            loss_mask = loss_mask & (torch.arange(L, device=loss_mask.device) >= L - recent)
+        return loss_mask
+
     def forward(self, tokens: Tensor, targets: Tensor | None = None, mems: list[Tensor] | None = None,
                 offset: int | Tensor = 0, loss_mask: Tensor | None = None,
-                return_attention: bool = False) -> ModelOutput:
+                return_attention: bool = False, mem_len: int | None = None,
+                same_length: bool | None = None) -> ModelOutput:
         """tokens, targets: [B, L] int64; mems: n_layer x [B, M, D] or None/[] (no memory yet);
-        offset: stream offset s of tokens[:, 0], int or [B]; loss_mask: [B, L] bool (True = counted)."""
+        offset: stream offset s of tokens[:, 0], int or [B]; loss_mask: [B, L] bool (True = counted).
+        mem_len (states kept per layer for the next segment) and same_length: None is the config's;
+        evaluation at other lengths passes its own."""
+        mem_len = self.cfg.mem_len if mem_len is None else mem_len
+        if (self.cfg.same_length if same_length is None else same_length) and mem_len < 1:
+            raise ValueError("same_length=true needs mem_len >= 1 (each query sees mem_len + 1 keys)")
         B, L = tokens.shape
         mems = mems or []
         if mems and (len(mems) != len(self.blocks) or mems[0].shape[0] != B):
@@ -254,14 +280,14 @@ class MemoryTransformer(nn.Module):
         M = mems[0].shape[1] if mems else 0
         if not torch.is_tensor(offset):
             offset = torch.full((B,), int(offset), dtype=torch.long)
-        pos = self.positions(L, M, offset.to(tokens.device), tokens.device)
+        pos = self.positions(L, M, offset.to(tokens.device), tokens.device, mem_len, same_length)
 
         h = self.drop(self.scheme.embed(self.embedding(tokens) * self.emb_scale, pos))  # h^0
         new_mems, attention = [], ([] if return_attention else None)
         for layer, block in enumerate(self.blocks):
             context = torch.cat([mems[layer].detach(), h], dim=1) if mems else h  # h~ = [SG(mem) ; h]
-            if self.mem_len > 0:  # this layer's inputs, newest last, at most mem_len, stop-gradient
-                new_mems.append(context[:, -self.mem_len:].detach())
+            if mem_len > 0:  # this layer's inputs, newest last, at most mem_len, stop-gradient
+                new_mems.append(context[:, -mem_len:].detach())
             h = block(h, context, self.scheme, layer, pos, attention)
         h = self.final_drop(self.ln_out(h))
 
@@ -276,9 +302,7 @@ class MemoryTransformer(nn.Module):
                 out.token_loss = F.cross_entropy(
                     logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
                 ).view(B, L)
-            counted = torch.ones_like(targets, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
-            recent = math.ceil(self.cfg.loss_recent_frac * L)
-            if recent < L:  # the paper's "half loss": only the recent part of the segment counts
-                counted = counted & (torch.arange(L, device=tokens.device) >= L - recent)
-            out.loss = (out.token_loss * counted).sum() / counted.sum().clamp(min=1)
+            out.counted = self.scored(torch.ones_like(targets, dtype=torch.bool) if loss_mask is None
+                                      else loss_mask.bool())
+            out.loss = (out.token_loss * out.counted).sum() / out.counted.sum().clamp(min=1)
         return out

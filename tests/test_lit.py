@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from posenc_lab.lit import CheckpointError, LitLM, NonFiniteLossError, read_checkpoint, warmup_cosine
+from posenc_lab.metrics import EvalStats, logged_metrics
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, record, recorded, tiny
+from tests.schemes import LEARNED
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +109,55 @@ def test_memory_is_kept_per_split_and_dropped_on_reset():
     assert lit._mems["train"][0].shape == (2, 3, 16)
 
 
+def _batch(reset=False, B=2, L=3, V=10, distance=None):
+    return {"tokens": torch.randint(0, V, (B, L)), "targets": torch.randint(0, V, (B, L)),
+            "loss_mask": torch.ones(B, L, dtype=torch.bool), "offset": torch.zeros(B, dtype=torch.long),
+            "reset": torch.tensor(reset), "distance": torch.full((B, L), -1) if distance is None else distance}
+
+
+def test_evaluation_lengths_go_to_the_forward_pass_not_into_the_model():
+    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=4, dropout=0.0))
+    lit.evaluate_at(mem_len=2, same_length=True)
+    for _ in range(3):
+        lit.forward_segment(_batch(), "val")
+        lit.forward_segment(_batch(), "train")
+    assert lit._mems["val"][0].shape == (2, 2, 16) and lit._mems["train"][0].shape == (2, 4, 16)
+    assert lit.model.mem_len == 4 and not lit.model.same_length  # the model is as trained
+    with pytest.raises(ValueError, match="same_length=true needs mem_len >= 1"):
+        lit.evaluate_at(mem_len=0, same_length=True)
+
+
+def test_eval_stats_pool_tokens_and_bucket_answers():
+    stats = EvalStats([1, 8])
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    scored = torch.tensor([[True, True, False], [True, True, True]])
+    distance = torch.tensor([[-1, 3, 9], [12, -1, 2]])
+    correct = torch.tensor([[False, True, True], [False, True, True]])
+    stats.update(loss, scored, distance, correct)
+    stats.update(torch.full((1, 3), 10.0), torch.ones(1, 3, dtype=torch.bool), torch.full((1, 3), -1), None)
+    r = stats.compute()
+    assert r["tokens"] == 8 and r["loss"] == pytest.approx((1 + 2 + 4 + 5 + 6 + 30) / 8)  # pooled, not per batch
+    # answers: d=3 (right), d=12 (wrong), d=2 (right); d=9 is not scored
+    assert r["answers"] == 3 and r["acc"] == pytest.approx(2 / 3)
+    assert r["acc_by_distance"] == {"1-7": 1.0, "8+": 0.0}
+    stats.reset()
+    stats.update(loss, scored, torch.full((2, 3), -1), None)  # no answers: no accuracy, no argmax needed
+    assert "acc" not in stats.compute() and stats.compute()["tokens"] == 5
+
+
+def test_logged_metric_names_are_what_training_logs(tmp_path, cache):
+    """posenc_lab.metrics.logged_metrics (which the sweep checker asks) lists every key a run logs."""
+    run = tmp_path / "run"
+    train(compose_config("train", tiny(run, cache, steps=3)))
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    logged = {k for k in header if "/" in k}
+    names = logged_metrics("word", answers=True)  # tiny() trains on recall (words, with answers)
+    assert logged and logged <= names, logged - names
+    assert {"val/loss", "val/ppl", "test/acc", "train/loss"} <= logged
+
+
 def test_no_weight_decay_on_embeddings_norms_biases_and_positional_tables():
-    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, posenc="learned",
+    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, posenc=LEARNED,
                            posenc_kwargs={"max_positions": 8}))
     lit.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
     groups = lit.configure_optimizers()["optimizer"].param_groups

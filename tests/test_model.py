@@ -178,11 +178,12 @@ def test_memory_holds_each_layers_last_inputs():
     # memory grows up to mem_len across segments, newest last
     out2 = model(tokens(B, 2), mems=out.mems)
     torch.testing.assert_close(out2.mems[0][:, :2], out.mems[0][:, -2:])
-    # mem_len can be changed at evaluation time without rebuilding the model
-    model.mem_len = 7
-    assert all(m.shape == (B, 7, 16) for m in model(tokens(B, L), mems=out.mems).mems)
-    model.mem_len = 0
-    assert model(tokens(B, L), mems=out.mems).mems == []
+    # evaluation passes another mem_len to the forward pass, without rebuilding or changing the model
+    assert all(m.shape == (B, 7, 16) for m in model(tokens(B, L), mems=out.mems, mem_len=7).mems)
+    assert model(tokens(B, L), mems=out.mems, mem_len=0).mems == []
+    assert model.mem_len == M and all(m.shape == (B, M, 16) for m in model(tokens(B, L), mems=out.mems).mems)
+    with pytest.raises(AttributeError):
+        model.mem_len = 7  # read-only: nothing mutates the model from outside
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -215,8 +216,7 @@ def test_memory_equals_concatenated_run(name, n_layer, L, M, n_seg):
         mems = out.mems
     # a 1-layer model looks M tokens back; deeper ones reach everything before here (M covers it)
     start = (n_seg - 1) * L - min(M, (n_seg - 1) * L) if n_layer == 1 else 0
-    model.mem_len = 0
-    window = model(stream[:, start:], offset=start).logits[:, -L:]
+    window = model(stream[:, start:], offset=start, mem_len=0).logits[:, -L:]
     if name in (SINUSOID, LEARNED):
         assert (out.logits - window).abs().max() > 1e-3
     else:
@@ -345,6 +345,8 @@ def test_loss_mask_is_honoured(frac):
     recent = torch.arange(L) >= L - int(frac * L)
     out = model(x, y, loss_mask=mask)
     torch.testing.assert_close(out.loss, out.token_loss[mask & recent].mean())
+    # the counted tokens come back with the output (LitLM's DDP normalisation counts these, no second cut)
+    assert torch.equal(out.counted, mask & recent) and torch.equal(model.scored(mask), mask & recent)
     # nothing outside the mask matters: changing those targets leaves the loss unchanged
     y2 = torch.where(mask, y, (y + 1) % V)
     torch.testing.assert_close(model(x, y2, loss_mask=mask).loss, out.loss)

@@ -234,38 +234,36 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
         torch.manual_seed(0)
         model = MemoryTransformer(model_cfg).to(device)
     cfg = model.cfg
-    saved = model.mem_len, model.same_length, model.training
+    was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(0)
     A, L, B = int(attention_len), int(segment_len), int(batch_size)
+    reuse = {"mem_len": A, "same_length": True}  # every token sees exactly A previous tokens
     try:
         with torch.no_grad(), autocast(device, precision):
             # memory reuse
-            model.mem_len, model.same_length = A, True
             model.validate_lengths(L, A)
             seg = _tokens(cfg, B, L, device, gen)
             state = {"mems": None}
             for _ in range(-(-A // L)):  # fill the memory to its full length first
-                state["mems"] = model(seg[:, :-1], mems=state["mems"]).mems
+                state["mems"] = model(seg[:, :-1], mems=state["mems"], **reuse).mems
 
             def memory_step():
-                state["mems"] = model(seg[:, :-1], seg[:, 1:], mems=state["mems"]).mems
+                state["mems"] = model(seg[:, :-1], seg[:, 1:], mems=state["mems"], **reuse).mems
 
             memory_cpu: list[float] = []
             memory_s = median_time(memory_step, device, warmup, reps, memory_cpu)
             # sliding window
-            model.mem_len, model.same_length = 0, False
             model.validate_lengths(A + 1, 0)
             win = _tokens(cfg, B, A + 1, device, gen)
 
             def window_step():
-                model(win[:, :-1], win[:, 1:])
+                model(win[:, :-1], win[:, 1:], mem_len=0, same_length=False)
 
             window_cpu: list[float] = []
             window_s = median_time(window_step, device, warmup, reps, window_cpu)
     finally:
-        model.mem_len, model.same_length = saved[0], saved[1]
-        model.train(saved[2])
+        model.train(was_training)
     memory_tok_s = B * L / memory_s
     window_tok_s = B / window_s
     return {"scheme": cfg.posenc, "attention_len": A, "segment_len": L, "batch": B, "precision": precision,
