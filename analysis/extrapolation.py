@@ -275,6 +275,24 @@ def _contrast(res, group, axis, la, lb, boot_settings, scale):
     return boot.diff(a[0][:, keep], b[0][:, keep], a[1][keep], same_runs=True).scaled(scale)
 
 
+def per_cell(summary: pd.DataFrame, runs: list[Run]) -> pd.DataFrame:
+    """The summary with one row per cell: the mean over its seeds (``seeds``: how many; every run:
+    extrapolation_summary.csv)."""
+    from .runs import cells
+
+    cell_of = {r.name: cell for cell, group in cells(runs).items() for r in group}
+    keys = ["scheme", "recurrence", "mem_len", "loss"]
+    values = [c for c in ["segment_at_1x", "segment_longest", "segment_at_longest", "segment_na_from", "memory_at_1x",
+                          "memory_longest", "memory_at_longest", "horizon_T", "horizon_inside", "horizon_past",
+                          "horizon_past_delta"] if c in summary]
+    s = summary.assign(cell=summary["run"].map(cell_of))
+    for v in values:  # e.g. segment_na_from: None where every length was applicable
+        s[v] = pd.to_numeric(s[v], errors="coerce")
+    out = s.groupby("cell", sort=False).agg(**{k: (k, "first") for k in keys}, seeds=("run", "size"),
+                                            **{v: (v, "mean") for v in values})
+    return out.reset_index()[[*keys, "seeds", *values, "cell"]]
+
+
 def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings, boot_settings: tuple[int, int, float],
             suffix: str = "", smoke: bool = False, expected_past_episodes: str | None = None):
     """The report's extrapolation section: the summary table, and per cell the change at the longest
@@ -295,13 +313,8 @@ def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings,
             f"as in training (so the text's own difficulty cancels). Intervals: {boot_settings[2]:.0%}, paired block "
             f"bootstrap over the same tokens (and the cell's seeds). Full table (tidy, one row per run, axis and "
             f"length, with the reason where not applicable): `extrapolation/extrapolation.csv`.")
-    summ = res.summary.copy()
-    cols = [c for c in ["scheme", "recurrence", "mem_len", "loss", "segment_at_1x", "segment_longest",
-                        "segment_at_longest", "segment_na_from", "memory_at_1x", "memory_longest",
-                        "memory_at_longest", "horizon_T", "horizon_inside", "horizon_past",
-                        "horizon_past_delta", "run"] if c in summ]
-    summ = summ[cols]
-    for c in ("segment_longest", "segment_na_from", "memory_longest", "horizon_T"):
+    summ = per_cell(res.summary, runs)
+    for c in ("segment_longest", "segment_na_from", "memory_longest", "horizon_T", "seeds"):
         if c in summ:
             summ[c] = summ[c].astype("Int64")
     lines = []
@@ -345,8 +358,9 @@ def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings,
             lines.append(f"Expected: \"{expected_past_episodes} degrades past its training episodes\" (offsets it "
                          f"never saw): **{v}**.")
     tables = [Table(f"table_extrapolation{suffix}", summ,
-                    f"extrapolation summary ({fig}): at the training length (1x), at the longest applicable length, "
-                    f"first length not applicable, and the horizon inside vs past the training episodes",
+                    f"extrapolation summary ({fig}, mean over each cell's seeds): at the training length (1x), at the "
+                    f"longest applicable length, first length not applicable, and the horizon inside vs past the "
+                    f"training episodes",
                     {c: 4 for c in summ.columns})]
     na_t = na[["scheme", "recurrence", "mem_len", "loss", "axis", "length", "reason", "run"]]
     if len(na_t):

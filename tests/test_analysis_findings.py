@@ -114,3 +114,16 @@ def test_bad_bootstrap_settings_name_the_key():
         ReportSettings.from_dict({"bootstrap": {"level": 95}})
     with pytest.raises(ValueError, match=r"bootstrap.n_boot must be >= 100"):
         ReportSettings.from_dict({"bootstrap": {"n_boot": 10}})
+
+
+def test_extrapolation_summary_is_one_row_per_cell():
+    import pandas as pd
+
+    from analysis.extrapolation import per_cell
+
+    runs = [run(XL, 32, 0), run(XL, 32, 1), run(SHAW, 32)]
+    summary = pd.DataFrame([{"run": r.name, "scheme": r.scheme, "recurrence": "on", "mem_len": 32, "loss": "full",
+                             "segment_at_1x": v, "horizon_past_delta": -v, "segment_na_from": na}
+                            for r, v, na in zip(runs, [1.0, 2.0, 5.0], [64, None, None])])
+    t = per_cell(summary, runs).set_index("scheme")
+    assert t.loc[XL, "seeds"] == 2 and t.loc[XL, "segment_at_1x"] == 1.5 and t.loc[SHAW, "horizon_past_delta"] == -5
