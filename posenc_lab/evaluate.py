@@ -140,7 +140,7 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
         "segment_len": int(data_cfg.segment_len), "mem_len": mem_len, "same_length": same_length,
         "same_length_keys": model.cfg.same_length_keys, "scheme_options": dict(scheme_options or {}),
         "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size), "episode_len": data_cfg.episode_len,
-        "max_batches": max_batches, "data_overrides": {k: v for k, v in (data_overrides or {}).items()
+        "max_batches": max_batches, "precision": str(precision), "data_overrides": {k: v for k, v in (data_overrides or {}).items()
                                                        if k not in ("segment_len", "episode_len", "batch_size", "root")},
         "train_steps": int(ckpt.get("global_step", 0)), "train_segment_len": int(train_data.segment_len),
         "train_mem_len": model.cfg.mem_len, "train_episode_len": train_data.episode_len,
@@ -156,8 +156,8 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
 
 def output_name(result: dict[str, Any]) -> str:
     """A name that differs whenever the figures may: split, checkpoint step, segment (L), memory (M),
-    window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options and a
-    hash of any other data setting. ``test_step6_L32_M32_same_Tnone_B4_all``."""
+    window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options,
+    precision (unless 32-true) and a hash of any other data setting. ``test_step6_L32_M32_same_Tnone_B4_all``."""
     name = f"{result['split']}_step{result['train_steps']}_L{result['segment_len']}_M{result['mem_len']}"
     if result["same_length"]:
         name += "_same" + ("-published" if result.get("same_length_keys") == "mem_len" else "")
@@ -165,6 +165,8 @@ def output_name(result: dict[str, Any]) -> str:
     name += f"_T{'none' if episode is None else episode}_B{result['batch_size']}"
     name += "_all" if max_batches is None else f"_first{max_batches}"
     name += "".join(f"_{k}{v}" for k, v in sorted(result.get("scheme_options", {}).items()))
+    if result.get("precision", "32-true") != "32-true":
+        name += f"_{result['precision']}"
     if result.get("data_overrides"):
         canonical = json.dumps(result["data_overrides"], sort_keys=True, default=str).encode()
         name += "_data-" + hashlib.sha1(canonical).hexdigest()[:8]  # the settings are in the .json itself

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from posenc_lab.errors import ConfigError, PosencLabError, deliberate
-from posenc_lab.evaluate import evaluate_checkpoint
+from posenc_lab.evaluate import evaluate_checkpoint, output_name
 from posenc_lab.io import CorruptFileError
 from posenc_lab.lit import SANE_LOSS_RATIO, SANE_WEIGHT_ABS, CheckpointError, NonFiniteLossError, read_checkpoint
 from posenc_lab.rundir import RunDirError
@@ -296,6 +296,10 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
                      "test_step4_L16_M16_Tnone_B4_first2", "test_step4_L16_M16_Tnone_B4_first3"]
     with pytest.raises(ConfigError, match=r"max_batches must be an integer >= 1 .*null: all.*got 0"):
         evaluate("max_batches=0")
+    first = json.loads((tmp_path / "test_step4_L16_M16_Tnone_B4_first2.json").read_text())
+    assert output_name({**first, "precision": "bf16-mixed"}) == "test_step4_L16_M16_Tnone_B4_first2_bf16-mixed"
+    assert output_name({**first, "data_overrides": {"corpus": {"eval_max_distance": 60}}}).startswith(
+        "test_step4_L16_M16_Tnone_B4_first2_data-")
 
     # A truncated output (e.g. a full disk under another tool) is written whole by the next eval.
     target = tmp_path / "test_step4_L16_M16_Tnone_B4_first2"
