@@ -121,7 +121,7 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     try:
         lit.check_data(datamodule, (split,))
     except ValueError as e:
-        raise ValueError(f"cannot evaluate {ckpt_path} this way: {e}") from e
+        raise ValueError(f"cannot evaluate {ckpt_path} this way ({split} split): {e}") from e
 
     dump = TokenDump() if return_token_losses else None
     trainer = L.Trainer(accelerator=accelerator, devices=1, precision=precision, logger=False,
