@@ -351,9 +351,10 @@ def test_every_scheme_takes_the_published_options(name):
 
 
 def test_training_presets_hold_the_published_settings():
-    for name, (seg, batch, steps, vocab_model) in {"txl_wt103_base": (150, 60, 200_000, "txl_wt103_base"),
-                                                    "txl_enwik8_base": (512, 22, 400_000, "txl_enwik8_base")}.items():
+    for name, (seg, batch, steps) in {"txl_wt103_base": (150, 60, 200_000),
+                                      "txl_enwik8_base": (512, 22, 400_000)}.items():
         cfg = compose_config("train", [f"experiment={name}"])
+        assert cfg.model == compose_config("train", [f"model={name}"]).model  # the model preset, unchanged
         assert (cfg.data.segment_len, cfg.model.mem_len, cfg.data.batch_size, cfg.trainer.max_steps) == \
             (seg, seg, batch, steps)
         assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio, cfg.optim.weight_decay) == \
