@@ -186,7 +186,9 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
     fig = figure_name(unit)
     level = f"{cl.boot.level:.0%}"
     lines = []
-    judged = (lambda v: "not judged (smoke run)") if smoke else (lambda v: v)
+
+    def judged(v: str) -> str:
+        return "not judged (smoke run)" if smoke else v
     ok = [c for c in cl.cells.values() if _init(c) in cl.contexts and np.isfinite(cl.mean(c, _init(c))).all()]
     if not ok:
         return ["No cell could be evaluated at its training attention length."]

@@ -309,7 +309,10 @@ def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path:
     data, side = run.split(s.split)
     start = max(contexts)
     rows = stream_rows(data, s.n_rows, start + s.n_score)
-    take = lambda a: np.asarray(stream_rows(a.astype(np.int64), s.n_rows, start + s.n_score))[:, start + 1:]  # noqa: E731
+
+    def take(a: np.ndarray) -> np.ndarray:  # a side array at the scored targets
+        return np.asarray(stream_rows(a.astype(np.int64), s.n_rows, start + s.n_score))[:, start + 1:]
+
     mask = take(side["loss_mask"]).astype(bool) if "loss_mask" in side else np.ones((s.n_rows, s.n_score), bool)
     distance = take(side["distance"]) if "distance" in side else np.full((s.n_rows, s.n_score), -1)
     model = run.model()
@@ -624,6 +627,10 @@ def _who(row) -> str:
     return f"{row['scheme']} (memory {row['recurrence']}, {row['loss']} loss)"
 
 
+def _accuracy(bins: pd.DataFrame) -> float:
+    return float(np.average(bins["accuracy"], weights=bins["answers"])) if len(bins) else np.nan
+
+
 def recall_table(acc: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Per run: accuracy within one segment and beyond it, with the Wilson interval beyond it."""
     rows = []
@@ -631,11 +638,11 @@ def recall_table(acc: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
         L = int(g["segment_len"].iloc[0])
         within = g[g["bin_lo"] + DISTANCE_BIN <= L]  # bins entirely below L
         beyond = g[g["bin_lo"] >= L]
-        w = lambda d: float(np.average(d["accuracy"], weights=d["answers"])) if len(d) else np.nan  # noqa: E731
         n_beyond = float(beyond["answers"].sum())
         lo, hi = _wilson(float((beyond["accuracy"] * beyond["answers"]).sum()), n_beyond, level)
         rows.append({"scheme": key[1], "recurrence": key[2], "mem_len": key[3], "loss": key[4],
-                     "acc_within_L": w(within), "acc_beyond_L": w(beyond), "beyond_lo": lo, "beyond_hi": hi,
+                     "acc_within_L": _accuracy(within), "acc_beyond_L": _accuracy(beyond),
+                     "beyond_lo": lo, "beyond_hi": hi,
                      "chance": float(g["chance"].iloc[0]), "answers": int(g["answers"].sum()), "segment_len": L,
                      "run": key[0]})
     return pd.DataFrame(rows)
