@@ -29,6 +29,7 @@ from .adaptive_softmax import AdaptiveSoftmax
 from .positional import Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
 from .positional.fused import IMPLS
+from .positional.xl import XLRelative
 
 FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 #: same_length windows: how many keys each query sees. "mem_len+1": itself and the mem_len states before
@@ -64,7 +65,7 @@ class ModelConfig:
     same_length_keys: str = "mem_len+1"  # "mem_len+1" | "mem_len" (the published window, itself included)
     loss_recent_frac: float = 1.0  # train on the last fraction of the segment only (paper's half loss: 0.5)
     init: str = "gpt2"  # gpt2 | published (see MemoryTransformer.__init__)
-    posenc: str = "xl"
+    posenc: str = XLRelative.name  # the default scheme
     posenc_kwargs: dict = field(default_factory=dict)
     attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
 

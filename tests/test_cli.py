@@ -16,6 +16,7 @@ from posenc_lab.lit import CheckpointError
 from posenc_lab.model import MemoryTransformer
 from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, run_module, subprocess_env, tiny
+from tests.schemes import NOPE, ROPE, XL
 
 CALLS = []
 
@@ -89,9 +90,9 @@ def test_load_model_and_config(trained):
     run, _ = trained
     model = load_model(run / "checkpoints" / "last.ckpt")
     assert isinstance(model, MemoryTransformer) and not model.training
-    assert model.cfg.posenc == "xl" and model.cfg.mem_len == 16
+    assert model.cfg.posenc == XL and model.cfg.mem_len == 16
     cfg = load_config(run / "checkpoints" / "last.ckpt")
-    assert cfg.data.name == "recall" and cfg.posenc.name == "xl"
+    assert cfg.data.name == "recall" and cfg.posenc.name == XL
 
 
 def test_evaluate_bad_inputs(trained, tmp_path):
@@ -160,7 +161,7 @@ def test_cli_errors_are_clear(tmp_path, monkeypatch, capsys):
     err = _hydra_app_fails(train_module.main, ["nosuchkey=1", f"hydra.run.dir={tmp_path}"], monkeypatch, capsys)
     assert "nosuchkey" in err
     err = _hydra_app_fails(train_module.main, ["posenc=nosuch", f"hydra.run.dir={tmp_path}"], monkeypatch, capsys)
-    assert "posenc/nosuch" in err and "rope" in err  # lists the available options
+    assert "posenc/nosuch" in err and ROPE in err  # lists the available options
     err = _hydra_app_fails(evaluate.main, [f"ckpt={tmp_path / 'missing.ckpt'}"], monkeypatch, capsys)
     assert "missing.ckpt: no such file" in err
 
@@ -168,7 +169,7 @@ def test_cli_errors_are_clear(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_multirun_sweep(tmp_path):
     args = [a for a in tiny(tmp_path / "x", tmp_path / "cache", steps=2) if not a.startswith("run_dir=")]
-    proc = run_module("posenc_lab.train", "-m", "posenc=xl,nope", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    proc = run_module("posenc_lab.train", "-m", f"posenc={XL},{NOPE}", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = sorted(json.loads(p.read_text())["scheme"] for p in (tmp_path / "sweep").glob("*/results.json"))
-    assert results == ["nope", "xl"]
+    assert results == sorted([NOPE, XL])

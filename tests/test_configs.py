@@ -12,9 +12,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from posenc_lab.data import CORPUS_NAMES
-from posenc_lab.positional import SCHEME_NAMES, build_scheme, Dims, scheme_options
+from posenc_lab.positional import SCHEME_NAMES, build_scheme, Dims, scheme_options, sized_options
 from posenc_lab.train import train
 from tests.helpers_train import CONF_DIR, CORPUS, compose_config, tiny
+from tests.schemes import ROPE
 
 GROUPS = ("posenc", "model", "data", "trainer", "logger", "experiment")
 
@@ -64,7 +65,7 @@ def test_posenc_files_hold_the_scheme_options(scheme):
     assert cfg.name == scheme
     opts = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "name"}
     assert set(opts) == set(scheme_options(scheme))
-    build_scheme(scheme, Dims(2, 64, 4), **opts)
+    build_scheme(scheme, Dims(2, 64, 4), **sized_options(scheme, opts, segment_len=64, mem_len=64))  # nulls: the run's
 
 
 @pytest.mark.parametrize("group,option", ALL_OPTIONS)
@@ -78,11 +79,11 @@ def test_every_option_composes(group, option, tmp_path):
 
 def test_keys_that_scripts_rely_on():
     cfg = compose_config("train", [
-        "posenc=rope", "data=recall", "data.segment_len=24", "data.batch_size=6", "data.episode_len=240",
+        f"posenc={ROPE}", "data=recall", "data.segment_len=24", "data.batch_size=6", "data.episode_len=240",
         "model.mem_len=48", "model.n_layer=3", "model.d_model=96", "model.n_head=6", "optim.lr=0.002",
         "trainer.max_steps=7", "seed=5"])
     assert (cfg.posenc.name, cfg.data.name, cfg.data.segment_len, cfg.data.batch_size, cfg.data.episode_len) == \
-        ("rope", "recall", 24, 6, 240)
+        (ROPE, "recall", 24, 6, 240)
     assert (cfg.model.mem_len, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head) == (48, 3, 96, 6)
     assert (cfg.optim.lr, cfg.trainer.max_steps, cfg.seed, cfg.data.seed) == (0.002, 7, 5, 5)
     assert cfg.trainer.use_distributed_sampler is False

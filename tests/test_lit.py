@@ -13,7 +13,7 @@ from posenc_lab.lit import CheckpointError, LitLM, NonFiniteLossError, read_chec
 from posenc_lab.metrics import EvalStats, logged_metrics
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, record, recorded, tiny
-from tests.schemes import LEARNED
+from tests.schemes import LEARNED, XL
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_run_dir_layout_and_results(tmp_path, cache):
     assert on_disk == json.loads(json.dumps(results))
     for key in ("scheme", "data", "steps", "tokens", "wall_time_s", "mem_len", "segment_len", "params", "val", "test"):
         assert key in on_disk
-    assert on_disk["scheme"] == "xl" and on_disk["steps"] == 3 and on_disk["tokens"] == 3 * 4 * 16
+    assert on_disk["scheme"] == XL and on_disk["steps"] == 3 and on_disk["tokens"] == 3 * 4 * 16
     for split in ("val", "test"):
         figures = on_disk[split]
         assert math.isfinite(figures["loss"]) and figures["ppl"] == pytest.approx(math.exp(figures["loss"]), rel=1e-5)

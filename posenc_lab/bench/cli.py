@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from ..model import ModelConfig
-from ..positional import SCHEME_NAMES
+from ..positional import scheme_names
 from ..tables import text_row, text_table, write_table
 from .configs import PRECISIONS, BenchConfig, model_presets
 from .loops import measure_eval_speed, run_benchmark
@@ -66,15 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, omp_policy_applies: bool = True) -> int:
     args = build_parser().parse_args(argv)
     presets = _csv_list(args.configs)
-    schemes = list(SCHEME_NAMES) if args.schemes == "all" else _csv_list(args.schemes)
+    names = scheme_names()
+    schemes = list(names) if args.schemes == "all" else _csv_list(args.schemes)
     precisions = _csv_list(args.precisions)
     unknown = [c for c in presets if c not in model_presets()]
-    unknown += [s for s in schemes if s not in SCHEME_NAMES]
+    unknown += [s for s in schemes if s not in names]
     unknown += [p for p in precisions if p not in PRECISIONS]
     unknown += [k for k in args.model_set if k not in ModelConfig.__dataclass_fields__]
     if unknown:
         print(f"posenc-lab bench: unknown {unknown}; configs (conf/model/): {list(model_presets())}, schemes: "
-              f"{list(SCHEME_NAMES)}, precisions: {list(PRECISIONS)}, --model-set keys: ModelConfig fields",
+              f"{list(names)}, precisions: {list(PRECISIONS)}, --model-set keys: ModelConfig fields",
               file=sys.stderr)
         return 2
     if args.threads:

@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from ..model import MemoryTransformer, ModelConfig
-from ..positional import SCHEME_NAMES
+from ..positional import scheme_names
 from ..tables import text_row
 from .configs import BenchConfig
 from .flops import model_flops_per_token
@@ -180,14 +180,15 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
 
 
 def run_benchmark(configs: Mapping[str, BenchConfig] | Sequence[str] = ("small",),
-                  schemes: Sequence[str] = SCHEME_NAMES, precisions: Sequence[str] = ("fp32",),
+                  schemes: Sequence[str] | None = None, precisions: Sequence[str] = ("fp32",),
                   memory: Sequence[bool] = (True, False), device: str | None = None, warmup: int = 3, reps: int = 5,
                   compile: Sequence[bool] | bool = (False,), log: Callable[[str], None] | None = print,
                   matmul_max_n: int | None = None) -> list[BenchResult]:
-    """``bench_one`` over the grid (configs x precisions x schemes x memory x compile); the matmul peak is
-    measured once per precision in this run."""
+    """``bench_one`` over the grid (configs x precisions x schemes x memory x compile; schemes: all registered
+    by default); the matmul peak is measured once per precision in this run."""
     if not isinstance(configs, Mapping):
         configs = {name: BenchConfig.preset(name) for name in configs}
+    schemes = scheme_names() if schemes is None else schemes
     compile = (compile,) if isinstance(compile, bool) else tuple(compile)
     dev = pick_device(device)
     peaks = {p: matmul_peak_flops(_dtype(p), dev, matmul_max_n) for p in precisions}

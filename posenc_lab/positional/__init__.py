@@ -17,12 +17,23 @@ for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "registry", "fused"):  # fused: the flex_attention path, no scheme
         importlib.import_module(f"{__name__}.{_module.name}")
 
-SCHEME_NAMES: tuple[str, ...] = tuple(sorted(SCHEMES))
+
+
+def scheme_names() -> tuple[str, ...]:
+    """Registered scheme names, sorted; a scheme registered after this package loaded (a module of a
+    plugin or a test) is included."""
+    return tuple(sorted(SCHEMES))
 
 
 def schemes_of_kind(kind: str) -> tuple[str, ...]:
     """Registered scheme names of one kind ("absolute", "relative", "none"), sorted."""
-    return tuple(name for name in SCHEME_NAMES if SCHEMES[name].kind == kind)
+    return tuple(name for name in scheme_names() if SCHEMES[name].kind == kind)
+
+
+def __getattr__(name: str):
+    if name == "SCHEME_NAMES":  # computed when asked: ``scheme_names()``
+        return scheme_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -35,6 +46,7 @@ __all__ = [
     "register",
     "scheme_class",
     "scheme_options",
+    "scheme_names",
     "schemes_of_kind",
     "sized_options",
     "sinusoid_table",
