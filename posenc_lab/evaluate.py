@@ -140,8 +140,9 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
         "segment_len": int(data_cfg.segment_len), "mem_len": mem_len, "same_length": same_length,
         "same_length_keys": model.cfg.same_length_keys, "scheme_options": dict(scheme_options or {}),
         "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size), "episode_len": data_cfg.episode_len,
-        "max_batches": max_batches, "precision": str(precision), "data_overrides": {k: v for k, v in (data_overrides or {}).items()
-                                                       if k not in ("segment_len", "episode_len", "batch_size", "root")},
+        "max_batches": max_batches, "precision": str(precision),
+        "data_overrides": {k: v for k, v in (data_overrides or {}).items()
+                           if k not in ("segment_len", "episode_len", "batch_size", "root")},
         "train_steps": int(ckpt.get("global_step", 0)), "train_segment_len": int(train_data.segment_len),
         "train_mem_len": model.cfg.mem_len, "train_episode_len": train_data.episode_len,
         **lit.eval_results[split], "wall_time_s": wall,

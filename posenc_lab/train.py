@@ -116,6 +116,12 @@ def _resume_path(cfg: DictConfig, run_dir: Path, record: dict | None) -> Path | 
     return Path(str(cfg.resume))
 
 
+def _checkpoint_state(run_dir: Path) -> tuple[str, int] | None:
+    """(path, mtime) of the checkpoint resume=auto would take: changes when another process saves one."""
+    newest = newest_checkpoint(run_dir)
+    return (str(newest), newest.stat().st_mtime_ns) if newest is not None else None
+
+
 def _run_dir(cfg: DictConfig) -> Path:
     """run_dir; unset: Hydra's output directory (without Hydra: a fresh runs/ folder). In a sweep
     always the job's own output directory (under run_dir when set, see hydra.sweep in train.yaml)."""
@@ -205,6 +211,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     lit.check_data(datamodule, ("train", "val"))
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
     record = check_run_dir(run_dir, identity)
+    seen = _checkpoint_state(run_dir)
     resume = _resume_path(cfg, run_dir, record)
     try:
         resume_step = check_resumable(resume, lit, datamodule) if resume is not None else 0
@@ -224,7 +231,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                                                  default_root_dir=str(run_dir))
     with RunLock(run_dir) if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
-            record = check_run_dir(run_dir, identity)  # again under the lock: another process may have begun
+            record = check_run_dir(run_dir, identity)  # again under the lock: another process may have run
+            if _checkpoint_state(run_dir) != seen:
+                raise RunDirError(f"run_dir {run_dir} changed while this run was starting (another process saved "
+                                  f"a checkpoint); run the command again to continue from it")
             write_record(run_dir, identity, record)
             _write_run_start(cfg, composed, run_dir)
             _keep_old_log(run_dir, resume_step)

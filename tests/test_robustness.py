@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -311,3 +313,22 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
 
     assert load_npz(target.with_suffix(".npz"))["token_loss"].shape == (4, 2 * 16)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_a_checkpoint_saved_by_another_process_while_starting_is_not_overwritten(tmp_path, cache, monkeypatch):
+    import posenc_lab.train as train_module
+
+    run = tmp_path / "run"
+    run_train(run, cache, "checkpoint_every=2", steps=2)
+    last = run / "checkpoints" / "last.ckpt"
+
+    class LockAfterAnotherSave(train_module.RunLock):
+        def __enter__(self):  # another process finished a save between our checks and our lock
+            os.utime(last, ns=(time.time_ns(), time.time_ns() + 10**9))
+            return super().__enter__()
+
+    monkeypatch.setattr(train_module, "RunLock", LockAfterAnotherSave)
+    before = last.read_bytes()
+    with pytest.raises(RunDirError, match="changed while this run was starting"):
+        run_train(run, cache, "checkpoint_every=2", steps=4)
+    assert last.read_bytes() == before and not (run / ".lock").exists()
