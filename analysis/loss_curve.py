@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -29,10 +29,17 @@ from .runs import add_threads_argument, apply_threads
 RUNS = (("fp32", 0), ("bf16-mixed", 0), ("fp32", 1))
 
 
-def loss_curves(bench_cfg: BenchConfig | str = "tiny", scheme: str | None = None, steps: int = 300,
-                runs: Sequence[tuple[str, int]] = RUNS, lr: float = 1e-3, corpus: str = "pystdlib",
-                max_bytes: int = 2_000_000, device: str | torch.device | None = None,
-                log: Callable[[str], None] | None = None) -> dict:
+def loss_curves(
+    bench_cfg: BenchConfig | str = "tiny",
+    scheme: str | None = None,
+    steps: int = 300,
+    runs: Sequence[tuple[str, int]] = RUNS,
+    lr: float = 1e-3,
+    corpus: str = "pystdlib",
+    max_bytes: int = 2_000_000,
+    device: str | torch.device | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Training loss per step of each (precision, seed) run. Returns {"runs": {"fp32/seed0": [losses], ...},
     "steps", "config", "scheme"}; ``scheme`` defaults to ModelConfig's."""
     from posenc_lab.data import load_corpus
@@ -57,8 +64,12 @@ def loss_curves(bench_cfg: BenchConfig | str = "tiny", scheme: str | None = None
             if bool(batch["reset"]):
                 mems = None
             with autocast(device, precision):
-                out = model(batch["tokens"].to(device), batch["targets"].to(device), mems=mems,
-                            offset=batch["offset"].to(device))
+                out = model(
+                    batch["tokens"].to(device),
+                    batch["targets"].to(device),
+                    mems=mems,
+                    offset=batch["offset"].to(device),
+                )
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             opt.step()
@@ -77,15 +88,21 @@ def summarize_curves(curves: dict, window: int = 50) -> list[dict]:
     ref = next(iter(runs.values()))
     rows = []
     for name, c in runs.items():
-        rows.append({"run": name, "final_loss": statistics.fmean(c[-window:]),
-                     "gap_to_first": statistics.fmean(c[-window:]) - statistics.fmean(ref[-window:]),
-                     "mean_abs_step_diff": statistics.fmean(abs(a - b) for a, b in zip(c, ref))})
+        rows.append(
+            {
+                "run": name,
+                "final_loss": statistics.fmean(c[-window:]),
+                "gap_to_first": statistics.fmean(c[-window:]) - statistics.fmean(ref[-window:]),
+                "mean_abs_step_diff": statistics.fmean(abs(a - b) for a, b in zip(c, ref)),
+            }
+        )
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.loss_curve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.loss_curve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--model", default="tiny", help="model preset of conf/model/ (default: tiny)")
     p.add_argument("--model-set", type=parse_assignments, default={}, metavar="K=V,...", help="override preset fields")
@@ -101,8 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bc = BenchConfig.preset(a.model, a.segment_len, a.batch, **a.model_set)
     env = environment_line()
     print(env)
-    curves = loss_curves(bc, a.scheme, a.steps, corpus=a.corpus, device=a.device,
-                         log=lambda line: print(line, flush=True))
+    curves = loss_curves(
+        bc, a.scheme, a.steps, corpus=a.corpus, device=a.device, log=lambda line: print(line, flush=True)
+    )
     rows = summarize_curves(curves)
     print(text_table(rows))
     if a.out:

@@ -14,7 +14,8 @@ dump_losses=true``): token_loss, targets, loss_mask, distance, correct (argmax =
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -94,8 +95,9 @@ class EvalStats(Metric):
         if answered > 0:
             result["acc"] = float(self.correct.sum()) / answered
             result["answers"] = int(answered)
-            result["acc_by_distance"] = {name: float(c / a) for name, c, a in
-                                         zip(self.bucket_names, self.correct, self.answered) if a > 0}
+            result["acc_by_distance"] = {
+                name: float(c / a) for name, c, a in zip(self.bucket_names, self.correct, self.answered) if a > 0
+            }
         return result
 
 
@@ -114,10 +116,16 @@ class TokenDump(L.Callback):
     def _keep(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         out, targets = outputs["out"], batch["targets"]
         L_ = targets.shape[1]
-        self._parts.append({
-            "token_loss": out.token_loss.float().cpu(), "targets": targets.cpu(), "loss_mask": batch["loss_mask"].cpu(),
-            "distance": batch["distance"].cpu(), "correct": (out.logits.argmax(-1) == targets).cpu(),
-            "position": (batch["offset"][:, None] + torch.arange(L_, device=targets.device)).cpu()})
+        self._parts.append(
+            {
+                "token_loss": out.token_loss.float().cpu(),
+                "targets": targets.cpu(),
+                "loss_mask": batch["loss_mask"].cpu(),
+                "distance": batch["distance"].cpu(),
+                "correct": (out.logits.argmax(-1) == targets).cpu(),
+                "position": (batch["offset"][:, None] + torch.arange(L_, device=targets.device)).cpu(),
+            }
+        )
 
     def _finish(self, split: str) -> None:
         if self._parts:

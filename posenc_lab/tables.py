@@ -15,8 +15,9 @@ from __future__ import annotations
 import csv
 import math
 import numbers
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .io import atomic_path, write_text
 
@@ -68,8 +69,12 @@ def _cells(rows: Rows, columns, decimals, default) -> tuple[list[str], list[list
     return cols, [[cell(r.get(c), decimals.get(c, default)) for c in cols] for r in records]
 
 
-def markdown_table(rows: Rows, columns: Sequence[str] | None = None, decimals: Mapping[str, int] | None = None,
-                   default: int | None = None) -> str:
+def markdown_table(
+    rows: Rows,
+    columns: Sequence[str] | None = None,
+    decimals: Mapping[str, int] | None = None,
+    default: int | None = None,
+) -> str:
     """A Markdown table with the same columns (and order) as the CSV; empty rows give ``(no rows)``."""
     cols, body = _cells(rows, columns, decimals, default)
     if not cols:
@@ -78,8 +83,12 @@ def markdown_table(rows: Rows, columns: Sequence[str] | None = None, decimals: M
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
 
 
-def text_table(rows: Rows, columns: Sequence[str] | None = None, decimals: Mapping[str, int] | None = None,
-               default: int | None = None) -> str:
+def text_table(
+    rows: Rows,
+    columns: Sequence[str] | None = None,
+    decimals: Mapping[str, int] | None = None,
+    default: int | None = None,
+) -> str:
     """A plain-text table for the terminal, columns right-aligned."""
     cols, body = _cells(rows, columns, decimals, default)
     if not cols:
@@ -107,8 +116,14 @@ def write_csv(rows: Rows, path: str | Path, columns: Sequence[str] | None = None
     return Path(path)
 
 
-def write_table(rows: Rows, stem: str | Path, header: str = "", columns: Sequence[str] | None = None,
-                decimals: Mapping[str, int] | None = None, default: int | None = None) -> dict[str, Path]:
+def write_table(
+    rows: Rows,
+    stem: str | Path,
+    header: str = "",
+    columns: Sequence[str] | None = None,
+    decimals: Mapping[str, int] | None = None,
+    default: int | None = None,
+) -> dict[str, Path]:
     """``stem``.csv and ``stem``.md (``header``, a blank line, the Markdown table); returns both paths."""
     stem = Path(stem)
     csv_path = write_csv(rows, stem.with_name(stem.name + ".csv"), columns)

@@ -31,7 +31,8 @@ def test_flops_hand_count_xl_small():
         + 2 * L * N * D  # q k^T
         + 2 * L * N * D  # p v
         + 2 * L * D * D  # out
-        + 2 * L * D * F + 2 * L * F * D  # feed-forward
+        + 2 * L * D * F
+        + 2 * L * F * D  # feed-forward
         + 2 * N * D * D  # xl: W_{k,R} R (once per batch: batch_size=1 here)
         + 2 * L * N * D  # xl: (q + v) . r
     )
@@ -41,8 +42,10 @@ def test_flops_hand_count_xl_small():
     assert bench.model_flops_per_token(cfg, 128, 128) == 3 * forward / L
     assert bench.model_flops_per_token(cfg, 128, 128) == 3 * (4 * 92_274_688 + 8_388_608) / 128 == 8_847_360
     # batch 16: the position projection 2 N D D = 8,388,608 per layer is shared by the 16 streams
-    assert bench.model_flops_per_token(cfg, 128, 128, batch_size=16) == 3 * (
-        4 * (92_274_688 - 8_388_608 + 8_388_608 / 16) + 8_388_608) / 128
+    assert (
+        bench.model_flops_per_token(cfg, 128, 128, batch_size=16)
+        == 3 * (4 * (92_274_688 - 8_388_608 + 8_388_608 / 16) + 8_388_608) / 128
+    )
     # a built model counts the same as its config
     assert bench.model_flops_per_token(MemoryTransformer(cfg), 128, 128) == 8_847_360
 
@@ -57,26 +60,31 @@ def test_flops_hand_count_other_schemes():
         (ROPE, 0),
         (SHAW, 2 * 2 * L * D * (2 * 3 + 1)),  # K = 3: q a^K^T and P a^V over 2K+1 rows
     ]:
-        cfg = ModelConfig(n_layer=2, d_model=D, n_head=2, d_inner=F, posenc=name,
-                          posenc_kwargs={"K": 3} if name == SHAW else {})
+        cfg = ModelConfig(
+            n_layer=2, d_model=D, n_head=2, d_inner=F, posenc=name, posenc_kwargs={"K": 3} if name == SHAW else {}
+        )
         assert bench.model_flops_per_token(cfg, L, M, training=False) == (2 * (base + extra) + head) / L
     # no memory: N = L
     cfg = ModelConfig(n_layer=1, d_model=D, n_head=2, d_inner=F, posenc=NOPE)
-    assert bench.model_flops_per_token(cfg, L, 0, training=False) == (
-        2 * L * D * D + 2 * L * D * 2 * D + 4 * L * L * D + 2 * L * D * D + 4 * L * D * F + head) / L
+    assert (
+        bench.model_flops_per_token(cfg, L, 0, training=False)
+        == (2 * L * D * D + 2 * L * D * 2 * D + 4 * L * L * D + 2 * L * D * D + 4 * L * D * F + head) / L
+    )
 
 
 @pytest.mark.parametrize("name", SCHEME_NAMES)
 def test_every_scheme_is_counted(name):
     """The count is the base model plus what the scheme itself declares: no scheme is special-cased in bench."""
-    cfg = ModelConfig(n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=name,
-                      posenc_kwargs=sized_options(name, {}, 16, 8))
+    cfg = ModelConfig(
+        n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=name, posenc_kwargs=sized_options(name, {}, 16, 8)
+    )
     model = MemoryTransformer(cfg)
     nope = ModelConfig(n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=NOPE)
     extra = model.scheme.extra_flops(16, 8, 4)
     assert extra >= 0
     assert bench.model_flops_per_token(model, 16, 8, training=False, batch_size=4) == pytest.approx(
-        bench.model_flops_per_token(nope, 16, 8, training=False, batch_size=4) + 2 * extra / 16)
+        bench.model_flops_per_token(nope, 16, 8, training=False, batch_size=4) + 2 * extra / 16
+    )
 
 
 def test_sizes_come_from_conf_model():
@@ -86,7 +94,11 @@ def test_sizes_come_from_conf_model():
         bc = bench.BenchConfig.preset(name)
         cfg = bc.model_config(XL)
         assert (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.mem_len) == (
-            preset["n_layer"], preset["d_model"], preset["n_head"], preset["mem_len"])
+            preset["n_layer"],
+            preset["d_model"],
+            preset["n_head"],
+            preset["mem_len"],
+        )
         assert bc.batch_size == max(1, 2048 // bc.segment_len)  # the same tokens per step (as near as divides)
         assert bc.model_config(XL, memory=False).mem_len == 0
     with pytest.raises(ValueError, match="unknown model preset 'huge'; valid .*small"):
@@ -106,8 +118,26 @@ def _positive(x) -> bool:
 
 
 def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
-    assert bench.main([*TINY, "--schemes", ",".join(SCHEMES), "--warmup", "1", "--reps", "2",
-                       "--threads", "1", "--matmul-max-n", "256", "--out", str(tmp_path)]) == 0
+    assert (
+        bench.main(
+            [
+                *TINY,
+                "--schemes",
+                ",".join(SCHEMES),
+                "--warmup",
+                "1",
+                "--reps",
+                "2",
+                "--threads",
+                "1",
+                "--matmul-max-n",
+                "256",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     for column in ("train_tok_s", "eval_tok_s", "train_peak_mb", "train_mfu"):
         assert column in printed
@@ -117,9 +147,22 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
     assert {(r["scheme"], int(r["mem_len"])) for r in rows} == {(s, m) for s in SCHEMES for m in (16, 0)}
     assert {(int(r["segment_len"]), int(r["batch"])) for r in rows} == {(16, 2)}
     for r in rows:
-        for key in ("train_ms", "train_tok_s", "train_cpu_ms", "eval_cpu_ms", "eval_ms", "eval_tok_s",
-                    "train_gflop_per_step", "matmul_peak_gflops", "train_mfu", "eval_mfu", "params",
-                    "matmul_peak_cpu_gflops", "train_mfu_cpu", "eval_mfu_cpu"):  # CPU run
+        for key in (
+            "train_ms",
+            "train_tok_s",
+            "train_cpu_ms",
+            "eval_cpu_ms",
+            "eval_ms",
+            "eval_tok_s",
+            "train_gflop_per_step",
+            "matmul_peak_gflops",
+            "train_mfu",
+            "eval_mfu",
+            "params",
+            "matmul_peak_cpu_gflops",
+            "train_mfu_cpu",
+            "eval_mfu_cpu",
+        ):  # CPU run
             assert _positive(float(r[key])), (key, r)
         for key in ("train_peak_mb", "eval_peak_mb"):  # RSS growth can be 0 when the heap is reused
             assert math.isfinite(float(r[key])) and float(r[key]) >= 0, (key, r)
@@ -129,8 +172,9 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
 
 def test_bench_one_bf16_and_result_fields():
     bc = bench.BenchConfig.preset("tiny", segment_len=16, batch_size=2, d_model=32, n_head=2, mem_len=16)
-    r = bench.bench_one(bc, XL, memory=True, precision="bf16-mixed", warmup=1, reps=1, matmul_peak=1e9,
-                        matmul_peak_cpu=1e9)
+    r = bench.bench_one(
+        bc, XL, memory=True, precision="bf16-mixed", warmup=1, reps=1, matmul_peak=1e9, matmul_peak_cpu=1e9
+    )
     assert r.precision == "bf16-mixed" and r.mem_len == 16 and r.scheme == XL
     assert _positive(r.train_tok_s) and _positive(r.eval_tok_s) and _positive(r.train_mfu)
 
@@ -143,8 +187,25 @@ def test_eval_speed_tiny():
 
 
 def test_eval_speed_cli(tmp_path):
-    assert bench.main(["--eval-speed", *TINY, "--schemes", SINUSOID, "--attention-len", "24,32",
-                       "--eval-segment-len", "8", "--eval-batch", "2", "--out", str(tmp_path)]) == 0
+    assert (
+        bench.main(
+            [
+                "--eval-speed",
+                *TINY,
+                "--schemes",
+                SINUSOID,
+                "--attention-len",
+                "24,32",
+                "--eval-segment-len",
+                "8",
+                "--eval-batch",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     with open(tmp_path / "eval_speed.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["attention_len"]) for r in rows] == [24, 32] and all(float(r["speedup"]) > 0 for r in rows)
@@ -165,8 +226,23 @@ def test_matmul_peak_positive():
 def test_loss_curve_experiment(tmp_path):
     from analysis import loss_curve
 
-    assert loss_curve.main(["--steps", "3", "--segment-len", "16", "--batch", "2", "--model-set", "d_model=32,n_head=2",
-                            "--out", str(tmp_path)]) == 0
+    assert (
+        loss_curve.main(
+            [
+                "--steps",
+                "3",
+                "--segment-len",
+                "16",
+                "--batch",
+                "2",
+                "--model-set",
+                "d_model=32,n_head=2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     with open(tmp_path / "loss_curve.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["run"] for r in rows] == ["fp32/seed0", "bf16-mixed/seed0", "fp32/seed1"]

@@ -95,24 +95,21 @@ def test_byte_corpus_logs_bits_per_token(tmp_path, cache):
     assert results["val"]["bpt"] == pytest.approx(results["val"]["loss"] / math.log(2))
 
 
-def test_memory_is_kept_per_split_and_dropped_on_reset():
-    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=4, dropout=0.0))
-    batch = lambda reset: {"tokens": torch.randint(0, 10, (2, 3)), "targets": torch.randint(0, 10, (2, 3)),  # noqa: E731
-                           "loss_mask": torch.ones(2, 3, dtype=torch.bool), "offset": torch.zeros(2, dtype=torch.long),
-                           "reset": torch.tensor(reset), "distance": torch.full((2, 3), -1)}
-    lit.forward_segment(batch(True), "train")
-    assert lit._mems["train"][0].shape == (2, 3, 16) and lit._mems["val"] is None
-    lit.forward_segment(batch(False), "train")
-    assert lit._mems["train"][0].shape == (2, 4, 16)  # grows to mem_len
-    assert not lit._mems["train"][0].requires_grad
-    lit.forward_segment(batch(True), "train")  # reset: memory dropped first
-    assert lit._mems["train"][0].shape == (2, 3, 16)
-
-
 def _batch(reset=False, B=2, L=3, V=10, distance=None):
     return {"tokens": torch.randint(0, V, (B, L)), "targets": torch.randint(0, V, (B, L)),
             "loss_mask": torch.ones(B, L, dtype=torch.bool), "offset": torch.zeros(B, dtype=torch.long),
             "reset": torch.tensor(reset), "distance": torch.full((B, L), -1) if distance is None else distance}
+
+
+def test_memory_is_kept_per_split_and_dropped_on_reset():
+    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=4, dropout=0.0))
+    lit.forward_segment(_batch(True), "train")
+    assert lit._mems["train"][0].shape == (2, 3, 16) and lit._mems["val"] is None
+    lit.forward_segment(_batch(False), "train")
+    assert lit._mems["train"][0].shape == (2, 4, 16)  # grows to mem_len
+    assert not lit._mems["train"][0].requires_grad
+    lit.forward_segment(_batch(True), "train")  # reset: memory dropped first
+    assert lit._mems["train"][0].shape == (2, 3, 16)
 
 
 def test_evaluation_lengths_go_to_the_forward_pass_not_into_the_model():

@@ -61,10 +61,35 @@ def test_the_registry_and_the_benchmark_take_it(scheme, tmp_path):
     nope = ModelConfig(n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=schemes_of_kind("none")[0])
     # the FLOP count adds what the scheme declares: 7 L per layer, per predicted token 2 layers x 7
     assert bench.model_flops_per_token(cfg, 16, 8, training=False) == pytest.approx(
-        bench.model_flops_per_token(nope, 16, 8, training=False) + 2 * 7.0)
-    assert bench.main(["--configs", "tiny", "--segment-len", "8", "--batch", "2", "--model-set", "d_model=32,n_head=2",
-                       "--schemes", NAME, "--memory", "on", "--warmup", "0", "--reps", "1", "--matmul-max-n", "256",
-                       "--out", str(tmp_path)]) == 0
+        bench.model_flops_per_token(nope, 16, 8, training=False) + 2 * 7.0
+    )
+    assert (
+        bench.main(
+            [
+                "--configs",
+                "tiny",
+                "--segment-len",
+                "8",
+                "--batch",
+                "2",
+                "--model-set",
+                "d_model=32,n_head=2",
+                "--schemes",
+                NAME,
+                "--memory",
+                "on",
+                "--warmup",
+                "0",
+                "--reps",
+                "1",
+                "--matmul-max-n",
+                "256",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "bench.md").read_text().count(f"| {NAME} |") == 1
 
 
@@ -73,9 +98,19 @@ def test_ablate_grid_trains_it_and_the_report_orders_it(scheme, tmp_path):
     from analysis.runs import load_run, scheme_order
 
     cache = tmp_path / "cache"
-    user = ["experiment=tiny", f"ablate.schemes=[{NAME}]", "ablate.recurrence=[true]", "ablate.half_loss.schemes=[]",
-            "ablate.recall.schemes=[]", f"ablate.out={tmp_path / 'ablate'}", scheme,
-            f"data.root={cache}", "data.corpus.max_bytes=200000", "trainer.max_steps=2", "final_eval.limit_batches=1"]
+    user = [
+        "experiment=tiny",
+        f"ablate.schemes=[{NAME}]",
+        "ablate.recurrence=[true]",
+        "ablate.half_loss.schemes=[]",
+        "ablate.recall.schemes=[]",
+        f"ablate.out={tmp_path / 'ablate'}",
+        scheme,
+        f"data.root={cache}",
+        "data.corpus.max_bytes=200000",
+        "trainer.max_steps=2",
+        "final_eval.limit_batches=1",
+    ]
     cfg = ablate.compose("ablate", user)
     specs = ablate.plan(cfg, user)
     assert [s.scheme for s in specs] == [NAME]

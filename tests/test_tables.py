@@ -21,8 +21,11 @@ def test_cells():
 def test_dataframe_and_dicts_give_the_same_tables(tmp_path):
     records = [{"scheme": "a", "bpt": 1.23456, "n": 3}, {"scheme": "b", "bpt": float("nan"), "n": 4}]
     df = pd.DataFrame(records)
-    assert markdown_table(df, decimals={"bpt": 2}) == markdown_table(records, decimals={"bpt": 2}) == (
-        "| scheme | bpt | n |\n|---|---|---|\n| a | 1.23 | 3 |\n| b | n/a | 4 |")
+    assert (
+        markdown_table(df, decimals={"bpt": 2})
+        == markdown_table(records, decimals={"bpt": 2})
+        == ("| scheme | bpt | n |\n|---|---|---|\n| a | 1.23 | 3 |\n| b | n/a | 4 |")
+    )
     assert text_table(records, columns=["n", "scheme"]).splitlines() == ["n  scheme", "3       a", "4       b"]
     for name, rows in (("df", df), ("dicts", records)):
         paths = write_table(rows, tmp_path / name, header="# head")

@@ -12,33 +12,48 @@ memory reuse), peak memory and model FLOPs utilisation (MFU). One concern per mo
 
 The bf16-mixed vs fp32 loss curves live in ``analysis/loss_curve.py`` (an experiment, not a benchmark).
 
-On a shared CPU machine, OpenMP worker threads that spin while another process holds the core slow small
-operations by an order of magnitude; this package therefore asks libgomp for a passive wait policy
-(``OMP_WAIT_POLICY=PASSIVE``) when it is imported before torch, unless the variable is set already.
+``python -m posenc_lab.bench`` and ``posenc-lab bench`` ask libgomp for a passive wait policy before torch
+loads (``posenc_lab.prefer_passive_openmp``); importing this package changes no environment variable and
+loads its modules only when one of the names below is used.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import importlib
 
-_OMP_POLICY_APPLIES = "torch" not in sys.modules  # libgomp reads it once, when torch loads it
-if _OMP_POLICY_APPLIES:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_HOMES = {  # name -> the module of this package that owns it
+    "PRECISIONS": "configs",
+    "BenchConfig": "configs",
+    "model_presets": "configs",
+    "model_flops_per_token": "flops",
+    "COLUMNS": "loops",
+    "BenchResult": "loops",
+    "Point": "loops",
+    "bench_one": "loops",
+    "grid": "loops",
+    "make_optimizer": "loops",
+    "measure_eval_speed": "loops",
+    "run_benchmark": "loops",
+    "PeakMemory": "probes",
+    "autocast": "probes",
+    "environment_line": "probes",
+    "matmul_peak_flops": "probes",
+    "median_time": "probes",
+    "pick_device": "probes",
+}
 
-from .configs import PRECISIONS, BenchConfig, model_presets  # noqa: E402 - after the wait policy
-from .flops import model_flops_per_token  # noqa: E402
-from .loops import (COLUMNS, BenchResult, Point, bench_one, grid, make_optimizer,  # noqa: E402
-                    measure_eval_speed, run_benchmark)
-from .probes import PeakMemory, autocast, environment_line, matmul_peak_flops, median_time, pick_device  # noqa: E402
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) -> int:
+    """The command line (``cli.main``)."""
     from .cli import main as cli_main
 
-    return cli_main(argv, omp_policy_applies=_OMP_POLICY_APPLIES)
+    return cli_main(argv, omp_policy_applies=omp_policy_applies)
 
 
-__all__ = ["COLUMNS", "PRECISIONS", "BenchConfig", "BenchResult", "PeakMemory", "Point", "autocast", "bench_one",
-           "environment_line", "grid", "main", "make_optimizer", "matmul_peak_flops", "measure_eval_speed",
-           "median_time", "model_flops_per_token", "model_presets", "pick_device", "run_benchmark"]
+__all__ = ["main", *_HOMES]

@@ -1,5 +1,10 @@
 import sys
 
-from . import main
+from posenc_lab import prefer_passive_openmp
 
-sys.exit(main())
+_APPLIES = "torch" not in sys.modules  # libgomp reads the policy once, when torch loads it
+prefer_passive_openmp()
+
+from . import main  # noqa: E402 - after the wait policy, before torch loads
+
+sys.exit(main(omp_policy_applies=_APPLIES))

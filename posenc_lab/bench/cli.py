@@ -1,7 +1,7 @@
 """``posenc-lab bench`` / ``python -m posenc_lab.bench``: the command line of the benchmark.
 
-    python -m posenc_lab.bench --configs small --schemes xl,shaw,sinusoid --precisions fp32 --out bench/
-    python -m posenc_lab.bench --eval-speed --configs small --attention-len 800
+python -m posenc_lab.bench --configs small --schemes xl,shaw,sinusoid --precisions fp32 --out bench/
+python -m posenc_lab.bench --eval-speed --configs small --attention-len 800
 """
 
 from __future__ import annotations
@@ -38,12 +38,20 @@ def parse_assignments(text: str) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="posenc-lab bench", description="Speed, memory and MFU of the positional schemes.")
-    p.add_argument("--configs", default="small",
-                   help=f"comma-separated model presets of conf/model/ ({','.join(model_presets())}; default: small)")
+    p.add_argument(
+        "--configs",
+        default="small",
+        help=f"comma-separated model presets of conf/model/ ({','.join(model_presets())}; default: small)",
+    )
     p.add_argument("--segment-len", type=int, default=None, help="tokens per segment (default: the preset's mem_len)")
     p.add_argument("--batch", type=int, default=None, help="streams per step (default: 2048 tokens per step)")
-    p.add_argument("--model-set", type=parse_assignments, default={}, metavar="K=V,...",
-                   help="override preset fields, e.g. n_layer=2,mem_len=64")
+    p.add_argument(
+        "--model-set",
+        type=parse_assignments,
+        default={},
+        metavar="K=V,...",
+        help="override preset fields, e.g. n_layer=2,mem_len=64",
+    )
     p.add_argument("--schemes", default="all", help="comma-separated scheme names, or 'all' (default)")
     p.add_argument("--precisions", default="fp32", help=f"comma-separated, from {','.join(PRECISIONS)}")
     p.add_argument("--memory", default="both", choices=["both", "on", "off"], help="with memory, without, or both")
@@ -52,18 +60,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the median is quoted")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--matmul-max-n", type=int, default=None,
-                   help="largest square matmul for the peak (default 2048 on CPU, 8192 on CUDA)")
+    p.add_argument(
+        "--matmul-max-n",
+        type=int,
+        default=None,
+        help="largest square matmul for the peak (default 2048 on CPU, 8192 on CUDA)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write bench.csv and bench.md (and eval_speed.*) here")
-    p.add_argument("--eval-speed", action="store_true",
-                   help="instead: evaluation with memory reuse vs a sliding window at --attention-len")
+    p.add_argument(
+        "--eval-speed",
+        action="store_true",
+        help="instead: evaluation with memory reuse vs a sliding window at --attention-len",
+    )
     p.add_argument("--attention-len", default="800", help="comma-separated attention lengths for --eval-speed")
     p.add_argument("--eval-segment-len", type=int, default=128, help="segment length of memory-reuse evaluation")
     p.add_argument("--eval-batch", type=int, default=4, help="streams (windows) per forward in --eval-speed")
     return p
 
 
-def main(argv: list[str] | None = None, omp_policy_applies: bool = True) -> int:
+def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) -> int:
+    """``omp_policy_applies``: whether OMP_WAIT_POLICY was set before torch loaded (None: not known)."""
     args = build_parser().parse_args(argv)
     presets = _csv_list(args.configs)
     names = scheme_names()
@@ -74,9 +90,11 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool = True) -> int:
     unknown += [p for p in precisions if p not in PRECISIONS]
     unknown += [k for k in args.model_set if k not in ModelConfig.__dataclass_fields__]
     if unknown:
-        print(f"posenc-lab bench: unknown {unknown}; configs (conf/model/): {list(model_presets())}, schemes: "
-              f"{list(names)}, precisions: {list(PRECISIONS)}, --model-set keys: ModelConfig fields",
-              file=sys.stderr)
+        print(
+            f"posenc-lab bench: unknown {unknown}; configs (conf/model/): {list(model_presets())}, schemes: "
+            f"{list(names)}, precisions: {list(PRECISIONS)}, --model-set keys: ModelConfig fields",
+            file=sys.stderr,
+        )
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -90,8 +108,12 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool = True) -> int:
             for s in schemes if args.schemes != "all" else [ModelConfig.posenc]:
                 for p in precisions:
                     for A in (int(a) for a in _csv_list(args.attention_len)):
-                        r = {"config": name, **measure_eval_speed(bc, A, args.eval_segment_len, args.eval_batch,
-                                                                  scheme=s, precision=p, device=args.device)}
+                        r = {
+                            "config": name,
+                            **measure_eval_speed(
+                                bc, A, args.eval_segment_len, args.eval_batch, scheme=s, precision=p, device=args.device
+                            ),
+                        }
                         rows.append(r)
                         print(text_row(r))
         print(text_table(rows))
@@ -99,8 +121,18 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool = True) -> int:
             write_table(rows, args.out / "eval_speed", header)
         return 0
     memory = {"both": (True, False), "on": (True,), "off": (False,)}[args.memory]
-    results = run_benchmark(configs, schemes, precisions, memory, args.device, args.warmup, args.reps,
-                            (args.compile,), log=lambda line: print(line, flush=True), matmul_max_n=args.matmul_max_n)
+    results = run_benchmark(
+        configs,
+        schemes,
+        precisions,
+        memory,
+        args.device,
+        args.warmup,
+        args.reps,
+        (args.compile,),
+        log=lambda line: print(line, flush=True),
+        matmul_max_n=args.matmul_max_n,
+    )
     rows = [r.row() for r in results]
     print()
     print(text_table(rows))

@@ -45,28 +45,40 @@ class BenchConfig:
         return int(self.model.get("mem_len", 0))
 
     @classmethod
-    def preset(cls, name: str, segment_len: int | None = None, batch_size: int | None = None,
-               vocab_size: int | None = None, **model_overrides) -> "BenchConfig":
+    def preset(
+        cls,
+        name: str,
+        segment_len: int | None = None,
+        batch_size: int | None = None,
+        vocab_size: int | None = None,
+        **model_overrides,
+    ) -> BenchConfig:
         """conf/model/``name``.yaml with ``model_overrides`` (e.g. n_layer=2); lengths as in the module doc.
         vocab_size: None is bytes (256), or WikiText-103's 267,735 words for a preset with an adaptive softmax."""
         presets = model_presets()
         if name not in presets:
             raise ValueError(f"unknown model preset {name!r}; valid (conf/model/): {', '.join(presets)}")
-        model = {**OmegaConf.to_container(OmegaConf.load(CONF_MODEL / f"{name}.yaml"), resolve=True),
-                 **model_overrides}
+        model = {**OmegaConf.to_container(OmegaConf.load(CONF_MODEL / f"{name}.yaml"), resolve=True), **model_overrides}
         L = int(segment_len or model.get("mem_len") or 128)
         if vocab_size is None:
             vocab_size = ADAPTIVE_VOCAB_SIZE if model.get("adaptive_cutoffs") else BYTE_VOCAB_SIZE
         return cls(name, model, L, int(batch_size or max(1, TOKENS_PER_STEP // L)), vocab_size)
 
-    def model_config(self, scheme: str, memory: bool = True, segment_len: int | None = None,
-                     **overrides) -> ModelConfig:
+    def model_config(
+        self, scheme: str, memory: bool = True, segment_len: int | None = None, **overrides
+    ) -> ModelConfig:
         """The ModelConfig of ``scheme`` at this size; its length options sized to ``segment_len`` (default:
         this config's), memory off unless ``memory``."""
         mem_len = self.mem_len if memory else 0
         options = sized_options(scheme, {}, segment_len or self.segment_len, mem_len)
-        kw = {**self.model, "vocab_size": self.vocab_size, "mem_len": mem_len, "posenc": scheme,
-              "posenc_kwargs": options, **overrides}
+        kw = {
+            **self.model,
+            "vocab_size": self.vocab_size,
+            "mem_len": mem_len,
+            "posenc": scheme,
+            "posenc_kwargs": options,
+            **overrides,
+        }
         if not kw["mem_len"]:
             kw["same_length"] = False
         return ModelConfig(**kw)

@@ -6,8 +6,9 @@ from ..model import MemoryTransformer, ModelConfig
 from ..positional import PositionalScheme, build_scheme
 
 
-def model_flops_per_token(model: ModelConfig | MemoryTransformer, segment_len: int, mem_len: int,
-                          training: bool = True, batch_size: int = 1) -> float:
+def model_flops_per_token(
+    model: ModelConfig | MemoryTransformer, segment_len: int, mem_len: int, training: bool = True, batch_size: int = 1
+) -> float:
     """Matmul FLOPs per predicted token of one segment of ``segment_len`` tokens with ``mem_len`` memory.
 
     Counts 2*m*n*k for every matrix product of the model, per segment (per stream), divided by
@@ -26,8 +27,11 @@ def model_flops_per_token(model: ModelConfig | MemoryTransformer, segment_len: i
     Training = 3 x forward (the backward pass costs two matmuls per forward matmul).
     """
     cfg = model.cfg if isinstance(model, MemoryTransformer) else model
-    scheme: PositionalScheme = model.scheme if isinstance(model, MemoryTransformer) else \
-        build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
+    scheme: PositionalScheme = (
+        model.scheme
+        if isinstance(model, MemoryTransformer)
+        else build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
+    )
     L, M = int(segment_len), int(mem_len)
     N, D, F, V = M + L, cfg.d_model, cfg.d_inner, cfg.vocab_size
     per_layer = (

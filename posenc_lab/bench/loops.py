@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -86,8 +86,9 @@ class BenchResult:
         return {**point, **measured}
 
 
-COLUMNS = [f.name for f in fields(Point) if f.name != "memory"] + \
-    [f.name for f in fields(BenchResult) if f.name not in ("point", "extra")]
+COLUMNS = [f.name for f in fields(Point) if f.name != "memory"] + [
+    f.name for f in fields(BenchResult) if f.name not in ("point", "extra")
+]
 
 
 def _tokens(cfg: ModelConfig, batch: int, length: int, device: torch.device, generator: torch.Generator):
@@ -106,10 +107,20 @@ def _dtype(precision: str) -> torch.dtype:
     return torch.float32 if precision == "fp32" else torch.bfloat16
 
 
-def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, precision: str = "fp32",
-              device: str | torch.device | None = None, warmup: int = 3, reps: int = 5,
-              matmul_peak: float | None = None, compile: bool = False, seed: int = 0,
-              model_overrides: dict | None = None, matmul_peak_cpu: float | None = None) -> BenchResult:
+def bench_one(
+    bench_cfg: BenchConfig | str,
+    scheme: str,
+    memory: bool = True,
+    precision: str = "fp32",
+    device: str | torch.device | None = None,
+    warmup: int = 3,
+    reps: int = 5,
+    matmul_peak: float | None = None,
+    compile: bool = False,
+    seed: int = 0,
+    model_overrides: dict | None = None,
+    matmul_peak_cpu: float | None = None,
+) -> BenchResult:
     """Train and eval throughput, peak memory and MFU of one scheme in one config (see the module doc)."""
     bc = BenchConfig.preset(bench_cfg) if isinstance(bench_cfg, str) else bench_cfg
     point = Point(bc.name, scheme, precision, memory, compile)
@@ -148,7 +159,6 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
     # -- evaluation -----------------------------------------------------------------------------
     model.eval()
     state["mems"] = None
-    del opt
     with PeakMemory(device) as eval_mem:
 
         def eval_step():
@@ -163,12 +173,24 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
     eval_flops = model_flops_per_token(model, L, M, training=False, batch_size=B)
     tokens = B * L
     result = BenchResult(
-        point=point, mem_len=M, device=device_name(device), batch=B, segment_len=L, params=params,
-        train_ms=train_s * 1e3, train_tok_s=tokens / train_s, train_cpu_ms=statistics.median(train_cpu) * 1e3,
-        eval_ms=eval_s * 1e3, eval_tok_s=tokens / eval_s, eval_cpu_ms=statistics.median(eval_cpu) * 1e3,
-        train_peak_mb=train_mem.peak_mb, eval_peak_mb=eval_mem.peak_mb,
-        train_gflop_per_step=train_flops * tokens / 1e9, matmul_peak_gflops=matmul_peak / 1e9,
-        train_mfu=train_flops * tokens / train_s / matmul_peak, eval_mfu=eval_flops * tokens / eval_s / matmul_peak,
+        point=point,
+        mem_len=M,
+        device=device_name(device),
+        batch=B,
+        segment_len=L,
+        params=params,
+        train_ms=train_s * 1e3,
+        train_tok_s=tokens / train_s,
+        train_cpu_ms=statistics.median(train_cpu) * 1e3,
+        eval_ms=eval_s * 1e3,
+        eval_tok_s=tokens / eval_s,
+        eval_cpu_ms=statistics.median(eval_cpu) * 1e3,
+        train_peak_mb=train_mem.peak_mb,
+        eval_peak_mb=eval_mem.peak_mb,
+        train_gflop_per_step=train_flops * tokens / 1e9,
+        matmul_peak_gflops=matmul_peak / 1e9,
+        train_mfu=train_flops * tokens / train_s / matmul_peak,
+        eval_mfu=eval_flops * tokens / eval_s / matmul_peak,
         extra={"memory_method": train_mem.method},
     )
     if device.type == "cpu":
@@ -179,11 +201,18 @@ def bench_one(bench_cfg: BenchConfig | str, scheme: str, memory: bool = True, pr
     return result
 
 
-def run_benchmark(configs: Mapping[str, BenchConfig] | Sequence[str] = ("small",),
-                  schemes: Sequence[str] | None = None, precisions: Sequence[str] = ("fp32",),
-                  memory: Sequence[bool] = (True, False), device: str | None = None, warmup: int = 3, reps: int = 5,
-                  compile: Sequence[bool] | bool = (False,), log: Callable[[str], None] | None = print,
-                  matmul_max_n: int | None = None) -> list[BenchResult]:
+def run_benchmark(
+    configs: Mapping[str, BenchConfig] | Sequence[str] = ("small",),
+    schemes: Sequence[str] | None = None,
+    precisions: Sequence[str] = ("fp32",),
+    memory: Sequence[bool] = (True, False),
+    device: str | None = None,
+    warmup: int = 3,
+    reps: int = 5,
+    compile: Sequence[bool] | bool = (False,),
+    log: Callable[[str], None] | None = print,
+    matmul_max_n: int | None = None,
+) -> list[BenchResult]:
     """``bench_one`` over the grid (configs x precisions x schemes x memory x compile; schemes: all registered
     by default); the matmul peak is measured once per precision in this run."""
     if not isinstance(configs, Mapping):
@@ -192,24 +221,48 @@ def run_benchmark(configs: Mapping[str, BenchConfig] | Sequence[str] = ("small",
     compile = (compile,) if isinstance(compile, bool) else tuple(compile)
     dev = pick_device(device)
     peaks = {p: matmul_peak_flops(_dtype(p), dev, matmul_max_n) for p in precisions}
-    peaks_cpu = {p: matmul_peak_flops(_dtype(p), dev, matmul_max_n, cpu_time=True) if dev.type == "cpu" else None
-                 for p in precisions}
+    peaks_cpu = {
+        p: matmul_peak_flops(_dtype(p), dev, matmul_max_n, cpu_time=True) if dev.type == "cpu" else None
+        for p in precisions
+    }
     results = []
-    for pt in grid(config=list(configs), precision=list(precisions), scheme=list(schemes), memory=list(memory),
-                   compile=list(compile)):
-        r = bench_one(configs[pt.config], pt.scheme, memory=pt.memory, precision=pt.precision, device=dev,
-                      warmup=warmup, reps=reps, matmul_peak=peaks[pt.precision], compile=pt.compile,
-                      matmul_peak_cpu=peaks_cpu[pt.precision])
+    for pt in grid(
+        config=list(configs),
+        precision=list(precisions),
+        scheme=list(schemes),
+        memory=list(memory),
+        compile=list(compile),
+    ):
+        r = bench_one(
+            configs[pt.config],
+            pt.scheme,
+            memory=pt.memory,
+            precision=pt.precision,
+            device=dev,
+            warmup=warmup,
+            reps=reps,
+            matmul_peak=peaks[pt.precision],
+            compile=pt.compile,
+            matmul_peak_cpu=peaks_cpu[pt.precision],
+        )
         results.append(r)
         if log:
             log(text_row(r.row()))
     return results
 
 
-def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: int = 800, segment_len: int = 128,
-                       batch_size: int = 4, scheme: str | None = None, precision: str = "fp32",
-                       device: str | torch.device | None = None, warmup: int = 1, reps: int = 3,
-                       model: MemoryTransformer | None = None) -> dict:
+def measure_eval_speed(
+    model_cfg: ModelConfig | str = "small",
+    attention_len: int = 800,
+    segment_len: int = 128,
+    batch_size: int = 4,
+    scheme: str | None = None,
+    precision: str = "fp32",
+    device: str | torch.device | None = None,
+    warmup: int = 1,
+    reps: int = 3,
+    model: MemoryTransformer | None = None,
+) -> dict:
     """Per-token evaluation time with memory reuse vs recomputing a sliding window, at ``attention_len``.
 
     Memory reuse: segments of ``segment_len`` tokens, memory ``M' = attention_len`` and the same-length
@@ -227,8 +280,9 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
     if isinstance(model_cfg, (str, BenchConfig)):
         bc = BenchConfig.preset(model_cfg) if isinstance(model_cfg, str) else model_cfg
         # a learned table must cover the sliding window of attention_len + 1
-        model_cfg = bc.model_config(scheme or ModelConfig.posenc, memory=False, segment_len=attention_len + 1,
-                                    dropout=0.0)
+        model_cfg = bc.model_config(
+            scheme or ModelConfig.posenc, memory=False, segment_len=attention_len + 1, dropout=0.0
+        )
     elif scheme is not None:
         model_cfg = ModelConfig(**{**asdict(model_cfg), "posenc": scheme})
     if model is None:
@@ -267,9 +321,18 @@ def measure_eval_speed(model_cfg: ModelConfig | str = "small", attention_len: in
         model.train(was_training)
     memory_tok_s = B * L / memory_s
     window_tok_s = B / window_s
-    return {"scheme": cfg.posenc, "attention_len": A, "segment_len": L, "batch": B, "precision": precision,
-            "device": device_name(device), "memory_ms_per_segment": memory_s * 1e3,
-            "window_ms_per_window": window_s * 1e3, "memory_tok_s": memory_tok_s, "window_tok_s": window_tok_s,
-            "speedup": memory_tok_s / window_tok_s,
-            # the same ratio from process CPU time per token (robust to other processes on the cores)
-            "speedup_cpu": (statistics.median(window_cpu) / B) / (statistics.median(memory_cpu) / (B * L))}
+    return {
+        "scheme": cfg.posenc,
+        "attention_len": A,
+        "segment_len": L,
+        "batch": B,
+        "precision": precision,
+        "device": device_name(device),
+        "memory_ms_per_segment": memory_s * 1e3,
+        "window_ms_per_window": window_s * 1e3,
+        "memory_tok_s": memory_tok_s,
+        "window_tok_s": window_tok_s,
+        "speedup": memory_tok_s / window_tok_s,
+        # the same ratio from process CPU time per token (robust to other processes on the cores)
+        "speedup_cpu": (statistics.median(window_cpu) / B) / (statistics.median(memory_cpu) / (B * L)),
+    }

@@ -14,7 +14,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -110,8 +110,9 @@ class PeakMemory:
         return False
 
 
-def median_time(fn: Callable[[], None], device: torch.device, warmup: int, reps: int,
-                 cpu_times: list | None = None) -> float:
+def median_time(
+    fn: Callable[[], None], device: torch.device, warmup: int, reps: int, cpu_times: list | None = None
+) -> float:
     """Median seconds of one call of ``fn`` over ``reps`` timed calls after ``warmup`` calls.
 
     ``cpu_times`` (optional) receives the process CPU seconds of each timed call (all threads): on a
@@ -130,9 +131,14 @@ def median_time(fn: Callable[[], None], device: torch.device, warmup: int, reps:
     return statistics.median(times)
 
 
-def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
-                      max_n: int | None = None, reps: int = 5, min_seconds: float = 0.05,
-                      cpu_time: bool = False) -> float:
+def matmul_peak_flops(
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device | None = None,
+    max_n: int | None = None,
+    reps: int = 5,
+    min_seconds: float = 0.05,
+    cpu_time: bool = False,
+) -> float:
     """FLOP/s of a large square matmul of ``dtype`` (best of ``reps``, of torch.mm and F.linear): the
     hardware ceiling for MFU.
 
@@ -156,7 +162,9 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str | torch.de
             break
         n *= 2
     best = math.inf
-    clock, per = (time.process_time, torch.get_num_threads()) if cpu_time and device.type == "cpu" else (time.perf_counter, 1)
+    clock, per = (
+        (time.process_time, torch.get_num_threads()) if cpu_time and device.type == "cpu" else (time.perf_counter, 1)
+    )
     # torch.mm and F.linear can take different kernels (on CPUs without bf16 hardware, bf16 torch.mm
     # is far slower than the oneDNN linear the model uses): the peak is the faster of the two
     for product in (lambda: torch.mm(a, b), lambda: torch.nn.functional.linear(a, b)):
@@ -175,11 +183,13 @@ def device_name(device: torch.device) -> str:
     return f"cpu x{torch.get_num_threads()}"
 
 
-def environment_line(omp_policy_applies: bool = True) -> str:
+def environment_line(omp_policy_applies: bool | None = None) -> str:
     """Date, torch, CPU, threads, the OpenMP wait policy and the load: what a timing depends on."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return (f"{_dt.datetime.now().isoformat(timespec='seconds')}  torch {torch.__version__}  "
-            f"{platform.processor() or platform.machine()}  threads {torch.get_num_threads()}  "
-            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
-            f"{'' if omp_policy_applies else ' (torch was loaded before bench: may not apply)'}  "
-            f"load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return (
+        f"{_dt.datetime.now().isoformat(timespec='seconds')}  torch {torch.__version__}  "
+        f"{platform.processor() or platform.machine()}  threads {torch.get_num_threads()}  "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+        f"{' (torch was loaded before it was set: may not apply)' if omp_policy_applies is False else ''}  "
+        f"load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )

@@ -1,9 +1,9 @@
 """Learned absolute positions, reset per segment: h^0_i = E[x_i] + P[i], P a [max_positions, D] table.
 
 It cannot extrapolate: a position >= max_positions is a configuration error, raised before training
-(``validate``) and again at the forward pass. ``max_positions=None`` (the config's default) sizes the
-table to the run's segment length (``sized_options``), the longest position it trains on. ``overflow="clamp"`` reuses the last row instead; it
-exists for analysis only and must be asked for explicitly.
+(``validate``) and again at the forward pass. ``overflow="clamp"`` reuses the last row instead; it
+exists for analysis only and must be asked for explicitly. ``max_positions=None`` (the config's default)
+sizes the table to the run's segment length (``sized_options``), the longest position it trains on.
 """
 
 import torch
