@@ -661,18 +661,31 @@ def recall_findings(t: pd.DataFrame, smoke: bool = False) -> list[str]:
     for _, r in t.iterrows():
         lines.append(f"{_who(r)}: {r['acc_within_L']:.1%} within one segment, {r['acc_beyond_L']:.1%} "
                      f"[{r['beyond_lo']:.1%}, {r['beyond_hi']:.1%}] beyond it (chance {r['chance']:.1%}).")
+    from .stats import combine, verdict
+
     order = []
     for scheme, g in ok.groupby("scheme", sort=False):
         on, off = g[g["recurrence"] == "on"], g[g["recurrence"] == "off"]
         if len(on) and len(off):
-            a, b = on.iloc[0], off.iloc[0]
-            order.append((scheme, a["beyond_lo"] > b["beyond_hi"], a["beyond_hi"] < b["beyond_lo"]))
+            order.append((scheme, accuracy_difference(on.iloc[0], off.iloc[0])))
     if order:
-        v = ("not judged (smoke run)" if smoke else "contradicted" if any(worse for _, _, worse in order)
-             else "reproduced" if all(better for _, better, _ in order) else "inconclusive")
+        v = "not judged (smoke run)" if smoke else combine([verdict(iv, ">0") for _, iv in order])
         lines.append(f"Expected ordering \"with memory answers beyond one segment better than without\": **{v}** "
-                     "(intervals disjoint: " + ", ".join(f"{s} {'yes' if b else 'no'}" for s, b, _ in order) + ").")
+                     "(accuracy with minus without memory, Newcombe interval: "
+                     + "; ".join(f"{s} {iv.text(3)}" for s, iv in order) + ").")
     return lines
+
+
+def accuracy_difference(a, b):
+    """Newcombe's hybrid score interval of the difference of two proportions (rows of recall_table:
+    acc_beyond_L with its Wilson interval beyond_lo/hi): an ``analysis.stats.Interval``."""
+    from .stats import Interval
+
+    p1, l1, u1 = a["acc_beyond_L"], a["beyond_lo"], a["beyond_hi"]
+    p2, l2, u2 = b["acc_beyond_L"], b["beyond_lo"], b["beyond_hi"]
+    d = p1 - p2
+    return Interval(float(d), float(d - math.hypot(p1 - l1, u2 - p2)), float(d + math.hypot(u1 - p1, p2 - l2)),
+                    float("nan"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

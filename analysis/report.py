@@ -110,7 +110,8 @@ def _recall_section(group: list[Run], s: ReportSettings, out: Path, log) -> Sect
     text = (f"Settings: {_settings_line(group)}. A value is planted and must be answered D tokens later; "
             f"accuracy of the answers by distance (bins of {effective_context.DISTANCE_BIN}), evaluated as trained "
             f"over {s.recall_rows} streams x {s.recall_tokens} tokens. Per bin: `recall/recall_accuracy.csv`. "
-            f"Intervals: {s.level:.0%} Wilson intervals of a proportion, the answers taken as independent trials.")
+            f"Intervals: {s.level:.0%} Wilson intervals of a proportion and Newcombe's of a difference of two, the "
+            f"answers taken as independent trials.")
     t = effective_context.recall_table(acc, s.level)
     return Section("Recall probe", text,
                    [Table("table_recall", t, "answer accuracy within one segment (D < L) and beyond it (D >= L)",

@@ -127,3 +127,23 @@ def test_extrapolation_summary_is_one_row_per_cell():
                             for r, v, na in zip(runs, [1.0, 2.0, 5.0], [64, None, None])])
     t = per_cell(summary, runs).set_index("scheme")
     assert t.loc[XL, "seeds"] == 2 and t.loc[XL, "segment_at_1x"] == 1.5 and t.loc[SHAW, "horizon_past_delta"] == -5
+
+
+def test_recall_ordering_from_the_interval_of_a_difference():
+    """Accuracy beyond one segment, with vs without memory: 60% vs 10% of 200 answers is reproduced,
+    12% vs 10% is inconclusive; the Newcombe interval holds the difference."""
+    import pandas as pd
+
+    from analysis.effective_context import _wilson, accuracy_difference, recall_findings
+
+    def row(scheme, rec, acc, n=200):
+        lo, hi = _wilson(acc * n, n, 0.95)
+        return {"scheme": scheme, "recurrence": rec, "mem_len": 16 if rec == "on" else 0, "loss": "full",
+                "acc_within_L": 0.9, "acc_beyond_L": acc, "beyond_lo": lo, "beyond_hi": hi, "chance": 0.0625}
+
+    t = pd.DataFrame([row(XL, "on", 0.6), row(XL, "off", 0.1), row(SHAW, "on", 0.12), row(SHAW, "off", 0.1)])
+    iv = accuracy_difference(t.iloc[0], t.iloc[1])
+    assert iv.lo < 0.5 < iv.hi and iv.lo > 0.3
+    assert verdict_of(recall_findings(t.iloc[:2]), "with memory answers") == "reproduced"
+    assert verdict_of(recall_findings(t), "with memory answers") == "inconclusive"
+    assert verdict_of(recall_findings(t, smoke=True), "with memory answers") == "not judged (smoke run)"
