@@ -18,6 +18,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class CorruptFileError(ValueError):
     """A file the project wrote cannot be read back; the message names it and says what to do."""
 
@@ -34,6 +40,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode a plain open() would give
     try:
         yield tmp
         with open(tmp, "rb+") as f:  # the data reaches the disk before the name points at it
