@@ -267,7 +267,8 @@ class LitLM(L.LightningModule):
         """Run the val / test passes with memory ``mem_len`` and the same-length mask (None: as trained);
         handed to the model's forward pass, the model itself is not changed."""
         lengths = {k: v for k, v in (("mem_len", mem_len), ("same_length", same_length)) if v is not None}
-        if lengths.get("same_length", self.model.cfg.same_length) and lengths.get("mem_len", self.model.cfg.mem_len) < 1:
+        cfg = self.model.cfg
+        if lengths.get("same_length", cfg.same_length) and lengths.get("mem_len", cfg.mem_len) < 1:
             raise ValueError("same_length=true needs mem_len >= 1 (each query sees mem_len + 1 keys)")
         self.eval_lengths = lengths
 

@@ -381,7 +381,7 @@ def logged_metrics(cfg: DictConfig) -> set[str]:
     """The metric keys LitLM logs for this config (``posenc_lab.lit.logged_metrics`` for its corpus's unit;
     a corpus unknown here gets both figures and the recall metrics)."""
     from .data import ANSWER_CORPORA, CORPUS_UNITS
-    from .lit import logged_metrics as lit_metrics
+    from .metrics import logged_metrics as lit_metrics
 
     data = str(cfg.data.name)
     unit = CORPUS_UNITS.get(data)
@@ -471,7 +471,7 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
     if precision not in valid_precision:
         problems.append(f"trainer.precision={precision!r} is not a Lightning precision; valid: "
                         f"{', '.join(str(p) for p in valid_precision if isinstance(p, str) and '-' in p)}")
-    if not (devices == "auto" or devices == -1 or (_is_int(devices) and devices >= 1) or isinstance(devices, ListConfig)):
+    if not (devices in ("auto", -1) or (_is_int(devices) and devices >= 1) or isinstance(devices, ListConfig)):
         problems.append(f"trainer.devices must be an integer >= 1, -1, a list or 'auto', got {devices!r}")
     if not _is_int(nodes) or nodes < 1:
         problems.append(f"trainer.num_nodes must be an integer >= 1, got {nodes!r}")
@@ -488,8 +488,11 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
         if mname not in names:
             close = difflib.get_close_matches(str(mname), sorted(names), n=3)
             plain = sorted(n for n in names if "/acc_d" not in n)
-            buckets = sorted({n.split("/acc_d", 1)[1] for n in names if "/acc_d" in n}, key=lambda b: int(b.split("-")[0].rstrip("+")))
-            listed = ", ".join(plain) + (f"; val|test/acc_d<bucket> for buckets {', '.join(buckets)}" if buckets else "")
+            buckets = sorted({n.split("/acc_d", 1)[1] for n in names if "/acc_d" in n},
+                             key=lambda b: int(b.split("-")[0].rstrip("+")))
+            listed = ", ".join(plain)
+            if buckets:
+                listed += f"; val|test/acc_d<bucket> for buckets {', '.join(buckets)}"
             problems.append(f"metric.name={mname!r} is never logged for data={name}"
                             + (f" (did you mean {close[0]!r}?)" if close else "") + f"; LitLM logs: {listed}")
         goal = metric.get("goal", "minimize")
@@ -640,7 +643,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="posenc-lab sweep-check",
         description="Validate wandb sweep files against conf/ before any run (every combination composes).")
     parser.add_argument("sweeps", nargs="+", help="sweep YAML files (e.g. sweeps/ablation.yaml)")
-    parser.add_argument("--conf-dir", default=str(CONF_DIR), help="Hydra config directory (default: the package's conf/)")
+    parser.add_argument("--conf-dir", default=str(CONF_DIR),
+                        help="Hydra config directory (default: the package's conf/)")
     parser.add_argument("--list", action="store_true", help="print every trial's overrides")
     parser.add_argument("--multirun", action="store_true",
                         help="print the equivalent `posenc-lab train -m ...` command (grid sweeps; no wandb)")

@@ -136,8 +136,8 @@ def test_bad_value_is_rejected(tmp_path):
 
 def test_bad_group_option_is_rejected(tmp_path):
     path = _write_sweep(tmp_path, "ablation.yaml", parameters={"posenc": {"values": [XL, XL + "l"]}})
-    with pytest.raises(SweepError, match=rf"'{XL}l' is not an option of config group 'posenc' \(did you mean '{XL}'\?\); "
-                                         rf"options: {', '.join(SCHEME_NAMES)}"):
+    with pytest.raises(SweepError, match=rf"'{XL}l' is not an option of config group 'posenc' "
+                                         rf"\(did you mean '{XL}'\?\); options: {', '.join(SCHEME_NAMES)}"):
         check_sweep(path)
 
 
