@@ -109,7 +109,7 @@ class Shaw(PositionalScheme):
         return e.view(B, H, L, N)
 
     def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
-        return torch.softmax(self.scores(layer, q, k, pos), dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
         if fused.use_fused(self.attention_impl, q, dropout_p, needs_lse=True):  # qa column d: q_i . a^K_{K-d} / sqrt(d_h)

@@ -106,7 +106,7 @@ class XLRelative(PositionalScheme):
         return a.view(B, H, L, N)
 
     def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
-        return torch.softmax(self.scores(layer, q, k, pos), dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
