@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import ConfigError
+from .precision import POLICIES as BF16_POLICIES
 
 _MISSING = object()
 
@@ -75,6 +76,8 @@ def _buckets(v) -> str | None:
 # key -> checker; a key absent from the config is skipped (other options of a group may lack it).
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "seed": _int(),
+    "compile": _bool,
+    "bf16_check": lambda v: None if v in BF16_POLICIES else f"one of {', '.join(BF16_POLICIES)}",
     "checkpoint_every": _int(1),
     "optim.lr": _num(0, lo_open=True),
     "optim.weight_decay": _num(0),

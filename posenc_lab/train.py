@@ -41,6 +41,7 @@ from .errors import ConfigError, reported
 from .io import write_json, write_text
 from .lit import CHECKPOINT_SAFE_GLOBALS, CheckpointError, LitLM, read_checkpoint
 from .positional import sized_options
+from .precision import check_precision
 from .rundir import RunDirError, RunLock, check_run_dir, corpus_identity, newest_checkpoint, run_identity, write_record
 
 log = logging.getLogger("posenc_lab.train")
@@ -209,6 +210,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_splits(datamodule)
     lit = build_lit(cfg, datamodule)
     lit.check_data(datamodule, ("train", "val"))
+    if cfg.get("compile", False):  # in place: the state_dict keys (checkpoints) stay those of the eager model
+        lit.model.compile()
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
     record = check_run_dir(run_dir, identity)
     seen = _checkpoint_state(run_dir)
@@ -229,6 +232,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                  if c is not None and "_target_" in c]
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks,
                                                  default_root_dir=str(run_dir))
+    check_precision(trainer.precision, trainer.strategy.root_device.type, cfg.get("bf16_check", "warn"))
     with RunLock(run_dir) if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
             record = check_run_dir(run_dir, identity)  # again under the lock: another process may have run

@@ -1,0 +1,56 @@
+"""``compile=true`` compiles the model (torch.compile), and the compiled model computes what the eager one does."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from posenc_lab.errors import ConfigError
+from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.positional import schemes_of_kind
+from posenc_lab.train import train
+from tests.helpers_train import compose_config, tiny
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("corpus-cache")
+
+
+def test_compile_true_compiles_the_trained_model(monkeypatch, tmp_path, cache):
+    compiled = []
+    monkeypatch.setattr(MemoryTransformer, "compile", lambda self, *a, **k: compiled.append(self))
+    train(compose_config("train", tiny(tmp_path / "eager", cache, steps=1)))
+    assert compiled == []
+    results = train(compose_config("train", tiny(tmp_path / "compiled", cache, "compile=true", steps=1)))
+    assert len(compiled) == 1 and isinstance(compiled[0], MemoryTransformer) and results["steps"] == 1
+
+
+def test_compile_must_be_a_bool(tmp_path, cache):
+    with pytest.raises(ConfigError, match="compile must be true or false, got 'yes'"):
+        train(compose_config("train", tiny(tmp_path / "run", cache, "compile=yes")))
+
+
+@pytest.mark.slow  # torch.compile of a 1-layer model: 40-150 s per scheme on 2 shared cores
+@pytest.mark.parametrize("kind", ["relative", "absolute"])
+def test_compiled_model_equals_eager_loss_and_gradients(kind):
+    """Two segments (the second with memory), loss and every parameter's gradient."""
+    name = schemes_of_kind(kind)[-1]
+    torch.manual_seed(0)
+    eager = MemoryTransformer(ModelConfig(n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=8, dropout=0.0,
+                                          posenc=name))
+    compiled = copy.deepcopy(eager)
+    compiled.compile()
+    tokens = torch.randint(256, (2, 2, 8))
+    results = []
+    for model in (eager, compiled):
+        mems, total = None, 0.0
+        for seg in tokens.unbind(1):
+            out = model(seg, seg.roll(-1, 1), mems=mems)
+            mems, total = out.mems, total + out.loss
+        results.append((total.detach(), torch.autograd.grad(total, list(model.parameters()))))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
