@@ -8,17 +8,21 @@ score_mods, block masks and Shaw correction that CUDA runs compiled. The compile
 
 from __future__ import annotations
 
+import csv
+import math
 import warnings
 
 import pytest
 import torch
 import torch.nn.attention.flex_attention as torch_flex
 
+from posenc_lab import bench
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import fused
+from tests.schemes import ALIBI, SHAW, SINUSOID, T5, XL
 from tests.test_schemes import MASKS, make_positions, make_scheme, masked_softmax, naive_scores, naive_shaw, naive_xl, qkv
 
-FUSED = ("xl", "shaw", "t5", "alibi")
+FUSED = (XL, SHAW, T5, ALIBI)
 
 
 @pytest.fixture(autouse=True)
@@ -37,9 +41,9 @@ def reference(monkeypatch):
 
 
 def naive_attend(name, scheme, layer, q, k, v, pos):
-    if name == "xl":
+    if name == XL:
         return naive_xl(scheme, layer, q, k, v, pos)[1]
-    if name == "shaw":
+    if name == SHAW:
         return naive_shaw(scheme, layer, q, k, v, pos)[1]
     return masked_softmax(naive_scores(name, scheme, q, k, pos), pos.visible) @ v
 
@@ -71,7 +75,7 @@ def test_fused_positional_tables_get_a_gradient(reference):
     """The captured tables (t5 bias, xl's (b)+(d), shaw a^K and a^V) are trained through the fused path."""
     L, M = 5, 3
     pos = make_positions(L, M)
-    for name, param in [("t5", "bias"), ("xl", "v"), ("shaw", "a_key"), ("shaw", "a_value")]:
+    for name, param in [(T5, "bias"), (XL, "v"), (SHAW, "a_key"), (SHAW, "a_value")]:
         scheme = make_scheme(name).train()
         scheme.attention_impl = "fused"
         q, k, v = qkv(L, M)
@@ -94,9 +98,9 @@ def test_auto_keeps_the_unfused_path_on_cpu(monkeypatch, name):
 
 
 @pytest.mark.parametrize("grad, name, dropout, match", [
-    (True, "xl", 0.0, "no backward on CPU"),
-    (False, "shaw", 0.0, "no log-sum-exp"),
-    (False, "t5", 0.1, "no attention dropout"),
+    (True, XL, 0.0, "no backward on CPU"),
+    (False, SHAW, 0.0, "no log-sum-exp"),
+    (False, T5, 0.1, "no attention dropout"),
 ])
 def test_forced_fused_names_why_it_cannot_run(grad, name, dropout, match):
     scheme, pos = make_scheme(name), make_positions(5, 3)
@@ -116,7 +120,7 @@ def test_model_fused_equals_unfused_with_memory(reference, name):
     """The model passes model.attention_impl to the scheme: loss and gradients agree over two segments
     (the second with memory) and the same-length mask."""
     cfg = dict(n_layer=2, d_model=16, n_head=4, d_inner=32, mem_len=6, same_length=True, dropout=0.0, posenc=name,
-               posenc_kwargs={"K": 2} if name == "shaw" else {})
+               posenc_kwargs={"K": 2} if name == SHAW else {})
     tokens = torch.randint(256, (2, 2, 5))
     results = []
     for impl in ("unfused", "fused"):
@@ -136,7 +140,7 @@ def test_model_fused_equals_unfused_with_memory(reference, name):
 
 
 @pytest.mark.slow  # compiles flex_attention for the CPU: 15-60 s per scheme on 2 shared cores
-@pytest.mark.parametrize("name", ["xl", "t5", "alibi"])
+@pytest.mark.parametrize("name", [XL, T5, ALIBI])
 def test_compiled_cpu_forward_equals_naive(name):
     """What attention_impl=fused runs in CPU evaluation: the compiled kernel, no gradient."""
     scheme, (L, M) = make_scheme(name), (5, 9)
@@ -145,3 +149,35 @@ def test_compiled_cpu_forward_equals_naive(name):
     with torch.no_grad():
         torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), naive_attend(name, scheme, 1, q, k, v, pos),
                                    atol=1e-5, rtol=1e-5)
+
+
+# the benchmark's attention axis and ratio columns; the tiny preset shrunk so that it runs in seconds
+TINY = ["--configs", "tiny", "--segment-len", "16", "--batch", "2", "--model-set", "d_model=32,n_head=2,mem_len=16"]
+
+
+def test_bench_attention_axis_and_ratios_to_a_baseline(tmp_path):
+    assert bench.main([*TINY, "--schemes", f"{XL},{SINUSOID}", "--attention", "unfused,auto", "--memory", "on",
+                       "--ratio-to", SINUSOID, "--warmup", "1", "--reps", "1", "--threads", "1",
+                       "--matmul-max-n", "256", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["scheme"], r["attention"]) for r in rows) == sorted(
+        (s, a) for s in (XL, SINUSOID) for a in ("unfused", "auto"))
+    for r in rows:
+        base = next(b for b in rows if b["scheme"] == SINUSOID and b["attention"] == r["attention"])
+        for figure in ("train_ms", "train_cpu_ms", "eval_ms", "eval_cpu_ms"):
+            ratio = float(r[figure.replace("_ms", "_ratio")])
+            assert ratio == pytest.approx(float(r[figure]) / float(base[figure]), rel=1e-3)
+            assert r["scheme"] != SINUSOID or ratio == 1.0
+
+
+def test_bench_point_the_fused_path_cannot_run_says_why():
+    bc = bench.BenchConfig.preset("tiny", segment_len=16, batch_size=2, d_model=32, n_head=2, mem_len=16)
+    r = bench.bench_one(bc, SHAW, attention="fused", warmup=1, reps=1, matmul_peak=1e9, matmul_peak_cpu=1e9)
+    assert r.attention == "fused" and math.isnan(r.train_ms) and math.isnan(r.eval_ms)
+    assert "no backward on CPU" in r.extra["not_run"]
+
+
+def test_bench_rejects_an_unknown_attention_value(capsys):
+    assert bench.main([*TINY, "--schemes", XL, "--attention", "flash"]) == 2
+    assert "flash" in capsys.readouterr().err

@@ -15,6 +15,7 @@ import yaml
 
 from ..model import ModelConfig
 from ..positional import scheme_names
+from ..positional.fused import IMPLS
 from ..tables import text_row, text_table, write_table
 from .configs import PRECISIONS, BenchConfig, model_presets
 from .loops import measure_eval_speed, run_benchmark
@@ -33,6 +34,26 @@ def parse_assignments(text: str) -> dict:
         if not sep:
             raise argparse.ArgumentTypeError(f"expected key=value, got {item!r}")
         out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+RATIO_OF = ("train_ms", "train_cpu_ms", "eval_ms", "eval_cpu_ms")
+
+
+def add_ratios(rows: list[dict], baseline: str) -> list[dict]:
+    """Each row with ``<figure>_ratio`` = its step time over ``baseline``'s at the same config, precision,
+    mem_len, compile and attention (baseline scheme rows: 1.0), placed after the figure."""
+    same = ("config", "precision", "mem_len", "compile", "attention")
+    base = {tuple(r[k] for k in same): r for r in rows if r["scheme"] == baseline}
+    out = []
+    for r in rows:
+        ref = base.get(tuple(r[k] for k in same))
+        row = {}
+        for k, v in r.items():
+            row[k] = v
+            if k in RATIO_OF:
+                row[k.replace("_ms", "_ratio")] = v / ref[k] if ref is not None and ref[k] else float("nan")
+        out.append(row)
     return out
 
 
@@ -59,7 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the median is quoted")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+                   help="torch.compile the model: off (default), on (--compile alone), both (compiled vs eager)")
+    p.add_argument("--attention", default="auto",
+                   help=f"comma-separated model.attention_impl values, from {','.join(IMPLS)} (fused vs unfused: "
+                        "fused,unfused); a loop the fused path cannot run here (CPU training) is reported as NaN")
+    p.add_argument("--ratio-to", default=None, metavar="SCHEME",
+                   help="add columns train_ratio, train_cpu_ratio, eval_ratio, eval_cpu_ratio: each step time over "
+                        "SCHEME's at the same config, precision, memory, compile and attention")
     p.add_argument(
         "--matmul-max-n",
         type=int,
@@ -89,10 +117,15 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
     unknown += [s for s in schemes if s not in names]
     unknown += [p for p in precisions if p not in PRECISIONS]
     unknown += [k for k in args.model_set if k not in ModelConfig.__dataclass_fields__]
+    attention = _csv_list(args.attention)
+    unknown += [a for a in attention if a not in IMPLS]
+    if args.ratio_to is not None and args.ratio_to not in schemes:
+        unknown.append(f"--ratio-to {args.ratio_to} (not among --schemes)")
     if unknown:
         print(
             f"posenc-lab bench: unknown {unknown}; configs (conf/model/): {list(model_presets())}, schemes: "
-            f"{list(names)}, precisions: {list(PRECISIONS)}, --model-set keys: ModelConfig fields",
+            f"{list(names)}, precisions: {list(PRECISIONS)}, --attention: {list(IMPLS)}, "
+            f"--model-set keys: ModelConfig fields",
             file=sys.stderr,
         )
         return 2
@@ -129,11 +162,17 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
         args.device,
         args.warmup,
         args.reps,
-        (args.compile,),
+        {"off": (False,), "on": (True,), "both": (False, True)}[args.compile],
         log=lambda line: print(line, flush=True),
         matmul_max_n=args.matmul_max_n,
+        attention=attention,
     )
     rows = [r.row() for r in results]
+    if args.ratio_to is not None:
+        rows = add_ratios(rows, args.ratio_to)
+    for r in results:
+        if "not_run" in r.extra:
+            print(f"{r.point}: not run: {r.extra['not_run']}")
     print()
     print(text_table(rows))
     if results:

@@ -35,6 +35,7 @@ class Point:
     precision: str = "fp32"
     memory: bool = True
     compile: bool = False
+    attention: str = "auto"  # model.attention_impl: auto | fused | unfused (positional/fused.py)
 
 
 def grid(**axes: Sequence) -> list[Point]:
@@ -107,6 +108,18 @@ def _dtype(precision: str) -> torch.dtype:
     return torch.float32 if precision == "fp32" else torch.bfloat16
 
 
+def _unless_cannot_run(timed: Callable[[], float], cpu_times: list, not_run: list) -> float:
+    """``timed()``, or NaN where the forced fused attention cannot run here (the reason goes to ``not_run``)."""
+    try:
+        return timed()
+    except RuntimeError as e:
+        if "attention_impl=fused cannot run here" not in str(e):
+            raise
+        not_run.append(str(e))
+        cpu_times.append(float("nan"))
+        return float("nan")
+
+
 def bench_one(
     bench_cfg: BenchConfig | str,
     scheme: str,
@@ -120,13 +133,18 @@ def bench_one(
     seed: int = 0,
     model_overrides: dict | None = None,
     matmul_peak_cpu: float | None = None,
+    attention: str = "auto",
 ) -> BenchResult:
-    """Train and eval throughput, peak memory and MFU of one scheme in one config (see the module doc)."""
+    """Train and eval throughput, peak memory and MFU of one scheme in one config (see the module doc).
+    ``attention``: model.attention_impl; where the fused path cannot run (CPU training), that loop's
+    figures are NaN and ``extra["not_run"]`` says why."""
     bc = BenchConfig.preset(bench_cfg) if isinstance(bench_cfg, str) else bench_cfg
-    point = Point(bc.name, scheme, precision, memory, compile)
+    point = Point(bc.name, scheme, precision, memory, compile, attention)
     device = pick_device(None if device is None else str(device))
-    cfg = bc.model_config(scheme, memory, **(model_overrides or {}))
+    cfg = bc.model_config(scheme, memory, **{"attention_impl": attention, **(model_overrides or {})})
     B, L, M = bc.batch_size, bc.segment_len, cfg.mem_len
+    if M > 0 and (compile or attention != "unfused"):
+        warmup = max(warmup, 2)  # the first step has no memory (another shape): kernels compile twice
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     if matmul_peak is None:
@@ -136,6 +154,7 @@ def bench_one(
 
     # -- training -------------------------------------------------------------------------------
     data = _tokens(cfg, B, L, device, gen)
+    not_run: list[str] = []
     with PeakMemory(device) as train_mem:
         model = MemoryTransformer(cfg).to(device)
         model.validate_lengths(L, M)
@@ -153,7 +172,8 @@ def bench_one(
             state["mems"] = out.mems if M > 0 else None
 
         train_cpu: list[float] = []
-        train_s = median_time(train_step, device, warmup, reps, train_cpu)
+        train_s = _unless_cannot_run(lambda: median_time(train_step, device, warmup, reps, train_cpu), train_cpu,
+                                     not_run)
     params = model.num_params()
 
     # -- evaluation -----------------------------------------------------------------------------
@@ -167,7 +187,7 @@ def bench_one(
             state["mems"] = out.mems if M > 0 else None
 
         eval_cpu: list[float] = []
-        eval_s = median_time(eval_step, device, warmup, reps, eval_cpu)
+        eval_s = _unless_cannot_run(lambda: median_time(eval_step, device, warmup, reps, eval_cpu), eval_cpu, not_run)
 
     train_flops = model_flops_per_token(model, L, M, training=True, batch_size=B)
     eval_flops = model_flops_per_token(model, L, M, training=False, batch_size=B)
@@ -191,7 +211,7 @@ def bench_one(
         matmul_peak_gflops=matmul_peak / 1e9,
         train_mfu=train_flops * tokens / train_s / matmul_peak,
         eval_mfu=eval_flops * tokens / eval_s / matmul_peak,
-        extra={"memory_method": train_mem.method},
+        extra={"memory_method": train_mem.method, **({"not_run": not_run[0]} if not_run else {})},
     )
     if device.type == "cpu":
         threads = torch.get_num_threads()
@@ -212,9 +232,10 @@ def run_benchmark(
     compile: Sequence[bool] | bool = (False,),
     log: Callable[[str], None] | None = print,
     matmul_max_n: int | None = None,
+    attention: Sequence[str] = ("auto",),
 ) -> list[BenchResult]:
-    """``bench_one`` over the grid (configs x precisions x schemes x memory x compile; schemes: all registered
-    by default); the matmul peak is measured once per precision in this run."""
+    """``bench_one`` over the grid (configs x precisions x schemes x memory x compile x attention; schemes: all
+    registered by default); the matmul peak is measured once per precision in this run."""
     if not isinstance(configs, Mapping):
         configs = {name: BenchConfig.preset(name) for name in configs}
     schemes = scheme_names() if schemes is None else schemes
@@ -232,6 +253,7 @@ def run_benchmark(
         scheme=list(schemes),
         memory=list(memory),
         compile=list(compile),
+        attention=list(attention),
     ):
         r = bench_one(
             configs[pt.config],
@@ -244,6 +266,7 @@ def run_benchmark(
             matmul_peak=peaks[pt.precision],
             compile=pt.compile,
             matmul_peak_cpu=peaks_cpu[pt.precision],
+            attention=pt.attention,
         )
         results.append(r)
         if log:
