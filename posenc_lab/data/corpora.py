@@ -10,6 +10,7 @@ manifest.json written last; a later load maps them read-only (np.load(mmap_mode=
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -17,7 +18,7 @@ import sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -76,10 +77,30 @@ def register_corpus(name: str, unit: str, answers: bool = False):
     return add
 
 
-def load_corpus(name: str, root: str | os.PathLike | None = None, **kwargs) -> Corpus:
-    """Load corpus `name`, preparing and caching it under `root` (default: the cache root) if needed."""
+def corpus_options(name: str) -> list[str]:
+    """The options corpus `name` takes (its loader's keyword arguments, the cache root aside)."""
     if name not in CORPORA:
         raise ValueError(f"unknown corpus {name!r}; valid: {', '.join(sorted(CORPORA))}")
+    params = list(inspect.signature(CORPORA[name]).parameters.values())[1:]
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def check_corpus_options(name: str, options: Iterable[str]) -> None:
+    """Refuse options corpus `name` does not take, naming them and the valid ones (before any work).
+
+    A preset that sets one corpus's option (say pystdlib's max_bytes) then fails clearly, not with a
+    TypeError deep in a loader, when a user swaps the corpus (data=textfile).
+    """
+    valid = corpus_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"corpus {name!r} takes no option {', '.join(unknown)} (data.corpus.*); its options: "
+                         f"{', '.join(valid) or 'none'}")
+
+
+def load_corpus(name: str, root: str | os.PathLike | None = None, **kwargs) -> Corpus:
+    """Load corpus `name`, preparing and caching it under `root` (default: the cache root) if needed."""
+    check_corpus_options(name, kwargs)
     corpus = CORPORA[name](cache_root(root), **kwargs)
     corpus.unit = CORPUS_UNITS[name]
     return corpus
