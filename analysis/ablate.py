@@ -113,7 +113,9 @@ def _int_list(value, key: str) -> list[int]:
 def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     """The grid of runs: schemes x recurrence (full loss), the half-loss variants, the recall grid;
     each cell once per seed of ``ablate.seeds``, and the cells of ``ablate.extra_seed_cells`` also
-    once per seed of ``ablate.extra_seeds``. Bad settings raise ValueError before any training."""
+    once per seed of ``ablate.extra_seeds``, ordered seed by seed. Without memory: only the schemes
+    of ``ablate.no_memory_schemes`` (null: all), in both grids. Bad settings raise ValueError
+    before any training."""
     from posenc_lab.data.corpora import check_corpus_options
     from posenc_lab.positional import SCHEME_NAMES
 
@@ -172,12 +174,16 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         check_corpus_options(rcfg.data.name, rcfg.data.get("corpus") or {})
         for scheme in recall.schemes:
             for rec in recall.get("recurrence") or [True, False]:
-                add("recall", scheme, bool(rec), 1.0, head, int(rcfg.model.mem_len), rcfg)
+                if rec or no_memory is None or scheme in no_memory:
+                    add("recall", scheme, bool(rec), 1.0, head, int(rcfg.model.mem_len), rcfg)
     cells = list(dict.fromkeys(s.cell for s in specs))
     unknown = [c for c in extra_cells if c not in cells]
     if unknown:
         raise ValueError(f"ablate: ablate.extra_seed_cells names cells not in the grid: {unknown}; the grid's "
                          f"cells: {', '.join(cells)}")
+    # seed by seed: an interrupted job has first finished every cell once
+    rank = {seed: i for i, seed in enumerate(dict.fromkeys([*seeds, *extra_seeds]))}
+    specs.sort(key=lambda s: rank[s.seed])
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
