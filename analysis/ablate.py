@@ -55,8 +55,8 @@ class RunSpec:
     scheme: str
     mem_len: int
     loss_frac: float
-    seed: int
     overrides: list[str]
+    seed: int = 0
 
     @property
     def loss(self) -> str:
@@ -144,9 +144,9 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         # ${...} in a scheme override resolves against the run's own group config (main or recall)
         per_scheme = [_resolve_in(group_cfg, o) for o in raw_scheme_overrides.get(scheme) or []]
         for seed in dict.fromkeys([*seeds, *(extra_seeds if cell in extra_cells else [])]):
-            spec = RunSpec("", group, scheme, M, frac, seed,
-                           [*head, f"posenc={scheme}", *per_scheme, f"model.mem_len={M}",
-                            f"model.loss_recent_frac={frac}", f"seed={seed}"])
+            overrides = [*head, f"posenc={scheme}", *per_scheme, f"model.mem_len={M}",
+                         f"model.loss_recent_frac={frac}", f"seed={seed}"]
+            spec = RunSpec("", group, scheme, M, frac, overrides, seed)
             spec.name = f"{'recall_' if group == 'recall' else ''}{scheme}_mem{M}_{spec.loss}_seed{seed}"
             specs.append(spec)
 
