@@ -126,7 +126,7 @@ def test_bad_inputs_are_clear_errors(tiny, tmp_path):
     with pytest.raises(RunError, match="one corpus only"):
         recl_analyze(runs, tmp_path / "recl")  # pystdlib and recall runs in one RECL group
     broken = tmp_path / "broken"
-    shutil.copytree(tiny / "runs" / "xl_mem16_full", broken, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(tiny / "runs" / "xl_mem16_full_seed0", broken, ignore=shutil.ignore_patterns("checkpoints"))
     with pytest.raises(RunError, match="no checkpoint"):
         load_run(broken)
     with pytest.raises(RunError, match="not a posenc-lab run directory"):
@@ -141,7 +141,7 @@ def test_bad_inputs_are_clear_errors(tiny, tmp_path):
 def test_report_reads_a_multirun_folder(tiny, tmp_path):
     """A Hydra multirun folder: numbered job folders with .hydra/ inside."""
     multi = tmp_path / "multirun" / "2026-01-01" / "00-00-00"
-    for i, name in enumerate(["xl_mem16_full", "xl_mem0_full"]):
+    for i, name in enumerate(["xl_mem16_full_seed0", "xl_mem0_full_seed0"]):
         job = multi / f"{i}_xl_pystdlib"
         shutil.copytree(tiny / "runs" / name, job)
         (job / ".hydra").mkdir()
@@ -195,7 +195,7 @@ def test_each_script_runs_on_its_own(tiny, tmp_path):
     """The plain scripts (python -m analysis.X) on two runs: each writes its tables and figures."""
     from analysis import attention_span, effective_context, eval_speed, extrapolation
 
-    runs = [str(tiny / "runs" / "xl_mem16_full"), str(tiny / "runs" / "learned_mem0_full")]
+    runs = [str(tiny / "runs" / "xl_mem16_full_seed0"), str(tiny / "runs" / "learned_mem0_full_seed0")]
     assert extrapolation.main([*runs, "--out", str(tmp_path / "ext"), "--n-rows", "2", "--segment-factors", "1,4",
                                "--memory-factors", "1,2", "--horizon-factor", "2"]) == 0
     ext = pd.read_csv(tmp_path / "ext" / "extrapolation.csv")
@@ -217,7 +217,7 @@ def test_each_script_runs_on_its_own(tiny, tmp_path):
                             "--segment-len", "16"]) == 0
     assert len(pd.read_csv(tmp_path / "speed" / "eval_speed.csv")) == 4
     # mixed corpora in one RECL group: a clear error, exit status 2
-    assert effective_context.main([runs[0], str(tiny / "runs" / "recall_xl_mem16_full"), "--out",
+    assert effective_context.main([runs[0], str(tiny / "runs" / "recall_xl_mem16_full_seed0"), "--out",
                                    str(tmp_path / "bad")]) == 2
 
 
