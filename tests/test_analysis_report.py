@@ -228,7 +228,7 @@ def test_truncated_analysis_files_recover_or_name_what_to_delete(tiny, tmp_path,
     Every file is written atomically: no temporary file is left behind."""
     from analysis import effective_context, report
 
-    runs = [str(tiny / "runs" / "xl_mem16_full"), str(tiny / "runs" / "xl_mem0_full")]
+    runs = [str(tiny / "runs" / "xl_mem16_full_seed0"), str(tiny / "runs" / "xl_mem0_full_seed0")]
     out = tmp_path / "recl"
     args = [*runs, "--out", str(out), "--n-rows", "2", "--n-score", "16", "--delta", "8", "--c-max", "32"]
     assert effective_context.main(args) == 0
