@@ -233,7 +233,7 @@ def test_truncated_analysis_files_recover_or_name_what_to_delete(tiny, tmp_path,
     args = [*runs, "--out", str(out), "--n-rows", "2", "--n-score", "16", "--delta", "8", "--c-max", "32"]
     assert effective_context.main(args) == 0
     clean = pd.read_csv(out / "recl.csv")
-    dump = out / "context_losses" / "xl_mem16_full.npz"
+    dump = out / "context_losses" / "xl_mem16_full_seed0.npz"
     dump.write_bytes(dump.read_bytes()[:200])
     capsys.readouterr()
     assert effective_context.main(["--from-dumps", str(out / "context_losses"), "--out", str(tmp_path / "x")]) == 2
