@@ -136,7 +136,8 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
             raise ValueError(f"ablate: {key} names unknown scheme(s) {bad}; valid: {', '.join(SCHEME_NAMES)}")
     specs: list[RunSpec] = []
 
-    raw_scheme_overrides = OmegaConf.to_container(a.scheme_overrides, resolve=False) if a.get("scheme_overrides") else {}
+    raw_scheme_overrides = (OmegaConf.to_container(a.scheme_overrides, resolve=False)
+                            if a.get("scheme_overrides") else {})
 
     def add(group: str, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig):
         M = mem if recurrent else 0
@@ -202,7 +203,8 @@ def _resolve_in(cfg: DictConfig, text: str) -> str:
     """Resolve the ${...} interpolations of ``text`` against ``cfg``."""
     if "${" not in text:
         return text
-    node = OmegaConf.create({"root": OmegaConf.to_container(cfg, resolve=False), "value": text.replace("${", "${root.")})
+    root = OmegaConf.to_container(cfg, resolve=False)
+    node = OmegaConf.create({"root": root, "value": text.replace("${", "${root.")})
     return str(node.value)
 
 
@@ -376,7 +378,7 @@ def train_parallel(specs: list[RunSpec], runs: Path, retrain: bool, jobs: int, t
                 log(f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status.replace('ed', 'ing')} "
                     f"(pid {proc.pid}; {show()})")
             finished = []
-            for pid, (spec, proc, start, status) in running.items():
+            for pid, (_, proc, *_) in running.items():
                 got, wait_status, usage = os.wait4(pid, os.WNOHANG)
                 if got:
                     proc.returncode = os.waitstatus_to_exitcode(wait_status)

@@ -72,7 +72,8 @@ def plan(preset: str, *overrides: str):
 
 
 def test_seeds_train_every_cell_once_per_seed_and_extra_seeds_only_the_named_cells(tmp_path):
-    specs = plan("tiny", "ablate.seeds=[0,1]", "ablate.extra_seeds=[2,1]", "ablate.extra_seed_cells=[xl:mem,recall/xl:nomem]")
+    specs = plan("tiny", "ablate.seeds=[0,1]", "ablate.extra_seeds=[2,1]",
+                 "ablate.extra_seed_cells=[xl:mem,recall/xl:nomem]")
     by_cell = ablate.seeds_by_cell(specs)
     assert by_cell.pop("xl:mem") == [0, 1, 2] and by_cell.pop("recall/xl:nomem") == [0, 1, 2]
     assert by_cell and all(seeds == [0, 1] for seeds in by_cell.values())
