@@ -481,6 +481,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = compose("ablate", overrides)
         specs = plan(cfg, overrides)
+        if "--train-only" not in flags:  # the analysis settings are checked before any training too
+            from .report import ReportSettings
+
+            ReportSettings.from_dict(OmegaConf.to_container(cfg.ablate.analysis, resolve=True))
         jobs = int(cfg.ablate.get("jobs") or 1)
         if jobs < 1:
             raise ValueError(f"ablate.jobs must be >= 1, got {jobs}")

@@ -89,6 +89,7 @@ def test_seeds_train_every_cell_once_per_seed_and_extra_seeds_only_the_named_cel
     ("ablate.schemes=[xl,nosuch]", "unknown scheme(s) ['nosuch']"),
     ("ablate.seeds=[]", "ablate.seeds is empty"),
     ("ablate.seeds=[0,0]", "distinct integer seeds"),
+    ("ablate.analysis.bootstrap.level=2", "ablate.analysis.bootstrap"),
 ])
 def test_bad_grid_settings_are_refused_before_training(override, message, capsys, tmp_path):
     assert ablate.main(["experiment=tiny", f"ablate.out={tmp_path}", override]) == 2
