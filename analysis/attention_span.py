@@ -6,7 +6,7 @@ memory, the attention probabilities of the next ``n_segments`` segments (``Model
 ``return_attention=True``) are averaged over streams and queries. ``mass(layer, head, d)`` is the
 mean over queries of the probability on the key at distance d (so it sums to 1 over d).
 
-    python -m analysis.attention_span RUN_OR_FOLDER... --out DIR
+    python -m posenc_lab_analysis.attention_span RUN_OR_FOLDER... --out DIR
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def findings(s: pd.DataFrame) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.attention_span", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.attention_span", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", required=True, type=Path)

@@ -14,8 +14,8 @@ The losses come from ``posenc_lab.context.context_losses``: models trained with 
 memory M' = c and the same-length mask; models trained without memory with a sliding window of c
 tokens. They are dumped per run (``context_losses/<run>.npz``) and RECL is computed from the dumps.
 
-    python -m analysis.effective_context RUN_OR_FOLDER... --out DIR [--delta 32 --c-max 256]
-    python -m analysis.effective_context --from-dumps DIR/context_losses --out DIR
+    python -m posenc_lab_analysis.effective_context RUN_OR_FOLDER... --out DIR [--delta 32 --c-max 256]
+    python -m posenc_lab_analysis.effective_context --from-dumps DIR/context_losses --out DIR
 """
 
 from __future__ import annotations
@@ -689,7 +689,7 @@ def accuracy_difference(a, b):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.effective_context", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.effective_context", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", help="run directories or folders holding runs (one RECL group: one corpus)")
     p.add_argument("--out", required=True, type=Path, help="output folder (CSV, PNG, context_losses/*.npz)")

@@ -10,7 +10,7 @@ Both run B parallel streams and give the same context to every token; weights do
 speed, so a fresh model of the given size (or a run's) is timed. posenc_lab.bench's
 ``measure_eval_speed`` (median of 3) does the timing where it exists; the local timer otherwise.
 
-    python -m analysis.eval_speed --out DIR --attn-lens 64,128,256,512 [--posenc xl --d-model 128 ...]
+    python -m posenc_lab_analysis.eval_speed --out DIR --attn-lens 64,128,256,512 [--posenc xl --d-model 128 ...]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def section(df: pd.DataFrame, figures: dict[str, Path], label: str, segment_len:
 def main(argv: Sequence[str] | None = None) -> int:
     from posenc_lab.model import MemoryTransformer, ModelConfig
 
-    p = argparse.ArgumentParser(prog="python -m analysis.eval_speed", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.eval_speed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--run", type=Path, help="time this run's model (default: a fresh model of the sizes below)")

@@ -14,7 +14,7 @@ own difficulty out of the comparison.
 Lengths a scheme cannot serve (``learned`` past its table) are rows with status "not applicable" and the
 scheme's own reason, never a crash and never a silent gap.
 
-    python -m analysis.extrapolation RUN_OR_FOLDER... --out DIR
+    python -m posenc_lab_analysis.extrapolation RUN_OR_FOLDER... --out DIR
 """
 
 from __future__ import annotations
@@ -378,7 +378,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.extrapolation", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.extrapolation", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories or folders holding runs")
     p.add_argument("--out", required=True, type=Path)

@@ -5,7 +5,7 @@ corpus's train split, ordered streams, memory carried, AdamW); a second fp32 see
 run-to-run noise that the bf16-mixed gap is compared with. The model is a preset of conf/model/ with
 optional field overrides, as in ``posenc-lab bench``.
 
-    python -m analysis.loss_curve --steps 300 --model small --model-set n_layer=2,mem_len=64 \\
+    python -m posenc_lab_analysis.loss_curve --steps 300 --model small --model-set n_layer=2,mem_len=64 \\
         --segment-len 64 --batch 8 --out DIR      # loss_curve.{csv,md} and loss_curve_steps.csv
 """
 
@@ -101,7 +101,9 @@ def summarize_curves(curves: dict, window: int = 50) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m analysis.loss_curve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m posenc_lab_analysis.loss_curve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--model", default="tiny", help="model preset of conf/model/ (default: tiny)")
@@ -124,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summarize_curves(curves)
     print(text_table(rows))
     if a.out:
-        command = "python -m analysis.loss_curve " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m posenc_lab_analysis.loss_curve " + " ".join(sys.argv[1:] if argv is None else argv)
         write_table(rows, a.out / "loss_curve", f"{env}\n\n`{command}`")
         per_step = [{"step": i + 1, **{k: v[i] for k, v in curves["runs"].items()}} for i in range(curves["steps"])]
         write_csv(per_step, a.out / "loss_curve_steps.csv")

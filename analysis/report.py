@@ -8,7 +8,7 @@ from its own numbers; this module runs the analyses and assembles their sections
 difference the report states carries a paired bootstrap interval (``analysis/stats.py``), and each
 of the paper's findings is "reproduced", "contradicted" or "inconclusive" from its interval.
 
-    python -m analysis.report RUNS_DIR [RUNS_DIR...] --out DIR
+    python -m posenc_lab_analysis.report RUNS_DIR [RUNS_DIR...] --out DIR
 RUNS_DIR: run directories or folders holding runs, e.g. a Hydra multirun folder
 (runs/multirun/DATE/TIME) or an ablation's runs/ folder.
 """
@@ -227,7 +227,7 @@ def preset_analysis(experiment: str) -> tuple[dict, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories or folders of runs (Hydra multirun, ablation runs/)")
     p.add_argument("--out", required=True, type=Path)
@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             analysis, smoke = preset_analysis(a.experiment)
             settings = ReportSettings.from_dict({**analysis, "smoke": smoke})
         runs = find_runs(a.runs)
-        command = " ".join(["python -m analysis.report", *map(str, a.runs), "--out", str(a.out)]
+        command = " ".join(["python -m posenc_lab_analysis.report", *map(str, a.runs), "--out", str(a.out)]
                            + (["--experiment", a.experiment] if a.experiment else []))
         path = build_report(runs, a.out, settings, title=a.title, speed=not a.no_speed,
                             meta={"command": f"Command: `{command}`."})

@@ -2,8 +2,8 @@
 figure as a ``wandb.Image``, the runs' final figures as one table, and the whole report folder
 as an artifact, in one wandb run (job_type ``report``) grouped with the sweep it analyses.
 
-    python -m analysis.report runs/sweeps/SWEEP_ID --out reports/SWEEP_ID
-    python -m analysis.wandb_upload reports/SWEEP_ID --runs runs/sweeps/SWEEP_ID --project posenc-lab
+    python -m posenc_lab_analysis.report runs/sweeps/SWEEP_ID --out reports/SWEEP_ID
+    python -m posenc_lab_analysis.wandb_upload reports/SWEEP_ID --runs runs/sweeps/SWEEP_ID --project posenc-lab
 
 Grouping. The training runs of a sweep log to wandb themselves (``logger=wandb``: resolved config,
 metrics; group = scheme, job_type = the sweep's name, tags). This run joins them with
@@ -79,7 +79,9 @@ def upload(report_dir: str | os.PathLike, runs: Sequence[str | os.PathLike] = ()
 
     report_dir = Path(report_dir)
     if not report_dir.is_dir():
-        raise FileNotFoundError(f"{report_dir}: no such report folder (write one with python -m analysis.report)")
+        raise FileNotFoundError(
+            f"{report_dir}: no such report folder (write one with python -m posenc_lab_analysis.report)"
+        )
     run_dirs = [Path(r) for r in runs]
     csvs = sorted(p for p in report_dir.rglob("*.csv") if p.is_file())
     pngs = sorted(p for p in report_dir.rglob("*.png") if p.is_file())
@@ -129,7 +131,7 @@ def _safe(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.wandb_upload", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.wandb_upload", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("report", type=Path, help="a report folder written by analysis/report.py (report.md, CSVs, PNGs)")
     p.add_argument("--runs", nargs="*", default=[], type=Path,

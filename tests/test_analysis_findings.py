@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.ablation_table import ablation_table, cell_losses, findings, paper
-from analysis.effective_context import Dumps
-from analysis.runs import Run
+from posenc_lab_analysis.ablation_table import ablation_table, cell_losses, findings, paper
+from posenc_lab_analysis.effective_context import Dumps
+from posenc_lab_analysis.runs import Run
 
 ROWS, TOKENS, CONTEXTS = 8, 256, [16, 31, 32, 48, 64]
 XL, SHAW = paper()["proposed"], paper()["prior_relative"]
@@ -95,7 +95,7 @@ def test_seeds_make_mean_and_spread_and_widen_the_interval():
 
 
 def test_the_report_says_smoke_and_how_many_seeds():
-    from analysis.report import ReportSettings, _preamble
+    from posenc_lab_analysis.report import ReportSettings, _preamble
 
     runs = [run(XL, 32, s) for s in (0, 1, 2)] + [run(SHAW, 32)]
     text = "\n".join(_preamble(runs, ReportSettings(smoke=True), "cpu", {}))
@@ -106,7 +106,7 @@ def test_the_report_says_smoke_and_how_many_seeds():
 
 
 def test_bad_bootstrap_settings_name_the_key():
-    from analysis.report import ReportSettings
+    from posenc_lab_analysis.report import ReportSettings
 
     with pytest.raises(ValueError, match=r"ablate.analysis.bootstrap.block must be an integer >= 1.*got 0"):
         ReportSettings.from_dict({"bootstrap": {"block": 0}})
@@ -119,7 +119,7 @@ def test_bad_bootstrap_settings_name_the_key():
 def test_extrapolation_summary_is_one_row_per_cell():
     import pandas as pd
 
-    from analysis.extrapolation import per_cell
+    from posenc_lab_analysis.extrapolation import per_cell
 
     runs = [run(XL, 32, 0), run(XL, 32, 1), run(SHAW, 32)]
     summary = pd.DataFrame([{"run": r.name, "scheme": r.scheme, "recurrence": "on", "mem_len": 32, "loss": "full",
@@ -134,7 +134,7 @@ def test_recall_ordering_from_the_interval_of_a_difference():
     12% vs 10% is inconclusive; the Newcombe interval holds the difference."""
     import pandas as pd
 
-    from analysis.effective_context import _wilson, accuracy_difference, recall_findings
+    from posenc_lab_analysis.effective_context import _wilson, accuracy_difference, recall_findings
 
     def row(scheme, rec, acc, n=200):
         lo, hi = _wilson(acc * n, n, 0.95)

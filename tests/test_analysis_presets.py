@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis import ablate
-from analysis.report import ReportSettings
+from posenc_lab_analysis import ablate
+from posenc_lab_analysis.report import ReportSettings
 from posenc_lab.data.corpora import check_corpus_options, load_corpus
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind

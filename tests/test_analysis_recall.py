@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.ablate import _quiet, compose
-from analysis.effective_context import recall_accuracy
-from analysis.runs import load_run
+from posenc_lab_analysis.ablate import _quiet, compose
+from posenc_lab_analysis.effective_context import recall_accuracy
+from posenc_lab_analysis.runs import load_run
 
 
 def accuracy_beyond_segment(run_dir, n_tokens: int = 2048) -> tuple[float, float, int]:

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.effective_context import read_dumps, recl, recl_bootstrap, recl_text
-from analysis.runs import RunError
+from posenc_lab_analysis.effective_context import read_dumps, recl, recl_bootstrap, recl_text
+from posenc_lab_analysis.runs import RunError
 
 CONTEXTS = [100, 200, 300, 400, 500, 600]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import ablate
-from analysis.effective_context import analyze as recl_analyze
-from analysis.runs import RunError, find_runs, load_run
+from posenc_lab_analysis import ablate
+from posenc_lab_analysis.effective_context import analyze as recl_analyze
+from posenc_lab_analysis.runs import RunError, find_runs, load_run
 
 SECTIONS = ["Ablation table", "Relative effective context length", "Extrapolation", "Attention spans",
             "Evaluation speed", "Recall probe"]
@@ -146,7 +146,7 @@ def test_report_reads_a_multirun_folder(tiny, tmp_path):
         shutil.copytree(tiny / "runs" / name, job)
         (job / ".hydra").mkdir()
         (job / ".hydra" / "config.yaml").write_text("not: a run\n")
-    from analysis import report
+    from posenc_lab_analysis import report
 
     assert report.main([str(tmp_path / "multirun"), "--out", str(tmp_path / "rep"), "--no-speed"]) == 0
     t6 = pd.read_csv(tmp_path / "rep" / "table_ablation.csv")
@@ -184,7 +184,7 @@ def test_report_logs_to_wandb_offline(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    from analysis.report import log_to_wandb
+    from posenc_lab_analysis.report import log_to_wandb
 
     log_to_wandb(tiny / "report", "posenc-lab-test", [tiny / "runs"], group="tiny")
     runs = list(tmp_path.glob("wandb/offline-run-*"))
@@ -192,8 +192,8 @@ def test_report_logs_to_wandb_offline(tiny, tmp_path, monkeypatch):
 
 
 def test_each_script_runs_on_its_own(tiny, tmp_path):
-    """The plain scripts (python -m analysis.X) on two runs: each writes its tables and figures."""
-    from analysis import attention_span, effective_context, eval_speed, extrapolation
+    """The plain scripts (python -m posenc_lab_analysis.X) on two runs: each writes its tables and figures."""
+    from posenc_lab_analysis import attention_span, effective_context, eval_speed, extrapolation
 
     runs = [str(tiny / "runs" / "xl_mem16_full_seed0"), str(tiny / "runs" / "learned_mem0_full_seed0")]
     assert extrapolation.main([*runs, "--out", str(tmp_path / "ext"), "--n-rows", "2", "--segment-factors", "1,4",
@@ -226,7 +226,7 @@ def test_truncated_analysis_files_recover_or_name_what_to_delete(tiny, tmp_path,
     dump is named and recomputed (the result equals the clean one); CSVs, PNGs and report.md are
     rewritten whole by the next command; a broken results.json of a run is named with what to delete.
     Every file is written atomically: no temporary file is left behind."""
-    from analysis import effective_context, report
+    from posenc_lab_analysis import effective_context, report
 
     runs = [str(tiny / "runs" / "xl_mem16_full_seed0"), str(tiny / "runs" / "xl_mem0_full_seed0")]
     out = tmp_path / "recl"

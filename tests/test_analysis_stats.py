@@ -7,7 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.stats import CONTRADICTED, INCONCLUSIVE, REPRODUCED, Bootstrap, Interval, block_sums, combine, verdict
+from posenc_lab_analysis.stats import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    REPRODUCED,
+    Bootstrap,
+    Interval,
+    block_sums,
+    combine,
+    verdict,
+)
 
 ROWS, TOKENS, BLOCK = 8, 256, 16
 
@@ -120,7 +129,7 @@ def test_bad_inputs():
 def test_rounding_is_not_a_difference():
     """Two evaluations equal up to float32 rounding (an absolute scheme given a memory it cannot
     tell apart): 'identical', never 'reproduced' or 'contradicted'."""
-    from analysis.stats import sign_text
+    from posenc_lab_analysis.stats import sign_text
 
     iv = Interval(3e-7, 1e-7, 6e-7, 0.95)
     assert sign_text(iv) == "identical up to rounding"

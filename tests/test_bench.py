@@ -224,7 +224,7 @@ def test_matmul_peak_positive():
 
 
 def test_loss_curve_experiment(tmp_path):
-    from analysis import loss_curve
+    from posenc_lab_analysis import loss_curve
 
     assert (
         loss_curve.main(

@@ -94,8 +94,8 @@ def test_the_registry_and_the_benchmark_take_it(scheme, tmp_path):
 
 
 def test_ablate_grid_trains_it_and_the_report_orders_it(scheme, tmp_path):
-    from analysis import ablate
-    from analysis.runs import load_run, scheme_order
+    from posenc_lab_analysis import ablate
+    from posenc_lab_analysis.runs import load_run, scheme_order
 
     cache = tmp_path / "cache"
     user = [

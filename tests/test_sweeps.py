@@ -326,8 +326,8 @@ def test_two_job_multirun_and_report(tmp_path):
         assert (d / "results.json").is_file() and (d / "checkpoints" / "last.ckpt").is_file()
         assert json.loads((d / "results.json").read_text())["run_dir"] == str(d.resolve())
 
-    from analysis.report import main as report_main
-    from analysis.runs import find_runs
+    from posenc_lab_analysis.report import main as report_main
+    from posenc_lab_analysis.runs import find_runs
 
     assert [r.scheme for r in find_runs([sweep_dir])] == [SINUSOID, XL]
     out = tmp_path / "report"
