@@ -106,6 +106,12 @@ def slurm(tmp_path_factory):
             pytest.skip(f"SLURM did not start here (node state {state.strip()!r}): {logs}")
         yield env
     finally:
+        if len(daemons) == 3:  # cancel what a failed test left running before slurmd goes (no orphaned steps)
+            subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True)
+            for _ in range(40):
+                if not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip():
+                    break
+                time.sleep(0.5)
         for p in reversed(daemons):
             p.terminate()
         for p in daemons:
