@@ -44,6 +44,8 @@ FORMAT = 1
 
 # data settings that say where the corpus lives or how it is read, not what it is
 DATA_NOT_IDENTITY = ("root", "num_workers")
+# model settings of speed only, the same math: a run may resume with another (positional/fused.py)
+MODEL_NOT_IDENTITY = ("attention_impl",)
 # trainer settings that change the updates (devices may change: the global batch stays the same)
 TRAINER_IDENTITY = ("gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches", "precision")
 
@@ -71,11 +73,15 @@ def run_identity(config: dict[str, Any], corpus: dict[str, Any] | None) -> dict[
     """The identity of a run from its resolved config (a plain dict) and corpus identity."""
     trainer = config.get("trainer") or {}
     return {
-        "seed": config.get("seed"), "posenc": config.get("posenc"), "model": config.get("model"),
+        "seed": config.get("seed"), "posenc": config.get("posenc"), "model": _model_identity(config.get("model")),
         "data": {k: v for k, v in (config.get("data") or {}).items() if k not in DATA_NOT_IDENTITY},
         "corpus": corpus, "optim": config.get("optim"),
         "trainer": {k: trainer.get(k) for k in TRAINER_IDENTITY},
     }
+
+
+def _model_identity(model: Any) -> Any:
+    return {k: v for k, v in model.items() if k not in MODEL_NOT_IDENTITY} if isinstance(model, dict) else model
 
 
 def differences(saved: Any, now: Any, key: str = "") -> list[str]:
@@ -127,6 +133,8 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | N
         config = read_checkpoint(ckpt)["hyper_parameters"].get("config") or {}
         saved = run_identity(config, identity["corpus"])
         record = {"format": FORMAT, "identity": saved, "adopted_from": str(ckpt)}
+    if isinstance(saved, dict):  # a record written before MODEL_NOT_IDENTITY held a key
+        saved = {**saved, "model": _model_identity(saved.get("model"))}
     diff = differences(saved, identity)
     if diff:
         raise RunDirError(f"run_dir {run_dir} holds another run; it differs in {'; '.join(diff)}. Use another "

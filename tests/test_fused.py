@@ -181,3 +181,15 @@ def test_bench_point_the_fused_path_cannot_run_says_why():
 def test_bench_rejects_an_unknown_attention_value(capsys):
     assert bench.main([*TINY, "--schemes", XL, "--attention", "flash"]) == 2
     assert "flash" in capsys.readouterr().err
+
+
+def test_attention_impl_is_no_part_of_a_runs_identity(tmp_path):
+    """A run may resume with another attention path (the same math); any other model change is refused,
+    also against a run.json written while attention_impl was part of the identity."""
+    from posenc_lab.rundir import RunDirError, check_run_dir, run_identity, write_record
+
+    config = {"seed": 0, "model": {"d_model": 16, "attention_impl": "unfused"}, "data": {}, "optim": {}}
+    write_record(tmp_path, {**run_identity(config, None), "model": config["model"]}, None)  # an older record
+    check_run_dir(tmp_path, run_identity({**config, "model": {"d_model": 16, "attention_impl": "fused"}}, None))
+    with pytest.raises(RunDirError, match="model.d_model: run 16, now 32"):
+        check_run_dir(tmp_path, run_identity({**config, "model": {"d_model": 32, "attention_impl": "unfused"}}, None))
