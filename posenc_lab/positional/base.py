@@ -87,6 +87,8 @@ def relative_shift(x: Tensor, n_keys: int | None = None) -> Tensor:
     *lead, L, W = x.shape
     N = W if n_keys is None else n_keys
     x = x.contiguous()
+    if W > N:  # the same view by slice and view only: torch.compile's CPU backward crashed on the as_strided one
+        return x.reshape(*lead, L * W)[..., L - 1:L - 1 + L * (W - 1)].view(*lead, L, W - 1)[..., :N]
     return x.as_strided((*lead, L, N), (*x.stride()[:-2], W - 1, 1), x.storage_offset() + L - 1)
 
 
