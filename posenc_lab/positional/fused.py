@@ -20,8 +20,8 @@ probabilities of the K nearest keys only, rebuilt from the log-sum-exp flex retu
 Where it runs: ``flex_attention`` needs ``torch.compile`` (eager it is a slow reference), and
 torch (2.13) refuses its backward on CPU, and its log-sum-exp output (Shaw) on CPU. So ``auto``
 takes the fused path on CUDA only: on CPU training cannot use it, and for evaluation compiling
-costs 30-65 s per shape on 2 cores for no gain on xl (t5 1.8x, alibi 1.2x faster per call;
-docs/PERFORMANCE.md). ``fused`` forces it (CPU: evaluation of xl, t5, alibi), failing with the
+costs 30-140 s per shape on 2 cores for a kernel that was no faster (docs/PERFORMANCE.md, table D).
+``fused`` forces it (CPU: evaluation of xl, t5, alibi), failing with the
 reason where it cannot run; ``unfused`` keeps the schemes' own explicit attention. Attention
 dropout is not part of flex_attention: with ``attn_dropout > 0`` the unfused path runs.
 """
