@@ -20,7 +20,16 @@ from posenc_lab import bench
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import fused
 from tests.schemes import ALIBI, SHAW, SINUSOID, T5, XL
-from tests.test_schemes import MASKS, make_positions, make_scheme, masked_softmax, naive_scores, naive_shaw, naive_xl, qkv
+from tests.test_schemes import (
+    MASKS,
+    make_positions,
+    make_scheme,
+    masked_softmax,
+    naive_scores,
+    naive_shaw,
+    naive_xl,
+    qkv,
+)
 
 FUSED = (XL, SHAW, T5, ALIBI)
 
@@ -64,11 +73,12 @@ def test_fused_equals_naive_forward_and_backward(reference, name, L, M, same_len
     out = scheme.attend(1, q, k, v, pos, 0.0)
     want = naive_attend(name, scheme, 1, q, k, v, pos)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
-    for got, ref, what in zip(grads(out, inputs), grads(want, inputs), ["q", "k", "v", *dict(scheme.named_parameters())]):
+    names = ["q", "k", "v", *dict(scheme.named_parameters())]
+    for got, ref, what in zip(grads(out, inputs), grads(want, inputs), names):
         if ref is None:
             assert got is None or not got.any(), what
         else:
-            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"grad of {what}: {m}")
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=lambda m, what=what: f"grad of {what}: {m}")
 
 
 def test_fused_positional_tables_get_a_gradient(reference):
