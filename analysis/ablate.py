@@ -34,9 +34,9 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -70,8 +70,9 @@ class RunSpec:
     @property
     def label(self) -> str:
         loss = "full" if self.loss == "full" else "half" if self.loss == "half" else f"recent {self.loss_frac:g}"
-        return (f"{self.scheme}, mem {self.mem_len}, {loss} loss, seed {self.seed}"
-                + (" (recall)" if self.group == "recall" else ""))
+        return f"{self.scheme}, mem {self.mem_len}, {loss} loss, seed {self.seed}" + (
+            " (recall)" if self.group == "recall" else ""
+        )
 
 
 def cell_name(group: str, scheme: str, recurrent: bool, frac: float) -> str:
@@ -85,7 +86,8 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def compose(name: str, overrides: Sequence[str]) -> DictConfig:
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         return hydra_compose(name, overrides=list(overrides))
@@ -127,17 +129,21 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     extra_seeds = _int_list(a.get("extra_seeds"), "ablate.extra_seeds")
     extra_cells = list(a.get("extra_seed_cells") or [])
     no_memory = a.get("no_memory_schemes")
-    named = {"ablate.schemes": list(a.schemes), "ablate.no_memory_schemes": list(no_memory or []),
-             "ablate.half_loss.schemes": list((a.get("half_loss") or {}).get("schemes") or []),
-             "ablate.recall.schemes": list((a.get("recall") or {}).get("schemes") or [])}
+    named = {
+        "ablate.schemes": list(a.schemes),
+        "ablate.no_memory_schemes": list(no_memory or []),
+        "ablate.half_loss.schemes": list((a.get("half_loss") or {}).get("schemes") or []),
+        "ablate.recall.schemes": list((a.get("recall") or {}).get("schemes") or []),
+    }
     for key, names in named.items():
         bad = [n for n in names if n not in SCHEME_NAMES]
         if bad:
             raise ValueError(f"ablate: {key} names unknown scheme(s) {bad}; valid: {', '.join(SCHEME_NAMES)}")
     specs: list[RunSpec] = []
 
-    raw_scheme_overrides = (OmegaConf.to_container(a.scheme_overrides, resolve=False)
-                            if a.get("scheme_overrides") else {})
+    raw_scheme_overrides = (
+        OmegaConf.to_container(a.scheme_overrides, resolve=False) if a.get("scheme_overrides") else {}
+    )
 
     def add(group: str, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig):
         M = mem if recurrent else 0
@@ -145,16 +151,24 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         # ${...} in a scheme override resolves against the run's own group config (main or recall)
         per_scheme = [_resolve_in(group_cfg, o) for o in raw_scheme_overrides.get(scheme) or []]
         for seed in dict.fromkeys([*seeds, *(extra_seeds if cell in extra_cells else [])]):
-            overrides = [*head, f"posenc={scheme}", *per_scheme, f"model.mem_len={M}",
-                         f"model.loss_recent_frac={frac}", f"seed={seed}"]
+            overrides = [
+                *head,
+                f"posenc={scheme}",
+                *per_scheme,
+                f"model.mem_len={M}",
+                f"model.loss_recent_frac={frac}",
+                f"seed={seed}",
+            ]
             spec = RunSpec("", group, scheme, M, frac, overrides, seed)
             spec.name = f"{'recall_' if group == 'recall' else ''}{scheme}_mem{M}_{spec.loss}_seed{seed}"
             specs.append(spec)
 
     mem = int(cfg.model.mem_len)
     if mem < 1 and any(a.recurrence):
-        raise ValueError("ablate: the runs with memory need model.mem_len >= 1 in the preset (got "
-                         f"{mem}); set model.mem_len or ablate.recurrence=[false]")
+        raise ValueError(
+            "ablate: the runs with memory need model.mem_len >= 1 in the preset (got "
+            f"{mem}); set model.mem_len or ablate.recurrence=[false]"
+        )
     check_corpus_options(cfg.data.name, cfg.data.get("corpus") or {})
     for scheme in a.schemes:
         for rec in a.recurrence:
@@ -168,9 +182,11 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     if recall.get("schemes"):
         # The recall grid is defined by its own data: the user's data overrides (data=textfile,
         # data.corpus.path=...) are for the main grid only.
-        head = [f"experiment={recall.get('experiment') or 'recall'}",
-                *[o for o in train_overrides(user) if not o.lstrip("+~").startswith("data")],
-                *(recall.get("overrides") or [])]
+        head = [
+            f"experiment={recall.get('experiment') or 'recall'}",
+            *[o for o in train_overrides(user) if not o.lstrip("+~").startswith("data")],
+            *(recall.get("overrides") or []),
+        ]
         rcfg = compose("train", head)
         check_corpus_options(rcfg.data.name, rcfg.data.get("corpus") or {})
         for scheme in recall.schemes:
@@ -180,8 +196,10 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     cells = list(dict.fromkeys(s.cell for s in specs))
     unknown = [c for c in extra_cells if c not in cells]
     if unknown:
-        raise ValueError(f"ablate: ablate.extra_seed_cells names cells not in the grid: {unknown}; the grid's "
-                         f"cells: {', '.join(cells)}")
+        raise ValueError(
+            f"ablate: ablate.extra_seed_cells names cells not in the grid: {unknown}; the grid's "
+            f"cells: {', '.join(cells)}"
+        )
     # seed by seed: an interrupted job has first finished every cell once
     rank = {seed: i for i, seed in enumerate(dict.fromkeys([*seeds, *extra_seeds]))}
     specs.sort(key=lambda s: rank[s.seed])
@@ -247,8 +265,10 @@ def _prepare(spec: RunSpec, run_dir: Path, retrain: bool) -> tuple[str, DictConf
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
         diff = _diff(_identity(saved), _identity(cfg))
         if diff:
-            raise ValueError(f"ablate: {run_dir} holds a finished run with other settings ({'; '.join(diff[:6])}). "
-                             f"Use another ablate.out, or ablate.retrain=true to train it again")
+            raise ValueError(
+                f"ablate: {run_dir} holds a finished run with other settings ({'; '.join(diff[:6])}). "
+                f"Use another ablate.out, or ablate.retrain=true to train it again"
+            )
         return "reused", cfg
     if retrain and run_dir.exists():
         shutil.rmtree(run_dir)
@@ -267,8 +287,11 @@ def _train_here(spec: RunSpec, run_dir: Path, retrain: bool) -> dict:
     """Train one run in this process (or reuse it): {"status", "wall_s", "cpu_s"}."""
     status, cfg = _prepare(spec, run_dir, retrain)
     if status == "reused":
-        return {"status": status, "wall_s": float(json.loads((run_dir / "results.json").read_text())
-                                                  .get("wall_time_s") or 0.0), "cpu_s": None}
+        return {
+            "status": status,
+            "wall_s": float(json.loads((run_dir / "results.json").read_text()).get("wall_time_s") or 0.0),
+            "cpu_s": None,
+        }
     wall, cpu = time.perf_counter(), time.process_time()
     if _is_ddp(cfg):
         # DDP launches its ranks by re-running the command line, so each run gets its own
@@ -331,7 +354,7 @@ def train_sequential(specs: list[RunSpec], runs: Path, retrain: bool, progress: 
         trained = [t["wall_s"] for t in times.values() if t["status"] != "reused"]
         eta = ""
         if trained:
-            left = sum(1 for sp in specs[i - 1:] if not (runs / sp.name / "results.json").is_file())
+            left = sum(1 for sp in specs[i - 1 :] if not (runs / sp.name / "results.json").is_file())
             eta = f", about {left * sum(trained) / len(trained) / 60:.1f} min of training left"
         reuse = (run_dir / "results.json").is_file() and not retrain
         log(f"[{i}/{len(specs)}] {spec.label}: {'reusing' if reuse else 'training'}{eta}")
@@ -342,8 +365,9 @@ def train_sequential(specs: list[RunSpec], runs: Path, retrain: bool, progress: 
     return times
 
 
-def train_parallel(specs: list[RunSpec], runs: Path, retrain: bool, jobs: int, threads: int | None,
-                   progress: Progress, log) -> dict[str, dict]:
+def train_parallel(
+    specs: list[RunSpec], runs: Path, retrain: bool, jobs: int, threads: int | None, progress: Progress, log
+) -> dict[str, dict]:
     """Train up to ``jobs`` runs at once, each its own ``posenc_lab.train`` process (output in
     <out>/logs/<run>.log), with ``threads`` torch threads each. CPU seconds from each child's rusage."""
     env = dict(os.environ)
@@ -372,11 +396,14 @@ def train_parallel(specs: list[RunSpec], runs: Path, retrain: bool, jobs: int, t
                     log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({_result_line(run_dir)})")
                     continue
                 with open(logs / f"{spec.name}.log", "ab") as out:
-                    proc = subprocess.Popen(_train_command(spec, run_dir), env=env, stdout=out,
-                                            stderr=subprocess.STDOUT)
+                    proc = subprocess.Popen(
+                        _train_command(spec, run_dir), env=env, stdout=out, stderr=subprocess.STDOUT
+                    )
                 running[proc.pid] = (spec, proc, time.perf_counter(), status)
-                log(f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status.replace('ed', 'ing')} "
-                    f"(pid {proc.pid}; {show()})")
+                log(
+                    f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status.replace('ed', 'ing')} "
+                    f"(pid {proc.pid}; {show()})"
+                )
             finished = []
             for pid, (_, proc, *_) in running.items():
                 got, wait_status, usage = os.wait4(pid, os.WNOHANG)
@@ -388,12 +415,16 @@ def train_parallel(specs: list[RunSpec], runs: Path, retrain: bool, jobs: int, t
                 t = {"status": status, "wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime}
                 if proc.returncode != 0:
                     tail = (logs / f"{spec.name}.log").read_text(errors="replace").strip().splitlines()[-15:]
-                    raise RuntimeError(f"training {spec.name} exited with code {proc.returncode}; the end of its "
-                                       f"log {logs / f'{spec.name}.log'}:\n  " + "\n  ".join(tail))
+                    raise RuntimeError(
+                        f"training {spec.name} exited with code {proc.returncode}; the end of its "
+                        f"log {logs / f'{spec.name}.log'}:\n  " + "\n  ".join(tail)
+                    )
                 times[spec.name] = t
                 progress.done += 1
-                log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: {status} ({_seconds(t)}, "
-                    f"{_result_line(runs / spec.name)}; {show()})")
+                log(
+                    f"[{index[spec.name]}/{len(specs)}] {spec.name}: {status} ({_seconds(t)}, "
+                    f"{_result_line(runs / spec.name)}; {show()})"
+                )
             if running and not finished:
                 time.sleep(0.5)
     finally:
@@ -440,15 +471,26 @@ def continue_command(overrides: Sequence[str], out: Path) -> str:
 def interrupted_message(progress: Progress, specs: Sequence[RunSpec], out: Path, overrides: Sequence[str]) -> str:
     runs = out / "runs"
     finished = [s.name for s in specs if (runs / s.name / "results.json").is_file()]
-    lines = [f"posenc-lab ablate: interrupted (Ctrl-C) during {progress.stage}"
-             + (f" of {', '.join(progress.running)}" if progress.running else "") + "."]
-    lines.append(f"Kept: {len(finished)} of {len(specs)} runs finished in {runs}"
-                 + (" (each reused when you continue)." if finished else "."))
+    lines = [
+        f"posenc-lab ablate: interrupted (Ctrl-C) during {progress.stage}"
+        + (f" of {', '.join(progress.running)}" if progress.running else "")
+        + "."
+    ]
+    lines.append(
+        f"Kept: {len(finished)} of {len(specs)} runs finished in {runs}"
+        + (" (each reused when you continue)." if finished else ".")
+    )
     for name in progress.running:
         if progress.stage == "training" and name not in finished:
             step = _checkpoint_step(runs / name)
-            lines.append(f"  {name}: " + (f"continues from its checkpoint at step {step}." if step is not None
-                                          else "no checkpoint yet; it trains again from the start."))
+            lines.append(
+                f"  {name}: "
+                + (
+                    f"continues from its checkpoint at step {step}."
+                    if step is not None
+                    else "no checkpoint yet; it trains again from the start."
+                )
+            )
     if progress.stage.startswith("analysis"):
         lines.append(f"The report in {out / 'report'} is not complete; it is written again when you continue.")
     lines.append(f"Continue with: {continue_command(overrides, out)}")
@@ -459,11 +501,22 @@ def _quiet() -> None:
     """Keep the progress readable: Lightning's per-run banners (accelerator, tips) off."""
     import lightning.pytorch  # noqa: F401 - it sets its loggers' levels on import; override after
 
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
-                 "lightning.fabric.utilities.rank_zero", "posenc_lab.train"):
+    for name in (
+        "lightning",
+        "lightning.pytorch",
+        "lightning.fabric",
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "posenc_lab.train",
+    ):
         logging.getLogger(name).setLevel(logging.WARNING)
-    for msg in (".*IterableDataset.*has `__len__` defined.*", ".*isinstance\\(treespec, LeafSpec\\).*",
-                ".*limit_test_batches=1.0.*", ".*does not have many workers.*", ".*litlogger.*"):
+    for msg in (
+        ".*IterableDataset.*has `__len__` defined.*",
+        ".*isinstance\\(treespec, LeafSpec\\).*",
+        ".*limit_test_batches=1.0.*",
+        ".*does not have many workers.*",
+        ".*litlogger.*",
+    ):
         warnings.filterwarnings("ignore", message=msg)
 
 
@@ -475,8 +528,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     unknown = [f for f in flags if f not in FLAGS]
     if unknown:
-        print(f"posenc-lab ablate: unknown option(s) {unknown}; options: {', '.join(FLAGS)}, --help; the rest are "
-              f"Hydra overrides (experiment=NAME, ablate.KEY=VALUE, any training key)", file=sys.stderr)
+        print(
+            f"posenc-lab ablate: unknown option(s) {unknown}; options: {', '.join(FLAGS)}, --help; the rest are "
+            f"Hydra overrides (experiment=NAME, ablate.KEY=VALUE, any training key)",
+            file=sys.stderr,
+        )
         return 2
     try:
         cfg = compose("ablate", overrides)
@@ -489,8 +545,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if jobs < 1:
             raise ValueError(f"ablate.jobs must be >= 1, got {jobs}")
         if jobs > 1 and _is_ddp(cfg):
-            raise ValueError(f"ablate.jobs={jobs} with a DDP trainer: each run already takes every device; "
-                             f"set ablate.jobs=1")
+            raise ValueError(
+                f"ablate.jobs={jobs} with a DDP trainer: each run already takes every device; set ablate.jobs=1"
+            )
     except Exception as e:  # noqa: BLE001 - Hydra raises several kinds for bad overrides
         print(f"posenc-lab ablate: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
@@ -515,8 +572,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
-def _run(cfg: DictConfig, specs: list[RunSpec], overrides: Sequence[str], out: Path, jobs: int, train_only: bool,
-         progress: Progress) -> int:
+def _run(
+    cfg: DictConfig,
+    specs: list[RunSpec],
+    overrides: Sequence[str],
+    out: Path,
+    jobs: int,
+    train_only: bool,
+    progress: Progress,
+) -> int:
     import torch
 
     from posenc_lab.io import read_json, write_json
@@ -530,8 +594,10 @@ def _run(cfg: DictConfig, specs: list[RunSpec], overrides: Sequence[str], out: P
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
-    log(f"ablate {a.name}: {len(specs)} runs -> {out}/runs; report -> {out}/report "
-        f"({jobs} at a time, torch threads each: {a.get('threads') or 'default'})")
+    log(
+        f"ablate {a.name}: {len(specs)} runs -> {out}/runs; report -> {out}/report "
+        f"({jobs} at a time, torch threads each: {a.get('threads') or 'default'})"
+    )
     runs = out / "runs"
     progress.stage = "training"
     try:
@@ -550,9 +616,11 @@ def _run(cfg: DictConfig, specs: list[RunSpec], overrides: Sequence[str], out: P
     recorded.update({k: v for k, v in times.items() if v["status"] != "reused"})
     write_json(times_file, recorded)
     fresh = [t for t in times.values() if t["status"] != "reused"]
-    train_note = (f"{sum(t['wall_s'] for t in fresh):.0f} s wall / "
-                  f"{sum(t['cpu_s'] or 0 for t in fresh):.0f} s CPU of training in this invocation "
-                  f"({jobs} at a time), {len(specs) - len(fresh)} finished runs reused")
+    train_note = (
+        f"{sum(t['wall_s'] for t in fresh):.0f} s wall / "
+        f"{sum(t['cpu_s'] or 0 for t in fresh):.0f} s CPU of training in this invocation "
+        f"({jobs} at a time), {len(specs) - len(fresh)} finished runs reused"
+    )
     log(f"training done: {train_note}")
     if train_only:
         log(f"--train-only: no report; `{continue_command(overrides, out)}` writes it")
@@ -567,20 +635,29 @@ def _run(cfg: DictConfig, specs: list[RunSpec], overrides: Sequence[str], out: P
     command = "posenc-lab ablate " + " ".join(overrides) if overrides else "posenc-lab ablate"
     by_cell = seeds_by_cell(specs)
     multi = [c for c, s in by_cell.items() if len(s) > 1]
-    notes = [f"Preset `{experiment_of(overrides)}` ({len(specs)} runs: {train_note}).",
-             f"Seeds: {', '.join(map(str, sorted({s.seed for s in specs})))}; cells with several seeds: "
-             f"{', '.join(multi) if multi else 'none'}."]
-    path = build_report(loaded, out / "report", settings, title=f"posenc-lab ablation report: {a.name}",
-                        meta={"command": f"Command: `{command}`.", "notes": notes, "smoke": bool(a.get("smoke")),
-                              "seeds": by_cell}, log=log)
+    notes = [
+        f"Preset `{experiment_of(overrides)}` ({len(specs)} runs: {train_note}).",
+        f"Seeds: {', '.join(map(str, sorted({s.seed for s in specs})))}; cells with several seeds: "
+        f"{', '.join(multi) if multi else 'none'}.",
+    ]
+    path = build_report(
+        loaded,
+        out / "report",
+        settings,
+        title=f"posenc-lab ablation report: {a.name}",
+        meta={"command": f"Command: `{command}`.", "notes": notes, "smoke": bool(a.get("smoke")), "seeds": by_cell},
+        log=log,
+    )
     if a.get("wandb_project"):
         from .report import log_to_wandb
 
         progress.stage = "wandb upload"
         log_to_wandb(path.parent, str(a.wandb_project), [runs], group=f"ablate-{a.name}")
         log(f"logged the report to wandb project {a.wandb_project}")
-    log(f"done in {(time.perf_counter() - t0) / 60:.1f} min (this process: {(time.process_time() - cpu0) / 60:.1f} "
-        f"CPU min; training processes: see {times_file.name}): {path}")
+    log(
+        f"done in {(time.perf_counter() - t0) / 60:.1f} min (this process: {(time.process_time() - cpu0) / 60:.1f} "
+        f"CPU min; training processes: see {times_file.name}): {path}"
+    )
     return 0
 
 

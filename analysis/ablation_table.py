@@ -77,8 +77,9 @@ def cell_losses(runs: list[Run], dumps: Dumps, block: int, n_boot: int, level: f
         s, counts = block_sums(dumps.tokens[run.name], dumps.mask, block)
         sums[run.name] = s
     keep = counts > 0  # blocks without a counted token (recall: no answer in it) carry nothing
-    out = {name: Cell(name, group, np.stack([sums[r.name][:, keep] for r in group]))
-           for name, group in cells(runs).items()}
+    out = {
+        name: Cell(name, group, np.stack([sums[r.name][:, keep] for r in group])) for name, group in cells(runs).items()
+    }
     return CellLosses(out, counts[keep], dumps.contexts, Bootstrap(int(keep.sum()), n_boot, level, seed))
 
 
@@ -105,12 +106,21 @@ def ablation_table(cl: CellLosses, unit: str, recl: pd.DataFrame | None) -> tupl
         finite = {c: v for c, v in by_c.items() if np.isfinite(v)}
         best_c = min(finite, key=finite.get) if finite else None
         val = np.array([float(((x.results or {}).get("val") or {}).get("loss", np.nan)) for x in cell.runs]) * scale
-        row = {"scheme": r.scheme, "recurrence": "on" if r.recurrence else "off", "loss": r.loss,
-               "mem_len": r.mem_len, "segment_len": r.segment_len, "seeds": len(cell.runs),
-               f"val_{fig}": float(np.mean(val)), "eval_mode": run_mode(r, "auto"), "train_attn_len": A,
-               f"init_{fig}": float(np.mean(init)), f"init_{fig}_sd": _spread(init),
-               f"best_{fig}": finite[best_c] * scale if best_c else np.nan,
-               "best_attn_len": best_c}
+        row = {
+            "scheme": r.scheme,
+            "recurrence": "on" if r.recurrence else "off",
+            "loss": r.loss,
+            "mem_len": r.mem_len,
+            "segment_len": r.segment_len,
+            "seeds": len(cell.runs),
+            f"val_{fig}": float(np.mean(val)),
+            "eval_mode": run_mode(r, "auto"),
+            "train_attn_len": A,
+            f"init_{fig}": float(np.mean(init)),
+            f"init_{fig}_sd": _spread(init),
+            f"best_{fig}": finite[best_c] * scale if best_c else np.nan,
+            "best_attn_len": best_c,
+        }
         if recl is not None:
             for rv in sorted(set(recl["r"])):
                 hit = recl[(recl["cell"] == cell.name) & (recl["r"] == rv)]
@@ -118,9 +128,15 @@ def ablation_table(cl: CellLosses, unit: str, recl: pd.DataFrame | None) -> tupl
         row["cell"] = cell.name
         rows.append(row)
         for x, v in zip(cell.runs, init):
-            per_run.append({"cell": cell.name, "seed": x.seed, f"val_{fig}": float(((x.results or {}).get("val") or {})
-                                                                                .get("loss", np.nan)) * scale,
-                            f"init_{fig}": float(v), "run": x.name})
+            per_run.append(
+                {
+                    "cell": cell.name,
+                    "seed": x.seed,
+                    f"val_{fig}": float(((x.results or {}).get("val") or {}).get("loss", np.nan)) * scale,
+                    f"init_{fig}": float(v),
+                    "run": x.name,
+                }
+            )
     rows = _not_trained(rows)
     df = pd.DataFrame(rows)
     for c in ("mem_len", "segment_len", "seeds", "train_attn_len", "best_attn_len"):
@@ -136,9 +152,18 @@ def _not_trained(rows: list[dict]) -> list[dict]:
     for r in rows:
         out.append(r)
         if r["recurrence"] == "on" and r["loss"] == "full" and (r["scheme"], "off", "full") not in have:
-            out.append({"scheme": r["scheme"], "recurrence": "off", "loss": "full", "mem_len": 0,
-                        "segment_len": r["segment_len"], "seeds": 0, "eval_mode": "not trained",
-                        "cell": f"{r['scheme']}, mem 0, full loss"})
+            out.append(
+                {
+                    "scheme": r["scheme"],
+                    "recurrence": "off",
+                    "loss": "full",
+                    "mem_len": 0,
+                    "segment_len": r["segment_len"],
+                    "seeds": 0,
+                    "eval_mode": "not trained",
+                    "cell": f"{r['scheme']}, mem 0, full loss",
+                }
+            )
     return out
 
 
@@ -154,6 +179,7 @@ def recl_cell(hit: pd.DataFrame) -> str:
 
 
 # ---- the findings ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Contrast:
@@ -189,6 +215,7 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
 
     def judged(v: str) -> str:
         return "not judged (smoke run)" if smoke else v
+
     ok = [c for c in cl.cells.values() if _init(c) in cl.contexts and np.isfinite(cl.mean(c, _init(c))).all()]
     if not ok:
         return ["No cell could be evaluated at its training attention length."]
@@ -208,15 +235,19 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
             verdicts.append(verdict(iv, ">0"))
             parts.append(f"{_who(c)} {iv_text(iv)}")
         if others:
-            lines.append(f"Paper: \"XL encoding with recurrence is best\": **{judged(combine(verdicts))}** "
-                         f"(each other cell minus xl with memory, {fig} at the training attention length, "
-                         f"{level} interval: " + "; ".join(parts) + ").")
+            lines.append(
+                f'Paper: "XL encoding with recurrence is best": **{judged(combine(verdicts))}** '
+                f"(each other cell minus xl with memory, {fig} at the training attention length, "
+                f"{level} interval: " + "; ".join(parts) + ")."
+            )
     # 2. The ordering xl < shaw < absolute, all with memory.
     shaw_on = _find(cl, shaw, True)
     if xl_on in ok and shaw_on in ok:
         iv = _diff(cl, xl_on, _init(xl_on), shaw_on, _init(shaw_on), scale)
-        lines.append(f"Paper: \"XL beats Shaw's encoding\" (with memory): **{judged(verdict(iv, '<0'))}** "
-                     f"(xl minus shaw {iv_text(iv)} {fig}).")
+        lines.append(
+            f'Paper: "XL beats Shaw\'s encoding" (with memory): **{judged(verdict(iv, "<0"))}** '
+            f"(xl minus shaw {iv_text(iv)} {fig})."
+        )
     abs_on = [c for c in (_find(cl, s, True) for s in absolute) if c in ok]
     if shaw_on in ok and abs_on:
         parts, verdicts = [], []
@@ -224,8 +255,10 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
             iv = _diff(cl, shaw_on, _init(shaw_on), c, _init(c), scale)
             verdicts.append(verdict(iv, "<0"))
             parts.append(f"minus {c.first.scheme} {iv_text(iv)}")
-        lines.append(f"Paper: \"Shaw's encoding beats the absolute encodings\" (with memory): "
-                     f"**{judged(combine(verdicts))}** (shaw " + "; ".join(parts) + f" {fig}).")
+        lines.append(
+            f'Paper: "Shaw\'s encoding beats the absolute encodings" (with memory): '
+            f"**{judged(combine(verdicts))}** (shaw " + "; ".join(parts) + f" {fig})."
+        )
     # 3. Memory on vs off (full loss) per scheme; the paper's claim is about xl.
     parts = []
     for scheme in dict.fromkeys(c.first.scheme for c in ok):
@@ -235,10 +268,15 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
             parts.append((scheme, iv))
     if parts:
         xl_part = [iv for s, iv in parts if s == xl]
-        head = (f"Paper: \"recurrence helps the XL encoding\": **{judged(verdict(xl_part[0], '<0'))}**. "
-                if xl_part else "")
-        lines.append(head + "Memory on minus off (full loss, each at its training attention length): " + "; ".join(
-            f"{s} {iv_text(iv)} ({sign_text(iv)})" for s, iv in parts) + f" {fig}.")
+        head = (
+            f'Paper: "recurrence helps the XL encoding": **{judged(verdict(xl_part[0], "<0"))}**. ' if xl_part else ""
+        )
+        lines.append(
+            head
+            + "Memory on minus off (full loss, each at its training attention length): "
+            + "; ".join(f"{s} {iv_text(iv)} ({sign_text(iv)})" for s, iv in parts)
+            + f" {fig}."
+        )
     elif xl_on is not None:
         lines.append("No scheme was trained both with and without memory (full loss): no memory comparison.")
     # 4. Absolute encodings need the half loss (with memory).
@@ -253,8 +291,10 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
         txt = "; ".join(f"{s} {iv_text(iv)} ({sign_text(iv)})" for s, iv in half)
         if abs_half:
             v = combine([verdict(iv, "<0") for _, iv in abs_half])
-            lines.append(f"Paper: \"absolute encodings need the half loss\": **{judged(v)}** (half minus full loss at "
-                         f"the training attention length, with memory: {txt} {fig}).")
+            lines.append(
+                f'Paper: "absolute encodings need the half loss": **{judged(v)}** (half minus full loss at '
+                f"the training attention length, with memory: {txt} {fig})."
+            )
         else:
             lines.append(f"Half minus full loss at the training attention length, with memory: {txt} {fig}.")
     # 5. A longer evaluation attention helps only XL: the longest evaluated A minus init, same runs.
@@ -273,38 +313,62 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
             v = CONTRADICTED
         else:
             v = REPRODUCED if verdict(xl_gain[0], "<0") == REPRODUCED else INCONCLUSIVE
-        lines.append(f"Paper: \"a longer evaluation attention helps only the XL encoding\": **{judged(v)}** "
-                     f"(loss at attention length {longest} minus at the training length, runs with memory, full loss: "
-                     + "; ".join(f"{c.first.scheme} {iv_text(iv)} ({sign_text(iv)})" for c, iv in gains)
-                     + f" {fig}" + (f"; also helps {', '.join(helped)}" if helped else "") + ").")
+        lines.append(
+            f'Paper: "a longer evaluation attention helps only the XL encoding": **{judged(v)}** '
+            f"(loss at attention length {longest} minus at the training length, runs with memory, full loss: "
+            + "; ".join(f"{c.first.scheme} {iv_text(iv)} ({sign_text(iv)})" for c, iv in gains)
+            + f" {fig}"
+            + (f"; also helps {', '.join(helped)}" if helped else "")
+            + ")."
+        )
     best = min(ok, key=lambda c: float(cl.mean(c, _init(c)).mean()))
-    lines.insert(0, f"Lowest {fig} at the training attention length: {_who(best)}, "
-                    f"{float(cl.mean(best, _init(best)).mean()) * scale:.3f}.")
+    lines.insert(
+        0,
+        f"Lowest {fig} at the training attention length: {_who(best)}, "
+        f"{float(cl.mean(best, _init(best)).mean()) * scale:.3f}.",
+    )
     return lines
 
 
-def section(runs: list[Run], cl: CellLosses, recl: pd.DataFrame | None, settings_line: str, recl_section: int,
-            suffix: str = "", smoke: bool = False) -> Section:
+def section(
+    runs: list[Run],
+    cl: CellLosses,
+    recl: pd.DataFrame | None,
+    settings_line: str,
+    recl_section: int,
+    suffix: str = "",
+    smoke: bool = False,
+) -> Section:
     unit = runs[0].unit
     fig = figure_name(unit)
     t6, per_run = ablation_table(cl, unit, recl)
     seeds = {c.name: [r.seed for r in c.runs] for c in cl.cells.values()}
     n_seeds = sorted({len(v) for v in seeds.values()})
     several = [f"{name} ({len(v)}: {', '.join(map(str, v))})" for name, v in seeds.items() if len(v) > 1]
-    text = (f"Settings: {settings_line}. Shaped like Transformer-XL Table 6 (WikiText-103): one row per cell "
-            f"(encoding x recurrence x training loss), the mean over its `seeds` training runs. `val_{fig}`: "
-            f"the runs' own validation figure (results.json, evaluated as trained). `init_{fig}`: at the training "
-            f"attention length `train_attn_len` (`init_{fig}_sd`: the standard deviation over seeds, n/a for one "
-            f"seed); `best_{fig}`: the lowest over the evaluated attention lengths A = "
-            f"{', '.join(map(str, cl.contexts))}, at `best_attn_len` (chosen on the same tokens, so slightly "
-            f"optimistic); `eval_mode`: memory (memory A, same-length mask) or window (sliding window of A tokens, "
-            f"for runs trained without memory). `recl_r*`: RECL and its interval (section {recl_section}). "
-            f"Seeds per cell: {'/'.join(map(str, n_seeds))}"
-            + (f"; several seeds: {'; '.join(several)}" if several else " (one seed each: the intervals cover the "
-               "evaluation text, not the training seed)") + ". Every run per seed: "
-            f"`table_ablation_runs{suffix}.csv`.")
-    t = Table(f"table_ablation{suffix}", t6, f"ablation: {fig} by scheme, recurrence and loss",
-              {c: 4 for c in t6.columns})
-    return Section(f"Ablation table{' (' + suffix.strip('_') + ')' if suffix else ''}", text,
-                   [t, Table(f"table_ablation_runs{suffix}", per_run, "every run (seed) of the table", show=False)],
-                   findings=findings(cl, unit, smoke))
+    text = (
+        f"Settings: {settings_line}. Shaped like Transformer-XL Table 6 (WikiText-103): one row per cell "
+        f"(encoding x recurrence x training loss), the mean over its `seeds` training runs. `val_{fig}`: "
+        f"the runs' own validation figure (results.json, evaluated as trained). `init_{fig}`: at the training "
+        f"attention length `train_attn_len` (`init_{fig}_sd`: the standard deviation over seeds, n/a for one "
+        f"seed); `best_{fig}`: the lowest over the evaluated attention lengths A = "
+        f"{', '.join(map(str, cl.contexts))}, at `best_attn_len` (chosen on the same tokens, so slightly "
+        f"optimistic); `eval_mode`: memory (memory A, same-length mask) or window (sliding window of A tokens, "
+        f"for runs trained without memory). `recl_r*`: RECL and its interval (section {recl_section}). "
+        f"Seeds per cell: {'/'.join(map(str, n_seeds))}"
+        + (
+            f"; several seeds: {'; '.join(several)}"
+            if several
+            else " (one seed each: the intervals cover the evaluation text, not the training seed)"
+        )
+        + ". Every run per seed: "
+        f"`table_ablation_runs{suffix}.csv`."
+    )
+    t = Table(
+        f"table_ablation{suffix}", t6, f"ablation: {fig} by scheme, recurrence and loss", {c: 4 for c in t6.columns}
+    )
+    return Section(
+        f"Ablation table{' (' + suffix.strip('_') + ')' if suffix else ''}",
+        text,
+        [t, Table(f"table_ablation_runs{suffix}", per_run, "every run (seed) of the table", show=False)],
+        findings=findings(cl, unit, smoke),
+    )

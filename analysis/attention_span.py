@@ -56,7 +56,7 @@ def attention_mass(run: Run, s: AttentionSettings) -> tuple[pd.DataFrame, pd.Dat
             p = probs.double().mean(0).cpu()  # [H, L, N]
             Lq, N = p.shape[-2:]
             m_cur = N - Lq
-            dist = (torch.arange(Lq)[:, None] + m_cur - torch.arange(N)[None, :])  # [L, N] = i - j
+            dist = torch.arange(Lq)[:, None] + m_cur - torch.arange(N)[None, :]  # [L, N] = i - j
             valid = dist >= 0
             flat = dist.clamp(min=0).flatten()
             contrib = (p * valid).reshape(H, -1)
@@ -71,10 +71,16 @@ def attention_mass(run: Run, s: AttentionSettings) -> tuple[pd.DataFrame, pd.Dat
         for h in range(H):
             m = mass[layer, h].numpy()
             mrows += [{**key, "layer": layer, "head": h, "distance": int(k), "mass": float(v)} for k, v in enumerate(m)]
-            hrows.append({**key, "layer": layer, "head": h,
-                          "mean_distance": float((mass[layer, h] * d).sum()),
-                          "memory_share": float(memory_share[layer, h]),
-                          "beyond_L_share": float(mass[layer, h, L:].sum())})
+            hrows.append(
+                {
+                    **key,
+                    "layer": layer,
+                    "head": h,
+                    "mean_distance": float((mass[layer, h] * d).sum()),
+                    "memory_share": float(memory_share[layer, h]),
+                    "beyond_L_share": float(mass[layer, h, L:].sum()),
+                }
+            )
     return pd.DataFrame(mrows), pd.DataFrame(hrows)
 
 
@@ -97,9 +103,16 @@ def analyze(runs: list[Run], out: Path, settings: AttentionSettings | None = Non
         heads.append(h)
     mass, heads = pd.concat(masses, ignore_index=True), pd.concat(heads, ignore_index=True)
     keys = ["run", "scheme", "recurrence", "mem_len", "loss"]
-    summary = heads.groupby(keys, sort=False).agg(
-        mean_distance=("mean_distance", "mean"), max_head_distance=("mean_distance", "max"),
-        memory_share=("memory_share", "mean"), beyond_L_share=("beyond_L_share", "mean")).reset_index()
+    summary = (
+        heads.groupby(keys, sort=False)
+        .agg(
+            mean_distance=("mean_distance", "mean"),
+            max_head_distance=("mean_distance", "max"),
+            memory_share=("memory_share", "mean"),
+            beyond_L_share=("beyond_L_share", "mean"),
+        )
+        .reset_index()
+    )
     write_csv(mass, out / "attention_mass.csv")
     write_csv(heads, out / "attention_heads.csv")
     write_csv(summary, out / "attention_summary.csv")
@@ -115,16 +128,25 @@ def section(res: AttentionResult, s: AttentionSettings, suffix: str = ""):
     """The report's attention-span section (descriptive: no paper finding rests on it)."""
     from .sections import Figure, Section, Table
 
-    text = (f"Attention probabilities of {s.n_segments} segments x {s.n_rows} streams after the memory is full, as "
-            f"trained; mass by distance d = i - j averaged over queries (memory keys included). `memory_share`: mass "
-            f"on memory keys; `beyond_L_share`: mass at d >= L. Per head and per distance: "
-            f"`attention/attention_heads.csv`, `attention/attention_mass.csv`.")
-    t = Table(f"table_attention{suffix}", res.summary, "attention span per run (mean over layers and heads)",
-              {"mean_distance": 2, "max_head_distance": 2, "memory_share": 4, "beyond_L_share": 4})
-    figs = [Figure(path, f"attention mass by layer/head and distance ({loss} loss runs)")
-            for loss, path in res.figures.items()]
-    return Section(f"Attention spans{' (' + suffix.strip('_') + ')' if suffix else ''}", text, [t], figs,
-                   findings(res.summary))
+    text = (
+        f"Attention probabilities of {s.n_segments} segments x {s.n_rows} streams after the memory is full, as "
+        f"trained; mass by distance d = i - j averaged over queries (memory keys included). `memory_share`: mass "
+        f"on memory keys; `beyond_L_share`: mass at d >= L. Per head and per distance: "
+        f"`attention/attention_heads.csv`, `attention/attention_mass.csv`."
+    )
+    t = Table(
+        f"table_attention{suffix}",
+        res.summary,
+        "attention span per run (mean over layers and heads)",
+        {"mean_distance": 2, "max_head_distance": 2, "memory_share": 4, "beyond_L_share": 4},
+    )
+    figs = [
+        Figure(path, f"attention mass by layer/head and distance ({loss} loss runs)")
+        for loss, path in res.figures.items()
+    ]
+    return Section(
+        f"Attention spans{' (' + suffix.strip('_') + ')' if suffix else ''}", text, [t], figs, findings(res.summary)
+    )
 
 
 def _who(row) -> str:
@@ -137,24 +159,36 @@ def findings(s: pd.DataFrame) -> list[str]:
         return lines
     far = s.loc[s["mean_distance"].idxmax()]
     near = s.loc[s["mean_distance"].idxmin()]
-    lines.append(f"Mean attended distance (over layers and heads): longest {far['mean_distance']:.1f} tokens for "
-                 f"{_who(far)}, shortest {near['mean_distance']:.1f} for {_who(near)}.")
+    lines.append(
+        f"Mean attended distance (over layers and heads): longest {far['mean_distance']:.1f} tokens for "
+        f"{_who(far)}, shortest {near['mean_distance']:.1f} for {_who(near)}."
+    )
     mem = s[s["recurrence"] == "on"]
     if len(mem):
         top = mem.loc[mem["memory_share"].idxmax()]
         low = mem.loc[mem["memory_share"].idxmin()]
-        lines.append(f"Share of attention on the memory: highest {top['memory_share']:.1%} ({_who(top)}), lowest "
-                     f"{low['memory_share']:.1%} ({_who(low)}).")
+        lines.append(
+            f"Share of attention on the memory: highest {top['memory_share']:.1%} ({_who(top)}), lowest "
+            f"{low['memory_share']:.1%} ({_who(low)})."
+        )
         beyond = mem.sort_values("beyond_L_share", ascending=False)
-        lines.append("Mass at distances >= L (beyond one segment), runs with memory: " + ", ".join(
-            f"{r['scheme']}{'' if r['loss'] == 'full' else ' (' + r['loss'] + ')'} {r['beyond_L_share']:.1%}"
-            for _, r in beyond.iterrows()) + ".")
+        lines.append(
+            "Mass at distances >= L (beyond one segment), runs with memory: "
+            + ", ".join(
+                f"{r['scheme']}{'' if r['loss'] == 'full' else ' (' + r['loss'] + ')'} {r['beyond_L_share']:.1%}"
+                for _, r in beyond.iterrows()
+            )
+            + "."
+        )
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.attention_span", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m posenc_lab_analysis.attention_span",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--split", default="valid")

@@ -43,6 +43,7 @@ THRESHOLD = 0.01
 
 # ---- RECL on per-token loss arrays (pure) --------------------------------------------------------
 
+
 def _check(losses: dict[str, np.ndarray], contexts: Sequence[int], delta: int | None):
     """(names, stack [n_m, n_c, n_t], available [n_m, n_c], pairs [(k, k2)], contexts) or ValueError."""
     contexts = [int(c) for c in contexts]
@@ -62,8 +63,10 @@ def _check(losses: dict[str, np.ndarray], contexts: Sequence[int], delta: int | 
     names = list(losses)
     stack = np.stack([np.asarray(losses[m], dtype=np.float64) for m in names])  # [n_m, n_c, n_t]
     if stack.ndim != 3 or stack.shape[1] != len(contexts):
-        raise ValueError(f"each model's losses must be [len(contexts)={len(contexts)}, n_tokens]; got "
-                         + ", ".join(f"{m}: {np.shape(losses[m])}" for m in names))
+        raise ValueError(
+            f"each model's losses must be [len(contexts)={len(contexts)}, n_tokens]; got "
+            + ", ".join(f"{m}: {np.shape(losses[m])}" for m in names)
+        )
     if np.isinf(stack).any():
         raise ValueError("per-token losses contain inf")
     # NaN = the model cannot serve that context length at all (e.g. a learned table too short):
@@ -122,8 +125,13 @@ def _first_stop(gain: np.ndarray, available: np.ndarray, pairs, threshold: float
     return np.where(censored, last_served, first), censored
 
 
-def recl(losses: dict[str, np.ndarray], contexts: Sequence[int], delta: int | None = None,
-         r_values: Sequence[float] = R_VALUES, threshold: float = THRESHOLD) -> tuple[pd.DataFrame, pd.DataFrame]:
+def recl(
+    losses: dict[str, np.ndarray],
+    contexts: Sequence[int],
+    delta: int | None = None,
+    r_values: Sequence[float] = R_VALUES,
+    threshold: float = THRESHOLD,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """RECL of every model of a group: the paper's, and the guarded RECL the report shows.
 
     losses: model -> [len(contexts), n_tokens] per-token losses (nats), the same tokens for every
@@ -154,9 +162,18 @@ def recl(losses: dict[str, np.ndarray], contexts: Sequence[int], delta: int | No
             continue
         for j, r in enumerate(r_values):
             for m_i, m in enumerate(names):
-                rows.append({"model": m, "r": r, "c": contexts[k], "c_next": contexts[k2], "gain": paper[i, j, m_i],
-                             "own_gain": own[i, j, m_i], "serves_c": bool(available[m_i, k]),
-                             "serves_next": bool(available[m_i, k2])})
+                rows.append(
+                    {
+                        "model": m,
+                        "r": r,
+                        "c": contexts[k],
+                        "c_next": contexts[k2],
+                        "gain": paper[i, j, m_i],
+                        "own_gain": own[i, j, m_i],
+                        "serves_c": bool(available[m_i, k]),
+                        "serves_next": bool(available[m_i, k2]),
+                    }
+                )
     gains = pd.DataFrame(rows)
     first_p, cens_p = _first_stop(paper, available, pairs, threshold)
     first_g, cens_g = _first_stop(guarded, available, pairs, threshold)
@@ -165,19 +182,40 @@ def recl(losses: dict[str, np.ndarray], contexts: Sequence[int], delta: int | No
         for j, r in enumerate(r_values):
             i, ip = first_g[j, m_i], first_p[j, m_i]
             if i < 0:
-                out.append({"model": m, "r": r, "recl": None, "recl_paper": None, "censored": False, "limited": True,
-                            "noise_credited": False})
+                out.append(
+                    {
+                        "model": m,
+                        "r": r,
+                        "recl": None,
+                        "recl_paper": None,
+                        "censored": False,
+                        "limited": True,
+                        "noise_credited": False,
+                    }
+                )
                 continue
             k, k2 = pairs[i]
-            out.append({"model": m, "r": r, "recl": contexts[k], "recl_paper": contexts[pairs[ip][0]],
-                        "censored": bool(cens_g[j, m_i]),
-                        "limited": bool(not cens_g[j, m_i] and not available[m_i, k2]),
-                        "noise_credited": bool(ip > i or (cens_p[j, m_i] and not cens_g[j, m_i]))})
+            out.append(
+                {
+                    "model": m,
+                    "r": r,
+                    "recl": contexts[k],
+                    "recl_paper": contexts[pairs[ip][0]],
+                    "censored": bool(cens_g[j, m_i]),
+                    "limited": bool(not cens_g[j, m_i] and not available[m_i, k2]),
+                    "noise_credited": bool(ip > i or (cens_p[j, m_i] and not cens_g[j, m_i])),
+                }
+            )
     return pd.DataFrame(out), gains
 
 
-def recl_values(losses: dict[str, np.ndarray], contexts: Sequence[int], delta: int | None = None,
-                r_values: Sequence[float] = R_VALUES, threshold: float = THRESHOLD) -> np.ndarray:
+def recl_values(
+    losses: dict[str, np.ndarray],
+    contexts: Sequence[int],
+    delta: int | None = None,
+    r_values: Sequence[float] = R_VALUES,
+    threshold: float = THRESHOLD,
+) -> np.ndarray:
     """The guarded RECL only, [n_r, n_m] (NaN: serves no c), fast: for the bootstrap."""
     names, stack, available, pairs, contexts = _check(losses, contexts, delta)
     paper, own = _gains(stack, available, pairs, r_values)
@@ -186,9 +224,17 @@ def recl_values(losses: dict[str, np.ndarray], contexts: Sequence[int], delta: i
     return c_of[np.where(first < 0, len(pairs), first)]
 
 
-def recl_bootstrap(losses: dict[str, np.ndarray], contexts: Sequence[int], blocks: np.ndarray, n_boot: int = 200,
-                   level: float = 0.9, seed: int = 0, r_values: Sequence[float] = R_VALUES,
-                   threshold: float = THRESHOLD, seeds: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+def recl_bootstrap(
+    losses: dict[str, np.ndarray],
+    contexts: Sequence[int],
+    blocks: np.ndarray,
+    n_boot: int = 200,
+    level: float = 0.9,
+    seed: int = 0,
+    r_values: Sequence[float] = R_VALUES,
+    threshold: float = THRESHOLD,
+    seeds: dict[str, np.ndarray] | None = None,
+) -> pd.DataFrame:
     """Percentile interval of each model's (guarded) RECL over block resamples of the tokens.
 
     losses as for ``recl``; blocks [n_tokens]: the block of each token (consecutive tokens of a row,
@@ -219,8 +265,13 @@ def recl_bootstrap(losses: dict[str, np.ndarray], contexts: Sequence[int], block
         warnings.simplefilter("ignore", RuntimeWarning)
         lo = np.nanquantile(reps, a, axis=0, method="lower")
         hi = np.nanquantile(reps, 1 - a, axis=0, method="higher")
-    return pd.DataFrame([{"model": m, "r": r, "recl_lo": lo[j, i], "recl_hi": hi[j, i], "recl_level": level}
-                         for i, m in enumerate(names) for j, r in enumerate(r_values)])
+    return pd.DataFrame(
+        [
+            {"model": m, "r": r, "recl_lo": lo[j, i], "recl_hi": hi[j, i], "recl_level": level}
+            for i, m in enumerate(names)
+            for j, r in enumerate(r_values)
+        ]
+    )
 
 
 def recl_text(value, censored: bool, limited: bool = False) -> str:
@@ -231,6 +282,7 @@ def recl_text(value, censored: bool, limited: bool = False) -> str:
 
 
 # ---- per-token losses at each context length ------------------------------------------------------
+
 
 @dataclass
 class ContextSettings:
@@ -256,8 +308,9 @@ class ContextSettings:
         c_min = self.c_min or delta
         c_max = self.c_max or 4 * L
         if c_max < c_min + delta:
-            raise ValueError(f"the context grid needs c_max >= c_min + delta, got c_min {c_min}, delta {delta}, "
-                             f"c_max {c_max}")
+            raise ValueError(
+                f"the context grid needs c_max >= c_min + delta, got c_min {c_min}, delta {delta}, c_max {c_max}"
+            )
         return list(range(c_min, c_max + 1, delta))
 
     def contexts(self, runs: list[Run]) -> list[int]:
@@ -283,8 +336,9 @@ def run_mode(run: Run, mode: str) -> str:
     return mode
 
 
-def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path: Path,
-                        grid: list[int] | None = None, log=print) -> Path:
+def dump_context_losses(
+    run: Run, contexts: list[int], s: ContextSettings, path: Path, grid: list[int] | None = None, log=print
+) -> Path:
     """Per-token losses of ``run`` at every context length, saved as ``path`` (npz, atomically): loss
     [n_c, n_rows, n_score] nats, correct (same shape), mask [n_rows, n_score] (tokens that count),
     distance [n_rows, n_score], contexts, and a JSON ``meta`` (run, corpus, split, mode, rows).
@@ -293,11 +347,23 @@ def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path:
     from posenc_lab.io import CorruptFileError, load_npz, save_npz
 
     mode = run_mode(run, s.mode)
-    meta = {"run": run.name, "run_dir": str(run.path), "scheme": run.scheme, "mem_len": run.mem_len,
-            "loss": run.loss, "seed": run.seed, "steps": (run.results or {}).get("steps"),
-            "corpus": run.corpus_key, "split": s.split, "mode": mode,
-            "n_rows": s.n_rows, "n_score": s.n_score, "score_start": max(contexts), "contexts": contexts,
-            "grid": grid if grid is not None else contexts}
+    meta = {
+        "run": run.name,
+        "run_dir": str(run.path),
+        "scheme": run.scheme,
+        "mem_len": run.mem_len,
+        "loss": run.loss,
+        "seed": run.seed,
+        "steps": (run.results or {}).get("steps"),
+        "corpus": run.corpus_key,
+        "split": s.split,
+        "mode": mode,
+        "n_rows": s.n_rows,
+        "n_score": s.n_score,
+        "score_start": max(contexts),
+        "contexts": contexts,
+        "grid": grid if grid is not None else contexts,
+    }
     if path.is_file():  # reuse a dump made with the same settings
         try:
             saved = json.loads(str(load_npz(path)["meta"]))
@@ -311,7 +377,7 @@ def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path:
     rows = stream_rows(data, s.n_rows, start + s.n_score)
 
     def take(a: np.ndarray) -> np.ndarray:  # a side array at the scored targets
-        return np.asarray(stream_rows(a.astype(np.int64), s.n_rows, start + s.n_score))[:, start + 1:]
+        return np.asarray(stream_rows(a.astype(np.int64), s.n_rows, start + s.n_score))[:, start + 1 :]
 
     mask = take(side["loss_mask"]).astype(bool) if "loss_mask" in side else np.ones((s.n_rows, s.n_score), bool)
     distance = take(side["distance"]) if "distance" in side else np.full((s.n_rows, s.n_score), -1)
@@ -320,8 +386,16 @@ def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path:
     reasons = {}
     for c in contexts:
         try:
-            res = context_losses(model, rows, c, score_start=start, n_score=s.n_score, mode=mode,
-                                 segment_len=run.segment_len, window_batch_tokens=s.window_batch_tokens)
+            res = context_losses(
+                model,
+                rows,
+                c,
+                score_start=start,
+                n_score=s.n_score,
+                mode=mode,
+                segment_len=run.segment_len,
+                window_batch_tokens=s.window_batch_tokens,
+            )
         except ValueError as e:  # the scheme cannot serve this context: NaN, with the reason in meta
             reasons[c] = str(e)
             loss.append(np.full((s.n_rows, s.n_score), np.nan, dtype=np.float32))
@@ -330,8 +404,15 @@ def dump_context_losses(run: Run, contexts: list[int], s: ContextSettings, path:
         loss.append(res.loss.numpy())
         correct.append(res.correct.numpy())
     meta_out = {**meta, "not_applicable": {str(c): r for c, r in reasons.items()}}
-    save_npz(path, loss=np.stack(loss).astype(np.float32), correct=np.stack(correct), mask=mask,
-             distance=distance, contexts=np.array(contexts), meta=json.dumps(meta_out))
+    save_npz(
+        path,
+        loss=np.stack(loss).astype(np.float32),
+        correct=np.stack(correct),
+        mask=mask,
+        distance=distance,
+        contexts=np.array(contexts),
+        meta=json.dumps(meta_out),
+    )
     return path
 
 
@@ -380,11 +461,14 @@ def read_dumps(paths: Sequence[Path]) -> Dumps:
         if contexts is None:
             contexts, mask = c, z["mask"].astype(bool)
         elif c != contexts:
-            raise RunError(f"{p}: context grid {c} differs from {contexts} of the other dumps; dump the group "
-                           f"with one grid")
+            raise RunError(
+                f"{p}: context grid {c} differs from {contexts} of the other dumps; dump the group with one grid"
+            )
         elif not np.array_equal(z["mask"].astype(bool), mask):
-            raise RunError(f"{p}: its scored tokens differ from the other dumps'; every run must be scored on "
-                           f"the same tokens (dump the group with one setting)")
+            raise RunError(
+                f"{p}: its scored tokens differ from the other dumps'; every run must be scored on "
+                f"the same tokens (dump the group with one setting)"
+            )
         tokens[meta["run"]] = z["loss"]
         metas.append(meta)
     corpora = {(m["corpus"], m["split"], m["n_rows"], m["n_score"], m["score_start"]) for m in metas}
@@ -401,16 +485,18 @@ def read_dumps(paths: Sequence[Path]) -> Dumps:
 DISTANCE_BIN = 8
 
 
-def recall_accuracy(run: Run, split: str = "valid", n_rows: int = 16, n_tokens: int = 4096,
-                    bin_width: int = DISTANCE_BIN) -> pd.DataFrame:
+def recall_accuracy(
+    run: Run, split: str = "valid", n_rows: int = 16, n_tokens: int = 4096, bin_width: int = DISTANCE_BIN
+) -> pd.DataFrame:
     """Answer accuracy of ``run`` on the recall probe by distance bin, evaluated as trained (its
     segment length and memory, one ordered pass from an empty memory over ``n_rows`` streams)."""
     from posenc_lab.context import stream_losses, stream_rows
 
     data, side = run.split(split)
     if "distance" not in side:
-        raise RunError(f"run {run.name}: corpus {run.corpus_name} has no distances (accuracy by distance needs "
-                       f"the recall probe)")
+        raise RunError(
+            f"run {run.name}: corpus {run.corpus_name} has no distances (accuracy by distance needs the recall probe)"
+        )
     n_tokens = min(n_tokens, (len(data) - 1) // n_rows - 1)
     rows = stream_rows(data, n_rows, n_tokens)
     res = stream_losses(run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len)
@@ -429,6 +515,7 @@ def recall_accuracy(run: Run, split: str = "valid", n_rows: int = 16, n_tokens: 
 
 
 # ---- the analysis ----------------------------------------------------------------------------------
+
 
 @dataclass
 class EffectiveContextResult:
@@ -454,17 +541,34 @@ def recl_of_cells(d: Dumps, grid: list[int], s: ContextSettings) -> tuple[pd.Dat
     table, gains = recl(mean, grid)
     iv = recl_bootstrap(mean, grid, d.blocks(s.block), n_boot=s.n_boot, level=s.level, seeds=per_seed)
     table = table.merge(iv, on=["model", "r"])
-    keys = pd.DataFrame([{"cell": cell, "scheme": ms[0]["scheme"],
-                          "recurrence": "on" if ms[0]["mem_len"] else "off", "mem_len": ms[0]["mem_len"],
-                          "loss": ms[0]["loss"], "mode": ms[0]["mode"], "n_seeds": len(ms),
-                          "runs": " ".join(m["run"] for m in ms)} for cell, ms in by_cell.items()])
+    keys = pd.DataFrame(
+        [
+            {
+                "cell": cell,
+                "scheme": ms[0]["scheme"],
+                "recurrence": "on" if ms[0]["mem_len"] else "off",
+                "mem_len": ms[0]["mem_len"],
+                "loss": ms[0]["loss"],
+                "mode": ms[0]["mode"],
+                "n_seeds": len(ms),
+                "runs": " ".join(m["run"] for m in ms),
+            }
+            for cell, ms in by_cell.items()
+        ]
+    )
     table = keys.merge(table.rename(columns={"model": "cell"}), on="cell")
     gains = keys.merge(gains.rename(columns={"model": "cell"}), on="cell")
     return table, gains
 
 
-def analyze(runs: list[Run], out: Path, settings: ContextSettings | None = None, recall_rows: int = 16,
-            recall_tokens: int = 4096, log=print) -> EffectiveContextResult:
+def analyze(
+    runs: list[Run],
+    out: Path,
+    settings: ContextSettings | None = None,
+    recall_rows: int = 16,
+    recall_tokens: int = 4096,
+    log=print,
+) -> EffectiveContextResult:
     """RECL of ``runs`` as one group (one corpus, or a RunError), loss by context and, on recall,
     accuracy by distance. Writes CSVs and PNGs into ``out``."""
     s = settings or ContextSettings()
@@ -474,26 +578,45 @@ def analyze(runs: list[Run], out: Path, settings: ContextSettings | None = None,
     contexts = s.contexts(runs)
     paths = []
     for i, run in enumerate(runs, 1):
-        log(f"  context losses [{i}/{len(runs)}] {run.label}: c = {grid[0]}..{grid[-1]} step "
-            f"{grid[1] - grid[0]}, mode {run_mode(run, s.mode)}")
+        log(
+            f"  context losses [{i}/{len(runs)}] {run.label}: c = {grid[0]}..{grid[-1]} step "
+            f"{grid[1] - grid[0]}, mode {run_mode(run, s.mode)}"
+        )
         paths.append(dump_context_losses(run, contexts, s, out / "context_losses" / f"{run.name}.npz", grid, log))
     d = read_dumps(paths)
     by_name = {r.name: r for r in runs}
     table, gains = recl_of_cells(d, grid, s)
-    lbc = pd.DataFrame([{**by_name[m].key, "cell": by_name[m].cell, "seed": by_name[m].seed,
-                         "mode": run_mode(by_name[m], s.mode), "c": c, "loss_nats": float(v.mean()),
-                         "on_grid": c in grid, "train_attn_len": train_attention_length(by_name[m])}
-                        for m, arr in d.losses.items() for c, v in zip(d.contexts, arr)])
+    lbc = pd.DataFrame(
+        [
+            {
+                **by_name[m].key,
+                "cell": by_name[m].cell,
+                "seed": by_name[m].seed,
+                "mode": run_mode(by_name[m], s.mode),
+                "c": c,
+                "loss_nats": float(v.mean()),
+                "on_grid": c in grid,
+                "train_attn_len": train_attention_length(by_name[m]),
+            }
+            for m, arr in d.losses.items()
+            for c, v in zip(d.contexts, arr)
+        ]
+    )
     write_csv(table, out / "recl.csv")
     write_csv(gains, out / "recl_gains.csv")
     write_csv(lbc, out / "loss_by_context.csv")
     res = EffectiveContextResult(table, gains, lbc, None, dumps=d, grid=grid)
     unit = runs[0].unit
     res.figures["loss_by_context"] = plots.lines(
-        lbc[np.isfinite(lbc["loss_nats"])], x="c", y="loss_nats", path=out / "loss_by_context.png", unit=unit,
+        lbc[np.isfinite(lbc["loss_nats"])],
+        x="c",
+        y="loss_nats",
+        path=out / "loss_by_context.png",
+        unit=unit,
         na=lbc[~np.isfinite(lbc["loss_nats"])],
         title="Loss by context length (every scored token sees exactly c previous tokens)",
-        xlabel="context length c (tokens)")
+        xlabel="context length c (tokens)",
+    )
     if runs[0].corpus_name == "recall":
         parts = [recall_accuracy(r, s.split, recall_rows, recall_tokens) for r in runs]
         res.recall = pd.concat(parts, ignore_index=True)
@@ -503,6 +626,7 @@ def analyze(runs: list[Run], out: Path, settings: ContextSettings | None = None,
 
 
 # ---- the report's sections -----------------------------------------------------------------------
+
 
 def _recl_text_of(h) -> str:
     text = recl_text(h["recl"], bool(h["censored"]), bool(h.get("limited", False)))
@@ -522,7 +646,7 @@ def recl_table(t: pd.DataFrame) -> pd.DataFrame:
             row[f"recl_r{r:g}"] = _recl_text_of(h.iloc[0]) if len(h) else "n/a"
         for r in R_VALUES:
             h = g[g["r"] == r]
-            row[f"paper_r{r:g}"] = (recl_text(h.iloc[0]["recl_paper"], False) if len(h) else "n/a")
+            row[f"paper_r{r:g}"] = recl_text(h.iloc[0]["recl_paper"], False) if len(h) else "n/a"
         row["noise_credited"] = bool(g["noise_credited"].any())
         row["cell"] = cell
         rows.append(row)
@@ -545,9 +669,11 @@ def recl_findings(t: pd.DataFrame, level: float) -> list[str]:
         leaders = g[g["recl"] == top]
         lows = g[g["recl"] == low]
         low_txt = ", ".join(lows["cell"]) if len(lows) <= 3 else f"{len(lows)} of the {len(g)} cells"
-        lines.append(f"r = {r:g}: largest RECL {'>' if leaders['censored'].any() else ''}{int(top)} tokens for "
-                     + ", ".join(f"{x['cell']} [{x['recl_lo']:.0f}, {x['recl_hi']:.0f}]" for _, x in leaders.iterrows())
-                     + f"; smallest {int(low)} for {low_txt}.")
+        lines.append(
+            f"r = {r:g}: largest RECL {'>' if leaders['censored'].any() else ''}{int(top)} tokens for "
+            + ", ".join(f"{x['cell']} [{x['recl_lo']:.0f}, {x['recl_hi']:.0f}]" for _, x in leaders.iterrows())
+            + f"; smallest {int(low)} for {low_txt}."
+        )
     full = t[(t["loss"] == "full") & (t["r"] == 0.1) & t["recl"].notna()]
     pairs = []
     for scheme, g in full.groupby("scheme", sort=False):
@@ -555,59 +681,83 @@ def recl_findings(t: pd.DataFrame, level: float) -> list[str]:
         if len(on) and len(off):
             a, b = on.iloc[0], off.iloc[0]
             sep = a["recl_lo"] > b["recl_hi"] or b["recl_lo"] > a["recl_hi"]
-            pairs.append(f"{scheme} {_recl_text_of(a)} vs {_recl_text_of(b)}"
-                         + ("" if sep else " (intervals overlap)"))
+            pairs.append(f"{scheme} {_recl_text_of(a)} vs {_recl_text_of(b)}" + ("" if sep else " (intervals overlap)"))
     if pairs:
         lines.append("RECL (r = 0.1) with vs without memory: " + "; ".join(pairs) + ".")
     flagged = t[t["noise_credited"]]
     if len(flagged):
-        lines.append("The paper's definition credits more context than the model's own loss shows for "
-                     + "; ".join(f"{cell} (paper {', '.join(recl_text(v, False) for v in g['recl_paper'])} "
-                                 f"vs {', '.join(recl_text(v, bool(c)) for v, c in zip(g['recl'], g['censored']))} "
-                                 f"at r = {', '.join(f'{r:g}' for r in g['r'])})"
-                                 for cell, g in flagged.groupby("cell", sort=False))
-                     + ": the token-wise min against the group's best picks up per-token fluctuations. Shown: the "
-                       "guarded RECL (see the text above).")
+        lines.append(
+            "The paper's definition credits more context than the model's own loss shows for "
+            + "; ".join(
+                f"{cell} (paper {', '.join(recl_text(v, False) for v in g['recl_paper'])} "
+                f"vs {', '.join(recl_text(v, bool(c)) for v, c in zip(g['recl'], g['censored']))} "
+                f"at r = {', '.join(f'{r:g}' for r in g['r'])})"
+                for cell, g in flagged.groupby("cell", sort=False)
+            )
+            + ": the token-wise min against the group's best picks up per-token fluctuations. Shown: the "
+            "guarded RECL (see the text above)."
+        )
     if t["censored"].any():
-        lines.append("'>c': the gain stayed above the threshold up to the largest context tested, so the true RECL "
-                     "is larger than the grid shows.")
+        lines.append(
+            "'>c': the gain stayed above the threshold up to the largest context tested, so the true RECL "
+            "is larger than the grid shows."
+        )
     if "limited" in t and t["limited"].any():
         names = sorted({x["scheme"] for _, x in t[t["limited"]].iterrows()})
-        lines.append(f"'(limit)': {', '.join(names)} cannot be evaluated at the next context length (see the "
-                     f"not-applicable table), so its RECL stops where its reach does.")
+        lines.append(
+            f"'(limit)': {', '.join(names)} cannot be evaluated at the next context length (see the "
+            f"not-applicable table), so its RECL stops where its reach does."
+        )
     return lines
 
 
-def section(res: EffectiveContextResult, s: ContextSettings, n_runs: int, paper_recl: Sequence[str] = (),
-            suffix: str = ""):
+def section(
+    res: EffectiveContextResult, s: ContextSettings, n_runs: int, paper_recl: Sequence[str] = (), suffix: str = ""
+):
     """The report's RECL section."""
     from .sections import Figure, Section, Table
 
     grid = res.grid
-    text = (f"RECL (Transformer-XL appendix C) of this group of {n_runs} runs, from per-token losses at context "
-            f"lengths c = {grid[0]}..{grid[-1]} (step delta = {grid[1] - grid[0]}), {s.n_rows} x {s.n_score} scored "
-            f"tokens of the {s.split} split: runs with memory use memory c with the same-length mask, runs without "
-            f"memory a sliding window of c tokens. One model per cell: the per-token loss averaged over its seeds. "
-            f"The paper's RECL (`paper_r*`) = the first c where extending the context by delta gains less than 1% "
-            f"relative to the group's best, min(b(c, t), l_m(c + delta, t)) on the hard tokens (the top r fraction). "
-            f"That token-wise min credits every token whose loss happens to dip below the baseline, whether or not "
-            f"the model uses the context: a model far from the group's best, or a noisy one, keeps \"gaining\" "
-            f"while its own mean loss stays flat or rises. `recl_r*` (the RECL shown) therefore also requires the "
-            f"model's own mean loss on the hard tokens to fall by 1% (hard tokens chosen by a baseline symmetric in "
-            f"c and c + delta, so pure noise gains nothing in expectation); `noise_credited`: the two differ. "
-            f"Brackets: the {s.level:.0%} bootstrap interval over blocks of {s.block} tokens and the cell's seeds "
-            f"({s.n_boot} replicates). Per-token losses: `effective_context/context_losses/*.npz`."
-            + (" For scale, the paper's values on WikiText-103 (Table 8, group 2; r = 0.1/0.5/1.0): "
-               + ", ".join(paper_recl) + "." if paper_recl else ""))
+    text = (
+        f"RECL (Transformer-XL appendix C) of this group of {n_runs} runs, from per-token losses at context "
+        f"lengths c = {grid[0]}..{grid[-1]} (step delta = {grid[1] - grid[0]}), {s.n_rows} x {s.n_score} scored "
+        f"tokens of the {s.split} split: runs with memory use memory c with the same-length mask, runs without "
+        f"memory a sliding window of c tokens. One model per cell: the per-token loss averaged over its seeds. "
+        f"The paper's RECL (`paper_r*`) = the first c where extending the context by delta gains less than 1% "
+        f"relative to the group's best, min(b(c, t), l_m(c + delta, t)) on the hard tokens (the top r fraction). "
+        f"That token-wise min credits every token whose loss happens to dip below the baseline, whether or not "
+        f'the model uses the context: a model far from the group\'s best, or a noisy one, keeps "gaining" '
+        f"while its own mean loss stays flat or rises. `recl_r*` (the RECL shown) therefore also requires the "
+        f"model's own mean loss on the hard tokens to fall by 1% (hard tokens chosen by a baseline symmetric in "
+        f"c and c + delta, so pure noise gains nothing in expectation); `noise_credited`: the two differ. "
+        f"Brackets: the {s.level:.0%} bootstrap interval over blocks of {s.block} tokens and the cell's seeds "
+        f"({s.n_boot} replicates). Per-token losses: `effective_context/context_losses/*.npz`."
+        + (
+            " For scale, the paper's values on WikiText-103 (Table 8, group 2; r = 0.1/0.5/1.0): "
+            + ", ".join(paper_recl)
+            + "."
+            if paper_recl
+            else ""
+        )
+    )
     t = recl_table(res.recl)
-    figs = [Figure(res.figures["loss_by_context"],
-                   "mean loss when every scored token sees exactly c previous tokens")]
+    figs = [Figure(res.figures["loss_by_context"], "mean loss when every scored token sees exactly c previous tokens")]
     if res.recall is not None:
         figs.append(Figure(res.figures["recall_accuracy"], "accuracy by distance"))
-    return Section(f"Relative effective context length (RECL){' (' + suffix.strip('_') + ')' if suffix else ''}", text,
-                   [Table(f"table_recl{suffix}", t, "RECL in tokens [interval] for r = 0.1, 0.5, 1.0 ('>c': above "
-                          "the grid; '(limit)': the scheme cannot serve the next context length), and the paper's")],
-                   figs, recl_findings(res.recl, s.level))
+    return Section(
+        f"Relative effective context length (RECL){' (' + suffix.strip('_') + ')' if suffix else ''}",
+        text,
+        [
+            Table(
+                f"table_recl{suffix}",
+                t,
+                "RECL in tokens [interval] for r = 0.1, 0.5, 1.0 ('>c': above "
+                "the grid; '(limit)': the scheme cannot serve the next context length), and the paper's",
+            )
+        ],
+        figs,
+        recl_findings(res.recl, s.level),
+    )
 
 
 def _wilson(k: float, n: float, level: float) -> tuple[float, float]:
@@ -640,11 +790,22 @@ def recall_table(acc: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
         beyond = g[g["bin_lo"] >= L]
         n_beyond = float(beyond["answers"].sum())
         lo, hi = _wilson(float((beyond["accuracy"] * beyond["answers"]).sum()), n_beyond, level)
-        rows.append({"scheme": key[1], "recurrence": key[2], "mem_len": key[3], "loss": key[4],
-                     "acc_within_L": _accuracy(within), "acc_beyond_L": _accuracy(beyond),
-                     "beyond_lo": lo, "beyond_hi": hi,
-                     "chance": float(g["chance"].iloc[0]), "answers": int(g["answers"].sum()), "segment_len": L,
-                     "run": key[0]})
+        rows.append(
+            {
+                "scheme": key[1],
+                "recurrence": key[2],
+                "mem_len": key[3],
+                "loss": key[4],
+                "acc_within_L": _accuracy(within),
+                "acc_beyond_L": _accuracy(beyond),
+                "beyond_lo": lo,
+                "beyond_hi": hi,
+                "chance": float(g["chance"].iloc[0]),
+                "answers": int(g["answers"].sum()),
+                "segment_len": L,
+                "run": key[0],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -655,12 +816,16 @@ def recall_findings(t: pd.DataFrame, smoke: bool = False) -> list[str]:
     if len(ok):
         top = ok.loc[ok["acc_beyond_L"].idxmax()]
         above = ok[ok["beyond_lo"] > ok["chance"]]
-        lines.append(f"Beyond one segment, {_who(top)} answers best ({top['acc_beyond_L']:.1%}); "
-                     f"{len(above)} of {len(ok)} runs are above chance there (interval entirely above it)"
-                     + (f": {', '.join(_who(r) for _, r in above.iterrows())}." if len(above) else "."))
+        lines.append(
+            f"Beyond one segment, {_who(top)} answers best ({top['acc_beyond_L']:.1%}); "
+            f"{len(above)} of {len(ok)} runs are above chance there (interval entirely above it)"
+            + (f": {', '.join(_who(r) for _, r in above.iterrows())}." if len(above) else ".")
+        )
     for _, r in t.iterrows():
-        lines.append(f"{_who(r)}: {r['acc_within_L']:.1%} within one segment, {r['acc_beyond_L']:.1%} "
-                     f"[{r['beyond_lo']:.1%}, {r['beyond_hi']:.1%}] beyond it (chance {r['chance']:.1%}).")
+        lines.append(
+            f"{_who(r)}: {r['acc_within_L']:.1%} within one segment, {r['acc_beyond_L']:.1%} "
+            f"[{r['beyond_lo']:.1%}, {r['beyond_hi']:.1%}] beyond it (chance {r['chance']:.1%})."
+        )
     from .stats import combine, verdict
 
     order = []
@@ -670,9 +835,12 @@ def recall_findings(t: pd.DataFrame, smoke: bool = False) -> list[str]:
             order.append((scheme, accuracy_difference(on.iloc[0], off.iloc[0])))
     if order:
         v = "not judged (smoke run)" if smoke else combine([verdict(iv, ">0") for _, iv in order])
-        lines.append(f"Expected ordering \"with memory answers beyond one segment better than without\": **{v}** "
-                     "(accuracy with minus without memory, Newcombe interval: "
-                     + "; ".join(f"{s} {iv.text(3)}" for s, iv in order) + ").")
+        lines.append(
+            f'Expected ordering "with memory answers beyond one segment better than without": **{v}** '
+            "(accuracy with minus without memory, Newcombe interval: "
+            + "; ".join(f"{s} {iv.text(3)}" for s, iv in order)
+            + ")."
+        )
     return lines
 
 
@@ -684,19 +852,24 @@ def accuracy_difference(a, b):
     p1, l1, u1 = a["acc_beyond_L"], a["beyond_lo"], a["beyond_hi"]
     p2, l2, u2 = b["acc_beyond_L"], b["beyond_lo"], b["beyond_hi"]
     d = p1 - p2
-    return Interval(float(d), float(d - math.hypot(p1 - l1, u2 - p2)), float(d + math.hypot(u1 - p1, p2 - l2)),
-                    float("nan"))
+    return Interval(
+        float(d), float(d - math.hypot(p1 - l1, u2 - p2)), float(d + math.hypot(u1 - p1, p2 - l2)), float("nan")
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.effective_context", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m posenc_lab_analysis.effective_context",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="*", help="run directories or folders holding runs (one RECL group: one corpus)")
     p.add_argument("--out", required=True, type=Path, help="output folder (CSV, PNG, context_losses/*.npz)")
     p.add_argument("--from-dumps", type=Path, help="compute RECL from existing context_losses/*.npz only")
     for f in ContextSettings.__dataclass_fields__.values():
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default) if f.default is not None else int,
-                       default=f.default)
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}", type=type(f.default) if f.default is not None else int, default=f.default
+        )
     add_threads_argument(p)
     a = p.parse_args(argv)
     apply_threads(a.threads)

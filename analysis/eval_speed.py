@@ -40,8 +40,9 @@ def _timed(fn, min_seconds: float, max_calls: int) -> tuple[float, int]:
 
 
 @torch.inference_mode()
-def measure(model, attn_len: int, segment_len: int, batch: int = 4, min_seconds: float = 0.5,
-            max_calls: int = 50) -> list[dict]:
+def measure(
+    model, attn_len: int, segment_len: int, batch: int = 4, min_seconds: float = 0.5, max_calls: int = 50
+) -> list[dict]:
     """Tokens/s of both methods at one attention length (rows: method, attn_len, tokens_per_s, ...)."""
     from posenc_lab.context import evaluating
 
@@ -62,14 +63,32 @@ def measure(model, attn_len: int, segment_len: int, batch: int = 4, min_seconds:
             state["mems"] = model(x, mems=state["mems"], **lengths).mems
 
         seconds, calls = _timed(step, min_seconds, max_calls)
-        out.append({"method": "memory", "attn_len": attn_len, "segment_len": L, "batch": batch,
-                    "tokens_per_s": calls * batch * L / seconds, "seconds": seconds, "calls": calls})
+        out.append(
+            {
+                "method": "memory",
+                "attn_len": attn_len,
+                "segment_len": L,
+                "batch": batch,
+                "tokens_per_s": calls * batch * L / seconds,
+                "seconds": seconds,
+                "calls": calls,
+            }
+        )
     with evaluating(model):
         model.validate_lengths(attn_len + 1, 0)
         w = torch.randint(V, (batch, attn_len + 1), device=device)
         seconds, calls = _timed(lambda: model(w, mem_len=0, same_length=False), min_seconds, max_calls)
-        out.append({"method": "sliding window", "attn_len": attn_len, "segment_len": attn_len + 1, "batch": batch,
-                    "tokens_per_s": calls * batch / seconds, "seconds": seconds, "calls": calls})
+        out.append(
+            {
+                "method": "sliding window",
+                "attn_len": attn_len,
+                "segment_len": attn_len + 1,
+                "batch": batch,
+                "tokens_per_s": calls * batch / seconds,
+                "seconds": seconds,
+                "calls": calls,
+            }
+        )
     return out
 
 
@@ -81,20 +100,34 @@ def measure_with_bench(model, attn_len: int, segment_len: int, batch: int, reps:
         return None
     r = measure_eval_speed(model=model, attention_len=attn_len, segment_len=segment_len, batch_size=batch, reps=reps)
     common = {"attn_len": attn_len, "batch": batch, "calls": reps, "timer": "posenc_lab.bench"}
-    return [{"method": "memory", "segment_len": segment_len, "tokens_per_s": r["memory_tok_s"],
-             "seconds": r["memory_ms_per_segment"] / 1e3, **common},
-            {"method": "sliding window", "segment_len": attn_len + 1, "tokens_per_s": r["window_tok_s"],
-             "seconds": r["window_ms_per_window"] / 1e3, **common}]
+    return [
+        {
+            "method": "memory",
+            "segment_len": segment_len,
+            "tokens_per_s": r["memory_tok_s"],
+            "seconds": r["memory_ms_per_segment"] / 1e3,
+            **common,
+        },
+        {
+            "method": "sliding window",
+            "segment_len": attn_len + 1,
+            "tokens_per_s": r["window_tok_s"],
+            "seconds": r["window_ms_per_window"] / 1e3,
+            **common,
+        },
+    ]
 
 
-def analyze(model, attn_lens: Sequence[int], out: Path, segment_len: int, batch: int = 4,
-            min_seconds: float = 0.5, log=print) -> tuple[pd.DataFrame, dict[str, Path]]:
+def analyze(
+    model, attn_lens: Sequence[int], out: Path, segment_len: int, batch: int = 4, min_seconds: float = 0.5, log=print
+) -> tuple[pd.DataFrame, dict[str, Path]]:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for A in attn_lens:
         log(f"  eval speed: attention length {A}")
         rows += measure_with_bench(model, A, segment_len, batch) or [
-            {**r, "timer": "analysis.eval_speed"} for r in measure(model, A, segment_len, batch, min_seconds)]
+            {**r, "timer": "analysis.eval_speed"} for r in measure(model, A, segment_len, batch, min_seconds)
+        ]
     df = pd.DataFrame(rows)
     df["ms_per_token"] = 1000 / df["tokens_per_s"]
     wide = df.pivot_table(index="attn_len", columns="method", values="tokens_per_s")
@@ -105,43 +138,64 @@ def analyze(model, attn_lens: Sequence[int], out: Path, segment_len: int, batch:
     return df, {"eval_speed": plots.eval_speed(df, out / "eval_speed.png")}
 
 
-def section(df: pd.DataFrame, figures: dict[str, Path], label: str, segment_len: int, batch: int,
-            paper_speed: str = ""):
+def section(
+    df: pd.DataFrame, figures: dict[str, Path], label: str, segment_len: int, batch: int, paper_speed: str = ""
+):
     """The report's evaluation-speed section (timings: no interval; the machine is named in the report)."""
     from .sections import Figure, Section, Table
 
-    text = (f"Model of {label}; {batch} parallel streams, segment L = {segment_len} for memory reuse, "
-            f"{int(df['threads'].iloc[0])} CPU thread(s). Memory reuse: memory M' = A with the same-length mask; "
-            f"sliding window: a fresh forward pass over the A previous tokens for every predicted token. Both give "
-            f"every token exactly A tokens of context.")
-    t = Table("table_eval_speed", df[["attn_len", "method", "tokens_per_s", "ms_per_token", "speedup"]],
-              "evaluation tokens/s and the speed-up of memory reuse",
-              {"tokens_per_s": 1, "ms_per_token": 4, "speedup": 1})
+    text = (
+        f"Model of {label}; {batch} parallel streams, segment L = {segment_len} for memory reuse, "
+        f"{int(df['threads'].iloc[0])} CPU thread(s). Memory reuse: memory M' = A with the same-length mask; "
+        f"sliding window: a fresh forward pass over the A previous tokens for every predicted token. Both give "
+        f"every token exactly A tokens of context."
+    )
+    t = Table(
+        "table_eval_speed",
+        df[["attn_len", "method", "tokens_per_s", "ms_per_token", "speedup"]],
+        "evaluation tokens/s and the speed-up of memory reuse",
+        {"tokens_per_s": 1, "ms_per_token": 4, "speedup": 1},
+    )
     mem = df[df["method"] == "memory"].sort_values("attn_len")
     lines = []
     if len(mem):
         parts = ", ".join(f"{r['speedup']:.0f}x at {int(r['attn_len'])}" for _, r in mem.iterrows())
         ref = f" (paper, GPU: {paper_speed})" if paper_speed else ""
-        lines.append(f"Memory reuse against a recomputed sliding window: {parts}{ref}."
-                     + (" The speed-up grows with the attention length, since a window costs a forward pass of A + 1 "
-                        "tokens per predicted token." if mem["speedup"].is_monotonic_increasing else ""))
-    return Section("Evaluation speed", text, [t], [Figure(figures["eval_speed"],
-                                                          "evaluation speed, memory reuse vs sliding window")], lines)
+        lines.append(
+            f"Memory reuse against a recomputed sliding window: {parts}{ref}."
+            + (
+                " The speed-up grows with the attention length, since a window costs a forward pass of A + 1 "
+                "tokens per predicted token."
+                if mem["speedup"].is_monotonic_increasing
+                else ""
+            )
+        )
+    return Section(
+        "Evaluation speed",
+        text,
+        [t],
+        [Figure(figures["eval_speed"], "evaluation speed, memory reuse vs sliding window")],
+        lines,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from posenc_lab.model import MemoryTransformer, ModelConfig
 
-    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.eval_speed", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m posenc_lab_analysis.eval_speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--run", type=Path, help="time this run's model (default: a fresh model of the sizes below)")
     p.add_argument("--attn-lens", default="64,128,256,512", help="comma-separated attention lengths")
     p.add_argument("--segment-len", type=int, default=64)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--min-seconds", type=float, default=0.5)
-    p.add_argument("--posenc", default=None, help="scheme of the fresh model (default: the paper's XL encoding, "
-                                                  "conf/paper.yaml)")
+    p.add_argument(
+        "--posenc", default=None, help="scheme of the fresh model (default: the paper's XL encoding, conf/paper.yaml)"
+    )
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-head", type=int, default=4)
@@ -157,8 +211,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         model = load_run(a.run).model()
     else:
-        model = MemoryTransformer(ModelConfig(n_layer=a.n_layer, d_model=a.d_model, n_head=a.n_head,
-                                              d_inner=4 * a.d_model, posenc=a.posenc, dropout=0.0)).eval()
+        model = MemoryTransformer(
+            ModelConfig(
+                n_layer=a.n_layer,
+                d_model=a.d_model,
+                n_head=a.n_head,
+                d_inner=4 * a.d_model,
+                posenc=a.posenc,
+                dropout=0.0,
+            )
+        ).eval()
     try:
         df, _ = analyze(model, [int(x) for x in a.attn_lens.split(",")], a.out, a.segment_len, a.batch, a.min_seconds)
     except ValueError as e:

@@ -50,11 +50,17 @@ class ExtrapolationSettings:
     horizon_rows: int | None = None  # streams on the horizon axis (default n_rows)
 
 
-def _row(run: Run, axis: str, length: int, factor: float, loss: float | None = None, reason: str = "",
-         **extra) -> dict:
-    return {**run.key, "axis": axis, "length": int(length), "factor": float(factor),
-            "loss_nats": float("nan") if loss is None else float(loss),
-            "status": "ok" if loss is not None else NA_STATUS, "reason": reason, **extra}
+def _row(run: Run, axis: str, length: int, factor: float, loss: float | None = None, reason: str = "", **extra) -> dict:
+    return {
+        **run.key,
+        "axis": axis,
+        "length": int(length),
+        "factor": float(factor),
+        "loss_nats": float("nan") if loss is None else float(loss),
+        "status": "ok" if loss is not None else NA_STATUS,
+        "reason": reason,
+        **extra,
+    }
 
 
 def segment_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None) -> list[dict]:
@@ -65,8 +71,11 @@ def segment_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None)
     data, side = run.split(s.split)
     n = max(lengths)
     rows = stream_rows(data, s.n_rows, n)
-    mask = (np.asarray(stream_rows(side["loss_mask"].astype(np.int64), s.n_rows, n))[:, 1:].astype(bool)
-            if "loss_mask" in side else None)
+    mask = (
+        np.asarray(stream_rows(side["loss_mask"].astype(np.int64), s.n_rows, n))[:, 1:].astype(bool)
+        if "loss_mask" in side
+        else None
+    )
     model = run.model()
     out = []
     for Lp in lengths:
@@ -103,8 +112,13 @@ def memory_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None) 
     start = max(lengths)
     data, side = run.split(s.split)
     rows = stream_rows(data, s.n_rows, start + n_score)
-    mask = (np.asarray(stream_rows(side["loss_mask"].astype(np.int64), s.n_rows, start + n_score))[:, start + 1:]
-            .astype(bool) if "loss_mask" in side else None)
+    mask = (
+        np.asarray(stream_rows(side["loss_mask"].astype(np.int64), s.n_rows, start + n_score))[:, start + 1 :].astype(
+            bool
+        )
+        if "loss_mask" in side
+        else None
+    )
     model = run.model()
     out = []
     for Mp in lengths:
@@ -132,14 +146,20 @@ def horizon_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None)
     rows = stream_rows(data, n_rows, H)
     try:
         long = stream_losses(run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len)
-        ref = (stream_losses(run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len, episode_len=T)
-               if T else None)
+        ref = (
+            stream_losses(run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len, episode_len=T)
+            if T
+            else None
+        )
     except ValueError as e:
         return [_row(run, "horizon", 0, 0.0, reason=str(e), train_horizon=T or -1)]
     loss = long.loss.numpy()
     delta = loss - ref.loss.numpy() if ref is not None else np.full_like(loss, np.nan)
-    mask = (np.asarray(stream_rows(side["loss_mask"].astype(np.int64), n_rows, H))[:, 1:].astype(bool)
-            if "loss_mask" in side else np.ones_like(loss, dtype=bool))
+    mask = (
+        np.asarray(stream_rows(side["loss_mask"].astype(np.int64), n_rows, H))[:, 1:].astype(bool)
+        if "loss_mask" in side
+        else np.ones_like(loss, dtype=bool)
+    )
     width = max(1, H // s.horizon_bins)
     offsets = long.offset.numpy()
     if T:  # past the training episodes: the per-token change against resets every T
@@ -148,8 +168,18 @@ def horizon_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None)
     for lo in range(0, H, width):
         sel = mask & (offsets >= lo) & (offsets < lo + width)
         if sel.any():
-            out.append(_row(run, "horizon", lo, lo / T if T else float("nan"), float(loss[sel].mean()),
-                            train_horizon=T or -1, tokens=int(sel.sum()), delta_nats=float(delta[sel].mean())))
+            out.append(
+                _row(
+                    run,
+                    "horizon",
+                    lo,
+                    lo / T if T else float("nan"),
+                    float(loss[sel].mean()),
+                    train_horizon=T or -1,
+                    tokens=int(sel.sum()),
+                    delta_nats=float(delta[sel].mean()),
+                )
+            )
     return out
 
 
@@ -196,8 +226,9 @@ def summarize(table: pd.DataFrame, unit_scale: float) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None = None,
-            log=print) -> ExtrapolationResult:
+def analyze(
+    runs: list[Run], out: Path, settings: ExtrapolationSettings | None = None, log=print
+) -> ExtrapolationResult:
     """Evaluate every run along the three axes; write extrapolation.csv, extrapolation_summary.csv
     and one PNG per axis into ``out``. Runs of several corpora are allowed (the figures facet by
     recurrence; compare corpora in separate calls for a clean picture)."""
@@ -223,30 +254,52 @@ def analyze(runs: list[Run], out: Path, settings: ExtrapolationSettings | None =
     ok = table[table["status"] == "ok"]
     na = table[table["status"] == NA_STATUS]
     res.figures["segment"] = plots.lines(
-        ok[ok["axis"] == "segment"], x="length", y="loss_nats", path=out / "extrapolation_segment.png", unit=unit,
+        ok[ok["axis"] == "segment"],
+        x="length",
+        y="loss_nats",
+        path=out / "extrapolation_segment.png",
+        unit=unit,
         title="Window axis: evaluation segment length L' without memory",
         xlabel="evaluation segment length L' (tokens)",
-        vlines={"train L": L}, col="recurrence", na=na[na["axis"] == "segment"])
+        vlines={"train L": L},
+        col="recurrence",
+        na=na[na["axis"] == "segment"],
+    )
     mems = sorted({r.mem_len for r in runs if r.mem_len})
     res.figures["memory"] = plots.lines(
-        ok[ok["axis"] == "memory"], x="length", y="loss_nats", path=out / "extrapolation_memory.png", unit=unit,
+        ok[ok["axis"] == "memory"],
+        x="length",
+        y="loss_nats",
+        path=out / "extrapolation_memory.png",
+        unit=unit,
         title="Window axis: attention length M' with memory (same-length mask)",
         xlabel="evaluation memory = attention length M' (tokens)",
-        vlines={"train M": mems[0]} if len(mems) == 1 else None, col="recurrence", na=na[na["axis"] == "memory"])
+        vlines={"train M": mems[0]} if len(mems) == 1 else None,
+        col="recurrence",
+        na=na[na["axis"] == "memory"],
+    )
     hz = ok[ok["axis"] == "horizon"]
     Ts = sorted({r.episode_len for r in runs if r.episode_len})
     has_ref = "delta_nats" in hz and hz["delta_nats"].notna().any()
     res.figures["horizon"] = plots.lines(
-        hz, x="length", y="delta_nats" if has_ref else "loss_nats", path=out / "extrapolation_horizon.png", unit=unit,
-        logx=False, title="Horizon axis: streams longer than the training episodes, never reset"
+        hz,
+        x="length",
+        y="delta_nats" if has_ref else "loss_nats",
+        path=out / "extrapolation_horizon.png",
+        unit=unit,
+        logx=False,
+        title="Horizon axis: streams longer than the training episodes, never reset"
         + ("\n(loss minus the same tokens evaluated with resets every T, as trained)" if has_ref else ""),
         xlabel="stream offset since the episode start (tokens)",
         ylabel=f"{'change in ' if has_ref else ''}{name}",
-        vlines={"train episode T": Ts[0]} if len(Ts) == 1 else None, col="recurrence")
+        vlines={"train episode T": Ts[0]} if len(Ts) == 1 else None,
+        col="recurrence",
+    )
     return res
 
 
 # ---- the report's section ----------------------------------------------------------------------
+
 
 def _sums(res: ExtrapolationResult, group: list[Run], axis: str, length: int, block: int):
     """([n_seeds, n_blocks] block sums, [n_blocks] counts) of the runs of one cell, or None."""
@@ -282,19 +335,41 @@ def per_cell(summary: pd.DataFrame, runs: list[Run]) -> pd.DataFrame:
 
     cell_of = {r.name: cell for cell, group in cells(runs).items() for r in group}
     keys = ["scheme", "recurrence", "mem_len", "loss"]
-    values = [c for c in ["segment_at_1x", "segment_longest", "segment_at_longest", "segment_na_from", "memory_at_1x",
-                          "memory_longest", "memory_at_longest", "horizon_T", "horizon_inside", "horizon_past",
-                          "horizon_past_delta"] if c in summary]
+    values = [
+        c
+        for c in [
+            "segment_at_1x",
+            "segment_longest",
+            "segment_at_longest",
+            "segment_na_from",
+            "memory_at_1x",
+            "memory_longest",
+            "memory_at_longest",
+            "horizon_T",
+            "horizon_inside",
+            "horizon_past",
+            "horizon_past_delta",
+        ]
+        if c in summary
+    ]
     s = summary.assign(cell=summary["run"].map(cell_of))
     for v in values:  # e.g. segment_na_from: None where every length was applicable
         s[v] = pd.to_numeric(s[v], errors="coerce")
-    out = s.groupby("cell", sort=False).agg(**{k: (k, "first") for k in keys}, seeds=("run", "size"),
-                                            **{v: (v, "mean") for v in values})
+    out = s.groupby("cell", sort=False).agg(
+        **{k: (k, "first") for k in keys}, seeds=("run", "size"), **{v: (v, "mean") for v in values}
+    )
     return out.reset_index()[[*keys, "seeds", *values, "cell"]]
 
 
-def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings, boot_settings: tuple[int, int, float],
-            suffix: str = "", smoke: bool = False, expected_past_episodes: str | None = None):
+def section(
+    runs: list[Run],
+    res: ExtrapolationResult,
+    s: ExtrapolationSettings,
+    boot_settings: tuple[int, int, float],
+    suffix: str = "",
+    smoke: bool = False,
+    expected_past_episodes: str | None = None,
+):
     """The report's extrapolation section: the summary table, and per cell the change at the longest
     applicable length of each window axis and past the training episodes, each with its interval
     (paired block bootstrap over the same runs; boot_settings = (block, n_boot, level))."""
@@ -305,14 +380,16 @@ def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings,
     unit = runs[0].unit
     fig = figure_name(unit)
     _, scale = metric_of(unit)
-    text = (f"Window axis: evaluation segment length L' = {', '.join(str(f) + 'L' for f in s.segment_factors)} without "
-            f"memory, and attention length M' = {', '.join(str(f) + 'M' for f in s.memory_factors)} with memory and "
-            f"the same-length mask (M = L for runs trained without memory). Horizon axis: every run as trained over "
-            f"streams of {s.horizon_factor} x the training episode length T, never reset; loss by stream offset, and "
-            f"`horizon_past_delta`: past T, the loss minus that of the same tokens evaluated with resets every T "
-            f"as in training (so the text's own difficulty cancels). Intervals: {boot_settings[2]:.0%}, paired block "
-            f"bootstrap over the same tokens (and the cell's seeds). Full table (tidy, one row per run, axis and "
-            f"length, with the reason where not applicable): `extrapolation/extrapolation.csv`.")
+    text = (
+        f"Window axis: evaluation segment length L' = {', '.join(str(f) + 'L' for f in s.segment_factors)} without "
+        f"memory, and attention length M' = {', '.join(str(f) + 'M' for f in s.memory_factors)} with memory and "
+        f"the same-length mask (M = L for runs trained without memory). Horizon axis: every run as trained over "
+        f"streams of {s.horizon_factor} x the training episode length T, never reset; loss by stream offset, and "
+        f"`horizon_past_delta`: past T, the loss minus that of the same tokens evaluated with resets every T "
+        f"as in training (so the text's own difficulty cancels). Intervals: {boot_settings[2]:.0%}, paired block "
+        f"bootstrap over the same tokens (and the cell's seeds). Full table (tidy, one row per run, axis and "
+        f"length, with the reason where not applicable): `extrapolation/extrapolation.csv`."
+    )
     summ = per_cell(res.summary, runs)
     for c in ("segment_longest", "segment_na_from", "memory_longest", "horizon_T", "seeds"):
         if c in summ:
@@ -335,12 +412,17 @@ def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings,
                 parts.append(f"{cell} {iv.text(3)} at {unit_name} = {longest} ({word})")
         if parts:
             what = "Longer segments without memory" if axis == "segment" else "Longer memory M' (same-length mask)"
-            lines.append(f"{what}, loss at the longest applicable length minus at the training length ({fig}): "
-                         + "; ".join(parts) + ".")
+            lines.append(
+                f"{what}, loss at the longest applicable length minus at the training length ({fig}): "
+                + "; ".join(parts)
+                + "."
+            )
     na = res.table[res.table["status"] == NA_STATUS]
     for key, g in na.groupby(["run", "axis"], sort=False):
-        lines.append(f"Not applicable: {key[0]}, {key[1]} axis at lengths {', '.join(map(str, g['length'].tolist()))}: "
-                     f"{g['reason'].iloc[0]}")
+        lines.append(
+            f"Not applicable: {key[0]}, {key[1]} axis at lengths {', '.join(map(str, g['length'].tolist()))}: "
+            f"{g['reason'].iloc[0]}"
+        )
     parts = []
     for cell, group in cells(runs).items():
         T = group[0].episode_len
@@ -349,27 +431,46 @@ def section(runs: list[Run], res: ExtrapolationResult, s: ExtrapolationSettings,
             if iv is not None:
                 parts.append((group[0].scheme, cell, iv))
     if parts:
-        lines.append("Past the training episodes (offset >= T), loss minus the same tokens evaluated with resets "
-                     f"every T as in training ({fig}): " + "; ".join(f"{c} {iv.text(3)} ({sign_text(iv)})"
-                                                                      for _, c, iv in parts) + ".")
+        lines.append(
+            "Past the training episodes (offset >= T), loss minus the same tokens evaluated with resets "
+            f"every T as in training ({fig}): "
+            + "; ".join(f"{c} {iv.text(3)} ({sign_text(iv)})" for _, c, iv in parts)
+            + "."
+        )
         mine = [iv for sch, _, iv in parts if sch == expected_past_episodes]
         if mine:
             v = "not judged (smoke run)" if smoke else verdict(mine[0], ">0")
-            lines.append(f"Expected: \"{expected_past_episodes} degrades past its training episodes\" (offsets it "
-                         f"never saw): **{v}**.")
-    tables = [Table(f"table_extrapolation{suffix}", summ,
-                    f"extrapolation summary ({fig}, mean over each cell's seeds): at the training length (1x), at the "
-                    f"longest applicable length, first length not applicable, and the horizon inside vs past the "
-                    f"training episodes",
-                    {c: 4 for c in summ.columns})]
+            lines.append(
+                f'Expected: "{expected_past_episodes} degrades past its training episodes" (offsets it '
+                f"never saw): **{v}**."
+            )
+    tables = [
+        Table(
+            f"table_extrapolation{suffix}",
+            summ,
+            f"extrapolation summary ({fig}, mean over each cell's seeds): at the training length (1x), at the "
+            f"longest applicable length, first length not applicable, and the horizon inside vs past the "
+            f"training episodes",
+            {c: 4 for c in summ.columns},
+        )
+    ]
     na_t = na[["scheme", "recurrence", "mem_len", "loss", "axis", "length", "reason", "run"]]
     if len(na_t):
-        tables.append(Table(f"table_not_applicable{suffix}", na_t.reset_index(drop=True),
-                            "evaluations a scheme cannot serve, with its reason"))
-    figures = [Figure(res.figures["segment"],
-                      f"window axis, segment length L' without memory ({fig}; gaps = not applicable, see the table)"),
-               Figure(res.figures["memory"], f"window axis, attention length M' with memory ({fig})"),
-               Figure(res.figures["horizon"], f"horizon axis, loss by stream offset ({fig})")]
+        tables.append(
+            Table(
+                f"table_not_applicable{suffix}",
+                na_t.reset_index(drop=True),
+                "evaluations a scheme cannot serve, with its reason",
+            )
+        )
+    figures = [
+        Figure(
+            res.figures["segment"],
+            f"window axis, segment length L' without memory ({fig}; gaps = not applicable, see the table)",
+        ),
+        Figure(res.figures["memory"], f"window axis, attention length M' with memory ({fig})"),
+        Figure(res.figures["horizon"], f"horizon axis, loss by stream offset ({fig})"),
+    ]
     return Section(f"Extrapolation{' (' + suffix.strip('_') + ')' if suffix else ''}", text, tables, figures, lines)
 
 
@@ -378,8 +479,11 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.extrapolation", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m posenc_lab_analysis.extrapolation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="+", help="run directories or folders holding runs")
     p.add_argument("--out", required=True, type=Path)
     d = ExtrapolationSettings()
@@ -392,9 +496,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_threads_argument(p)
     a = p.parse_args(argv)
     apply_threads(a.threads)
-    s = ExtrapolationSettings(split=a.split, n_rows=a.n_rows, segment_factors=a.segment_factors,
-                              memory_factors=a.memory_factors, horizon_factor=a.horizon_factor,
-                              horizon_tokens=a.horizon_tokens)
+    s = ExtrapolationSettings(
+        split=a.split,
+        n_rows=a.n_rows,
+        segment_factors=a.segment_factors,
+        memory_factors=a.memory_factors,
+        horizon_factor=a.horizon_factor,
+        horizon_tokens=a.horizon_tokens,
+    )
     try:
         res = analyze(find_runs(a.runs), a.out, s)
     except (RunError, ValueError) as e:

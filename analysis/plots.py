@@ -51,9 +51,22 @@ def _thin(values, min_gap: float = 0.3) -> list:
     return out
 
 
-def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str, xlabel: str,
-          logx: bool = True, vlines: dict[str, float] | None = None, col: str = "recurrence",
-          ylabel: str | None = None, convert: bool = True, na: pd.DataFrame | None = None) -> Path:
+def lines(
+    df: pd.DataFrame,
+    *,
+    x: str,
+    y: str,
+    path: Path,
+    unit: str,
+    title: str,
+    xlabel: str,
+    logx: bool = True,
+    vlines: dict[str, float] | None = None,
+    col: str = "recurrence",
+    ylabel: str | None = None,
+    convert: bool = True,
+    na: pd.DataFrame | None = None,
+) -> Path:
     """Line plot of ``y`` (a loss in nats, shown in the corpus's metric) against ``x``:
     hue = scheme, style = training loss, one panel per value of ``col``. ``na``: rows (scheme,
     ``col``, ``x``) that could not be evaluated; each panel names them, so a gap is never silent."""
@@ -71,11 +84,24 @@ def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str
         return path
     schemes = _ordered(d["scheme"], SCHEME_ORDER)
     cols = _ordered(d[col], ["on", "off"]) if col else None
-    g = sns.relplot(data=d, x=x, y=y, hue="scheme", hue_order=schemes, palette=palette(schemes),
-                    style="loss" if d["loss"].nunique() > 1 else None,
-                    style_order=_ordered(d["loss"], ["full", "half"]) if d["loss"].nunique() > 1 else None,
-                    col=col, col_order=cols, kind="line", markers=True, dashes=True, height=3.6, aspect=1.25,
-                    facet_kws={"sharey": True, "sharex": False})
+    g = sns.relplot(
+        data=d,
+        x=x,
+        y=y,
+        hue="scheme",
+        hue_order=schemes,
+        palette=palette(schemes),
+        style="loss" if d["loss"].nunique() > 1 else None,
+        style_order=_ordered(d["loss"], ["full", "half"]) if d["loss"].nunique() > 1 else None,
+        col=col,
+        col_order=cols,
+        kind="line",
+        markers=True,
+        dashes=True,
+        height=3.6,
+        aspect=1.25,
+        facet_kws={"sharey": True, "sharex": False},
+    )
     xs = sorted(d[x].unique())
     for ax in g.axes.flat:
         if logx:
@@ -87,15 +113,31 @@ def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str
         if vlines:
             for label, v in vlines.items():
                 ax.axvline(v, color="grey", ls=":", lw=1)
-                ax.text(v, 0.01, f" {label}", transform=ax.get_xaxis_transform(), va="bottom", ha="left",
-                        fontsize=8, color="grey")
+                ax.text(
+                    v,
+                    0.01,
+                    f" {label}",
+                    transform=ax.get_xaxis_transform(),
+                    va="bottom",
+                    ha="left",
+                    fontsize=8,
+                    color="grey",
+                )
     if na is not None and len(na):
         for key, ax in g.axes_dict.items() if col else [(None, g.ax)]:
             part = na if key is None else na[na[col] == key]
             notes = [f"{scheme}: n/a from {int(p[x].min())}" for scheme, p in part.groupby("scheme", sort=False)]
             if notes:
-                ax.text(0.02, 0.97, "\n".join(notes), transform=ax.transAxes, fontsize=8, va="top",
-                        color="dimgrey", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+                ax.text(
+                    0.02,
+                    0.97,
+                    "\n".join(notes),
+                    transform=ax.transAxes,
+                    fontsize=8,
+                    va="top",
+                    color="dimgrey",
+                    bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+                )
     if col:
         g.set_titles(col_template="memory {col_name}" if col == "recurrence" else "{col_var} = {col_name}")
     g.set_axis_labels(xlabel, ylabel or name)
@@ -108,16 +150,36 @@ def lines(df: pd.DataFrame, *, x: str, y: str, path: Path, unit: str, title: str
 def recall_accuracy(df: pd.DataFrame, path: Path) -> Path:
     """Answer accuracy by distance on the recall probe; chance and the segment length marked."""
     schemes = _ordered(df["scheme"], SCHEME_ORDER)
-    g = sns.relplot(data=df, x="distance", y="accuracy", hue="scheme", hue_order=schemes, palette=palette(schemes),
-                    col="recurrence", col_order=_ordered(df["recurrence"], ["on", "off"]), kind="line",
-                    style="loss" if df["loss"].nunique() > 1 else None, markers=True, height=3.6, aspect=1.25)
+    g = sns.relplot(
+        data=df,
+        x="distance",
+        y="accuracy",
+        hue="scheme",
+        hue_order=schemes,
+        palette=palette(schemes),
+        col="recurrence",
+        col_order=_ordered(df["recurrence"], ["on", "off"]),
+        kind="line",
+        style="loss" if df["loss"].nunique() > 1 else None,
+        markers=True,
+        height=3.6,
+        aspect=1.25,
+    )
     L = float(df["segment_len"].iloc[0])
     chance = float(df["chance"].iloc[0])
     for ax in g.axes.flat:
         if math.isfinite(chance):
             ax.axhline(chance, color="grey", ls="--", lw=1)
-            ax.text(0.99, chance, "chance", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
-                    fontsize=8, color="grey")
+            ax.text(
+                0.99,
+                chance,
+                "chance",
+                transform=ax.get_yaxis_transform(),
+                ha="right",
+                va="bottom",
+                fontsize=8,
+                color="grey",
+            )
         ax.axvline(L, color="grey", ls=":", lw=1)
         ax.text(L, 1.0, " segment L", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
         ax.set_ylim(0, 1.02)
@@ -143,8 +205,15 @@ def attention_heatmaps(mass: pd.DataFrame, path: Path, max_columns: int = 48) ->
         edges = np.arange(dmax + 2)
     else:  # exact near, log-spaced far
         L = int(mass["segment_len"].iloc[0]) if "segment_len" in mass else dmax + 1
-        edges = np.unique(np.concatenate([np.arange(8), np.geomspace(8, dmax + 1, max_columns - 8).round().astype(int),
-                                          [min(L, dmax + 1), dmax + 1]]))
+        edges = np.unique(
+            np.concatenate(
+                [
+                    np.arange(8),
+                    np.geomspace(8, dmax + 1, max_columns - 8).round().astype(int),
+                    [min(L, dmax + 1), dmax + 1],
+                ]
+            )
+        )
     heads = mass.groupby("run")[["layer", "head"]].apply(lambda d: len(d.drop_duplicates())).max()
     fig, axes = plt.subplots(nrow, ncol, figsize=(6.4 * ncol, (0.22 * heads + 1.3) * nrow), squeeze=False)
     norm = matplotlib.colors.LogNorm(vmin=1e-4, vmax=1.0)
@@ -156,11 +225,16 @@ def attention_heatmaps(mass: pd.DataFrame, path: Path, max_columns: int = 48) ->
         for (layer, head), g in d.groupby(["layer", "head"]):
             grid[layers.index(layer) * len(hs) + hs.index(head), g["distance"].to_numpy()] = g["mass"].to_numpy()
         binned = np.stack([grid[:, a:b].mean(axis=1) for a, b in zip(edges[:-1], edges[1:])], axis=1)
-        image = ax.pcolormesh(np.arange(len(edges)), np.arange(grid.shape[0] + 1), np.clip(binned, 1e-4, None),
-                              norm=norm, cmap="viridis", shading="flat")
+        image = ax.pcolormesh(
+            np.arange(len(edges)),
+            np.arange(grid.shape[0] + 1),
+            np.clip(binned, 1e-4, None),
+            norm=norm,
+            cmap="viridis",
+            shading="flat",
+        )
         ax.invert_yaxis()
-        ax.set_yticks(np.arange(grid.shape[0]) + 0.5,
-                      [f"L{layer} H{h}" for layer in layers for h in hs], fontsize=7)
+        ax.set_yticks(np.arange(grid.shape[0]) + 0.5, [f"L{layer} H{h}" for layer in layers for h in hs], fontsize=7)
         step = max(1, len(edges) // 12)
         ticks = list(range(0, len(edges) - 1, step))
         ax.set_xticks(np.array(ticks) + 0.5, [str(edges[t]) for t in ticks], fontsize=7)
@@ -203,8 +277,14 @@ def eval_speed(df: pd.DataFrame, path: Path) -> Path:
         speedup = (wide["memory"] / wide["sliding window"]).reset_index(name="speedup")
         sns.lineplot(data=speedup, x="attn_len", y="speedup", marker="o", ax=a2, color="C2")
         for _, r in speedup.iterrows():
-            a2.annotate(f"{r['speedup']:.0f}x", (r["attn_len"], r["speedup"]), textcoords="offset points",
-                        xytext=(0, 6), ha="center", fontsize=8)
+            a2.annotate(
+                f"{r['speedup']:.0f}x",
+                (r["attn_len"], r["speedup"]),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
     _log2_lengths(a2, lens)
     a2.set_xlabel("attention length (tokens)")
     a2.set_ylabel("speed-up of memory reuse")

@@ -71,30 +71,39 @@ class ReportSettings:
         att = dict(d.get("attention") or {})
         speed = d.get("speed") or {}
         recall = d.get("recall") or {}
-        return cls(context=effective_context.ContextSettings(split=split, **ctx),
-                   extrapolation=extrapolation.ExtrapolationSettings(split=split, **ext),
-                   attention=attention_span.AttentionSettings(split=split, **att),
-                   speed_attn_lens=tuple(speed.get("attn_lens", cls.speed_attn_lens)),
-                   speed_batch=int(speed.get("batch", cls.speed_batch)),
-                   speed_min_seconds=float(speed.get("min_seconds", cls.speed_min_seconds)),
-                   recall_rows=int(recall.get("n_rows", cls.recall_rows)),
-                   recall_tokens=int(recall.get("n_tokens", cls.recall_tokens)), split=split,
-                   device=str(d.get("device") or "cpu"), block=block,
-                   n_boot=int(boot.get("n_boot", cls.n_boot)), level=level, smoke=bool(d.get("smoke", False)))
+        return cls(
+            context=effective_context.ContextSettings(split=split, **ctx),
+            extrapolation=extrapolation.ExtrapolationSettings(split=split, **ext),
+            attention=attention_span.AttentionSettings(split=split, **att),
+            speed_attn_lens=tuple(speed.get("attn_lens", cls.speed_attn_lens)),
+            speed_batch=int(speed.get("batch", cls.speed_batch)),
+            speed_min_seconds=float(speed.get("min_seconds", cls.speed_min_seconds)),
+            recall_rows=int(recall.get("n_rows", cls.recall_rows)),
+            recall_tokens=int(recall.get("n_tokens", cls.recall_tokens)),
+            split=split,
+            device=str(d.get("device") or "cpu"),
+            block=block,
+            n_boot=int(boot.get("n_boot", cls.n_boot)),
+            level=level,
+            smoke=bool(d.get("smoke", False)),
+        )
 
 
 # ---- the report ---------------------------------------------------------------------------------
+
 
 def _settings_line(runs: list[Run]) -> str:
     r = runs[0]
     m = r.config["model"]
     steps = sorted({int((x.results or {}).get("steps") or x.config["trainer"].get("max_steps") or 0) for x in runs})
     T = r.episode_len
-    return (f"corpus `{r.corpus_name}` ({r.unit} level), model {m['n_layer']} layers x d_model {m['d_model']} "
-            f"({m['n_head']} heads), segment L = {r.segment_len}, memory M = "
-            f"{', '.join(str(v) for v in sorted({x.mem_len for x in runs if x.mem_len})) or 'none'}, training episodes "
-            f"T = {T if T else 'whole stream'}, batch {r.config['data']['batch_size']}, "
-            f"{', '.join(map(str, steps))} steps, lr {r.config.get('optim', {}).get('lr')}")
+    return (
+        f"corpus `{r.corpus_name}` ({r.unit} level), model {m['n_layer']} layers x d_model {m['d_model']} "
+        f"({m['n_head']} heads), segment L = {r.segment_len}, memory M = "
+        f"{', '.join(str(v) for v in sorted({x.mem_len for x in runs if x.mem_len})) or 'none'}, training episodes "
+        f"T = {T if T else 'whole stream'}, batch {r.config['data']['batch_size']}, "
+        f"{', '.join(map(str, steps))} steps, lr {r.config.get('optim', {}).get('lr')}"
+    )
 
 
 def _recall_section(group: list[Run], s: ReportSettings, out: Path, log) -> Section:
@@ -103,41 +112,64 @@ def _recall_section(group: list[Run], s: ReportSettings, out: Path, log) -> Sect
     log(f"analysis: recall, {len(group)} runs")
     sub = out / "recall"
     sub.mkdir(parents=True, exist_ok=True)
-    acc = pd.concat([effective_context.recall_accuracy(r, s.split, s.recall_rows, s.recall_tokens) for r in group],
-                    ignore_index=True)
+    acc = pd.concat(
+        [effective_context.recall_accuracy(r, s.split, s.recall_rows, s.recall_tokens) for r in group],
+        ignore_index=True,
+    )
     write_csv(acc, sub / "recall_accuracy.csv")
     path = plots.recall_accuracy(acc, sub / "recall_accuracy.png")
-    text = (f"Settings: {_settings_line(group)}. A value is planted and must be answered D tokens later; "
-            f"accuracy of the answers by distance (bins of {effective_context.DISTANCE_BIN}), evaluated as trained "
-            f"over {s.recall_rows} streams x {s.recall_tokens} tokens. Per bin: `recall/recall_accuracy.csv`. "
-            f"Intervals: {s.level:.0%} Wilson intervals of a proportion and Newcombe's of a difference of two, the "
-            f"answers taken as independent trials.")
+    text = (
+        f"Settings: {_settings_line(group)}. A value is planted and must be answered D tokens later; "
+        f"accuracy of the answers by distance (bins of {effective_context.DISTANCE_BIN}), evaluated as trained "
+        f"over {s.recall_rows} streams x {s.recall_tokens} tokens. Per bin: `recall/recall_accuracy.csv`. "
+        f"Intervals: {s.level:.0%} Wilson intervals of a proportion and Newcombe's of a difference of two, the "
+        f"answers taken as independent trials."
+    )
     t = effective_context.recall_table(acc, s.level)
-    return Section("Recall probe", text,
-                   [Table("table_recall", t, "answer accuracy within one segment (D < L) and beyond it (D >= L)",
-                          {"acc_within_L": 4, "acc_beyond_L": 4, "beyond_lo": 4, "beyond_hi": 4, "chance": 4})],
-                   [Figure(path, "recall accuracy by distance (dotted: segment length; dashed: chance)")],
-                   effective_context.recall_findings(t, s.smoke))
+    return Section(
+        "Recall probe",
+        text,
+        [
+            Table(
+                "table_recall",
+                t,
+                "answer accuracy within one segment (D < L) and beyond it (D >= L)",
+                {"acc_within_L": 4, "acc_beyond_L": 4, "beyond_lo": 4, "beyond_hi": 4, "chance": 4},
+            )
+        ],
+        [Figure(path, "recall accuracy by distance (dotted: segment length; dashed: chance)")],
+        effective_context.recall_findings(t, s.smoke),
+    )
 
 
 def _preamble(runs: list[Run], s: ReportSettings, device: str, meta: dict[str, Any]) -> list[str]:
     from .runs import cells
 
-    lines = [f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by `analysis/report.py` on "
-             f"{platform.machine()} ({platform.python_implementation()} {platform.python_version()}), analyses on "
-             f"{device}. {len(runs)} runs." + (f" {meta['command']}" if meta.get("command") else "")]
+    lines = [
+        f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by `analysis/report.py` on "
+        f"{platform.machine()} ({platform.python_implementation()} {platform.python_version()}), analyses on "
+        f"{device}. {len(runs)} runs." + (f" {meta['command']}" if meta.get("command") else "")
+    ]
     if s.smoke:
-        lines.append("**This is a smoke run** (`ablate.smoke`): the models are too small and too briefly trained for "
-                     "their differences to mean anything. It checks that the pipeline works end to end; it draws no "
-                     "conclusions, and no finding below is judged.")
+        lines.append(
+            "**This is a smoke run** (`ablate.smoke`): the models are too small and too briefly trained for "
+            "their differences to mean anything. It checks that the pipeline works end to end; it draws no "
+            "conclusions, and no finding below is judged."
+        )
     if meta.get("notes"):
         lines.append("\n".join(f"- {n}" for n in meta["notes"]))
     seeds: dict[int, list[str]] = {}
     for cell, group in cells(runs).items():
         seeds.setdefault(len(group), []).append(cell)
-    lines.append("Seeds per cell (runs equal but for `seed`): " + "; ".join(
-        f"{k} seed{'s' if k > 1 else ''}: {len(v)} cell{'s' if len(v) > 1 else ''}"
-        + (f" ({', '.join(v)})" if k > 1 else "") for k, v in sorted(seeds.items(), reverse=True)) + ".")
+    lines.append(
+        "Seeds per cell (runs equal but for `seed`): "
+        + "; ".join(
+            f"{k} seed{'s' if k > 1 else ''}: {len(v)} cell{'s' if len(v) > 1 else ''}"
+            + (f" ({', '.join(v)})" if k > 1 else "")
+            for k, v in sorted(seeds.items(), reverse=True)
+        )
+        + "."
+    )
     lines.append(
         "Conventions. Losses are shown in bits per byte (byte corpora), bits per character, or perplexity "
         "(word corpora) where named `bpb`/`bpc`/`ppl`; figures plot bits (or nats per word). *Attention length* A: "
@@ -152,13 +184,20 @@ def _preamble(runs: list[Run], s: ReportSettings, device: str, meta: dict[str, A
         f"seeds). A finding of the paper is **reproduced** when the interval lies entirely on the predicted side, "
         f"**contradicted** when entirely on the other side, **inconclusive** when it holds zero; no threshold. With "
         f"one seed per cell the interval covers the evaluation text only, not the training seed; the findings are "
-        f"not corrected for multiple comparisons.")
+        f"not corrected for multiple comparisons."
+    )
     return lines
 
 
-def build_report(runs: list[Run], out: Path, settings: ReportSettings | None = None, title: str = "posenc-lab ablation",
-                 meta: dict[str, Any] | None = None, log: Callable[[str], None] = print,
-                 speed: bool = True) -> Path:
+def build_report(
+    runs: list[Run],
+    out: Path,
+    settings: ReportSettings | None = None,
+    title: str = "posenc-lab ablation",
+    meta: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+    speed: bool = True,
+) -> Path:
     """Run every analysis on ``runs`` and write ``out/report.md`` with its CSVs and PNGs.
     meta: command (a line), notes (bullets), smoke (bool: overrides settings.smoke)."""
     from .runs import cells, set_device
@@ -189,27 +228,44 @@ def build_report(runs: list[Run], out: Path, settings: ReportSettings | None = N
         ext = extrapolation.analyze(group, sub / "extrapolation", s.extrapolation, log=log)
         att = attention_span.analyze(group, sub / "attention", s.attention, log=log)
         cl = ablation_table.cell_losses(group, ctx.dumps, s.block, s.n_boot, s.level)
-        sections.append(ablation_table.section(group, cl, ctx.recl, _settings_line(group), len(sections) + 2,
-                                               suffix, s.smoke))
+        sections.append(
+            ablation_table.section(group, cl, ctx.recl, _settings_line(group), len(sections) + 2, suffix, s.smoke)
+        )
         sections.append(effective_context.section(ctx, ctx_settings, len(group), paper.get("recl") or (), suffix))
-        sections.append(extrapolation.section(group, ext, s.extrapolation, (s.block, s.n_boot, s.level), suffix,
-                                              s.smoke, paper.get("past_episodes")))
+        sections.append(
+            extrapolation.section(
+                group, ext, s.extrapolation, (s.block, s.n_boot, s.level), suffix, s.smoke, paper.get("past_episodes")
+            )
+        )
         sections.append(attention_span.section(att, s.attention, suffix))
 
     if speed and lm_groups + recall_groups:
         group = (lm_groups or recall_groups)[0]
         timed = [r for r in group if r.scheme == paper.get("proposed")] or group
         log("analysis: evaluation speed")
-        df, figs = eval_speed.analyze(timed[0].model(), s.speed_attn_lens, out / "eval_speed", timed[0].segment_len,
-                                      s.speed_batch, s.speed_min_seconds, log=log)
-        sections.append(eval_speed.section(df, figs, timed[0].label, timed[0].segment_len, s.speed_batch,
-                                           paper.get("speed", "")))
+        df, figs = eval_speed.analyze(
+            timed[0].model(),
+            s.speed_attn_lens,
+            out / "eval_speed",
+            timed[0].segment_len,
+            s.speed_batch,
+            s.speed_min_seconds,
+            log=log,
+        )
+        sections.append(
+            eval_speed.section(df, figs, timed[0].label, timed[0].segment_len, s.speed_batch, paper.get("speed", ""))
+        )
 
     for group in recall_groups:
         sections.append(_recall_section(group, s, out, log))
 
-    sections.append(Section("!Files", "Every table above is the CSV named in its caption (full precision). Figures "
-                                      "are the PNGs shown. Runs: " + ", ".join(f"`{r.path}`" for r in runs) + "."))
+    sections.append(
+        Section(
+            "!Files",
+            "Every table above is the CSV named in its caption (full precision). Figures "
+            "are the PNGs shown. Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".",
+        )
+    )
     return render(sections, out, title, _preamble(runs, s, device, meta))
 
 
@@ -227,15 +283,25 @@ def preset_analysis(experiment: str) -> tuple[dict, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m posenc_lab_analysis.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="+", help="run directories or folders of runs (Hydra multirun, ablation runs/)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--title", default="posenc-lab ablation report")
-    p.add_argument("--experiment", help="take the analysis settings (grids, rows) from this ablation preset's "
-                                        "ablate.analysis block, e.g. quick or ablation (default: built-in defaults)")
-    p.add_argument("--wandb", metavar="PROJECT", help="also log the report's tables and figures to this wandb project "
-                                                      "(analysis/wandb_upload.py; WANDB_MODE=offline works)")
+    p.add_argument(
+        "--experiment",
+        help="take the analysis settings (grids, rows) from this ablation preset's "
+        "ablate.analysis block, e.g. quick or ablation (default: built-in defaults)",
+    )
+    p.add_argument(
+        "--wandb",
+        metavar="PROJECT",
+        help="also log the report's tables and figures to this wandb project "
+        "(analysis/wandb_upload.py; WANDB_MODE=offline works)",
+    )
     p.add_argument("--no-speed", action="store_true", help="skip the evaluation-speed timing")
     add_threads_argument(p)
     a = p.parse_args(argv)
@@ -246,10 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             analysis, smoke = preset_analysis(a.experiment)
             settings = ReportSettings.from_dict({**analysis, "smoke": smoke})
         runs = find_runs(a.runs)
-        command = " ".join(["python -m posenc_lab_analysis.report", *map(str, a.runs), "--out", str(a.out)]
-                           + (["--experiment", a.experiment] if a.experiment else []))
-        path = build_report(runs, a.out, settings, title=a.title, speed=not a.no_speed,
-                            meta={"command": f"Command: `{command}`."})
+        command = " ".join(
+            ["python -m posenc_lab_analysis.report", *map(str, a.runs), "--out", str(a.out)]
+            + (["--experiment", a.experiment] if a.experiment else [])
+        )
+        path = build_report(
+            runs, a.out, settings, title=a.title, speed=not a.no_speed, meta={"command": f"Command: `{command}`."}
+        )
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

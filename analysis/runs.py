@@ -109,7 +109,8 @@ class Run:
     def label(self) -> str:
         """e.g. 'xl, mem 64, full loss, seed 0' (unique within an ablation)."""
         return f"{self.scheme}, mem {self.mem_len}, {self.loss} loss" + (
-            "" if self.seed is None else f", seed {self.seed}")
+            "" if self.seed is None else f", seed {self.seed}"
+        )
 
     @property
     def cell(self) -> str:
@@ -119,16 +120,23 @@ class Run:
     @property
     def key(self) -> dict[str, Any]:
         """The columns that identify the run in every table."""
-        return {"run": self.name, "scheme": self.scheme, "recurrence": "on" if self.recurrence else "off",
-                "mem_len": self.mem_len, "loss": self.loss}
+        return {
+            "run": self.name,
+            "scheme": self.scheme,
+            "recurrence": "on" if self.recurrence else "off",
+            "mem_len": self.mem_len,
+            "loss": self.loss,
+        }
 
     @property
     def checkpoint(self) -> Path:
         ckpt = self.path / "checkpoints" / "last.ckpt"
         if not ckpt.is_file():
-            raise RunError(f"run {self.path}: no checkpoint at {ckpt} (the run did not finish or its checkpoints "
-                           f"were removed); train it again (posenc-lab train run_dir={self.path} resumes) or leave "
-                           f"it out")
+            raise RunError(
+                f"run {self.path}: no checkpoint at {ckpt} (the run did not finish or its checkpoints "
+                f"were removed); train it again (posenc-lab train run_dir={self.path} resumes) or leave "
+                f"it out"
+            )
         return ckpt
 
     # ---- model and data -------------------------------------------------------------------
@@ -142,8 +150,9 @@ class Run:
         return self._cache["model"]
 
     def corpus(self):
-        return load_corpus_cached(self.corpus_name, self.config["data"].get("root"),
-                                  self.config["data"].get("corpus") or {})
+        return load_corpus_cached(
+            self.corpus_name, self.config["data"].get("root"), self.config["data"].get("corpus") or {}
+        )
 
     @property
     def unit(self) -> str:
@@ -190,8 +199,10 @@ def load_run(path: str | Path, need_checkpoint: bool = True) -> Run:
     path = Path(path)
     cfg_path = path / "config.yaml"
     if not cfg_path.is_file():
-        raise RunError(f"{path} is not a posenc-lab run directory: no config.yaml (expected what "
-                       f"`posenc-lab train` writes: config.yaml, checkpoints/last.ckpt, results.json)")
+        raise RunError(
+            f"{path} is not a posenc-lab run directory: no config.yaml (expected what "
+            f"`posenc-lab train` writes: config.yaml, checkpoints/last.ckpt, results.json)"
+        )
     config = yaml.safe_load(cfg_path.read_text())
     for key in ("posenc", "model", "data"):
         if not isinstance(config.get(key), dict):
@@ -201,9 +212,13 @@ def load_run(path: str | Path, need_checkpoint: bool = True) -> Run:
         from posenc_lab.io import CorruptFileError, read_json
 
         try:
-            results = read_json(path / "results.json", remedy=(
-                f"delete it (and {path / 'checkpoints'} if the run should train again) and rerun: "
-                f"the run resumes from its last checkpoint and rewrites it"))
+            results = read_json(
+                path / "results.json",
+                remedy=(
+                    f"delete it (and {path / 'checkpoints'} if the run should train again) and rerun: "
+                    f"the run resumes from its last checkpoint and rewrites it"
+                ),
+            )
         except CorruptFileError as e:
             raise RunError(str(e)) from e
     run = Run(path, config, results)
@@ -229,16 +244,24 @@ def find_runs(paths: Iterable[str | Path], need_checkpoint: bool = True) -> list
             if _is_run_dir(d):
                 found.append(d)
     if not found:
-        raise RunError(f"no posenc-lab runs (folders with config.yaml and checkpoints/) under "
-                       f"{', '.join(map(str, paths))}")
+        raise RunError(
+            f"no posenc-lab runs (folders with config.yaml and checkpoints/) under {', '.join(map(str, paths))}"
+        )
     runs = [load_run(d, need_checkpoint) for d in dict.fromkeys(found)]
     return sort_runs(runs)
 
 
 def sort_runs(runs: list[Run]) -> list[Run]:
     def order(r: Run):
-        return (r.corpus_name, scheme_rank(r.scheme), not r.recurrence, -r.loss_frac, r.mem_len,
-                -1 if r.seed is None else r.seed, r.name)
+        return (
+            r.corpus_name,
+            scheme_rank(r.scheme),
+            not r.recurrence,
+            -r.loss_frac,
+            r.mem_len,
+            -1 if r.seed is None else r.seed,
+            r.name,
+        )
 
     return sorted(runs, key=order)
 
@@ -253,9 +276,11 @@ def cells(runs: list[Run]) -> dict[str, list[Run]]:
     for cell, group in out.items():
         seeds = [r.seed for r in group]
         if len(set(seeds)) < len(seeds):
-            raise RunError(f"cell {cell!r} holds runs with the same seed: "
-                           + ", ".join(f"{r.path} (seed {r.seed})" for r in group)
-                           + "; analyse one of each (remove or move the duplicate)")
+            raise RunError(
+                f"cell {cell!r} holds runs with the same seed: "
+                + ", ".join(f"{r.path} (seed {r.seed})" for r in group)
+                + "; analyse one of each (remove or move the duplicate)"
+            )
     return out
 
 
@@ -264,8 +289,10 @@ def one_corpus(runs: list[Run], what: str) -> str:
     keys = {r.corpus_key for r in runs}
     if len(keys) > 1:
         listed = "; ".join(f"{r.name}: {r.corpus_key}" for r in runs)
-        raise RunError(f"{what} compares runs of one corpus only, got {len(keys)} different corpora "
-                       f"(run: corpus and options): {listed}. Analyse each corpus separately.")
+        raise RunError(
+            f"{what} compares runs of one corpus only, got {len(keys)} different corpora "
+            f"(run: corpus and options): {listed}. Analyse each corpus separately."
+        )
     return runs[0].corpus_name
 
 
@@ -290,8 +317,12 @@ def figure_name(unit: str) -> str:
 
 
 def add_threads_argument(parser) -> None:
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: robust on a busy or shared CPU; 0: torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: robust on a busy or shared CPU; 0: torch's default)",
+    )
 
 
 def apply_threads(threads: int | None) -> None:

@@ -96,9 +96,11 @@ class Bootstrap:
 
     def __init__(self, n_blocks: int, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
         if n_blocks < 2:
-            raise ValueError(f"a bootstrap needs at least 2 blocks of tokens, got {n_blocks}; score more tokens "
-                             f"(ablate.analysis.context.n_rows / n_score) or use shorter blocks "
-                             f"(ablate.analysis.bootstrap.block)")
+            raise ValueError(
+                f"a bootstrap needs at least 2 blocks of tokens, got {n_blocks}; score more tokens "
+                f"(ablate.analysis.context.n_rows / n_score) or use shorter blocks "
+                f"(ablate.analysis.bootstrap.block)"
+            )
         if not 0 < level < 1:
             raise ValueError(f"bootstrap level must be in (0, 1), got {level}")
         self.n_blocks, self.n_boot, self.level = n_blocks, n_boot, level
@@ -121,8 +123,9 @@ class Bootstrap:
         """(mean, [n_boot] replicate means) of one cell: sums [n_seeds, n_blocks]."""
         sums = np.atleast_2d(np.asarray(sums, dtype=np.float64))
         if sums.shape[1] != self.n_blocks or counts.shape != (self.n_blocks,):
-            raise ValueError(f"block sums {sums.shape} / counts {counts.shape} do not match the bootstrap's "
-                             f"{self.n_blocks} blocks")
+            raise ValueError(
+                f"block sums {sums.shape} / counts {counts.shape} do not match the bootstrap's {self.n_blocks} blocks"
+            )
         per_seed = sums.sum(1) / counts.sum()  # [k]
         rep = (self.w @ sums.T) / (self.w @ counts)[:, None]  # [n_boot, k]
         v = self._seed_weights(sums.shape[0], key)
@@ -141,8 +144,9 @@ class Bootstrap:
         if not (np.isfinite(a).all() and np.isfinite(b).all()):
             return NAN_INTERVAL
         if same_runs and a.shape[0] != b.shape[0]:
-            raise ValueError(f"a paired-seed contrast needs the same seeds on both sides, got {a.shape[0]} and "
-                             f"{b.shape[0]}")
+            raise ValueError(
+                f"a paired-seed contrast needs the same seeds on both sides, got {a.shape[0]} and {b.shape[0]}"
+            )
         ea, ra = self._replicates(a, counts, key=1)
         eb, rb = self._replicates(b, counts, key=1 if same_runs else 2)
         return self._interval(ea - eb, ra - rb)

@@ -20,8 +20,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -49,7 +50,9 @@ def run_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
                 "mem_len": (cfg.get("model") or {}).get("mem_len", res.get("mem_len")),
                 "segment_len": (cfg.get("data") or {}).get("segment_len"),
                 "loss_recent_frac": (cfg.get("model") or {}).get("loss_recent_frac", 1.0),
-                "steps": res.get("steps"), "seed": res.get("seed"), "params": res.get("params"),
+                "steps": res.get("steps"),
+                "seed": res.get("seed"),
+                "params": res.get("params"),
             }
             for split in ("val", "test"):
                 for k in _RESULT_KEYS:
@@ -71,9 +74,17 @@ def default_group(report_dir: Path, run_dirs: Sequence[Path]) -> str:
     return Path(run_dirs[0]).resolve().name if run_dirs else Path(report_dir).resolve().name
 
 
-def upload(report_dir: str | os.PathLike, runs: Sequence[str | os.PathLike] = (), project: str = "posenc-lab",
-           entity: str | None = None, group: str | None = None, name: str | None = None,
-           job_type: str = "report", tags: Sequence[str] = (), wandb_dir: str | None = None) -> str:
+def upload(
+    report_dir: str | os.PathLike,
+    runs: Sequence[str | os.PathLike] = (),
+    project: str = "posenc-lab",
+    entity: str | None = None,
+    group: str | None = None,
+    name: str | None = None,
+    job_type: str = "report",
+    tags: Sequence[str] = (),
+    wandb_dir: str | None = None,
+) -> str:
     """Log the report in ``report_dir`` (and the runs' results) to one wandb run; return its id."""
     import wandb
 
@@ -96,11 +107,22 @@ def upload(report_dir: str | os.PathLike, runs: Sequence[str | os.PathLike] = ()
         except (ValueError, KeyError):
             pass
     group = group or default_group(report_dir, run_dirs)
-    run = wandb.init(project=project, entity=entity, group=group, job_type=job_type,
-                     name=name or f"report-{group}", tags=sorted(set(tags) | set(schemes)),
-                     dir=wandb_dir, reinit="finish_previous",
-                     config={"report_dir": str(report_dir.resolve()), "runs": [str(d.resolve()) for d in run_dirs],
-                             "schemes": schemes, "n_runs": len(rows)})
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        group=group,
+        job_type=job_type,
+        name=name or f"report-{group}",
+        tags=sorted(set(tags) | set(schemes)),
+        dir=wandb_dir,
+        reinit="finish_previous",
+        config={
+            "report_dir": str(report_dir.resolve()),
+            "runs": [str(d.resolve()) for d in run_dirs],
+            "schemes": schemes,
+            "n_runs": len(rows),
+        },
+    )
     try:
         logged: dict[str, Any] = {}
         for csv in csvs:
@@ -117,8 +139,11 @@ def upload(report_dir: str | os.PathLike, runs: Sequence[str | os.PathLike] = ()
             for k, v in row.items():
                 if k.startswith(("val_", "test_")) and isinstance(v, (int, float)):
                     run.summary[f"runs/{label}/{k}"] = v
-        artifact = wandb.Artifact(f"report-{_safe(group)}", type="report",
-                                  description=f"analysis report of {', '.join(map(str, run_dirs)) or report_dir}")
+        artifact = wandb.Artifact(
+            f"report-{_safe(group)}",
+            type="report",
+            description=f"analysis report of {', '.join(map(str, run_dirs)) or report_dir}",
+        )
         artifact.add_dir(str(report_dir))
         run.log_artifact(artifact)
         return run.id
@@ -131,21 +156,39 @@ def _safe(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.wandb_upload", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m posenc_lab_analysis.wandb_upload",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("report", type=Path, help="a report folder written by analysis/report.py (report.md, CSVs, PNGs)")
-    p.add_argument("--runs", nargs="*", default=[], type=Path,
-                   help="the run folders the report analysed (runs/sweeps/ID, a Hydra multirun dir)")
+    p.add_argument(
+        "--runs",
+        nargs="*",
+        default=[],
+        type=Path,
+        help="the run folders the report analysed (runs/sweeps/ID, a Hydra multirun dir)",
+    )
     p.add_argument("--project", default="posenc-lab")
     p.add_argument("--entity", default=None)
-    p.add_argument("--group", default=None, help="wandb group (default: sweep-ID for runs/sweeps/ID, else the runs folder)")
+    p.add_argument(
+        "--group", default=None, help="wandb group (default: sweep-ID for runs/sweeps/ID, else the runs folder)"
+    )
     p.add_argument("--name", default=None)
     p.add_argument("--job-type", default="report")
     p.add_argument("--tags", nargs="*", default=[])
     a = p.parse_args(argv)
     try:
-        run_id = upload(a.report, a.runs, project=a.project, entity=a.entity, group=a.group, name=a.name,
-                        job_type=a.job_type, tags=a.tags)
+        run_id = upload(
+            a.report,
+            a.runs,
+            project=a.project,
+            entity=a.entity,
+            group=a.group,
+            name=a.name,
+            job_type=a.job_type,
+            tags=a.tags,
+        )
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,13 +24,15 @@ from torch import Tensor, nn
 class AdaptiveSoftmax(nn.Module):
     """weight: [V, D] the tied output matrix (the input embedding's), or None to own one."""
 
-    def __init__(self, d_model: int, vocab_size: int, cutoffs: list[int], weight: nn.Parameter | None = None,
-                 bias: bool = True):
+    def __init__(
+        self, d_model: int, vocab_size: int, cutoffs: list[int], weight: nn.Parameter | None = None, bias: bool = True
+    ):
         super().__init__()
         cutoffs = [int(c) for c in cutoffs]
         if any(b <= a for a, b in zip([0, *cutoffs], [*cutoffs, vocab_size])):
-            raise ValueError(f"adaptive softmax cutoffs must increase strictly within (0, vocab_size={vocab_size}), "
-                             f"got {cutoffs}")
+            raise ValueError(
+                f"adaptive softmax cutoffs must increase strictly within (0, vocab_size={vocab_size}), got {cutoffs}"
+            )
         self.vocab_size, self.n_tails = vocab_size, len(cutoffs)
         self.bounds = [0, *cutoffs, vocab_size]  # cluster k covers [bounds[k], bounds[k+1])
         self.weight = weight if weight is not None else nn.Parameter(torch.empty(vocab_size, d_model))
@@ -80,7 +82,7 @@ class AdaptiveSoftmax(nn.Module):
         parts = [head[:, :shortlist]]
         for k in range(1, self.n_tails + 1):
             tail = torch.log_softmax(self._scores(h, k).float(), dim=-1)
-            parts.append(head[:, shortlist + k - 1:shortlist + k] + tail)
+            parts.append(head[:, shortlist + k - 1 : shortlist + k] + tail)
         return torch.cat(parts, dim=-1).view(*lead, self.vocab_size)
 
     def extra_repr(self) -> str:

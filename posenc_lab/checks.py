@@ -29,14 +29,21 @@ def _int(lo: int | None = None, allow_none: bool = False) -> Callable[[Any], str
             return None
         ok = isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo)
         return None if ok else expected
+
     return check
 
 
-def _num(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False,
-         allow_none: bool = False) -> Callable[[Any], str | None]:
+def _num(
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    allow_none: bool = False,
+) -> Callable[[Any], str | None]:
     """Checker: a finite number in [lo, hi] (or open ends)."""
-    parts = ([f"{'>' if lo_open else '>='} {lo}"] if lo is not None else []) + \
-        ([f"{'<' if hi_open else '<='} {hi}"] if hi is not None else [])
+    parts = ([f"{'>' if lo_open else '>='} {lo}"] if lo is not None else []) + (
+        [f"{'<' if hi_open else '<='} {hi}"] if hi is not None else []
+    )
     expected = "a number" + (" " + " and ".join(parts) if parts else "") + (" or null" if allow_none else "")
 
     def check(v):
@@ -47,6 +54,7 @@ def _num(lo: float | None = None, hi: float | None = None, lo_open: bool = False
         if lo is not None and (v <= lo if lo_open else v < lo) or hi is not None and (v >= hi if hi_open else v > hi):
             return expected
         return None
+
     return check
 
 
@@ -137,6 +145,7 @@ def check_train_config(cfg: DictConfig) -> None:
     resume = OmegaConf.select(cfg, "resume", default=None)
     if resume is not None and not isinstance(resume, (str, bool)) or resume is True:
         raise ConfigError(f"resume must be auto, null or a checkpoint path, got {resume!r}")
+
 
 EVAL_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "max_batches": _int(1, allow_none=True),

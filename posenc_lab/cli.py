@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Callable, Sequence
 
 from . import prefer_passive_openmp
 
@@ -22,8 +22,10 @@ ENTRY_POINT_GROUP = "posenc_lab.commands"
 # name -> (module run with `python -m` / imported, one-line help)
 BUILTIN = {
     "train": ("posenc_lab.train", "train a model: posenc-lab train posenc=xl data=recall trainer.max_steps=200"),
-    "eval": ("posenc_lab.evaluate", "evaluate a checkpoint: posenc-lab eval ckpt=PATH data.segment_len=256 "
-                                    "model.mem_len=512"),
+    "eval": (
+        "posenc_lab.evaluate",
+        "evaluate a checkpoint: posenc-lab eval ckpt=PATH data.segment_len=256 model.mem_len=512",
+    ),
     "bench": ("posenc_lab.bench", "measure speed and memory of the schemes"),
 }
 
@@ -41,8 +43,11 @@ def usage() -> str:
         lines.append(f"  {name:<{width}}  {text}")
     for name, ep in sorted(plugins.items()):
         lines.append(f"  {name:<{width}}  (plugin: {ep.value})")
-    lines += ["", "`posenc-lab <command> --help` shows a command's own options. train and eval take Hydra",
-              "overrides (key=value, group=option, -m for sweeps); see README.md."]
+    lines += [
+        "",
+        "`posenc-lab <command> --help` shows a command's own options. train and eval take Hydra",
+        "overrides (key=value, group=option, -m for sweeps); see README.md.",
+    ]
     return "\n".join(lines)
 
 

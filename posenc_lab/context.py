@@ -59,8 +59,17 @@ def _as_rows(tokens) -> Tensor:
     return tokens.long()
 
 
-def iter_stream(model: MemoryTransformer, tokens, *, segment_len: int, mem_len: int, same_length: bool = False,
-                episode_len: int | None = None, start_offset: int = 0, return_attention: bool = False):
+def iter_stream(
+    model: MemoryTransformer,
+    tokens,
+    *,
+    segment_len: int,
+    mem_len: int,
+    same_length: bool = False,
+    episode_len: int | None = None,
+    start_offset: int = 0,
+    return_attention: bool = False,
+):
     """Run ``tokens [B, N + 1]`` through the model in order; yield ``(start, offsets, output)`` per segment.
 
     ``start``: index of the segment's first input in the row; ``offsets``: [L] stream offsets of its
@@ -83,32 +92,63 @@ def iter_stream(model: MemoryTransformer, tokens, *, segment_len: int, mem_len: 
             if T is not None and offset >= T:
                 mems, offset = None, 0
             length = min(segment_len, N - pos, (T - offset) if T is not None else N)
-            x = tokens[:, pos:pos + length].to(device)
-            y = tokens[:, pos + 1:pos + length + 1].to(device)
-            out: ModelOutput = model(x, y, mems=mems, offset=offset, return_attention=return_attention,
-                                     mem_len=mem_len, same_length=same_length)
+            x = tokens[:, pos : pos + length].to(device)
+            y = tokens[:, pos + 1 : pos + length + 1].to(device)
+            out: ModelOutput = model(
+                x,
+                y,
+                mems=mems,
+                offset=offset,
+                return_attention=return_attention,
+                mem_len=mem_len,
+                same_length=same_length,
+            )
             yield pos, torch.arange(offset, offset + length), out
             mems = out.mems if mem_len > 0 else None
             pos, offset = pos + length, offset + length
 
 
-def stream_losses(model: MemoryTransformer, tokens, *, segment_len: int, mem_len: int, same_length: bool = False,
-                  episode_len: int | None = None, start_offset: int = 0) -> StreamResult:
+def stream_losses(
+    model: MemoryTransformer,
+    tokens,
+    *,
+    segment_len: int,
+    mem_len: int,
+    same_length: bool = False,
+    episode_len: int | None = None,
+    start_offset: int = 0,
+) -> StreamResult:
     """Per-target loss, correctness and offset of ``tokens [B, N + 1]`` run as an ordered stream."""
     losses, correct, offsets = [], [], []
     tokens = _as_rows(tokens)
-    for pos, offs, out in iter_stream(model, tokens, segment_len=segment_len, mem_len=mem_len,
-                                      same_length=same_length, episode_len=episode_len, start_offset=start_offset):
+    for pos, offs, out in iter_stream(
+        model,
+        tokens,
+        segment_len=segment_len,
+        mem_len=mem_len,
+        same_length=same_length,
+        episode_len=episode_len,
+        start_offset=start_offset,
+    ):
         L = offs.numel()
         losses.append(out.token_loss.float().cpu())
-        correct.append((out.logits.argmax(-1).cpu() == tokens[:, pos + 1:pos + L + 1]))
+        correct.append(out.logits.argmax(-1).cpu() == tokens[:, pos + 1 : pos + L + 1])
         offsets.append(offs)
     B = tokens.shape[0]
     return StreamResult(torch.cat(losses, 1), torch.cat(correct, 1), torch.cat(offsets).expand(B, -1).clone())
 
 
-def context_losses(model: MemoryTransformer, tokens, c: int, *, score_start: int, n_score: int,
-                   mode: str = "memory", segment_len: int = 128, window_batch_tokens: int = 65536) -> StreamResult:
+def context_losses(
+    model: MemoryTransformer,
+    tokens,
+    c: int,
+    *,
+    score_start: int,
+    n_score: int,
+    mode: str = "memory",
+    segment_len: int = 128,
+    window_batch_tokens: int = 65536,
+) -> StreamResult:
     """Loss of the targets at ``tokens[:, score_start + 1 : score_start + n_score + 1]`` where the
     input of every scored target sees exactly ``c`` previous tokens (``c <= score_start``).
 
@@ -124,13 +164,16 @@ def context_losses(model: MemoryTransformer, tokens, c: int, *, score_start: int
     if isinstance(c, bool) or not isinstance(c, int) or c < 1:
         raise ValueError(f"context length c must be an integer >= 1, got {c!r}")
     if c > score_start:
-        raise ValueError(f"context length {c} needs score_start >= {c} (tokens before the first scored one), "
-                         f"got {score_start}")
+        raise ValueError(
+            f"context length {c} needs score_start >= {c} (tokens before the first scored one), got {score_start}"
+        )
     if n_score < 1 or score_start + n_score + 1 > tokens.shape[1]:
-        raise ValueError(f"need 1 <= n_score and score_start + n_score + 1 <= {tokens.shape[1]} tokens per row, "
-                         f"got score_start {score_start}, n_score {n_score}")
+        raise ValueError(
+            f"need 1 <= n_score and score_start + n_score + 1 <= {tokens.shape[1]} tokens per row, "
+            f"got score_start {score_start}, n_score {n_score}"
+        )
     if mode == "memory":
-        feed = tokens[:, score_start - c:score_start + n_score + 1]
+        feed = tokens[:, score_start - c : score_start + n_score + 1]
         res = stream_losses(model, feed, segment_len=segment_len, mem_len=c, same_length=True)
         return StreamResult(res.loss[:, c:], res.correct[:, c:], res.offset[:, c:])
 
@@ -159,11 +202,20 @@ def stream_rows(data, n_rows: int, row_len: int, start: int = 0) -> Tensor:
     n = len(data) - start
     stride = (n - 1) // n_rows
     if stride < row_len:
-        raise ValueError(f"the split has {len(data):,} tokens: too few for {n_rows} rows of {row_len + 1} "
-                         f"(need {start + n_rows * row_len + 1:,}); use fewer rows or shorter ones")
+        raise ValueError(
+            f"the split has {len(data):,} tokens: too few for {n_rows} rows of {row_len + 1} "
+            f"(need {start + n_rows * row_len + 1:,}); use fewer rows or shorter ones"
+        )
     idx = start + np.arange(n_rows)[:, None] * stride + np.arange(row_len + 1)[None, :]
     return torch.from_numpy(np.asarray(data)[idx].astype(np.int64))
 
 
-__all__ = ["CONTEXT_MODES", "StreamResult", "context_losses", "evaluating", "iter_stream",
-           "stream_losses", "stream_rows"]
+__all__ = [
+    "CONTEXT_MODES",
+    "StreamResult",
+    "context_losses",
+    "evaluating",
+    "iter_stream",
+    "stream_losses",
+    "stream_rows",
+]

@@ -32,10 +32,20 @@ class SegmentDataModule(L.LightningDataModule):
     ~/.cache/posenc_lab); seed: seeds the variable lengths.
     """
 
-    def __init__(self, name: str, segment_len: int, batch_size: int, eval_batch_size: int | None = None,
-                 episode_len: int | None = None, var_len: bool = False, var_len_std: float = 5.0,
-                 num_workers: int = 0, root: str | None = None, seed: int = 0,
-                 corpus: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        name: str,
+        segment_len: int,
+        batch_size: int,
+        eval_batch_size: int | None = None,
+        episode_len: int | None = None,
+        var_len: bool = False,
+        var_len_std: float = 5.0,
+        num_workers: int = 0,
+        root: str | None = None,
+        seed: int = 0,
+        corpus: dict[str, Any] | None = None,
+    ):
         super().__init__()
         self.name, self.corpus_options, self.root = name, dict(corpus or {}), root
         self.segment_len, self.batch_size = segment_len, batch_size
@@ -61,7 +71,7 @@ class SegmentDataModule(L.LightningDataModule):
 
     @property
     def unit(self) -> str:
-        """"byte" | "char" | "word": decides bits per token vs perplexity."""
+        """ "byte" | "char" | "word": decides bits per token vs perplexity."""
         return self.corpus.unit
 
     def prepare_data(self) -> None:  # local rank 0 first: download / build the cache
@@ -78,8 +88,15 @@ class SegmentDataModule(L.LightningDataModule):
         """The stream of ``split`` ("train" | "val" | "test") for one rank."""
         common = dict(episode_len=self.episode_len, seed=self.seed, rank=rank, world_size=world_size)
         if split == "train":
-            return self.corpus.stream("train", self.segment_len, self.batch_size, cycle=True,
-                                      var_len=self.var_len, var_len_std=self.var_len_std, **common)
+            return self.corpus.stream(
+                "train",
+                self.segment_len,
+                self.batch_size,
+                cycle=True,
+                var_len=self.var_len,
+                var_len_std=self.var_len_std,
+                **common,
+            )
         return self.corpus.stream(_SPLITS[split], self.segment_len, self.eval_batch_size, cycle=False, **common)
 
     def setup(self, stage: str | None = None) -> None:
@@ -95,8 +112,9 @@ class SegmentDataModule(L.LightningDataModule):
 
     def _loader(self, stream: SegmentStream) -> DataLoader:
         # batch_size=None: the stream yields whole batches; never shuffled, never re-sharded.
-        return DataLoader(stream, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=False, pin_memory=False)
+        return DataLoader(
+            stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False, pin_memory=False
+        )
 
     def train_dataloader(self) -> DataLoader:
         stream = self.streams["train"]

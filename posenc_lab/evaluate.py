@@ -61,13 +61,24 @@ def load_config(ckpt_path: str | os.PathLike) -> DictConfig:
     return OmegaConf.create(config)
 
 
-def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = None, mem_len: int | None = None,
-                        same_length: bool | None = None, split: str = "test", *, same_length_keys: str | None = None,
-                        scheme_options: dict[str, Any] | None = None, batch_size: int | None = None,
-                        episode_len: int | None = None, data_overrides: dict[str, Any] | None = None,
-                        max_batches: int | None = None, return_token_losses: bool = False,
-                        accelerator: str = "cpu", precision: str = "32-true",
-                        progress_bar: bool = False) -> dict[str, Any]:
+def evaluate_checkpoint(
+    ckpt_path: str | os.PathLike,
+    segment_len: int | None = None,
+    mem_len: int | None = None,
+    same_length: bool | None = None,
+    split: str = "test",
+    *,
+    same_length_keys: str | None = None,
+    scheme_options: dict[str, Any] | None = None,
+    batch_size: int | None = None,
+    episode_len: int | None = None,
+    data_overrides: dict[str, Any] | None = None,
+    max_batches: int | None = None,
+    return_token_losses: bool = False,
+    accelerator: str = "cpu",
+    precision: str = "32-true",
+    progress_bar: bool = False,
+) -> dict[str, Any]:
     """Evaluate a checkpoint on one split; ``None`` keeps what the model was trained with.
 
     segment_len: L' (data.segment_len); mem_len: M' (memory kept per layer); same_length: every
@@ -88,10 +99,13 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
     """
     if split not in ("val", "test"):
         raise ConfigError(f"split must be 'val' or 'test', got {split!r}")
-    if max_batches is not None and (not isinstance(max_batches, int) or isinstance(max_batches, bool)
-                                    or max_batches < 1):
-        raise ConfigError(f"max_batches must be an integer >= 1 (the first N segments of every stream) or null "
-                          f"(all of them), got {max_batches!r}")
+    if max_batches is not None and (
+        not isinstance(max_batches, int) or isinstance(max_batches, bool) or max_batches < 1
+    ):
+        raise ConfigError(
+            f"max_batches must be an integer >= 1 (the first N segments of every stream) or null "
+            f"(all of them), got {max_batches!r}"
+        )
     ckpt = read_checkpoint(ckpt_path)
     model_hp = ckpt["hyper_parameters"]["model"]
     if same_length_keys is not None:
@@ -124,11 +138,19 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
         raise ValueError(f"cannot evaluate {ckpt_path} this way ({split} split): {e}") from e
 
     dump = TokenDump() if return_token_losses else None
-    trainer = L.Trainer(accelerator=accelerator, devices=1, precision=precision, logger=False,
-                        callbacks=[dump] if dump else None,
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress_bar,
-                        use_distributed_sampler=False, limit_val_batches=1.0 if max_batches is None else max_batches,
-                        limit_test_batches=1.0 if max_batches is None else max_batches)
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        precision=precision,
+        logger=False,
+        callbacks=[dump] if dump else None,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=progress_bar,
+        use_distributed_sampler=False,
+        limit_val_batches=1.0 if max_batches is None else max_batches,
+        limit_test_batches=1.0 if max_batches is None else max_batches,
+    )
     start = time.perf_counter()
     run = trainer.validate if split == "val" else trainer.test
     run(lit, datamodule=datamodule, verbose=False)
@@ -136,16 +158,29 @@ def evaluate_checkpoint(ckpt_path: str | os.PathLike, segment_len: int | None = 
 
     train_data = config.data
     result: dict[str, Any] = {
-        "checkpoint": str(ckpt_path), "split": split, "scheme": model.cfg.posenc,
-        "segment_len": int(data_cfg.segment_len), "mem_len": mem_len, "same_length": same_length,
-        "same_length_keys": model.cfg.same_length_keys, "scheme_options": dict(scheme_options or {}),
-        "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size), "episode_len": data_cfg.episode_len,
-        "max_batches": max_batches, "precision": str(precision),
-        "data_overrides": {k: v for k, v in (data_overrides or {}).items()
-                           if k not in ("segment_len", "episode_len", "batch_size", "root")},
-        "train_steps": int(ckpt.get("global_step", 0)), "train_segment_len": int(train_data.segment_len),
-        "train_mem_len": model.cfg.mem_len, "train_episode_len": train_data.episode_len,
-        **lit.eval_results[split], "wall_time_s": wall,
+        "checkpoint": str(ckpt_path),
+        "split": split,
+        "scheme": model.cfg.posenc,
+        "segment_len": int(data_cfg.segment_len),
+        "mem_len": mem_len,
+        "same_length": same_length,
+        "same_length_keys": model.cfg.same_length_keys,
+        "scheme_options": dict(scheme_options or {}),
+        "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size),
+        "episode_len": data_cfg.episode_len,
+        "max_batches": max_batches,
+        "precision": str(precision),
+        "data_overrides": {
+            k: v
+            for k, v in (data_overrides or {}).items()
+            if k not in ("segment_len", "episode_len", "batch_size", "root")
+        },
+        "train_steps": int(ckpt.get("global_step", 0)),
+        "train_segment_len": int(train_data.segment_len),
+        "train_mem_len": model.cfg.mem_len,
+        "train_episode_len": train_data.episode_len,
+        **lit.eval_results[split],
+        "wall_time_s": wall,
     }
     if return_token_losses:
         arrays = dict(dump.arrays.get(split, {}))
@@ -186,12 +221,22 @@ def evaluate_main(cfg: DictConfig) -> None:
     ckpt = Path(cfg.ckpt)
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if v is not None}
     result = evaluate_checkpoint(
-        ckpt, segment_len=data.pop("segment_len", None), mem_len=cfg.model.mem_len, same_length=cfg.model.same_length,
-        split=cfg.split, same_length_keys=cfg.model.same_length_keys,
+        ckpt,
+        segment_len=data.pop("segment_len", None),
+        mem_len=cfg.model.mem_len,
+        same_length=cfg.model.same_length,
+        split=cfg.split,
+        same_length_keys=cfg.model.same_length_keys,
         scheme_options={k: v for k, v in OmegaConf.to_container(cfg.posenc, resolve=True).items() if v is not None},
-        batch_size=data.pop("batch_size", None), episode_len=data.pop("episode_len", None),
-        data_overrides=data, max_batches=cfg.max_batches, return_token_losses=bool(cfg.dump_losses),
-        accelerator=cfg.accelerator, precision=cfg.precision, progress_bar=bool(cfg.progress_bar))
+        batch_size=data.pop("batch_size", None),
+        episode_len=data.pop("episode_len", None),
+        data_overrides=data,
+        max_batches=cfg.max_batches,
+        return_token_losses=bool(cfg.dump_losses),
+        accelerator=cfg.accelerator,
+        precision=cfg.precision,
+        progress_bar=bool(cfg.progress_bar),
+    )
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.resolve().parent.parent / "eval"
     name = output_name(result)
     arrays = result.pop("token_losses", None)

@@ -12,8 +12,9 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,9 @@ def read_json(path: str | os.PathLike, remedy: str = "delete it and rerun the co
         raise _corrupt(path, e, remedy) from e
 
 
-def load_npz(path: str | os.PathLike, remedy: str = "delete it and rerun the command that wrote it") -> dict[str, np.ndarray]:
+def load_npz(
+    path: str | os.PathLike, remedy: str = "delete it and rerun the command that wrote it"
+) -> dict[str, np.ndarray]:
     """All arrays of an ``.npz`` file, loaded eagerly (so that truncation shows here, not later)."""
     path = Path(path)
     try:

@@ -29,9 +29,10 @@ import re
 import shutil
 import time
 import zipfile
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -40,12 +41,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
 from .errors import PosencLabError
-from .metrics import DEFAULT_BUCKETS, SPLITS, EvalStats, figure, figure_name
-from .metrics import bucket_labels, logged_metrics  # noqa: F401 - their home before posenc_lab.metrics
+from .metrics import DEFAULT_BUCKETS, SPLITS, EvalStats, bucket_labels, figure, figure_name, logged_metrics  # noqa: F401 - their home before posenc_lab.metrics
 from .model import MemoryTransformer, ModelConfig
 
-DEFAULT_OPTIM = dict(lr=1e-3, weight_decay=0.01, warmup_steps=100, min_lr_ratio=0.1, betas=(0.9, 0.95), eps=1e-8,
-                     total_steps=None)
+DEFAULT_OPTIM = dict(
+    lr=1e-3, weight_decay=0.01, warmup_steps=100, min_lr_ratio=0.1, betas=(0.9, 0.95), eps=1e-8, total_steps=None
+)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -86,7 +87,8 @@ def _refused(path: Path, detail: str) -> CheckpointError:
     return CheckpointError(
         f"checkpoint {path} is refused: it holds {detail}, which a posenc-lab checkpoint never does "
         f"(checkpoints carry tensors and plain data only). Nothing in it was run. Use a checkpoint written "
-        f"by `posenc-lab train`.")
+        f"by `posenc-lab train`."
+    )
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -98,7 +100,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if zipfile.is_zipfile(path):  # torch.save's format: list what it would import, without unpickling
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:  # a damaged archive: torch.load below names the problem
+        except Exception:  # noqa: BLE001 - any damage to the archive: torch.load below names the problem
             unsafe = []
         allowed = {f"{g.__module__}.{g.__qualname__}" for g in CHECKPOINT_SAFE_GLOBALS}
         if set(unsafe) - allowed:
@@ -110,28 +112,39 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         found = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(e))
         raise _refused(path, found.group(0) if found else "objects other than tensors and plain data") from None
     except Exception as e:  # torch raises many kinds for a damaged file
-        raise CheckpointError(f"checkpoint {path} cannot be read (corrupt or not a checkpoint): "
-                              f"{type(e).__name__}: {e}") from e
-    missing = [k for k in ("state_dict", "hyper_parameters", "posenc_lab") if k not in ckpt] \
-        if isinstance(ckpt, dict) else ["everything"]
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read (corrupt or not a checkpoint): {type(e).__name__}: {e}"
+        ) from e
+    missing = (
+        [k for k in ("state_dict", "hyper_parameters", "posenc_lab") if k not in ckpt]
+        if isinstance(ckpt, dict)
+        else ["everything"]
+    )
     if missing:
         raise CheckpointError(f"checkpoint {path} is not a posenc-lab training checkpoint (missing {missing})")
     return ckpt
 
 
-def checkpoint_health(state_dict: dict[str, Tensor], mems: Sequence[Tensor],
-                      optimizer_states: Sequence[dict] = ()) -> dict[str, Any]:
+def checkpoint_health(
+    state_dict: dict[str, Tensor], mems: Sequence[Tensor], optimizer_states: Sequence[dict] = ()
+) -> dict[str, Any]:
     """{"ok", "max_abs_weight", "max_abs_memory", "finite"}: ok iff all finite and within SANE_*_ABS."""
+
     def max_abs(tensors) -> float:
         values = [t.detach().abs().max().item() for t in tensors if t.is_floating_point() and t.numel()]
         return max(values, default=0.0)
 
-    moments = [v for s in optimizer_states for p in s.get("state", {}).values() for v in p.values()
-               if isinstance(v, Tensor)]
+    moments = [
+        v for s in optimizer_states for p in s.get("state", {}).values() for v in p.values() if isinstance(v, Tensor)
+    ]
     w, m, o = max_abs(state_dict.values()), max_abs(mems), max_abs(moments)
     finite = all(math.isfinite(x) for x in (w, m, o))
-    return {"ok": finite and w <= SANE_WEIGHT_ABS and m <= SANE_MEMORY_ABS, "finite": finite,
-            "max_abs_weight": w, "max_abs_memory": m}
+    return {
+        "ok": finite and w <= SANE_WEIGHT_ABS and m <= SANE_MEMORY_ABS,
+        "finite": finite,
+        "max_abs_weight": w,
+        "max_abs_memory": m,
+    }
 
 
 GOOD_CHECKPOINTS = ("good.ckpt", "good.prev.ckpt")  # the newest two good ones, newest first
@@ -172,8 +185,9 @@ class Checkpointing(ModelCheckpoint):
             _link(Path(trainer.ckpt_path), Path(self.dirpath) / _CANDIDATE)
             self._candidate_step = trainer.global_step
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: LitLM, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: LitLM, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         # trainer.global_step already counts this step's update: the loss came from step global_step - 1
         if self._candidate_step is not None and self._candidate_step == trainer.global_step - 1:
             loss = float(outputs["loss"]) if isinstance(outputs, dict) else float("nan")
@@ -207,8 +221,9 @@ def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = N
         lit.load_state_dict(ckpt["state_dict"])
         lit.on_load_checkpoint(ckpt)
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {ckpt_path} does not fit this version of posenc-lab: "
-                              f"{type(e).__name__}: {e}") from e
+        raise CheckpointError(
+            f"checkpoint {ckpt_path} does not fit this version of posenc-lab: {type(e).__name__}: {e}"
+        ) from e
     return lit.eval()
 
 
@@ -218,9 +233,15 @@ class LitLM(L.LightningModule):
     edges of the recall-accuracy buckets; config: the run's full resolved config (kept in the
     checkpoint so that evaluation can rebuild the data)."""
 
-    def __init__(self, model: dict[str, Any], optim: dict[str, Any] | None = None, unit: str = "byte",
-                 seed: int = 0, distance_buckets: Sequence[int] = DEFAULT_BUCKETS,
-                 config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any] | None = None,
+        unit: str = "byte",
+        seed: int = 0,
+        distance_buckets: Sequence[int] = DEFAULT_BUCKETS,
+        config: dict[str, Any] | None = None,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.model = MemoryTransformer(ModelConfig(**model))
@@ -242,8 +263,10 @@ class LitLM(L.LightningModule):
         """Raise ValueError if the data cannot work with this model (vocabulary, lengths)."""
         cfg = self.model.cfg
         if datamodule.vocab_size != cfg.vocab_size:
-            raise ValueError(f"data.name={datamodule.name} has a vocabulary of {datamodule.vocab_size} tokens, "
-                             f"the model has vocab_size={cfg.vocab_size}")
+            raise ValueError(
+                f"data.name={datamodule.name} has a vocabulary of {datamodule.vocab_size} tokens, "
+                f"the model has vocab_size={cfg.vocab_size}"
+            )
         for split in splits:
             segment_len, max_position = datamodule.lengths(split)
             mem_len = self._lengths(split).get("mem_len", cfg.mem_len)
@@ -253,7 +276,8 @@ class LitLM(L.LightningModule):
                 raise ValueError(
                     f"posenc={cfg.posenc} cannot serve the {split} data (segments up to {segment_len} tokens, "
                     f"positions up to {max_position} since an episode start, model.mem_len={mem_len}; "
-                    f"see data.segment_len, data.episode_len, model.mem_len): {e}") from e
+                    f"see data.segment_len, data.episode_len, model.mem_len): {e}"
+                ) from e
 
     def setup(self, stage: str) -> None:
         datamodule = self.trainer.datamodule if self._trainer is not None else None
@@ -278,8 +302,14 @@ class LitLM(L.LightningModule):
     def forward_segment(self, batch: dict[str, Tensor], split: str):
         """Run one segment with the memory of ``split`` and keep the new memory."""
         mems = None if bool(batch["reset"]) else self._mems[split]
-        out = self.model(batch["tokens"], batch["targets"], mems=mems, offset=batch["offset"],
-                         loss_mask=batch["loss_mask"], **self._lengths(split))
+        out = self.model(
+            batch["tokens"],
+            batch["targets"],
+            mems=mems,
+            offset=batch["offset"],
+            loss_mask=batch["loss_mask"],
+            **self._lengths(split),
+        )
         self._mems[split] = out.mems
         return out
 
@@ -297,7 +327,7 @@ class LitLM(L.LightningModule):
             mems = []
             for m in self._pending_train_mems:
                 b = m.shape[0] // world
-                mems.append(m[rank * b:(rank + 1) * b].to(self.device))
+                mems.append(m[rank * b : (rank + 1) * b].to(self.device))
             self._mems["train"] = mems or None
             self._pending_train_mems = None
         self._t_last = None
@@ -401,14 +431,22 @@ class LitLM(L.LightningModule):
                 (decay if id(p) in linear - embedding else no_decay).append(p)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": float(o["weight_decay"])}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=float(o["lr"]), betas=tuple(o["betas"]), eps=float(o["eps"]),
-            fused=True)  # one kernel for all tensors (CPU and CUDA); the loop version costs a pass per tensor
+            lr=float(o["lr"]),
+            betas=tuple(o["betas"]),
+            eps=float(o["eps"]),
+            fused=True,
+        )  # one kernel for all tensors (CPU and CUDA); the loop version costs a pass per tensor
         total = o.get("total_steps") or self.trainer.max_steps
         if total is None or total < 1:
-            raise ValueError("the learning-rate schedule needs the run length: set trainer.max_steps "
-                             "(or optim.total_steps)")
-        schedule = partial(warmup_cosine, warmup_steps=int(o["warmup_steps"]), total_steps=int(total),
-                           min_lr_ratio=float(o["min_lr_ratio"]))
+            raise ValueError(
+                "the learning-rate schedule needs the run length: set trainer.max_steps (or optim.total_steps)"
+            )
+        schedule = partial(
+            warmup_cosine,
+            warmup_steps=int(o["warmup_steps"]),
+            total_steps=int(total),
+            min_lr_ratio=float(o["min_lr_ratio"]),
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -436,8 +474,13 @@ class LitLM(L.LightningModule):
         else:
             mems_global = [self._global_streams(m.contiguous()).cpu() for m in mems]
         health = checkpoint_health(checkpoint["state_dict"], mems_global, checkpoint.get("optimizer_states", ()))
-        checkpoint["posenc_lab"] = {"version": 1, "train_mems": mems_global, "train_tokens": self.train_tokens,
-                                    "wall_time_s": self.wall_time_s(), "health": health}
+        checkpoint["posenc_lab"] = {
+            "version": 1,
+            "train_mems": mems_global,
+            "train_tokens": self.train_tokens,
+            "wall_time_s": self.wall_time_s(),
+            "health": health,
+        }
         self.saved_health = health
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -458,21 +501,32 @@ class LitLM(L.LightningModule):
         lr, factor = float(o["lr"]), 1.0
         for sched in checkpoint.get("lr_schedulers", []):
             total = o.get("total_steps") or self.trainer.max_steps
-            factor = warmup_cosine(int(sched.get("last_epoch", 0)), int(o["warmup_steps"]), int(total),
-                                   float(o["min_lr_ratio"]))
+            factor = warmup_cosine(
+                int(sched.get("last_epoch", 0)), int(o["warmup_steps"]), int(total), float(o["min_lr_ratio"])
+            )
             sched["base_lrs"] = [lr] * len(sched.get("base_lrs", []))
             sched["_last_lr"] = [lr * factor] * len(sched.get("base_lrs", []))
         for state in checkpoint.get("optimizer_states", []):
             for i, group in enumerate(state.get("param_groups", [])):
-                group.update(lr=lr * factor, initial_lr=lr, betas=tuple(o["betas"]), eps=float(o["eps"]),
-                             weight_decay=float(o["weight_decay"]) if i == 0 else 0.0)  # see configure_optimizers
+                group.update(
+                    lr=lr * factor,
+                    initial_lr=lr,
+                    betas=tuple(o["betas"]),
+                    eps=float(o["eps"]),
+                    weight_decay=float(o["weight_decay"]) if i == 0 else 0.0,
+                )  # see configure_optimizers
 
     def _non_finite_message(self, loss: Tensor, batch_idx: int) -> str:
         directory = getattr(self.trainer.checkpoint_callback, "dirpath", None)
         good = good_checkpoint(directory) if directory else None
-        where = (f"Last good checkpoint: {good} (see SANE_* in posenc_lab/lit.py); continue from it in a new run "
-                 f"directory with a lower learning rate: resume={good} run_dir=NEW_DIR optim.lr=LOWER" if good else
-                 "No good checkpoint was saved before it (lower checkpoint_every to keep more)")
-        return (f"non-finite training loss ({loss.item()}) at step {self.global_step} (batch index {batch_idx}); "
-                f"stopped before the update. {where}. Try a lower optim.lr, longer optim.warmup_steps or "
-                f"trainer.gradient_clip_val.")
+        where = (
+            f"Last good checkpoint: {good} (see SANE_* in posenc_lab/lit.py); continue from it in a new run "
+            f"directory with a lower learning rate: resume={good} run_dir=NEW_DIR optim.lr=LOWER"
+            if good
+            else "No good checkpoint was saved before it (lower checkpoint_every to keep more)"
+        )
+        return (
+            f"non-finite training loss ({loss.item()}) at step {self.global_step} (batch index {batch_idx}); "
+            f"stopped before the update. {where}. Try a lower optim.lr, longer optim.warmup_steps or "
+            f"trainer.gradient_clip_val."
+        )

@@ -70,7 +70,14 @@ class ModelConfig:
     attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
 
     def __post_init__(self) -> None:
-        for name, minimum in [("vocab_size", 2), ("n_layer", 1), ("d_model", 1), ("n_head", 1), ("d_inner", 1), ("mem_len", 0)]:
+        for name, minimum in [
+            ("vocab_size", 2),
+            ("n_layer", 1),
+            ("d_model", 1),
+            ("n_head", 1),
+            ("d_inner", 1),
+            ("mem_len", 0),
+        ]:
             _check_int(f"model.{name}", getattr(self, name), minimum)
         if self.d_model % self.n_head:
             raise ValueError(
@@ -87,17 +94,21 @@ class ModelConfig:
         if self.init not in INITS:
             raise ValueError(f"model.init must be one of {list(INITS)}, got {self.init!r}")
         if self.same_length_keys not in SAME_LENGTH_KEYS:
-            raise ValueError(f"model.same_length_keys must be one of {list(SAME_LENGTH_KEYS)}, "
-                             f"got {self.same_length_keys!r}")
+            raise ValueError(
+                f"model.same_length_keys must be one of {list(SAME_LENGTH_KEYS)}, got {self.same_length_keys!r}"
+            )
         if self.same_length and self.mem_len == 0:
             raise ValueError("model.same_length=true needs model.mem_len >= 1 (the window is mem_len keys)")
         if self.adaptive_cutoffs is not None:
             self.adaptive_cutoffs = list(self.adaptive_cutoffs)
             bounds = [0, *self.adaptive_cutoffs, self.vocab_size]
-            if any(isinstance(c, bool) or not isinstance(c, int) for c in self.adaptive_cutoffs) \
-                    or any(b <= a for a, b in zip(bounds, bounds[1:])):
-                raise ValueError(f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
-                                 f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)")
+            if any(isinstance(c, bool) or not isinstance(c, int) for c in self.adaptive_cutoffs) or any(
+                b <= a for a, b in zip(bounds, bounds[1:])
+            ):
+                raise ValueError(
+                    f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
+                    f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)"
+                )
         self.posenc_kwargs = dict(self.posenc_kwargs or {})
         if self.attention_impl not in IMPLS:
             raise ValueError(f"model.attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
@@ -139,12 +150,17 @@ class Block(nn.Module):
         self.q_proj = nn.Linear(D, D, bias=False)
         self.kv_proj = nn.Linear(D, 2 * D, bias=False)  # fused: one matmul for k and v
         self.out_proj = nn.Linear(D, D, bias=False)
-        self.ff = nn.Sequential(nn.Linear(D, cfg.d_inner), FF_ACTIVATIONS[cfg.ff_activation](),
-                                nn.Dropout(cfg.ff_inner_dropout), nn.Linear(cfg.d_inner, D))
+        self.ff = nn.Sequential(
+            nn.Linear(D, cfg.d_inner),
+            FF_ACTIVATIONS[cfg.ff_activation](),
+            nn.Dropout(cfg.ff_inner_dropout),
+            nn.Linear(cfg.d_inner, D),
+        )
         self.drop = nn.Dropout(cfg.dropout)
 
-    def attention(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions,
-                  probs_out: list | None) -> Tensor:
+    def attention(
+        self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions, probs_out: list | None
+    ) -> Tensor:
         """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]."""
         B, L, D = x.shape
         N, H = context.shape[1], self.n_head
@@ -156,12 +172,19 @@ class Block(nn.Module):
         out = scheme.attend(layer, q, k, v, pos, dropout_p)
         return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
 
-    def forward(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions,
-                probs_out: list | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor,
+        scheme: PositionalScheme,
+        layer: int,
+        pos: Positions,
+        probs_out: list | None = None,
+    ) -> Tensor:
         """x: [B, L, D] the segment, context: [B, M + L, D] = [memory ; x] -> [B, L, D]."""
         if self.pre_norm:
             normed = self.ln_attn(context)
-            x = x + self.drop(self.attention(normed[:, -x.shape[1]:], normed, scheme, layer, pos, probs_out))
+            x = x + self.drop(self.attention(normed[:, -x.shape[1] :], normed, scheme, layer, pos, probs_out))
             return x + self.drop(self.ff(self.ln_ff(x)))
         x = self.ln_attn(x + self.drop(self.attention(x, context, scheme, layer, pos, probs_out)))
         return self.ln_ff(x + self.drop(self.ff(x)))
@@ -185,8 +208,13 @@ class MemoryTransformer(nn.Module):
         if cfg.adaptive_cutoffs is None:
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.output_bias)
         else:
-            self.head = AdaptiveSoftmax(cfg.d_model, cfg.vocab_size, cfg.adaptive_cutoffs,
-                                        self.embedding.weight if cfg.tie_weights else None, bias=cfg.output_bias)
+            self.head = AdaptiveSoftmax(
+                cfg.d_model,
+                cfg.vocab_size,
+                cfg.adaptive_cutoffs,
+                self.embedding.weight if cfg.tie_weights else None,
+                bias=cfg.output_bias,
+            )
         # Both inits: weights of linear maps and embeddings N(0, 0.02), biases 0. "gpt2" also scales the
         # residual projections by 1/sqrt(2 n_layer) and keeps each scheme's own init of its tables (u, v = 0).
         # "published" (the Transformer-XL code): LayerNorm gains N(1, 0.02) and every other parameter of
@@ -234,8 +262,15 @@ class MemoryTransformer(nn.Module):
         _check_int("max_offset", max_offset, 0)
         self.scheme.validate(segment_len, mem_len, max_offset)
 
-    def positions(self, L: int, M: int, offset: Tensor, device: torch.device, mem_len: int | None = None,
-                  same_length: bool | None = None) -> Positions:
+    def positions(
+        self,
+        L: int,
+        M: int,
+        offset: Tensor,
+        device: torch.device,
+        mem_len: int | None = None,
+        same_length: bool | None = None,
+    ) -> Positions:
         """Queries at i = 0..L-1, keys at j = -M..L-1; key j visible to query i iff j <= i and, with
         same_length, i - j < W: W = mem_len + 1 keys ("mem_len+1") or W = mem_len ("mem_len", published).
         mem_len, same_length: None is the config's."""
@@ -260,10 +295,17 @@ class MemoryTransformer(nn.Module):
             loss_mask = loss_mask & (torch.arange(L, device=loss_mask.device) >= L - recent)
         return loss_mask
 
-    def forward(self, tokens: Tensor, targets: Tensor | None = None, mems: list[Tensor] | None = None,
-                offset: int | Tensor = 0, loss_mask: Tensor | None = None,
-                return_attention: bool = False, mem_len: int | None = None,
-                same_length: bool | None = None) -> ModelOutput:
+    def forward(
+        self,
+        tokens: Tensor,
+        targets: Tensor | None = None,
+        mems: list[Tensor] | None = None,
+        offset: int | Tensor = 0,
+        loss_mask: Tensor | None = None,
+        return_attention: bool = False,
+        mem_len: int | None = None,
+        same_length: bool | None = None,
+    ) -> ModelOutput:
         """tokens, targets: [B, L] int64; mems: n_layer x [B, M, D] or None/[] (no memory yet);
         offset: stream offset s of tokens[:, 0], int or [B]; loss_mask: [B, L] bool (True = counted).
         mem_len (states kept per layer for the next segment) and same_length: None is the config's;
@@ -293,8 +335,9 @@ class MemoryTransformer(nn.Module):
         h = self.final_drop(self.ln_out(h))
 
         adaptive = isinstance(self.head, AdaptiveSoftmax)
-        out = ModelOutput(hidden=h, mems=new_mems, attention=attention,
-                          scores=self.head.log_probs if adaptive else self.head)
+        out = ModelOutput(
+            hidden=h, mems=new_mems, attention=attention, scores=self.head.log_probs if adaptive else self.head
+        )
         if targets is not None:
             if adaptive:  # tail words are scored only where a target lies in that tail
                 out.token_loss = self.head.token_nll(h, targets)
@@ -303,7 +346,8 @@ class MemoryTransformer(nn.Module):
                 out.token_loss = F.cross_entropy(
                     logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
                 ).view(B, L)
-            out.counted = self.scored(torch.ones_like(targets, dtype=torch.bool) if loss_mask is None
-                                      else loss_mask.bool())
+            out.counted = self.scored(
+                torch.ones_like(targets, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+            )
             out.loss = (out.token_loss * out.counted).sum() / out.counted.sum().clamp(min=1)
         return out

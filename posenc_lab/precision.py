@@ -47,8 +47,10 @@ def bf16_hardware(device_type: str, flags: set[str] | None = None) -> str | None
         return None  # cannot tell: no warning rather than a wrong one
     if flags & set(CPU_BF16_FLAGS):
         return None
-    return (f"this CPU has no bf16 instructions (its flags lack {' and '.join(CPU_BF16_FLAGS)}; torch reports "
-            f"{torch.backends.cpu.get_cpu_capability()}), so bf16 matmuls are emulated through fp32")
+    return (
+        f"this CPU has no bf16 instructions (its flags lack {' and '.join(CPU_BF16_FLAGS)}; torch reports "
+        f"{torch.backends.cpu.get_cpu_capability()}), so bf16 matmuls are emulated through fp32"
+    )
 
 
 def check_precision(precision: object, device_type: str, policy: str = "warn", flags: set[str] | None = None) -> None:
@@ -61,8 +63,10 @@ def check_precision(precision: object, device_type: str, policy: str = "warn", f
     reason = bf16_hardware(device_type, flags)
     if reason is None:
         return
-    message = (f"trainer.precision={precision} on {device_type}: {reason}; bf16 will run several times slower "
-               f"than 32-true here. Use trainer.precision=32-true on this machine, or bf16_check=off to run it anyway")
+    message = (
+        f"trainer.precision={precision} on {device_type}: {reason}; bf16 will run several times slower "
+        f"than 32-true here. Use trainer.precision=32-true on this machine, or bf16_check=off to run it anyway"
+    )
     if policy == "error":
         raise ConfigError(message)
     warnings.warn(message, stacklevel=2)

@@ -63,19 +63,26 @@ def corpus_identity(corpus) -> dict[str, Any]:
         array = np.ascontiguousarray(array)
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
         for start in range(0, array.size, 1 << 24):  # 16M items at a time: a memmap is never copied whole
-            digest.update(memoryview(array[start:start + (1 << 24)]).cast("B"))
-    return {"name": corpus.name, "unit": corpus.unit, "vocab_size": int(corpus.vocab_size),
-            "n_tokens": {s: int(len(corpus.split(s))) for s in ("train", "valid", "test")},
-            "sha256": digest.hexdigest()}
+            digest.update(memoryview(array[start : start + (1 << 24)]).cast("B"))
+    return {
+        "name": corpus.name,
+        "unit": corpus.unit,
+        "vocab_size": int(corpus.vocab_size),
+        "n_tokens": {s: int(len(corpus.split(s))) for s in ("train", "valid", "test")},
+        "sha256": digest.hexdigest(),
+    }
 
 
 def run_identity(config: dict[str, Any], corpus: dict[str, Any] | None) -> dict[str, Any]:
     """The identity of a run from its resolved config (a plain dict) and corpus identity."""
     trainer = config.get("trainer") or {}
     return {
-        "seed": config.get("seed"), "posenc": config.get("posenc"), "model": _model_identity(config.get("model")),
+        "seed": config.get("seed"),
+        "posenc": config.get("posenc"),
+        "model": _model_identity(config.get("model")),
         "data": {k: v for k, v in (config.get("data") or {}).items() if k not in DATA_NOT_IDENTITY},
-        "corpus": corpus, "optim": config.get("optim"),
+        "corpus": corpus,
+        "optim": config.get("optim"),
         "trainer": {k: trainer.get(k) for k in TRAINER_IDENTITY},
     }
 
@@ -114,8 +121,11 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | N
         raise RunDirError(f"run_dir {run_dir} is a file, not a folder")
     record_path = run_dir / RUN_FILE
     if record_path.exists():
-        record = read_json(record_path, remedy=f"delete it: {run_dir} is then recognised by its checkpoint "
-                                               f"(without checkpoints, delete or move the whole folder)")
+        record = read_json(
+            record_path,
+            remedy=f"delete it: {run_dir} is then recognised by its checkpoint "
+            f"(without checkpoints, delete or move the whole folder)",
+        )
         saved = record.get("identity") if isinstance(record, dict) else None
         if saved is None:
             raise RunDirError(f"{record_path} is not a posenc-lab run record; choose another run_dir")
@@ -124,9 +134,11 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | N
         if ckpt is None:
             others = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE)
             if others:
-                raise RunDirError(f"run_dir {run_dir} holds files but is not a posenc-lab run (no {RUN_FILE}): "
-                                  f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; choose a new or "
-                                  f"empty folder")
+                raise RunDirError(
+                    f"run_dir {run_dir} holds files but is not a posenc-lab run (no {RUN_FILE}): "
+                    f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; choose a new or "
+                    f"empty folder"
+                )
             return None
         from .lit import read_checkpoint  # an older run: its identity from the checkpoint's config
 
@@ -137,17 +149,25 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | N
         saved = {**saved, "model": _model_identity(saved.get("model"))}
     diff = differences(saved, identity)
     if diff:
-        raise RunDirError(f"run_dir {run_dir} holds another run; it differs in {'; '.join(diff)}. Use another "
-                          f"run_dir (to start from one of its checkpoints with new settings: resume=PATH run_dir=NEW)")
+        raise RunDirError(
+            f"run_dir {run_dir} holds another run; it differs in {'; '.join(diff)}. Use another "
+            f"run_dir (to start from one of its checkpoints with new settings: resume=PATH run_dir=NEW)"
+        )
     return record
 
 
 def write_record(run_dir: Path, identity: dict[str, Any], record: dict[str, Any] | None) -> None:
     """Write run.json for a new run (or one recognised by its checkpoint); keep an existing one."""
     if record is None or "adopted_from" in record:
-        write_json(Path(run_dir) / RUN_FILE, {"format": FORMAT, "identity": identity,
-                                               "created": datetime.datetime.now().isoformat(timespec="seconds"),
-                                               **({"adopted_from": record["adopted_from"]} if record else {})})
+        write_json(
+            Path(run_dir) / RUN_FILE,
+            {
+                "format": FORMAT,
+                "identity": identity,
+                "created": datetime.datetime.now().isoformat(timespec="seconds"),
+                **({"adopted_from": record["adopted_from"]} if record else {}),
+            },
+        )
 
 
 class RunLock:
@@ -167,10 +187,14 @@ class RunLock:
                 holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise RunDirError(f"run_dir {self.path.parent} is being written by another process ({holder}); "
-                                      f"wait for it to finish or use another run_dir") from None
-                raise RunDirError(f"cannot lock {self.path} ({e}); this file system does not support file "
-                                  f"locks: put run_dir on a local or lockable file system") from e
+                    raise RunDirError(
+                        f"run_dir {self.path.parent} is being written by another process ({holder}); "
+                        f"wait for it to finish or use another run_dir"
+                    ) from None
+                raise RunDirError(
+                    f"cannot lock {self.path} ({e}); this file system does not support file "
+                    f"locks: put run_dir on a local or lockable file system"
+                ) from e
             try:  # the holder may have removed the file between our open and flock: lock the new one
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -180,11 +204,18 @@ class RunLock:
             os.close(fd)
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         if previous:
-            log.warning("run_dir %s: taking over the lock left by a process that no longer runs (%s)",
-                        self.path.parent, previous)
+            log.warning(
+                "run_dir %s: taking over the lock left by a process that no longer runs (%s)",
+                self.path.parent,
+                previous,
+            )
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                      f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
+        os.pwrite(
+            fd,
+            f"pid {os.getpid()} on {socket.gethostname()} since "
+            f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(),
+            0,
+        )
         self.fd = fd
         return self
 

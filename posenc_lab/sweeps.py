@@ -32,9 +32,10 @@ import math
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -48,13 +49,35 @@ ENTRY_MODULE = "posenc_lab.train"
 METHODS = ("grid", "random", "bayes")
 SPEC_KEYS = {"value", "values", "distribution", "min", "max", "mu", "sigma", "q", "probabilities", "a", "b"}
 DISTRIBUTIONS = {
-    "constant", "categorical", "categorical_w_probabilities", "int_uniform", "uniform", "log_uniform",
-    "log_uniform_values", "q_uniform", "q_log_uniform", "q_log_uniform_values", "inv_log_uniform",
-    "inv_log_uniform_values", "normal", "q_normal", "log_normal", "q_log_normal", "beta", "q_beta",
+    "constant",
+    "categorical",
+    "categorical_w_probabilities",
+    "int_uniform",
+    "uniform",
+    "log_uniform",
+    "log_uniform_values",
+    "q_uniform",
+    "q_log_uniform",
+    "q_log_uniform_values",
+    "inv_log_uniform",
+    "inv_log_uniform_values",
+    "normal",
+    "q_normal",
+    "log_normal",
+    "q_log_normal",
+    "beta",
+    "q_beta",
 }
 ARGS_MACRO = "${args_no_hyphens}"
-OTHER_ARGS_MACROS = ("${args}", "${args_no_boolean_flags}", "${args_json}", "${args_json_file}",
-                     "${args_no_equals}", "${args_append_hydra}", "${args_override_hydra}")
+OTHER_ARGS_MACROS = (
+    "${args}",
+    "${args_no_boolean_flags}",
+    "${args_json}",
+    "${args_json_file}",
+    "${args_no_equals}",
+    "${args_append_hydra}",
+    "${args_override_hydra}",
+)
 MAX_COMBINATIONS = 5000
 
 
@@ -94,14 +117,17 @@ def format_override(key: str, value: Any) -> str:
 
 # ---- the sweep file ----------------------------------------------------------------------------
 
+
 def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) -> list[Any]:
     where = f"parameter {name!r}"
     if not isinstance(spec, dict):
         problems.append(f"{where}: expected a mapping such as {{values: [...]}} or {{min: .., max: ..}}, got {spec!r}")
         return []
     if "parameters" in spec:
-        problems.append(f"{where}: nested parameters are not supported (the agent would pass a dict); "
-                        f"write each leaf as a dotted key, e.g. {name}.lr")
+        problems.append(
+            f"{where}: nested parameters are not supported (the agent would pass a dict); "
+            f"write each leaf as a dotted key, e.g. {name}.lr"
+        )
         return []
     unknown = sorted(set(spec) - SPEC_KEYS)
     if unknown:
@@ -147,8 +173,10 @@ def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[s
     """The fixed overrides before and after ${args_no_hyphens}; problems for a command that would
     not run posenc_lab.train with Hydra overrides."""
     if not isinstance(command, list) or not all(isinstance(c, (str, int, float)) for c in command):
-        problems.append(f"command: a list of strings that runs the trainer, e.g. "
-                        f"[${{env}}, python, -m, {ENTRY_MODULE}, {ARGS_MACRO}], got {command!r}")
+        problems.append(
+            f"command: a list of strings that runs the trainer, e.g. "
+            f"[${{env}}, python, -m, {ENTRY_MODULE}, {ARGS_MACRO}], got {command!r}"
+        )
         return [], []
     command = [str(c) for c in command]
     used = [m for m in OTHER_ARGS_MACROS if m in command]
@@ -167,11 +195,15 @@ def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[s
         elif c == "train" and i > 0 and os.path.basename(command[i - 1]) == "posenc-lab":
             start = i + 1
     if "${program}" in command:
-        problems.append(f"command: ${{program}} runs posenc_lab/train.py as a script, which cannot import its "
-                        f"package; use [${{env}}, python, -m, {ENTRY_MODULE}, {ARGS_MACRO}]")
+        problems.append(
+            f"command: ${{program}} runs posenc_lab/train.py as a script, which cannot import its "
+            f"package; use [${{env}}, python, -m, {ENTRY_MODULE}, {ARGS_MACRO}]"
+        )
     if start is None:
-        problems.append(f"command: does not run the trainer; expected `-m {ENTRY_MODULE}` (or `posenc-lab train`) "
-                        f"before {ARGS_MACRO}, got {command}")
+        problems.append(
+            f"command: does not run the trainer; expected `-m {ENTRY_MODULE}` (or `posenc-lab train`) "
+            f"before {ARGS_MACRO}, got {command}"
+        )
         return [], []
     idx = command.index(ARGS_MACRO)
     if idx < start:
@@ -182,7 +214,7 @@ def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[s
     if macros:
         problems.append(f"command: unexpected macro(s) {macros} among the Hydra overrides")
     before = [c for c in command[start:idx] if c not in macros]
-    after = [c for c in command[idx + 1:] if c not in macros]
+    after = [c for c in command[idx + 1 :] if c not in macros]
     return before, after
 
 
@@ -219,13 +251,17 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
             values = _parameter_values(name, pspec, method, problems)
             for v in values:
                 if v is None:
-                    problems.append(f"parameter {name!r}: a YAML null reaches Hydra as the text 'None' "
-                                    f"(wandb writes {name}=None); write the string \"null\" instead")
+                    problems.append(
+                        f"parameter {name!r}: a YAML null reaches Hydra as the text 'None' "
+                        f'(wandb writes {name}=None); write the string "null" instead'
+                    )
                 elif isinstance(v, dict):
                     problems.append(f"parameter {name!r}: value {v!r}: a mapping cannot be passed as one override")
                 elif isinstance(v, str) and ("," in v and not v.startswith(("[", "{"))):
-                    problems.append(f"parameter {name!r}: value {v!r} contains a comma, which Hydra reads as a "
-                                    f"multirun sweep; quote it inside the value or avoid the comma")
+                    problems.append(
+                        f"parameter {name!r}: value {v!r} contains a comma, which Hydra reads as a "
+                        f"multirun sweep; quote it inside the value or avoid the comma"
+                    )
             parameters[name] = [v for v in values if v is not None]
     before, after = _split_command(spec.get("command"), problems)
     sweep = Sweep(path=path, spec=spec, method=method, metric=metric, parameters=parameters, before=before, after=after)
@@ -233,8 +269,10 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     for name in parameters:
         key = name.lstrip("+~")
         if key in fixed_keys:
-            problems.append(f"parameter {name!r} is also fixed in the command ({fixed_keys[key]!r}); one of them would "
-                            f"silently win: remove it from the command")
+            problems.append(
+                f"parameter {name!r} is also fixed in the command ({fixed_keys[key]!r}); one of them would "
+                f"silently win: remove it from the command"
+            )
     n = math.prod(len(v) for v in parameters.values()) if parameters else 0
     if n > MAX_COMBINATIONS:
         problems.append(f"parameters: {n} combinations to check (more than {MAX_COMBINATIONS}); split the sweep")
@@ -253,6 +291,7 @@ def _format(path: Path, problems: Sequence[str]) -> str:
 
 
 # ---- composing with Hydra ----------------------------------------------------------------------
+
 
 class Composer:
     """Hydra's public compose API on ``conf_dir``: ``compose(overrides)`` is ``hydra.compose`` (hydra node
@@ -276,7 +315,7 @@ class Composer:
         self._options: dict[str, list[str]] = {}
         self._backup = None
 
-    def __enter__(self) -> "Composer":
+    def __enter__(self) -> Composer:
         from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
         from hydra.initialize import get_gh_backup
@@ -363,8 +402,9 @@ def _missing_key_message(cfg: DictConfig, key: str) -> str | None:
                 valid = sorted(str(k) for k in node.keys() if k != "hydra" or depth)
                 close = difflib.get_close_matches(part, valid, n=1)
                 hint = f" (did you mean {'.'.join(parts[:depth] + [close[0]])!r}?)" if close else ""
-                return (f"config key {key!r} does not exist: {here} has no {part!r}{hint}; "
-                        f"keys there: {', '.join(valid)}")
+                return (
+                    f"config key {key!r} does not exist: {here} has no {part!r}{hint}; keys there: {', '.join(valid)}"
+                )
             node = node._get_node(part)
             node = node if isinstance(node, (DictConfig, ListConfig)) else None
         elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
@@ -377,6 +417,7 @@ def _missing_key_message(cfg: DictConfig, key: str) -> str | None:
 
 # ---- cheap validation of one composed config ---------------------------------------------------
 
+
 def logged_metrics(cfg: DictConfig) -> set[str]:
     """The metric keys LitLM logs for this config (``posenc_lab.lit.logged_metrics`` for its corpus's unit;
     a corpus unknown here gets both figures and the recall metrics)."""
@@ -385,8 +426,7 @@ def logged_metrics(cfg: DictConfig) -> set[str]:
 
     data = str(cfg.data.name)
     unit = CORPUS_UNITS.get(data)
-    return lit_metrics(unit, data in ANSWER_CORPORA or unit is None,
-                       [int(e) for e in cfg.metrics.distance_buckets])
+    return lit_metrics(unit, data in ANSWER_CORPORA or unit is None, [int(e) for e in cfg.metrics.distance_buckets])
 
 
 def lightning_precisions() -> list:
@@ -449,8 +489,10 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
     if _is_int(devices) and _is_int(nodes) and _is_int(get("data.batch_size")):
         world = devices * nodes
         if get("data.batch_size") % world:
-            problems.append(f"data.batch_size={get('data.batch_size')} (the global batch) is not divisible by "
-                            f"trainer.devices x trainer.num_nodes = {world}")
+            problems.append(
+                f"data.batch_size={get('data.batch_size')} (the global batch) is not divisible by "
+                f"trainer.devices x trainer.num_nodes = {world}"
+            )
     # optimizer
     lr, warmup = get("optim.lr"), get("optim.warmup_steps")
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
@@ -469,8 +511,10 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
     precision = get("trainer.precision")
     valid_precision = lightning_precisions()
     if precision not in valid_precision:
-        problems.append(f"trainer.precision={precision!r} is not a Lightning precision; valid: "
-                        f"{', '.join(str(p) for p in valid_precision if isinstance(p, str) and '-' in p)}")
+        problems.append(
+            f"trainer.precision={precision!r} is not a Lightning precision; valid: "
+            f"{', '.join(str(p) for p in valid_precision if isinstance(p, str) and '-' in p)}"
+        )
     if not (devices in ("auto", -1) or (_is_int(devices) and devices >= 1) or isinstance(devices, ListConfig)):
         problems.append(f"trainer.devices must be an integer >= 1, -1, a list or 'auto', got {devices!r}")
     if not _is_int(nodes) or nodes < 1:
@@ -479,8 +523,10 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
     if require_wandb:
         target = str(get("logger._target_") or "")
         if not target.endswith("WandbLogger"):
-            problems.append(f"logger: the sweep's metric reaches wandb only through logger=wandb (got "
-                            f"{target or 'no logger'}); add logger=wandb to the command")
+            problems.append(
+                f"logger: the sweep's metric reaches wandb only through logger=wandb (got "
+                f"{target or 'no logger'}); add logger=wandb to the command"
+            )
     # the metric
     if metric:
         names = logged_metrics(cfg)
@@ -488,13 +534,18 @@ def validate_config(cfg: DictConfig, metric: dict[str, Any] | None = None, requi
         if mname not in names:
             close = difflib.get_close_matches(str(mname), sorted(names), n=3)
             plain = sorted(n for n in names if "/acc_d" not in n)
-            buckets = sorted({n.split("/acc_d", 1)[1] for n in names if "/acc_d" in n},
-                             key=lambda b: int(b.split("-")[0].rstrip("+")))
+            buckets = sorted(
+                {n.split("/acc_d", 1)[1] for n in names if "/acc_d" in n},
+                key=lambda b: int(b.split("-")[0].rstrip("+")),
+            )
             listed = ", ".join(plain)
             if buckets:
                 listed += f"; val|test/acc_d<bucket> for buckets {', '.join(buckets)}"
-            problems.append(f"metric.name={mname!r} is never logged for data={name}"
-                            + (f" (did you mean {close[0]!r}?)" if close else "") + f"; LitLM logs: {listed}")
+            problems.append(
+                f"metric.name={mname!r} is never logged for data={name}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; LitLM logs: {listed}"
+            )
         goal = metric.get("goal", "minimize")
         leaf = str(mname).rsplit("/", 1)[-1]
         want = "maximize" if leaf.startswith("acc") or leaf == "tokens_per_s" else "minimize"
@@ -516,16 +567,23 @@ def validate_launcher(cfg: DictConfig) -> list[str]:
                 problems.append(f"hydra.launcher.{key}: {_first_line(e)}")
                 continue
             if v is not None and not _is_int(v):
-                problems.append(f"hydra.launcher.{key}={v!r}: SLURM needs an integer (hydra/launcher=slurm takes it "
-                                f"from trainer.devices and trainer.num_nodes: set those to integers, e.g. "
-                                f"trainer.devices=8 trainer.num_nodes=1)")
+                problems.append(
+                    f"hydra.launcher.{key}={v!r}: SLURM needs an integer (hydra/launcher=slurm takes it "
+                    f"from trainer.devices and trainer.num_nodes: set those to integers, e.g. "
+                    f"trainer.devices=8 trainer.num_nodes=1)"
+                )
     return problems
 
 
 # ---- the checker -------------------------------------------------------------------------------
 
-def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR, require_wandb: bool = True,
-                configs: list | None = None) -> list[list[str]]:
+
+def check_sweep(
+    path: str | os.PathLike,
+    conf_dir: str | os.PathLike = CONF_DIR,
+    require_wandb: bool = True,
+    configs: list | None = None,
+) -> list[list[str]]:
     """Validate sweep file ``path`` against the Hydra config in ``conf_dir`` before any run.
 
     Returns the override list of every checked trial (grid: every trial the agent will run), or
@@ -546,8 +604,10 @@ def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR,
                 problems.append(f"{src} {line!r} is not a valid Hydra override: {_first_line(e)}")
                 continue
             if parsed.is_sweep_override():
-                problems.append(f"{src} {line!r} is a multirun sweep (a comma or range in the value); "
-                                f"a sweep trial takes one value per key")
+                problems.append(
+                    f"{src} {line!r} is a multirun sweep (a comma or range in the value); "
+                    f"a sweep trial takes one value per key"
+                )
                 continue
             if composer.is_group(parsed) and not parsed.is_delete():
                 value, group = parsed.value(), parsed.key_or_group
@@ -556,9 +616,11 @@ def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR,
                 for v in names:
                     if v not in options:
                         close = difflib.get_close_matches(str(v), options, n=1)
-                        problems.append(f"{src} {line!r}: {v!r} is not an option of config group {group!r}"
-                                        + (f" (did you mean {close[0]!r}?)" if close else "")
-                                        + f"; options: {', '.join(options)}")
+                        problems.append(
+                            f"{src} {line!r}: {v!r} is not an option of config group {group!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")
+                            + f"; options: {', '.join(options)}"
+                        )
         if problems:
             raise SweepError(_format(sweep.path, problems))
 
@@ -574,8 +636,11 @@ def check_sweep(path: str | os.PathLike, conf_dir: str | os.PathLike = CONF_DIR,
                         continue
                     msg = _missing_key_message(raw, p.key_or_group)
                     if msg:
-                        src = (f"command override {p.input_line!r}" if p.input_line in sweep.fixed
-                               else f"parameter {p.key_or_group!r}")
+                        src = (
+                            f"command override {p.input_line!r}"
+                            if p.input_line in sweep.fixed
+                            else f"parameter {p.key_or_group!r}"
+                        )
                         raise SweepError(f"{src}: {msg}")
                 cfg = composer.compose_trial(trial, sweep.fixed)
             except SweepError as e:
@@ -617,10 +682,13 @@ def multirun_overrides(path: str | os.PathLike) -> list[str]:
     """The same grid as Hydra multirun overrides (``posenc-lab train -m ...``), without wandb:
     the logger is left at its default and Hydra's sweep directory replaces the per-run dir."""
     sweep = load_sweep(path)
-    if sweep.method != "grid" and any(len(v) > 1 and "values" not in sweep.spec["parameters"][k]
-                                      for k, v in sweep.parameters.items()):
-        raise SweepError(f"{sweep.path}: method {sweep.method} samples ranges; only value lists become a Hydra "
-                         f"multirun (run the wandb sweep instead)")
+    if sweep.method != "grid" and any(
+        len(v) > 1 and "values" not in sweep.spec["parameters"][k] for k, v in sweep.parameters.items()
+    ):
+        raise SweepError(
+            f"{sweep.path}: method {sweep.method} samples ranges; only value lists become a Hydra "
+            f"multirun (run the wandb sweep instead)"
+        )
     dropped = ("logger", "hydra.run.dir", "logger.group", "logger.tags", "logger.job_type")
     fixed = [o for o in sweep.fixed if _override_key(o) not in dropped]
     swept = []
@@ -638,16 +706,22 @@ def _hydra_value(v: Any) -> str:
 
 # ---- command line ------------------------------------------------------------------------------
 
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="posenc-lab sweep-check",
-        description="Validate wandb sweep files against conf/ before any run (every combination composes).")
+        description="Validate wandb sweep files against conf/ before any run (every combination composes).",
+    )
     parser.add_argument("sweeps", nargs="+", help="sweep YAML files (e.g. sweeps/ablation.yaml)")
-    parser.add_argument("--conf-dir", default=str(CONF_DIR),
-                        help="Hydra config directory (default: the package's conf/)")
+    parser.add_argument(
+        "--conf-dir", default=str(CONF_DIR), help="Hydra config directory (default: the package's conf/)"
+    )
     parser.add_argument("--list", action="store_true", help="print every trial's overrides")
-    parser.add_argument("--multirun", action="store_true",
-                        help="print the equivalent `posenc-lab train -m ...` command (grid sweeps; no wandb)")
+    parser.add_argument(
+        "--multirun",
+        action="store_true",
+        help="print the equivalent `posenc-lab train -m ...` command (grid sweeps; no wandb)",
+    )
     args = parser.parse_args(argv)
     status = 0
     for path in args.sweeps:

@@ -52,14 +52,20 @@ CONF_DIR = config_dir()
 
 # ---- building blocks (also used by evaluate.py and the tests) -----------------------------------
 
+
 def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
     """ModelConfig fields from the ``model`` and ``posenc`` nodes (the scheme's options are
     everything in ``posenc`` but its name; options left null are sized to the run's lengths by the scheme)."""
     posenc = OmegaConf.to_container(cfg.posenc, resolve=True)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     name = posenc.pop("name")
-    posenc = sized_options(name, posenc, segment_len=cfg.data.segment_len, mem_len=model.get("mem_len", 0),
-                           max_offset=OmegaConf.select(cfg, "data.episode_len", default=None) or 0)
+    posenc = sized_options(
+        name,
+        posenc,
+        segment_len=cfg.data.segment_len,
+        mem_len=model.get("mem_len", 0),
+        max_offset=OmegaConf.select(cfg, "data.episode_len", default=None) or 0,
+    )
     return {**model, "vocab_size": vocab_size, "posenc": name, "posenc_kwargs": posenc}
 
 
@@ -69,9 +75,14 @@ def build_datamodule(data_cfg: DictConfig | dict) -> SegmentDataModule:
 
 
 def build_lit(cfg: DictConfig, datamodule: SegmentDataModule) -> LitLM:
-    return LitLM(model=model_config(cfg, datamodule.vocab_size), optim=OmegaConf.to_container(cfg.optim, resolve=True),
-                 unit=datamodule.unit, seed=int(cfg.seed), distance_buckets=list(cfg.metrics.distance_buckets),
-                 config=OmegaConf.to_container(cfg, resolve=True))
+    return LitLM(
+        model=model_config(cfg, datamodule.vocab_size),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        unit=datamodule.unit,
+        seed=int(cfg.seed),
+        distance_buckets=list(cfg.metrics.distance_buckets),
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
 
 
 def check_splits(datamodule: SegmentDataModule) -> None:
@@ -81,8 +92,10 @@ def check_splits(datamodule: SegmentDataModule) -> None:
             datamodule.make_stream(split)
         except ValueError as e:
             sizes = "data.batch_size" if split == "train" else "data.eval_batch_size (or data.batch_size)"
-            raise ConfigError(f"the {split} split of data.name={datamodule.name} is too short for these streams: {e}. "
-                              f"Lower {sizes} or data.segment_len, or use a larger corpus") from e
+            raise ConfigError(
+                f"the {split} split of data.name={datamodule.name} is too short for these streams: {e}. "
+                f"Lower {sizes} or data.segment_len, or use a larger corpus"
+            ) from e
 
 
 def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentDataModule) -> int:
@@ -90,8 +103,11 @@ def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentData
     ckpt = read_checkpoint(path)
     saved, now = dict(ckpt["hyper_parameters"]["model"]), lit.hparams.model
     # Dropout may change on resume; everything else shapes the parameters or their meaning.
-    diff = {k: (saved.get(k), v) for k, v in now.items()
-            if k not in ("dropout", "attn_dropout", "attention_impl") and saved.get(k) != v}  # speed-only: may change
+    diff = {
+        k: (saved.get(k), v)
+        for k, v in now.items()
+        if k not in ("dropout", "attn_dropout", "attention_impl") and saved.get(k) != v
+    }  # speed-only: may change
     if diff:
         listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(f"checkpoint {path} was trained with another model: {listed}")
@@ -109,8 +125,10 @@ def _resume_path(cfg: DictConfig, run_dir: Path, record: dict | None) -> Path | 
     if cfg.resume in (None, False, "none", "never"):
         existing = newest_checkpoint(run_dir) if record is not None else None
         if existing is not None:
-            raise RunDirError(f"resume=null would start run_dir {run_dir} over and overwrite its checkpoints "
-                              f"({existing}); use resume=auto to continue it, or another run_dir")
+            raise RunDirError(
+                f"resume=null would start run_dir {run_dir} over and overwrite its checkpoints "
+                f"({existing}); use resume=auto to continue it, or another run_dir"
+            )
         return None
     if cfg.resume == "auto":
         return newest_checkpoint(run_dir)
@@ -132,8 +150,11 @@ def _run_dir(cfg: DictConfig) -> Path:
         return Path(HydraConfig.get().runtime.output_dir).resolve()
     run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
     if run_dir is None:
-        run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else \
-            f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
+        run_dir = (
+            HydraConfig.get().runtime.output_dir
+            if HydraConfig.initialized()
+            else f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
+        )
     return Path(run_dir).resolve()
 
 
@@ -196,6 +217,7 @@ def _end_local_ddp(env_before: set[str]) -> None:
 
 # ---- the run -----------------------------------------------------------------------------------
 
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train as configured, evaluate on val and test, write results.json; return the results."""
     composed = cfg.copy()  # as Hydra composed it, for .hydra/config.yaml
@@ -221,34 +243,48 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except CheckpointError as e:
         if cfg.resume != "auto" or "cannot be read" not in str(e):
             raise
-        raise CheckpointError(f"{e}. Delete it to resume from the newest other checkpoint in {resume.parent} "
-                              f"(or to start the run over if there is none), or pass resume=PATH") from e
+        raise CheckpointError(
+            f"{e}. Delete it to resume from the newest other checkpoint in {resume.parent} "
+            f"(or to start the run over if there is none), or pass resume=PATH"
+        ) from e
     if resume_step > cfg.trainer.max_steps:
-        raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps} is below the step of {resume} ({resume_step}): "
-                          f"a run is extended, never shortened; set trainer.max_steps >= {resume_step}")
+        raise ConfigError(
+            f"trainer.max_steps={cfg.trainer.max_steps} is below the step of {resume} ({resume_step}): "
+            f"a run is extended, never shortened; set trainer.max_steps >= {resume_step}"
+        )
 
     logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") and "_target_" in cfg.logger else False
-    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()
-                 if c is not None and "_target_" in c]
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks,
-                                                 default_root_dir=str(run_dir))
+    callbacks = [
+        hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c
+    ]
+    trainer: L.Trainer = hydra.utils.instantiate(
+        cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir)
+    )
     check_precision(trainer.precision, trainer.strategy.root_device.type, cfg.get("bf16_check", "warn"))
     with RunLock(run_dir) if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
             record = check_run_dir(run_dir, identity)  # again under the lock: another process may have run
             if _checkpoint_state(run_dir) != seen:
-                raise RunDirError(f"run_dir {run_dir} changed while this run was starting (another process saved "
-                                  f"a checkpoint); run the command again to continue from it")
+                raise RunDirError(
+                    f"run_dir {run_dir} changed while this run was starting (another process saved "
+                    f"a checkpoint); run the command again to continue from it"
+                )
             write_record(run_dir, identity, record)
             _write_run_start(cfg, composed, run_dir)
             _keep_old_log(run_dir, resume_step)
-            log.info("run dir %s; %s; %.2fM parameters%s", run_dir, lit.model.cfg.posenc,
-                     lit.model.num_params() / 1e6, f"; resuming from {resume}" if resume else "")
+            log.info(
+                "run dir %s; %s; %.2fM parameters%s",
+                run_dir,
+                lit.model.cfg.posenc,
+                lit.model.num_params() / 1e6,
+                f"; resuming from {resume}" if resume else "",
+            )
         return _fit_and_evaluate(cfg, trainer, lit, datamodule, run_dir, resume)
 
 
-def _fit_and_evaluate(cfg: DictConfig, trainer: L.Trainer, lit: LitLM, datamodule: SegmentDataModule, run_dir: Path,
-                      resume: Path | None) -> dict[str, Any]:
+def _fit_and_evaluate(
+    cfg: DictConfig, trainer: L.Trainer, lit: LitLM, datamodule: SegmentDataModule, run_dir: Path, resume: Path | None
+) -> dict[str, Any]:
     _prepare_ddp_relaunch(run_dir)
     env_before = {k for k in _DDP_ENV if k in os.environ}
     with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):  # checkpoints carry data only (lit.py)
@@ -262,14 +298,27 @@ def _fit_and_evaluate(cfg: DictConfig, trainer: L.Trainer, lit: LitLM, datamodul
         trainer.save_checkpoint(last)
 
     results: dict[str, Any] = {
-        "scheme": lit.model.cfg.posenc, "posenc": OmegaConf.to_container(cfg.posenc, resolve=True),
-        "data": cfg.data.name, "unit": datamodule.unit, "metric": lit.metric, "seed": int(cfg.seed),
-        "steps": trainer.global_step, "tokens": lit.train_tokens, "wall_time_s": lit.wall_time_s(),
-        "params": lit.model.num_params(), "segment_len": cfg.data.segment_len, "batch_size": cfg.data.batch_size,
-        "episode_len": cfg.data.episode_len, "mem_len": lit.model.cfg.mem_len,
-        "n_layer": lit.model.cfg.n_layer, "d_model": lit.model.cfg.d_model, "n_head": lit.model.cfg.n_head,
-        "world_size": trainer.world_size, "run_dir": str(run_dir),
-        "checkpoint": str(last) if last.exists() else None, "resumed_from": str(resume) if resume else None,
+        "scheme": lit.model.cfg.posenc,
+        "posenc": OmegaConf.to_container(cfg.posenc, resolve=True),
+        "data": cfg.data.name,
+        "unit": datamodule.unit,
+        "metric": lit.metric,
+        "seed": int(cfg.seed),
+        "steps": trainer.global_step,
+        "tokens": lit.train_tokens,
+        "wall_time_s": lit.wall_time_s(),
+        "params": lit.model.num_params(),
+        "segment_len": cfg.data.segment_len,
+        "batch_size": cfg.data.batch_size,
+        "episode_len": cfg.data.episode_len,
+        "mem_len": lit.model.cfg.mem_len,
+        "n_layer": lit.model.cfg.n_layer,
+        "d_model": lit.model.cfg.d_model,
+        "n_head": lit.model.cfg.n_head,
+        "world_size": trainer.world_size,
+        "run_dir": str(run_dir),
+        "checkpoint": str(last) if last.exists() else None,
+        "resumed_from": str(resume) if resume else None,
     }
     if cfg.final_eval.enabled:
         trainer.limit_val_batches = trainer.limit_test_batches = cfg.final_eval.limit_batches

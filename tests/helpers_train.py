@@ -32,10 +32,24 @@ CORPUS = {
 def tiny(run_dir, cache, *extra: str, steps: int = 4, data: str = "recall") -> list[str]:
     """Overrides for a few-second run: tiny model, a small corpus, no progress bar."""
     return [
-        f"run_dir={run_dir}", f"data={data}", f"data.root={cache}", *CORPUS.get(data, []), "model=tiny",
-        "data.segment_len=16", "data.batch_size=4", "model.mem_len=16", f"trainer.max_steps={steps}", "trainer.val_check_interval=1000", "trainer.limit_val_batches=2",
-        "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-        "trainer.log_every_n_steps=1", "final_eval.limit_batches=3", "optim.warmup_steps=2", *extra,
+        f"run_dir={run_dir}",
+        f"data={data}",
+        f"data.root={cache}",
+        *CORPUS.get(data, []),
+        "model=tiny",
+        "data.segment_len=16",
+        "data.batch_size=4",
+        "model.mem_len=16",
+        f"trainer.max_steps={steps}",
+        "trainer.val_check_interval=1000",
+        "trainer.limit_val_batches=2",
+        "trainer.num_sanity_val_steps=0",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1",
+        "final_eval.limit_batches=3",
+        "optim.warmup_steps=2",
+        *extra,
     ]
 
 
@@ -49,8 +63,14 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 def run_module(module: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=subprocess_env(**env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 class LossRecorder(L.Callback):
@@ -61,8 +81,14 @@ class LossRecorder(L.Callback):
         self.steps: list[dict] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.steps.append({"step": trainer.global_step, "loss": float(outputs["loss"]),
-                           "tokens": batch["tokens"].tolist(), "reset": bool(batch["reset"])})
+        self.steps.append(
+            {
+                "step": trainer.global_step,
+                "loss": float(outputs["loss"]),
+                "tokens": batch["tokens"].tolist(),
+                "reset": bool(batch["reset"]),
+            }
+        )
 
     def on_train_end(self, trainer, pl_module):
         self.path.mkdir(parents=True, exist_ok=True)

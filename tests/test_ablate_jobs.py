@@ -22,13 +22,26 @@ SMALL_GRID = ["experiment=tiny", "ablate.schemes=[xl]", "ablate.half_loss.scheme
 
 def ablate(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "analysis.ablate", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "analysis.ablate", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
-    proc = ablate(*SMALL_GRID, "ablate.seeds=[0,1]", "ablate.jobs=2", f"ablate.out={tmp_path}", "--train-only",
-                  "trainer.max_steps=30")
+    proc = ablate(
+        *SMALL_GRID,
+        "ablate.seeds=[0,1]",
+        "ablate.jobs=2",
+        f"ablate.out={tmp_path}",
+        "--train-only",
+        "trainer.max_steps=30",
+    )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out + err
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
@@ -40,14 +53,19 @@ def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
     vals = {json.loads((tmp_path / "runs" / n / "results.json").read_text())["val"]["loss"] for n in runs}
     assert len(vals) == 4
     # the second run started before the first finished: two at a time
-    events = [("start" if "(pid" in line else "done") for line in out.splitlines()
-              if re.search(r"\] \[\d/4\]", line)]
+    events = [("start" if "(pid" in line else "done") for line in out.splitlines() if re.search(r"\] \[\d/4\]", line)]
     assert events[:2] == ["start", "start"], out
     times = json.loads((tmp_path / "ablate_times.json").read_text())
     assert set(times) == set(runs) and all(t["cpu_s"] > 0 and t["status"] == "trained" for t in times.values())
     # rerun: every run is reused, nothing trains
-    again = ablate(*SMALL_GRID, "ablate.seeds=[0,1]", "ablate.jobs=2", f"ablate.out={tmp_path}", "--train-only",
-                   "trainer.max_steps=30")
+    again = ablate(
+        *SMALL_GRID,
+        "ablate.seeds=[0,1]",
+        "ablate.jobs=2",
+        f"ablate.out={tmp_path}",
+        "--train-only",
+        "trainer.max_steps=30",
+    )
     out, err = again.communicate(timeout=600)
     assert again.returncode == 0, out + err
     assert out.count(": reused (") == 4 and "(pid" not in out
@@ -55,8 +73,9 @@ def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_ctrl_c_stops_cleanly_and_says_how_to_continue(jobs, tmp_path):
-    proc = ablate(*SMALL_GRID, f"ablate.jobs={jobs}", f"ablate.out={tmp_path}", "trainer.max_steps=100000",
-                  "checkpoint_every=5")
+    proc = ablate(
+        *SMALL_GRID, f"ablate.jobs={jobs}", f"ablate.out={tmp_path}", "trainer.max_steps=100000", "checkpoint_every=5"
+    )
     deadline = time.monotonic() + 300
     started = False
     while time.monotonic() < deadline and not started:  # until a run is training and has a checkpoint
@@ -71,8 +90,13 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_continue(jobs, tmp_path):
     assert "interrupted (Ctrl-C) during training of xl_mem16_full_seed0" in err
     assert re.search(r"xl_mem16_full_seed0: continues from its checkpoint at step \d+", err), err
     assert "Kept: 0 of " in err
-    again = [*SMALL_GRID, f"ablate.jobs={jobs}", "trainer.max_steps=100000", "checkpoint_every=5",
-             f"ablate.out={tmp_path}"]
+    again = [
+        *SMALL_GRID,
+        f"ablate.jobs={jobs}",
+        "trainer.max_steps=100000",
+        "checkpoint_every=5",
+        f"ablate.out={tmp_path}",
+    ]
     assert f"Continue with: posenc-lab ablate {shlex.join(again)}\n" in err  # quoted for a shell
     if jobs > 1:  # the training processes were stopped too
         pids = [int(p) for p in re.findall(r"\(pid (\d+)", out)]
@@ -84,8 +108,15 @@ def test_default_preset_decides_memory_on_a_reduced_budget(tmp_path):
     """The default preset's key comparison, xl with memory against xl without, at 400 of its 1,000
     steps (about 4 CPU-minutes on an AVX2 EPYC): memory already wins by far more than the seed spread
     (about 0.005 bpb at 1,500 steps, shared/MEASURED.md), on the same 65k validation bytes."""
-    proc = ablate("ablate.schemes=[xl]", "ablate.recall.schemes=[]", "ablate.extra_seeds=[]",
-                  "ablate.extra_seed_cells=[]", "trainer.max_steps=400", f"ablate.out={tmp_path}", "--train-only")
+    proc = ablate(
+        "ablate.schemes=[xl]",
+        "ablate.recall.schemes=[]",
+        "ablate.extra_seeds=[]",
+        "ablate.extra_seed_cells=[]",
+        "trainer.max_steps=400",
+        f"ablate.out={tmp_path}",
+        "--train-only",
+    )
     out, err = proc.communicate(timeout=1800)
     assert proc.returncode == 0, out + err
     val = {p.name: json.loads((p / "results.json").read_text())["val"]["bpt"] for p in (tmp_path / "runs").iterdir()}

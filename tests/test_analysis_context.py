@@ -18,8 +18,17 @@ OPTIONS = {SHAW: {"K": 3}, LEARNED: {"max_positions": 40}}
 
 def make_model(name: str, n_layer: int = 1, **cfg) -> MemoryTransformer:
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=V, n_layer=n_layer, d_model=16, n_head=2, d_inner=32, dropout=0.0,
-                         posenc=name, posenc_kwargs=OPTIONS.get(name, {}), **cfg)
+    config = ModelConfig(
+        vocab_size=V,
+        n_layer=n_layer,
+        d_model=16,
+        n_head=2,
+        d_inner=32,
+        dropout=0.0,
+        posenc=name,
+        posenc_kwargs=OPTIONS.get(name, {}),
+        **cfg,
+    )
     model = MemoryTransformer(config)
     with torch.no_grad():  # large random weights: every visible token makes a clear difference
         for p in model.parameters():
@@ -64,8 +73,11 @@ def test_absolute_memory_differs_from_window():
     model = make_model(SINUSOID)
     tokens = torch.randint(V, (2, 40))
     kw = dict(score_start=16, n_score=20, segment_len=5)
-    assert not torch.allclose(context_losses(model, tokens, 8, mode="memory", **kw).loss,
-                              context_losses(model, tokens, 8, mode="window", **kw).loss, atol=1e-4)
+    assert not torch.allclose(
+        context_losses(model, tokens, 8, mode="memory", **kw).loss,
+        context_losses(model, tokens, 8, mode="window", **kw).loss,
+        atol=1e-4,
+    )
 
 
 def test_stream_losses_match_a_manual_segment_loop():
@@ -76,7 +88,7 @@ def test_stream_losses_match_a_manual_segment_loop():
     with torch.no_grad():
         for s in range(0, 22, 6):
             e = min(s + 6, 22)
-            out = model(tokens[:, s:e], tokens[:, s + 1:e + 1], mems=mems, offset=s)
+            out = model(tokens[:, s:e], tokens[:, s + 1 : e + 1], mems=mems, offset=s)
             mems = out.mems
             parts.append(out.token_loss)
     torch.testing.assert_close(res.loss, torch.cat(parts, 1))

@@ -19,8 +19,12 @@ XL, SHAW = paper()["proposed"], paper()["prior_relative"]
 
 
 def run(scheme: str, mem: int, seed: int = 0) -> Run:
-    cfg = {"posenc": {"name": scheme}, "model": {"mem_len": mem, "loss_recent_frac": 1.0},
-           "data": {"name": "synthetic", "segment_len": 32}, "seed": seed}
+    cfg = {
+        "posenc": {"name": scheme},
+        "model": {"mem_len": mem, "loss_recent_frac": 1.0},
+        "data": {"name": "synthetic", "segment_len": 32},
+        "seed": seed,
+    }
     return Run(Path(f"/nowhere/{scheme}_mem{mem}_seed{seed}"), cfg, {"val": {"loss": 2.0}})
 
 
@@ -35,10 +39,15 @@ def grid(offsets: dict[tuple[str, int], float], noise: float = 0.3, seeds=(0,), 
             r = run(scheme, mem, s)
             runs.append(r)
             shift = off + rng.normal(0, seed_sd)
-            tokens[r.name] = np.stack([text + shift + noise * rng.standard_normal((ROWS, TOKENS))
-                                       for _ in CONTEXTS]).astype(np.float32)
-    dumps = Dumps(tokens, np.ones((ROWS, TOKENS), bool), CONTEXTS,
-                  [{"run": r.name, "scheme": r.scheme, "mem_len": r.mem_len, "loss": r.loss} for r in runs])
+            tokens[r.name] = np.stack(
+                [text + shift + noise * rng.standard_normal((ROWS, TOKENS)) for _ in CONTEXTS]
+            ).astype(np.float32)
+    dumps = Dumps(
+        tokens,
+        np.ones((ROWS, TOKENS), bool),
+        CONTEXTS,
+        [{"run": r.name, "scheme": r.scheme, "mem_len": r.mem_len, "loss": r.loss} for r in runs],
+    )
     return runs, cell_losses(runs, dumps, block=16, n_boot=1000, level=0.95)
 
 
@@ -78,8 +87,9 @@ def test_seeds_make_mean_and_spread_and_widen_the_interval():
     """Three seeds per cell, each shifted by a training effect (sd 0.05 nats): the table shows their
     mean and standard deviation; a difference of 0.03 nats between cells is not decided by one seed's
     tokens when the seeds disagree by more."""
-    runs, cl = grid({(XL, 32): 0.0, (SHAW, 32): 0.03}, noise=0.1, seeds=(0, 1, 2), seed_sd=0.05,
-                    rng=np.random.default_rng(3))
+    runs, cl = grid(
+        {(XL, 32): 0.0, (SHAW, 32): 0.03}, noise=0.1, seeds=(0, 1, 2), seed_sd=0.05, rng=np.random.default_rng(3)
+    )
     t, per_run = ablation_table(cl, "byte", None)
     assert list(t["eval_mode"]) == ["memory", "not trained"] * 2  # no run without memory: shown, not hidden
     t = t[t["seeds"] > 0]
@@ -122,9 +132,21 @@ def test_extrapolation_summary_is_one_row_per_cell():
     from posenc_lab_analysis.extrapolation import per_cell
 
     runs = [run(XL, 32, 0), run(XL, 32, 1), run(SHAW, 32)]
-    summary = pd.DataFrame([{"run": r.name, "scheme": r.scheme, "recurrence": "on", "mem_len": 32, "loss": "full",
-                             "segment_at_1x": v, "horizon_past_delta": -v, "segment_na_from": na}
-                            for r, v, na in zip(runs, [1.0, 2.0, 5.0], [64, None, None])])
+    summary = pd.DataFrame(
+        [
+            {
+                "run": r.name,
+                "scheme": r.scheme,
+                "recurrence": "on",
+                "mem_len": 32,
+                "loss": "full",
+                "segment_at_1x": v,
+                "horizon_past_delta": -v,
+                "segment_na_from": na,
+            }
+            for r, v, na in zip(runs, [1.0, 2.0, 5.0], [64, None, None])
+        ]
+    )
     t = per_cell(summary, runs).set_index("scheme")
     assert t.loc[XL, "seeds"] == 2 and t.loc[XL, "segment_at_1x"] == 1.5 and t.loc[SHAW, "horizon_past_delta"] == -5
 
@@ -138,8 +160,17 @@ def test_recall_ordering_from_the_interval_of_a_difference():
 
     def row(scheme, rec, acc, n=200):
         lo, hi = _wilson(acc * n, n, 0.95)
-        return {"scheme": scheme, "recurrence": rec, "mem_len": 16 if rec == "on" else 0, "loss": "full",
-                "acc_within_L": 0.9, "acc_beyond_L": acc, "beyond_lo": lo, "beyond_hi": hi, "chance": 0.0625}
+        return {
+            "scheme": scheme,
+            "recurrence": rec,
+            "mem_len": 16 if rec == "on" else 0,
+            "loss": "full",
+            "acc_within_L": 0.9,
+            "acc_beyond_L": acc,
+            "beyond_lo": lo,
+            "beyond_hi": hi,
+            "chance": 0.0625,
+        }
 
     t = pd.DataFrame([row(XL, "on", 0.6), row(XL, "off", 0.1), row(SHAW, "on", 0.12), row(SHAW, "off", 0.1)])
     iv = accuracy_difference(t.iloc[0], t.iloc[1])

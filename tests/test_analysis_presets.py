@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from posenc_lab_analysis import ablate
-from posenc_lab_analysis.report import ReportSettings
 from posenc_lab.data.corpora import check_corpus_options, load_corpus
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind
 from posenc_lab.train import build_datamodule, model_config
+from posenc_lab_analysis import ablate
+from posenc_lab_analysis.report import ReportSettings
 
 CONF = Path(ablate.CONF_DIR)
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "\nablate:" in p.read_text())
@@ -51,8 +51,9 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
         # the run's scheme is built with its options sized to the run, and serves the training lengths
         cutoffs = run.model.get("adaptive_cutoffs")  # wt103_table6: WikiText-103's 267,735 words
         mc = ModelConfig(**model_config(run, vocab_size=267_735 if cutoffs else 256))
-        build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs).validate(run.data.segment_len, mc.mem_len,
-                                                                      run.data.episode_len or 0)
+        build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs).validate(
+            run.data.segment_len, mc.mem_len, run.data.episode_len or 0
+        )
         assert run.seed == spec.seed
 
 
@@ -72,8 +73,9 @@ def plan(preset: str, *overrides: str):
 
 
 def test_seeds_train_every_cell_once_per_seed_and_extra_seeds_only_the_named_cells(tmp_path):
-    specs = plan("tiny", "ablate.seeds=[0,1]", "ablate.extra_seeds=[2,1]",
-                 "ablate.extra_seed_cells=[xl:mem,recall/xl:nomem]")
+    specs = plan(
+        "tiny", "ablate.seeds=[0,1]", "ablate.extra_seeds=[2,1]", "ablate.extra_seed_cells=[xl:mem,recall/xl:nomem]"
+    )
     by_cell = ablate.seeds_by_cell(specs)
     assert by_cell.pop("xl:mem") == [0, 1, 2] and by_cell.pop("recall/xl:nomem") == [0, 1, 2]
     assert by_cell and all(seeds == [0, 1] for seeds in by_cell.values())
@@ -84,13 +86,16 @@ def test_seeds_train_every_cell_once_per_seed_and_extra_seeds_only_the_named_cel
     assert run.seed == 2 and run.posenc.name == "xl" and run.model.mem_len > 0
 
 
-@pytest.mark.parametrize("override, message", [
-    ("ablate.extra_seed_cells=[xl:memory]", "not in the grid: ['xl:memory']"),
-    ("ablate.schemes=[xl,nosuch]", "unknown scheme(s) ['nosuch']"),
-    ("ablate.seeds=[]", "ablate.seeds is empty"),
-    ("ablate.seeds=[0,0]", "distinct integer seeds"),
-    ("ablate.analysis.bootstrap.level=2", "ablate.analysis.bootstrap"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("ablate.extra_seed_cells=[xl:memory]", "not in the grid: ['xl:memory']"),
+        ("ablate.schemes=[xl,nosuch]", "unknown scheme(s) ['nosuch']"),
+        ("ablate.seeds=[]", "ablate.seeds is empty"),
+        ("ablate.seeds=[0,0]", "distinct integer seeds"),
+        ("ablate.analysis.bootstrap.level=2", "ablate.analysis.bootstrap"),
+    ],
+)
 def test_bad_grid_settings_are_refused_before_training(override, message, capsys, tmp_path):
     assert ablate.main(["experiment=tiny", f"ablate.out={tmp_path}", override]) == 2
     assert message in capsys.readouterr().err
@@ -125,8 +130,13 @@ def test_a_corpus_refuses_options_it_does_not_take(textfile, capsys, tmp_path):
     with pytest.raises(ValueError, match=r"'textfile' takes no option max_bytes .*its options: path, split"):
         load_corpus("textfile", path=textfile, max_bytes=1000)
     check_corpus_options("pystdlib", ["max_bytes", "include_tests"])  # its own options pass
-    args = ["experiment=quick", f"ablate.out={tmp_path}", "data=textfile", f"data.corpus.path={textfile}",
-            "+data.corpus.max_bytes=1000"]
+    args = [
+        "experiment=quick",
+        f"ablate.out={tmp_path}",
+        "data=textfile",
+        f"data.corpus.path={textfile}",
+        "+data.corpus.max_bytes=1000",
+    ]
     assert ablate.main(args) == 2  # at planning, before any training
     assert "takes no option max_bytes" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
@@ -134,12 +144,17 @@ def test_a_corpus_refuses_options_it_does_not_take(textfile, capsys, tmp_path):
 def test_ablate_names_no_scheme_in_its_code():
     """Scheme names live in the registry and the configs: no string in analysis/ablate.py names one."""
     tree = ast.parse(Path(ablate.__file__).read_text())
-    words = {w for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-             for w in re.findall(r"\w+", node.value)}
+    words = {
+        w
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        for w in re.findall(r"\w+", node.value)
+    }
     assert not words & set(SCHEME_NAMES)
 
 
 def test_continue_command_keeps_the_overrides_and_never_retrains(tmp_path):
-    cmd = ablate.continue_command(["experiment=quick", "ablate.retrain=true", "ablate.out=x", "optim.lr=1e-3"],
-                                  tmp_path)
+    cmd = ablate.continue_command(
+        ["experiment=quick", "ablate.retrain=true", "ablate.out=x", "optim.lr=1e-3"], tmp_path
+    )
     assert cmd == f"posenc-lab ablate experiment=quick optim.lr=1e-3 ablate.out={tmp_path}"

@@ -19,27 +19,35 @@ def accuracy_beyond_segment(run_dir, n_tokens: int = 2048) -> tuple[float, float
     run = load_run(run_dir)
     acc = recall_accuracy(run, n_rows=16, n_tokens=n_tokens)
     beyond = acc[acc["bin_lo"] >= run.segment_len]
-    return (float(np.average(beyond["accuracy"], weights=beyond["answers"])), float(acc["chance"].iloc[0]),
-            int(beyond["answers"].sum()))
+    return (
+        float(np.average(beyond["accuracy"], weights=beyond["answers"])),
+        float(acc["chance"].iloc[0]),
+        int(beyond["answers"].sum()),
+    )
 
 
 def train_recall(tmp_path, name: str, preset: str, *overrides: str):
     _quiet()
     from posenc_lab.train import train
 
-    cfg = compose("train", [f"experiment={preset}", "logger=none", "final_eval.limit_batches=2", *overrides,
-                            f"run_dir={tmp_path / name}"])
+    cfg = compose(
+        "train",
+        [f"experiment={preset}", "logger=none", "final_eval.limit_batches=2", *overrides, f"run_dir={tmp_path / name}"],
+    )
     train(cfg)
     return tmp_path / name
 
 
 def check(tmp_path, preset: str, *overrides: str):
     with_memory = accuracy_beyond_segment(train_recall(tmp_path, "xl_mem", preset, "posenc=xl", *overrides))
-    without = accuracy_beyond_segment(train_recall(tmp_path, "xl_nomem", preset, "posenc=xl", "model.mem_len=0",
-                                                   *overrides))
+    without = accuracy_beyond_segment(
+        train_recall(tmp_path, "xl_nomem", preset, "posenc=xl", "model.mem_len=0", *overrides)
+    )
     (acc_mem, chance, n_mem), (acc_none, _, n_none) = with_memory, without
-    print(f"{preset}: accuracy beyond the segment: xl with memory {acc_mem:.3f} ({n_mem} answers), without "
-          f"{acc_none:.3f} ({n_none}); chance {chance:.3f}")
+    print(
+        f"{preset}: accuracy beyond the segment: xl with memory {acc_mem:.3f} ({n_mem} answers), without "
+        f"{acc_none:.3f} ({n_none}); chance {chance:.3f}"
+    )
     assert n_mem > 300 and n_none > 300
     assert acc_mem > max(0.4, 6 * chance)  # far better than chance
     assert acc_none < 2 * chance  # no memory: nothing past the segment to answer from

@@ -18,8 +18,9 @@ def model_a(n_hard: int = 100, n_easy: int = 900) -> np.ndarray:
     """Hard tokens (loss 5) keep improving by 0.1 per step up to c = 500, easy ones (loss 1) up to 300."""
     hard_gain = {100: 0.4, 200: 0.3, 300: 0.2, 400: 0.1, 500: 0.0, 600: 0.0}
     easy_gain = {100: 0.2, 200: 0.1, 300: 0.0, 400: 0.0, 500: 0.0, 600: 0.0}
-    return np.stack([np.concatenate([np.full(n_hard, 5 + hard_gain[c]), np.full(n_easy, 1 + easy_gain[c])])
-                     for c in CONTEXTS])
+    return np.stack(
+        [np.concatenate([np.full(n_hard, 5 + hard_gain[c]), np.full(n_easy, 1 + easy_gain[c])]) for c in CONTEXTS]
+    )
 
 
 def as_dict(table) -> dict:
@@ -80,8 +81,9 @@ def plateau(n: int = 50000) -> np.ndarray:
     hard = 5 - 0.1 * np.minimum(k, 3)
     easy = 1 - 0.05 * np.minimum(k, 1)
     n_hard = n // 10
-    return np.concatenate([np.broadcast_to(hard, (len(LONG), n_hard)), np.broadcast_to(easy, (len(LONG), n - n_hard))],
-                          axis=1)
+    return np.concatenate(
+        [np.broadcast_to(hard, (len(LONG), n_hard)), np.broadcast_to(easy, (len(LONG), n - n_hard))], axis=1
+    )
 
 
 def test_noise_gives_no_recl_gain():
@@ -146,11 +148,26 @@ def test_bad_inputs():
 
 
 def _dump(path, run: str, corpus: str, contexts=(8, 16, 24)):
-    meta = {"run": run, "scheme": "s", "mem_len": 8, "loss": "full", "corpus": corpus, "split": "valid",
-            "n_rows": 2, "n_score": 5, "score_start": max(contexts),
-            "contexts": list(contexts), "mode": "memory"}
-    np.savez(path, loss=np.ones((len(contexts), 2, 5), np.float32), mask=np.ones((2, 5), bool),
-             contexts=np.array(contexts), meta=json.dumps(meta))
+    meta = {
+        "run": run,
+        "scheme": "s",
+        "mem_len": 8,
+        "loss": "full",
+        "corpus": corpus,
+        "split": "valid",
+        "n_rows": 2,
+        "n_score": 5,
+        "score_start": max(contexts),
+        "contexts": list(contexts),
+        "mode": "memory",
+    }
+    np.savez(
+        path,
+        loss=np.ones((len(contexts), 2, 5), np.float32),
+        mask=np.ones((2, 5), bool),
+        contexts=np.array(contexts),
+        meta=json.dumps(meta),
+    )
     return path
 
 

@@ -17,13 +17,32 @@ from posenc_lab_analysis import ablate
 from posenc_lab_analysis.effective_context import analyze as recl_analyze
 from posenc_lab_analysis.runs import RunError, find_runs, load_run
 
-SECTIONS = ["Ablation table", "Relative effective context length", "Extrapolation", "Attention spans",
-            "Evaluation speed", "Recall probe"]
-TABLES = ["table_ablation", "table_recl", "table_extrapolation", "table_not_applicable", "table_attention",
-          "table_eval_speed", "table_recall"]
-FIGURES = ["effective_context/loss_by_context.png", "extrapolation/extrapolation_segment.png",
-           "extrapolation/extrapolation_memory.png", "extrapolation/extrapolation_horizon.png",
-           "attention/attention_heatmap.png", "eval_speed/eval_speed.png", "recall/recall_accuracy.png"]
+SECTIONS = [
+    "Ablation table",
+    "Relative effective context length",
+    "Extrapolation",
+    "Attention spans",
+    "Evaluation speed",
+    "Recall probe",
+]
+TABLES = [
+    "table_ablation",
+    "table_recl",
+    "table_extrapolation",
+    "table_not_applicable",
+    "table_attention",
+    "table_eval_speed",
+    "table_recall",
+]
+FIGURES = [
+    "effective_context/loss_by_context.png",
+    "extrapolation/extrapolation_segment.png",
+    "extrapolation/extrapolation_memory.png",
+    "extrapolation/extrapolation_horizon.png",
+    "attention/attention_heatmap.png",
+    "eval_speed/eval_speed.png",
+    "recall/recall_accuracy.png",
+]
 
 
 def run_ablate(preset: str, out: Path) -> float:
@@ -58,7 +77,7 @@ def assert_cell_equals(md: str, csv_value, where: str) -> None:
         return
     if re.fullmatch(r"-?\d+\.\d+", md):
         decimals = len(md.split(".")[1])
-        assert abs(float(md) - float(csv_value)) <= 0.5 * 10 ** -decimals + 1e-12, f"{where}: {md} vs {csv_value}"
+        assert abs(float(md) - float(csv_value)) <= 0.5 * 10**-decimals + 1e-12, f"{where}: {md} vs {csv_value}"
     elif re.fullmatch(r"-?\d+", md):
         assert float(md) == float(csv_value), f"{where}: {md} vs {csv_value}"
     elif md in ("yes", "no"):
@@ -116,8 +135,12 @@ def test_ablate_resumes_finished_runs(tiny, capsys):
     # a finished run with other settings is not silently reused
     other = [*spec.overrides, "trainer.max_steps=7"]
     with pytest.raises(ValueError, match="other settings"):
-        ablate.train_one(ablate.RunSpec(spec.name, spec.group, spec.scheme, spec.mem_len, spec.loss_frac, other),
-                         tiny / "runs" / spec.name, retrain=False, log=print)
+        ablate.train_one(
+            ablate.RunSpec(spec.name, spec.group, spec.scheme, spec.mem_len, spec.loss_frac, other),
+            tiny / "runs" / spec.name,
+            retrain=False,
+            log=print,
+        )
 
 
 def test_bad_inputs_are_clear_errors(tiny, tmp_path):
@@ -196,29 +219,74 @@ def test_each_script_runs_on_its_own(tiny, tmp_path):
     from posenc_lab_analysis import attention_span, effective_context, eval_speed, extrapolation
 
     runs = [str(tiny / "runs" / "xl_mem16_full_seed0"), str(tiny / "runs" / "learned_mem0_full_seed0")]
-    assert extrapolation.main([*runs, "--out", str(tmp_path / "ext"), "--n-rows", "2", "--segment-factors", "1,4",
-                               "--memory-factors", "1,2", "--horizon-factor", "2"]) == 0
+    assert (
+        extrapolation.main(
+            [
+                *runs,
+                "--out",
+                str(tmp_path / "ext"),
+                "--n-rows",
+                "2",
+                "--segment-factors",
+                "1,4",
+                "--memory-factors",
+                "1,2",
+                "--horizon-factor",
+                "2",
+            ]
+        )
+        == 0
+    )
     ext = pd.read_csv(tmp_path / "ext" / "extrapolation.csv")
     assert (ext[ext["status"] != "ok"]["scheme"] == "learned").all() and (ext["status"] != "ok").any()
     assert {"extrapolation_segment.png", "extrapolation_memory.png", "extrapolation_horizon.png"} <= {
-        p.name for p in (tmp_path / "ext").iterdir()}
-    assert effective_context.main([*runs, "--out", str(tmp_path / "recl"), "--n-rows", "2", "--n-score", "16",
-                                   "--delta", "8", "--c-max", "32"]) == 0
+        p.name for p in (tmp_path / "ext").iterdir()
+    }
+    assert (
+        effective_context.main(
+            [
+                *runs,
+                "--out",
+                str(tmp_path / "recl"),
+                "--n-rows",
+                "2",
+                "--n-score",
+                "16",
+                "--delta",
+                "8",
+                "--c-max",
+                "32",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "recl" / "recl.csv").is_file()
     assert len(list((tmp_path / "recl" / "context_losses").glob("*.npz"))) == 2
-    assert effective_context.main(["--from-dumps", str(tmp_path / "recl" / "context_losses"),
-                                   "--out", str(tmp_path / "recl2")]) == 0
+    assert (
+        effective_context.main(
+            ["--from-dumps", str(tmp_path / "recl" / "context_losses"), "--out", str(tmp_path / "recl2")]
+        )
+        == 0
+    )
     a = pd.read_csv(tmp_path / "recl" / "recl.csv").sort_values(["cell", "r"])
     b = pd.read_csv(tmp_path / "recl2" / "recl.csv").sort_values(["cell", "r"])
     assert a["recl"].tolist() == b["recl"].tolist() and a["limited"].tolist() == b["limited"].tolist()
     assert attention_span.main([*runs, "--out", str(tmp_path / "att"), "--n-rows", "1", "--n-segments", "1"]) == 0
     assert (tmp_path / "att" / "attention_heatmap.png").is_file()
-    assert eval_speed.main(["--out", str(tmp_path / "speed"), "--run", runs[0], "--attn-lens", "16,32",
-                            "--segment-len", "16"]) == 0
+    assert (
+        eval_speed.main(
+            ["--out", str(tmp_path / "speed"), "--run", runs[0], "--attn-lens", "16,32", "--segment-len", "16"]
+        )
+        == 0
+    )
     assert len(pd.read_csv(tmp_path / "speed" / "eval_speed.csv")) == 4
     # mixed corpora in one RECL group: a clear error, exit status 2
-    assert effective_context.main([runs[0], str(tiny / "runs" / "recall_xl_mem16_full_seed0"), "--out",
-                                   str(tmp_path / "bad")]) == 2
+    assert (
+        effective_context.main(
+            [runs[0], str(tiny / "runs" / "recall_xl_mem16_full_seed0"), "--out", str(tmp_path / "bad")]
+        )
+        == 2
+    )
 
 
 def test_truncated_analysis_files_recover_or_name_what_to_delete(tiny, tmp_path, capsys):

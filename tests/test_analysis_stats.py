@@ -101,16 +101,18 @@ def test_seeds_widen_the_interval_and_pair_within_runs():
     rng = np.random.default_rng(3)
     text = 2.0 + correlated(rng, (ROWS, TOKENS), 32)
     seed_effect = rng.normal(0, 0.05, size=(2, 5))  # cell x seed
-    cells = [np.stack([text + seed_effect[c, s] + 0.2 * correlated(rng, (ROWS, TOKENS)) for s in range(5)])
-             for c in range(2)]
+    cells = [
+        np.stack([text + seed_effect[c, s] + 0.2 * correlated(rng, (ROWS, TOKENS)) for s in range(5)]) for c in range(2)
+    ]
     sums = [block_sums(x, None, BLOCK)[0] for x in cells]
     counts = block_sums(cells[0][0], None, BLOCK)[1]
     boot = Bootstrap(len(counts), n_boot=1000)
     one = boot.diff(sums[0][:1], sums[1][:1], counts)
     five = boot.diff(sums[0], sums[1], counts)
     assert five.hi - five.lo > 1.5 * (one.hi - one.lo)
-    assert five.estimate == pytest.approx(float(np.mean([x.mean() for x in cells[0]]) - np.mean(
-        [x.mean() for x in cells[1]])))
+    assert five.estimate == pytest.approx(
+        float(np.mean([x.mean() for x in cells[0]]) - np.mean([x.mean() for x in cells[1]]))
+    )
     later = sums[0] - 0.01 * counts  # the same runs, 0.01 nats better at another length
     paired = boot.diff(later, sums[0], counts, same_runs=True)
     assert paired.estimate == pytest.approx(-0.01) and paired.hi - paired.lo < 1e-9

@@ -71,8 +71,9 @@ def test_evaluate_checkpoint_at_other_lengths(trained):
     assert same["loss"] == pytest.approx(results["test"]["loss"], rel=1e-9)
     assert (same["segment_len"], same["mem_len"], same["train_steps"]) == (16, 16, 6)
 
-    longer = evaluate_checkpoint(ckpt, segment_len=32, mem_len=64, same_length=True, max_batches=5,
-                                 return_token_losses=True)
+    longer = evaluate_checkpoint(
+        ckpt, segment_len=32, mem_len=64, same_length=True, max_batches=5, return_token_losses=True
+    )
     assert (longer["segment_len"], longer["mem_len"], longer["same_length"]) == (32, 64, True)
     arrays = longer["token_losses"]
     for name in ("token_loss", "targets", "loss_mask", "distance", "correct", "position"):
@@ -109,8 +110,11 @@ def test_evaluate_bad_inputs(trained, tmp_path):
 
 
 def test_learned_cannot_be_evaluated_past_its_table(tmp_path):
-    train(compose_config("train", tiny(tmp_path / "run", tmp_path / "cache", "posenc=learned",
-                                       "posenc.max_positions=16", steps=2)))
+    train(
+        compose_config(
+            "train", tiny(tmp_path / "run", tmp_path / "cache", "posenc=learned", "posenc.max_positions=16", steps=2)
+        )
+    )
     with pytest.raises(ValueError, match="cannot evaluate .* max_positions=16"):
         evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", segment_len=32)
 
@@ -118,8 +122,9 @@ def test_learned_cannot_be_evaluated_past_its_table(tmp_path):
 def _console(*args: str) -> None:
     import subprocess
 
-    proc = subprocess.run([*posenc_lab_command(), *args], cwd=REPO, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [*posenc_lab_command(), *args], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -133,9 +138,17 @@ def test_console_train(tmp_path):
 
 def test_console_eval(trained, tmp_path):
     run, _ = trained
-    _console("eval", f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "data.segment_len=32", "model.mem_len=32",
-             "model.same_length=true", "dump_losses=true", "max_batches=4", "progress_bar=false",
-             f"out_dir={tmp_path}")
+    _console(
+        "eval",
+        f"ckpt={run / 'checkpoints' / 'last.ckpt'}",
+        "data.segment_len=32",
+        "model.mem_len=32",
+        "model.same_length=true",
+        "dump_losses=true",
+        "max_batches=4",
+        "progress_bar=false",
+        f"out_dir={tmp_path}",
+    )
     out = json.loads((tmp_path / "test_step6_L32_M32_same_Tnone_B4_first4.json").read_text())
     assert out["segment_len"] == 32 and out["same_length"] is True and "loss" in out
     assert np.load(tmp_path / "test_step6_L32_M32_same_Tnone_B4_first4.npz")["token_loss"].shape == (4, 4 * 32)
@@ -156,7 +169,8 @@ def _hydra_app_fails(main, argv, monkeypatch, capsys) -> str:
 
 
 def test_cli_errors_are_clear(tmp_path, monkeypatch, capsys):
-    from posenc_lab import evaluate, train as train_module
+    from posenc_lab import evaluate
+    from posenc_lab import train as train_module
 
     err = _hydra_app_fails(train_module.main, ["nosuchkey=1", f"hydra.run.dir={tmp_path}"], monkeypatch, capsys)
     assert "nosuchkey" in err

@@ -64,6 +64,12 @@ print("compiled == eager", float(results[0][0]))
 def test_compiled_model_equals_eager_loss_and_gradients(kind):
     """Two segments (the second with memory), loss and every parameter's gradient."""
     name = schemes_of_kind(kind)[-1]
-    done = subprocess.run([sys.executable, "-c", COMPARE, name], cwd=REPO, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=1500)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPARE, name],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert done.returncode == 0 and "compiled == eager" in done.stdout, done.stderr[-3000:]

@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from posenc_lab.data import CORPUS_NAMES
-from posenc_lab.positional import SCHEME_NAMES, build_scheme, Dims, scheme_options, sized_options
+from posenc_lab.positional import SCHEME_NAMES, Dims, build_scheme, scheme_options, sized_options
 from posenc_lab.train import train
 from tests.helpers_train import CONF_DIR, CORPUS, compose_config, tiny
 from tests.schemes import ROPE
@@ -45,9 +45,15 @@ def fake_corpora(tmp_path_factory):
     textfile = root / "mine.txt"
     textfile.write_bytes(text)
     mahoney = ["data.corpus.expected_size=null", "data.corpus.split_sizes=[10000,1000,1000]"]
-    extra = {"enwik8": mahoney, "text8": mahoney, "textfile": [f"data.corpus.path={textfile}"],
-             "hf": ["data.corpus.path=text",  # datasets' own builder, one text per line, on the local file
-                    f"data.corpus.data_files={{train:{textfile},validation:{textfile},test:{textfile}}}"]}
+    extra = {
+        "enwik8": mahoney,
+        "text8": mahoney,
+        "textfile": [f"data.corpus.path={textfile}"],
+        "hf": [
+            "data.corpus.path=text",  # datasets' own builder, one text per line, on the local file
+            f"data.corpus.data_files={{train:{textfile},validation:{textfile},test:{textfile}}}",
+        ],
+    }
     return root, extra
 
 
@@ -78,17 +84,37 @@ def test_every_option_composes(group, option, tmp_path):
 
 
 def test_keys_that_scripts_rely_on():
-    cfg = compose_config("train", [
-        f"posenc={ROPE}", "data=recall", "data.segment_len=24", "data.batch_size=6", "data.episode_len=240",
-        "model.mem_len=48", "model.n_layer=3", "model.d_model=96", "model.n_head=6", "optim.lr=0.002",
-        "trainer.max_steps=7", "seed=5"])
-    assert (cfg.posenc.name, cfg.data.name, cfg.data.segment_len, cfg.data.batch_size, cfg.data.episode_len) == \
-        (ROPE, "recall", 24, 6, 240)
+    cfg = compose_config(
+        "train",
+        [
+            f"posenc={ROPE}",
+            "data=recall",
+            "data.segment_len=24",
+            "data.batch_size=6",
+            "data.episode_len=240",
+            "model.mem_len=48",
+            "model.n_layer=3",
+            "model.d_model=96",
+            "model.n_head=6",
+            "optim.lr=0.002",
+            "trainer.max_steps=7",
+            "seed=5",
+        ],
+    )
+    assert (cfg.posenc.name, cfg.data.name, cfg.data.segment_len, cfg.data.batch_size, cfg.data.episode_len) == (
+        ROPE,
+        "recall",
+        24,
+        6,
+        240,
+    )
     assert (cfg.model.mem_len, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head) == (48, 3, 96, 6)
     assert (cfg.optim.lr, cfg.trainer.max_steps, cfg.seed, cfg.data.seed) == (0.002, 7, 5, 5)
     assert cfg.trainer.use_distributed_sampler is False
-    eval_cfg = compose_config("eval", ["ckpt=x.ckpt", "data.segment_len=64", "model.mem_len=128",
-                                       "model.same_length=true", "dump_losses=true"])
+    eval_cfg = compose_config(
+        "eval",
+        ["ckpt=x.ckpt", "data.segment_len=64", "model.mem_len=128", "model.same_length=true", "dump_losses=true"],
+    )
     assert (eval_cfg.data.segment_len, eval_cfg.model.mem_len, eval_cfg.model.same_length) == (64, 128, True)
 
 
@@ -115,11 +141,25 @@ def test_every_option_trains_a_few_steps(group, option, tmp_path, fake_corpora, 
     if group == "experiment":  # the preset's choices, shrunk to a tiny model on small local data
         data = compose_config("train", [f"experiment={option}"]).data.name
         overrides = [
-            f"experiment={option}", f"run_dir={tmp_path / 'run'}", f"data.root={root}", *CORPUS.get(data, []),
-            *extra.get(data, []), "trainer.max_steps=2", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
-            "model.d_inner=64", "model.mem_len=16", "data.segment_len=16", "data.batch_size=4",
-            "data.eval_batch_size=4", "trainer.val_check_interval=1000", "trainer.limit_val_batches=2",
-            "final_eval.limit_batches=2", "trainer.enable_progress_bar=false"]
+            f"experiment={option}",
+            f"run_dir={tmp_path / 'run'}",
+            f"data.root={root}",
+            *CORPUS.get(data, []),
+            *extra.get(data, []),
+            "trainer.max_steps=2",
+            "model.n_layer=2",
+            "model.d_model=32",
+            "model.n_head=2",
+            "model.d_inner=64",
+            "model.mem_len=16",
+            "data.segment_len=16",
+            "data.batch_size=4",
+            "data.eval_batch_size=4",
+            "trainer.val_check_interval=1000",
+            "trainer.limit_val_batches=2",
+            "final_eval.limit_batches=2",
+            "trainer.enable_progress_bar=false",
+        ]
     if group == "model" and option not in ("tiny",):
         overrides.append("model.mem_len=16")  # tiny() sets it for the tiny model; keep the others' sizes
         overrides = [o for o in overrides if o != "model=tiny"]

@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from posenc_lab.data import CORPUS_NAMES, SegmentStream, load_corpus, make_recall
-from posenc_lab.data import corpora
+from posenc_lab.data import CORPUS_NAMES, SegmentStream, corpora, load_corpus, make_recall
 from posenc_lab.data.corpora import FILE_SEPARATOR, stdlib_files, stdlib_split_of
 
 KEYS = {"tokens", "targets", "loss_mask", "offset", "reset", "distance"}
@@ -135,8 +134,9 @@ def test_state_dict_round_trip_and_mismatch():
 def test_ddp_shards_are_disjoint_and_concatenate_to_the_global_batch(world_size):
     kw = dict(episode_len=30, var_len=True, seed=3)
     glob = batches(SegmentStream(positions(4001), 16, 8, **kw))
-    ranks = [batches(SegmentStream(positions(4001), 16, 8, rank=r, world_size=world_size, **kw))
-             for r in range(world_size)]
+    ranks = [
+        batches(SegmentStream(positions(4001), 16, 8, rank=r, world_size=world_size, **kw)) for r in range(world_size)
+    ]
     assert all(len(r) == len(glob) for r in ranks)  # every rank yields the same number of steps
     for t, g in enumerate(glob):
         parts = [r[t] for r in ranks]
@@ -147,17 +147,20 @@ def test_ddp_shards_are_disjoint_and_concatenate_to_the_global_batch(world_size)
     assert all(not (seen[i] & seen[j]) for i in range(world_size) for j in range(i))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(segment_len=0), r"segment_len must be >= 1, got 0"),
-    (dict(n_streams=0), r"n_streams must be >= 1, got 0"),
-    (dict(episode_len=8), r"episode_len must be None or >= segment_len \(16\), got 8"),
-    (dict(n_streams=100), r"too few tokens: 1000 tokens .*need >= n_streams \* segment_len \+ 1 = 1601"),
-    (dict(world_size=3), r"n_streams \(the global batch\) 4 is not divisible by world_size 3"),
-    (dict(rank=2, world_size=2), r"0 <= rank < world_size, got rank 2"),
-    (dict(var_len=True, min_len=10, max_len=5), r"min_len 10, max_len 5"),
-    (dict(start_batch=-1), r"start_batch must be >= 0, got -1"),
-    (dict(loss_mask=np.ones(10, bool)), r"loss_mask has 10 entries but data has 1000 tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(segment_len=0), r"segment_len must be >= 1, got 0"),
+        (dict(n_streams=0), r"n_streams must be >= 1, got 0"),
+        (dict(episode_len=8), r"episode_len must be None or >= segment_len \(16\), got 8"),
+        (dict(n_streams=100), r"too few tokens: 1000 tokens .*need >= n_streams \* segment_len \+ 1 = 1601"),
+        (dict(world_size=3), r"n_streams \(the global batch\) 4 is not divisible by world_size 3"),
+        (dict(rank=2, world_size=2), r"0 <= rank < world_size, got rank 2"),
+        (dict(var_len=True, min_len=10, max_len=5), r"min_len 10, max_len 5"),
+        (dict(start_batch=-1), r"start_batch must be >= 0, got -1"),
+        (dict(loss_mask=np.ones(10, bool)), r"loss_mask has 10 entries but data has 1000 tokens"),
+    ],
+)
 def test_bad_stream_settings_raise_clear_errors(kwargs, match):
     args = dict(data=positions(1000), segment_len=16, n_streams=4) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -302,7 +305,7 @@ def test_recall_answers_the_planted_value_at_its_distance():
     assert ((tokens[answers] >= n_filler) & (tokens[answers] < marker)).all()
     is_value = (tokens >= n_filler) & (tokens < marker)
     for a, d in zip(answers[:200], D[:200]):
-        assert not is_value[a - d:a - 1].any()  # only filler between the plant and the marker
+        assert not is_value[a - d : a - 1].any()  # only filler between the plant and the marker
 
 
 def test_recall_has_one_value_in_flight():
@@ -310,8 +313,8 @@ def test_recall_has_one_value_in_flight():
     is_value = (tokens >= 32) & (tokens < 48)
     answers = np.flatnonzero(mask)
     for a, b in zip(answers, answers[1:]):
-        assert is_value[a + 1:b].sum() == 1  # exactly one plant between two answers
-    assert is_value[:answers[0]].sum() == 1
+        assert is_value[a + 1 : b].sum() == 1  # exactly one plant between two answers
+    assert is_value[: answers[0]].sum() == 1
 
 
 def test_recall_is_deterministic_and_validates():

@@ -118,10 +118,16 @@ def test_interrupted_download_is_never_taken_as_complete(server, tmp_path):
 
 def test_offline_error_names_the_url_and_where_to_put_the_file(closed_port_url, tmp_path):
     url = closed_port_url + "/enwik8.zip"
-    expect = rf"could not download {url} .*put it at {tmp_path}/enwik8/enwik8.zip .*unzipped file `enwik8` at {tmp_path}/enwik8/enwik8\); for a mirror .*POSENC_LAB_ENWIK8_URL"
+    expect = (
+        rf"could not download {url} .*put it at {tmp_path}/enwik8/enwik8.zip "
+        rf".*unzipped file `enwik8` at {tmp_path}/enwik8/enwik8\); for a mirror .*POSENC_LAB_ENWIK8_URL"
+    )
     with pytest.raises(DownloadError, match=expect):
         load_corpus("enwik8", root=tmp_path, url=url)
-    expect = rf"put it at {tmp_path}/wikitext2/wikitext-2-v1.zip \(or the extracted wiki.train.tokens, .* in {tmp_path}/wikitext2/wikitext-2\); for a mirror pass url=... or set POSENC_LAB_WIKITEXT2_URL"
+    expect = (
+        rf"put it at {tmp_path}/wikitext2/wikitext-2-v1.zip \(or the extracted wiki.train.tokens, "
+        rf".* in {tmp_path}/wikitext2/wikitext-2\); for a mirror pass url=... or set POSENC_LAB_WIKITEXT2_URL"
+    )
     with pytest.raises(DownloadError, match=expect):
         load_corpus("wikitext2", root=tmp_path, url=closed_port_url + "/wikitext-2-v1.zip")
 
@@ -137,15 +143,35 @@ WT_TEST = "\n the cat \n"
 
 
 def test_wikitext_word_level_vocab_from_train(server, tmp_path):
-    server.files["/wikitext-2-v1.zip"] = make_zip({
-        "wikitext-2/wiki.train.tokens": WT_TRAIN, "wikitext-2/wiki.valid.tokens": WT_VALID,
-        "wikitext-2/wiki.test.tokens": WT_TEST})
+    server.files["/wikitext-2-v1.zip"] = make_zip(
+        {
+            "wikitext-2/wiki.train.tokens": WT_TRAIN,
+            "wikitext-2/wiki.valid.tokens": WT_VALID,
+            "wikitext-2/wiki.test.tokens": WT_TEST,
+        }
+    )
     c = load_corpus("wikitext2", root=tmp_path, url=server.url + "/wikitext-2-v1.zip")
     assert c.unit == "word" and c.vocab_size == len(c.itos) == 9
     assert c.itos[:4] == ["<eos>", "the", "=", "sat"]  # most frequent first, ties by first appearance
     words = lambda a: [c.itos[i] for i in a]  # noqa: E731
-    assert words(c.train) == ["=", "Title", "=", "<eos>", "<eos>", "the", "cat", "sat", "on", "the", "mat",
-                              "<eos>", "the", "<unk>", "sat", "<eos>"]
+    assert words(c.train) == [
+        "=",
+        "Title",
+        "=",
+        "<eos>",
+        "<eos>",
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "the",
+        "mat",
+        "<eos>",
+        "the",
+        "<unk>",
+        "sat",
+        "<eos>",
+    ]
     assert words(c.valid) == ["the", "<unk>", "sat", "<eos>"]  # "dog" is not in train
     assert words(c.test) == ["<eos>", "the", "cat", "<eos>"]
     assert c.train.dtype == np.int32

@@ -19,8 +19,17 @@ from tests.helpers_train import compose_config
 V, B = 29, 2
 # The published model's options on a test-sized model; the dropout sites that existed before are off, so
 # that the naive reference sees only the new sites (through recorded masks).
-PUBLISHED = dict(ff_activation="relu", output_bias=True, pre_norm=False, ff_inner_dropout=0.5, pos_dropout=0.5,
-                 final_dropout=0.5, dropout=0.0, attn_dropout=0.0, same_length_keys="mem_len")
+PUBLISHED = dict(
+    ff_activation="relu",
+    output_bias=True,
+    pre_norm=False,
+    ff_inner_dropout=0.5,
+    pos_dropout=0.5,
+    final_dropout=0.5,
+    dropout=0.0,
+    attn_dropout=0.0,
+    same_length_keys="mem_len",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +38,16 @@ def _seed():
 
 
 def build(posenc: str = "xl", randomize: bool = True, **cfg) -> MemoryTransformer:
-    cfg = {"vocab_size": V, "n_layer": 2, "d_model": 16, "n_head": 2, "d_inner": 24, "mem_len": 4, "posenc": posenc,
-           **cfg}
+    cfg = {
+        "vocab_size": V,
+        "n_layer": 2,
+        "d_model": 16,
+        "n_head": 2,
+        "d_inner": 24,
+        "mem_len": 4,
+        "posenc": posenc,
+        **cfg,
+    }
     cfg["posenc_kwargs"] = sized_options(posenc, cfg.get("posenc_kwargs", {}), 16, cfg["mem_len"])  # learned's table
     model = MemoryTransformer(ModelConfig(**cfg))
     if randomize:  # u, v, biases and LayerNorms start at 0 / 1: make every term count
@@ -54,6 +71,7 @@ class RecordedDropout:
             mask = (torch.rand_like(x) >= module.p).to(x.dtype) / (1 - module.p)
             self.masks[name].append(mask)
             return x * mask
+
         return hook
 
     def remove(self):
@@ -97,7 +115,7 @@ def naive_published(model: MemoryTransformer, x: torch.Tensor, mems: list[torch.
     new_mems = []
     for layer, blk in enumerate(model.blocks):
         ctx = torch.cat([mems[layer], h], 1) if mems else h
-        new_mems.append(ctx[:, -model.mem_len:])
+        new_mems.append(ctx[:, -model.mem_len :])
         q = (h @ blk.q_proj.weight.T).view(B, L, H, dh)
         kv = ctx @ blk.kv_proj.weight.T
         k, v = kv[..., :D].reshape(B, N, H, dh), kv[..., D:].reshape(B, N, H, dh)
@@ -117,21 +135,33 @@ def naive_published(model: MemoryTransformer, x: torch.Tensor, mems: list[torch.
         return {"log_probs": torch.log_softmax(h @ E.T + b, -1), "mems": new_mems}
     # adaptive softmax in probability space: p(w) = p(cluster of w | head) p(w | cluster)
     bounds = [0, *cfg.adaptive_cutoffs, V]
-    head = torch.softmax(torch.cat([h @ E[:bounds[1]].T + b[:bounds[1]],
-                                    h @ model.head.cluster_weight.T + model.head.cluster_bias], -1), -1)
-    parts = [head[..., :bounds[1]]]
+    head = torch.softmax(
+        torch.cat(
+            [h @ E[: bounds[1]].T + b[: bounds[1]], h @ model.head.cluster_weight.T + model.head.cluster_bias], -1
+        ),
+        -1,
+    )
+    parts = [head[..., : bounds[1]]]
     for k in range(1, len(bounds) - 1):
         lo, hi = bounds[k], bounds[k + 1]
-        parts.append(head[..., bounds[1] + k - 1:bounds[1] + k] * torch.softmax(h @ E[lo:hi].T + b[lo:hi], -1))
+        parts.append(head[..., bounds[1] + k - 1 : bounds[1] + k] * torch.softmax(h @ E[lo:hi].T + b[lo:hi], -1))
     return {"log_probs": torch.cat(parts, -1).log(), "mems": new_mems}
 
 
-@pytest.mark.parametrize("options", [
-    dict(ff_activation="relu", same_length=True, same_length_keys="mem_len"),
-    dict(ff_activation="gelu", posenc_kwargs={"clamp_len": 3}),
-    dict(ff_activation="relu", adaptive_cutoffs=[8, 20], same_length=True, same_length_keys="mem_len",
-         posenc_kwargs={"clamp_len": 5}),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(ff_activation="relu", same_length=True, same_length_keys="mem_len"),
+        dict(ff_activation="gelu", posenc_kwargs={"clamp_len": 3}),
+        dict(
+            ff_activation="relu",
+            adaptive_cutoffs=[8, 20],
+            same_length=True,
+            same_length_keys="mem_len",
+            posenc_kwargs={"clamp_len": 5},
+        ),
+    ],
+)
 def test_published_options_equal_the_naive_published_model(options):
     """Training mode, with memory: every new option (ReLU/GELU, post-LN, output bias, dropout after the FF
     activation / on R (once per segment) / on the final state, clamp_len, the published same-length window,
@@ -143,20 +173,29 @@ def test_published_options_equal_the_naive_published_model(options):
         mems = model.eval()(x0).mems  # a full memory of mem_len states
     model.train()
     pos_drops = [m for m in model.scheme.modules() if isinstance(m, PositionDropout)]
-    rec = RecordedDropout({"pos": pos_drops[0], "final": model.final_drop,
-                           **{f"ff{i}": blk.ff[2] for i, blk in enumerate(model.blocks)}})
+    rec = RecordedDropout(
+        {"pos": pos_drops[0], "final": model.final_drop, **{f"ff{i}": blk.ff[2] for i, blk in enumerate(model.blocks)}}
+    )
     try:
         out = model(x, y, mems=mems, offset=6)
     finally:
         rec.remove()
     assert len(rec.masks["pos"]) == 1, "R must be dropped once per segment and shared by the layers"
-    masks = {"pos": rec.masks["pos"], "final": rec.masks["final"],
-             "ff_inner": [rec.masks[f"ff{i}"][0] for i in range(len(model.blocks))]}
+    masks = {
+        "pos": rec.masks["pos"],
+        "final": rec.masks["final"],
+        "ff_inner": [rec.masks[f"ff{i}"][0] for i in range(len(model.blocks))],
+    }
     ref = naive_published(model, x, mems, masks)
-    torch.testing.assert_close(out.logits if model.cfg.adaptive_cutoffs else torch.log_softmax(out.logits, -1),
-                               ref["log_probs"], atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(out.token_loss, -ref["log_probs"].gather(-1, y[..., None]).squeeze(-1),
-                               atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        out.logits if model.cfg.adaptive_cutoffs else torch.log_softmax(out.logits, -1),
+        ref["log_probs"],
+        atol=2e-5,
+        rtol=1e-4,
+    )
+    torch.testing.assert_close(
+        out.token_loss, -ref["log_probs"].gather(-1, y[..., None]).squeeze(-1), atol=2e-5, rtol=1e-4
+    )
     for a, b in zip(out.mems, ref["mems"]):
         torch.testing.assert_close(a, b)
 
@@ -236,8 +275,7 @@ def test_same_length_window_for_every_scheme(name, keys):
     The published mask construction gives the first."""
     L, M = 6, 4
     model = build(name, mem_len=M, same_length=True, same_length_keys=keys).eval()
-    out = model(torch.randint(V, (B, L)), mems=model(torch.randint(V, (B, 8))).mems, offset=8,
-                return_attention=True)
+    out = model(torch.randint(V, (B, L)), mems=model(torch.randint(V, (B, 8))).mems, offset=8, return_attention=True)
     want = M if keys == "mem_len" else M + 1
     for probs in out.attention:
         assert ((probs > 0).sum(-1) == want).all()
@@ -320,8 +358,10 @@ def test_bench_sizes_the_txl_presets_as_published():
     from posenc_lab.bench import BenchConfig
 
     with torch.device("meta"):
-        sizes = {name: MemoryTransformer(BenchConfig.preset(name).model_config("xl")).num_params()
-                 for name in ("txl_wt103_base", "txl_enwik8_base")}
+        sizes = {
+            name: MemoryTransformer(BenchConfig.preset(name).model_config("xl")).num_params()
+            for name in ("txl_wt103_base", "txl_enwik8_base")
+        }
     assert sizes == {"txl_wt103_base": 151_107_538, "txl_enwik8_base": 41_082_112}
 
 
@@ -351,25 +391,40 @@ def test_every_scheme_takes_the_published_options(name):
 
 
 def test_training_presets_hold_the_published_settings():
-    for name, (seg, batch, steps) in {"txl_wt103_base": (150, 60, 200_000),
-                                      "txl_enwik8_base": (512, 22, 400_000)}.items():
+    for name, (seg, batch, steps) in {
+        "txl_wt103_base": (150, 60, 200_000),
+        "txl_enwik8_base": (512, 22, 400_000),
+    }.items():
         cfg = compose_config("train", [f"experiment={name}"])
         assert cfg.model == compose_config("train", [f"model={name}"]).model  # the model preset, unchanged
-        assert (cfg.data.segment_len, cfg.model.mem_len, cfg.data.batch_size, cfg.trainer.max_steps) == \
-            (seg, seg, batch, steps)
-        assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio, cfg.optim.weight_decay) == \
-            (2.5e-4, 0, 0.0, 0.0)
+        assert (cfg.data.segment_len, cfg.model.mem_len, cfg.data.batch_size, cfg.trainer.max_steps) == (
+            seg,
+            seg,
+            batch,
+            steps,
+        )
+        assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio, cfg.optim.weight_decay) == (
+            2.5e-4,
+            0,
+            0.0,
+            0.0,
+        )
         assert cfg.trainer.gradient_clip_val == 0.25 and cfg.posenc.name == "xl" and cfg.posenc.clamp_len is None
-        assert (cfg.model.pre_norm, cfg.model.ff_activation, cfg.model.output_bias, cfg.model.init) == \
-            (False, "relu", True, "published")
+        assert (cfg.model.pre_norm, cfg.model.ff_activation, cfg.model.output_bias, cfg.model.init) == (
+            False,
+            "relu",
+            True,
+            "published",
+        )
     table6 = compose_config("train", ["experiment=wt103_table6"])
     wt103 = compose_config("train", ["experiment=txl_wt103_base"])
     assert table6.model == wt103.model and table6.optim == wt103.optim
     assert (table6.data.segment_len, table6.data.batch_size, table6.trainer.gradient_clip_val) == (150, 60, 0.25)
 
 
-@pytest.mark.parametrize("preset, seg, mem, clamp",
-                         [("txl_wt103_base", 64, 640, 400), ("txl_enwik8_base", 80, 2100, 820)])
+@pytest.mark.parametrize(
+    "preset, seg, mem, clamp", [("txl_wt103_base", 64, 640, 400), ("txl_enwik8_base", 80, 2100, 820)]
+)
 def test_eval_presets_hold_the_published_settings(preset, seg, mem, clamp):
     cfg = compose_config("eval", ["ckpt=x.ckpt", f"preset={preset}"])
     assert (cfg.data.segment_len, cfg.model.mem_len, cfg.posenc.clamp_len, cfg.split) == (seg, mem, clamp, "test")
@@ -389,17 +444,40 @@ def test_adaptive_model_trains_and_evaluates_with_per_token_losses(tmp_path):
     for split, n in (("train", 300), ("valid", 40), ("test", 40)):
         idx = torch.randint(len(words), (n, 12), generator=gen).tolist()
         (folder / f"wiki.{split}.tokens").write_text("\n".join(" ".join(words[i] for i in row) for row in idx) + "\n")
-    cfg = compose_config("train", [
-        "experiment=txl_wt103_base", f"run_dir={tmp_path / 'run'}", f"data.root={tmp_path / 'cache'}",
-        "model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_inner=64", "model.mem_len=16",
-        "model.adaptive_cutoffs=[4,10]", "data.segment_len=16", "data.batch_size=4", "data.eval_batch_size=4",
-        "trainer.max_steps=2", "trainer.val_check_interval=1000", "trainer.limit_val_batches=2",
-        "trainer.enable_progress_bar=false", "final_eval.limit_batches=2"])
+    cfg = compose_config(
+        "train",
+        [
+            "experiment=txl_wt103_base",
+            f"run_dir={tmp_path / 'run'}",
+            f"data.root={tmp_path / 'cache'}",
+            "model.n_layer=2",
+            "model.d_model=32",
+            "model.n_head=2",
+            "model.d_inner=64",
+            "model.mem_len=16",
+            "model.adaptive_cutoffs=[4,10]",
+            "data.segment_len=16",
+            "data.batch_size=4",
+            "data.eval_batch_size=4",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=1000",
+            "trainer.limit_val_batches=2",
+            "trainer.enable_progress_bar=false",
+            "final_eval.limit_batches=2",
+        ],
+    )
     results = train(cfg)
     assert math.isfinite(results["val"]["loss"]) and "ppl" in results["val"]
-    r = evaluate_checkpoint(results["checkpoint"], segment_len=8, mem_len=24, same_length=True,
-                            same_length_keys="mem_len", scheme_options={"clamp_len": 12}, max_batches=3,
-                            return_token_losses=True)
+    r = evaluate_checkpoint(
+        results["checkpoint"],
+        segment_len=8,
+        mem_len=24,
+        same_length=True,
+        same_length_keys="mem_len",
+        scheme_options={"clamp_len": 12},
+        max_batches=3,
+        return_token_losses=True,
+    )
     arrays = r["token_losses"]
     mask = arrays["loss_mask"]
     assert mask.sum() > 0 and arrays["correct"].shape == mask.shape

@@ -107,11 +107,14 @@ def test_auto_keeps_the_unfused_path_on_cpu(monkeypatch, name):
         torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), out)
 
 
-@pytest.mark.parametrize("grad, name, dropout, match", [
-    (True, XL, 0.0, "no backward on CPU"),
-    (False, SHAW, 0.0, "no log-sum-exp"),
-    (False, T5, 0.1, "no attention dropout"),
-])
+@pytest.mark.parametrize(
+    "grad, name, dropout, match",
+    [
+        (True, XL, 0.0, "no backward on CPU"),
+        (False, SHAW, 0.0, "no log-sum-exp"),
+        (False, T5, 0.1, "no attention dropout"),
+    ],
+)
 def test_forced_fused_names_why_it_cannot_run(grad, name, dropout, match):
     scheme, pos = make_scheme(name), make_positions(5, 3)
     scheme.attention_impl = "fused"
@@ -129,8 +132,17 @@ def test_model_rejects_an_unknown_attention_impl():
 def test_model_fused_equals_unfused_with_memory(reference, name):
     """The model passes model.attention_impl to the scheme: loss and gradients agree over two segments
     (the second with memory) and the same-length mask."""
-    cfg = dict(n_layer=2, d_model=16, n_head=4, d_inner=32, mem_len=6, same_length=True, dropout=0.0, posenc=name,
-               posenc_kwargs={"K": 2} if name == SHAW else {})
+    cfg = dict(
+        n_layer=2,
+        d_model=16,
+        n_head=4,
+        d_inner=32,
+        mem_len=6,
+        same_length=True,
+        dropout=0.0,
+        posenc=name,
+        posenc_kwargs={"K": 2} if name == SHAW else {},
+    )
     tokens = torch.randint(256, (2, 2, 5))
     results = []
     for impl in ("unfused", "fused"):
@@ -157,8 +169,9 @@ def test_compiled_cpu_forward_equals_naive(name):
     scheme.attention_impl = "fused"
     pos, (q, k, v) = make_positions(L, M, same_length=True), qkv(L, M)
     with torch.no_grad():
-        torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), naive_attend(name, scheme, 1, q, k, v, pos),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            scheme.attend(1, q, k, v, pos, 0.0), naive_attend(name, scheme, 1, q, k, v, pos), atol=1e-5, rtol=1e-5
+        )
 
 
 # the benchmark's attention axis and ratio columns; the tiny preset shrunk so that it runs in seconds
@@ -166,13 +179,37 @@ TINY = ["--configs", "tiny", "--segment-len", "16", "--batch", "2", "--model-set
 
 
 def test_bench_attention_axis_and_ratios_to_a_baseline(tmp_path):
-    assert bench.main([*TINY, "--schemes", f"{XL},{SINUSOID}", "--attention", "unfused,auto", "--memory", "on",
-                       "--ratio-to", SINUSOID, "--warmup", "1", "--reps", "1", "--threads", "1",
-                       "--matmul-max-n", "256", "--out", str(tmp_path)]) == 0
+    assert (
+        bench.main(
+            [
+                *TINY,
+                "--schemes",
+                f"{XL},{SINUSOID}",
+                "--attention",
+                "unfused,auto",
+                "--memory",
+                "on",
+                "--ratio-to",
+                SINUSOID,
+                "--warmup",
+                "1",
+                "--reps",
+                "1",
+                "--threads",
+                "1",
+                "--matmul-max-n",
+                "256",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     with open(tmp_path / "bench.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["scheme"], r["attention"]) for r in rows) == sorted(
-        (s, a) for s in (XL, SINUSOID) for a in ("unfused", "auto"))
+        (s, a) for s in (XL, SINUSOID) for a in ("unfused", "auto")
+    )
     for r in rows:
         base = next(b for b in rows if b["scheme"] == SINUSOID and b["attention"] == r["attention"])
         for figure in ("train_ms", "train_cpu_ms", "eval_ms", "eval_cpu_ms"):

@@ -32,10 +32,15 @@ def test_warmup_cosine_schedule():
 def test_resume_gives_the_same_next_losses(tmp_path, cache):
     """Interrupt after step 4 of 8, resume from that checkpoint: steps 5..8 are those of the run
     that never stopped. Dropout is on (RNG), memory carries across the cut, validation interleaves."""
-    common = ["model.dropout=0.1", "checkpoint_every=4", "callbacks.checkpoint.save_top_k=-1",
-              "trainer.val_check_interval=3"]
-    full = train(compose_config("train", tiny(tmp_path / "full", cache, *common, *record(tmp_path / "rec_full"),
-                                              steps=8)))
+    common = [
+        "model.dropout=0.1",
+        "checkpoint_every=4",
+        "callbacks.checkpoint.save_top_k=-1",
+        "trainer.val_check_interval=3",
+    ]
+    full = train(
+        compose_config("train", tiny(tmp_path / "full", cache, *common, *record(tmp_path / "rec_full"), steps=8))
+    )
     assert full["steps"] == 8
     ckpt = tmp_path / "full" / "checkpoints" / "step0000004.ckpt"
     state = read_checkpoint(ckpt)
@@ -44,8 +49,12 @@ def test_resume_gives_the_same_next_losses(tmp_path, cache):
     assert len(mems) == 2 and mems[0].shape == (4, 16, 64)  # n_layer x [B, mem_len, d_model]
     assert state["SegmentDataModule"]["train"]["batch"] == 4
 
-    train(compose_config("train", tiny(tmp_path / "resumed", cache, *common, f"resume={ckpt}",
-                                       *record(tmp_path / "rec_resumed"), steps=8)))
+    train(
+        compose_config(
+            "train",
+            tiny(tmp_path / "resumed", cache, *common, f"resume={ckpt}", *record(tmp_path / "rec_resumed"), steps=8),
+        )
+    )
     before, after = recorded(tmp_path / "rec_full"), recorded(tmp_path / "rec_resumed")
     assert [s["step"] for s in after] == [5, 6, 7, 8]
     assert [s["tokens"] for s in after] == [s["tokens"] for s in before[4:]]  # data position
@@ -56,8 +65,19 @@ def test_resume_gives_the_same_next_losses(tmp_path, cache):
     # The test can tell: without the saved memory the next loss differs.
     state["posenc_lab"]["train_mems"] = []
     torch.save(state, tmp_path / "no_mem.ckpt")
-    train(compose_config("train", tiny(tmp_path / "no_mem", cache, *common, f"resume={tmp_path / 'no_mem.ckpt'}",
-                                       *record(tmp_path / "rec_no_mem"), steps=5)))
+    train(
+        compose_config(
+            "train",
+            tiny(
+                tmp_path / "no_mem",
+                cache,
+                *common,
+                f"resume={tmp_path / 'no_mem.ckpt'}",
+                *record(tmp_path / "rec_no_mem"),
+                steps=5,
+            ),
+        )
+    )
     assert recorded(tmp_path / "rec_no_mem")[0]["loss"] != pytest.approx(before[4]["loss"], abs=1e-6, rel=0)
 
 
@@ -96,9 +116,14 @@ def test_byte_corpus_logs_bits_per_token(tmp_path, cache):
 
 
 def _batch(reset=False, B=2, L=3, V=10, distance=None):
-    return {"tokens": torch.randint(0, V, (B, L)), "targets": torch.randint(0, V, (B, L)),
-            "loss_mask": torch.ones(B, L, dtype=torch.bool), "offset": torch.zeros(B, dtype=torch.long),
-            "reset": torch.tensor(reset), "distance": torch.full((B, L), -1) if distance is None else distance}
+    return {
+        "tokens": torch.randint(0, V, (B, L)),
+        "targets": torch.randint(0, V, (B, L)),
+        "loss_mask": torch.ones(B, L, dtype=torch.bool),
+        "offset": torch.zeros(B, dtype=torch.long),
+        "reset": torch.tensor(reset),
+        "distance": torch.full((B, L), -1) if distance is None else distance,
+    }
 
 
 def test_memory_is_kept_per_split_and_dropped_on_reset():
@@ -154,8 +179,17 @@ def test_logged_metric_names_are_what_training_logs(tmp_path, cache):
 
 
 def test_no_weight_decay_on_embeddings_norms_biases_and_positional_tables():
-    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, posenc=LEARNED,
-                           posenc_kwargs={"max_positions": 8}))
+    lit = LitLM(
+        model=dict(
+            vocab_size=10,
+            n_layer=1,
+            d_model=16,
+            n_head=2,
+            d_inner=32,
+            posenc=LEARNED,
+            posenc_kwargs={"max_positions": 8},
+        )
+    )
     lit.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
     groups = lit.configure_optimizers()["optimizer"].param_groups
     decayed = {id(p) for p in groups[0]["params"]}
@@ -177,8 +211,12 @@ class _Poison(L.Callback):
 
 
 def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, cache):
-    cfg = compose_config("train", tiny(tmp_path / "run", cache, "checkpoint_every=2",
-                                       "+callbacks.poison._target_=tests.test_lit._Poison", steps=6))
+    cfg = compose_config(
+        "train",
+        tiny(
+            tmp_path / "run", cache, "checkpoint_every=2", "+callbacks.poison._target_=tests.test_lit._Poison", steps=6
+        ),
+    )
     with pytest.raises(NonFiniteLossError, match=r"at step 3 \(batch index 3\).*good\.ckpt"):
         train(cfg)
     good = read_checkpoint(tmp_path / "run" / "checkpoints" / "good.ckpt")
@@ -193,8 +231,11 @@ def test_bad_inputs_fail_before_training(tmp_path, cache):
     with pytest.raises(ValueError, match="unknown positional scheme 'nosuch'"):
         run("posenc.name=nosuch")
     with pytest.raises(FileNotFoundError, match="no file at"):
-        train(compose_config("train", tiny(tmp_path / "bad", cache, f"data.corpus.path={tmp_path / 'missing.txt'}",
-                                           data="textfile")))
+        train(
+            compose_config(
+                "train", tiny(tmp_path / "bad", cache, f"data.corpus.path={tmp_path / 'missing.txt'}", data="textfile")
+            )
+        )
     with pytest.raises(ValueError, match="episode_len"):
         run("data.episode_len=8")  # shorter than a segment
     with pytest.raises(ValueError, match="max_positions"):

@@ -25,7 +25,15 @@ def _seed():
 
 
 def make_model(name: str, n_layer: int = 1, mem_len: int = 0, randomize: bool = True, **cfg) -> MemoryTransformer:
-    cfg = {"vocab_size": V, "d_model": 16, "n_head": 2, "d_inner": 32, "dropout": 0.0, "posenc_kwargs": OPTIONS.get(name, {}), **cfg}
+    cfg = {
+        "vocab_size": V,
+        "d_model": 16,
+        "n_head": 2,
+        "d_inner": 32,
+        "dropout": 0.0,
+        "posenc_kwargs": OPTIONS.get(name, {}),
+        **cfg,
+    }
     config = ModelConfig(n_layer=n_layer, mem_len=mem_len, posenc=name, **cfg)
     model = MemoryTransformer(config)
     if randomize:  # zero-initialised tables (t5 bias, xl u/v) would make tests vacuous
@@ -212,7 +220,7 @@ def test_memory_equals_concatenated_run(name, n_layer, L, M, n_seg):
     stream = tokens(B, n_seg * L)
     mems = None
     for t in range(n_seg):
-        out = model(stream[:, t * L:(t + 1) * L], mems=mems, offset=t * L)
+        out = model(stream[:, t * L : (t + 1) * L], mems=mems, offset=t * L)
         mems = out.mems
     # a 1-layer model looks M tokens back; deeper ones reach everything before here (M covers it)
     start = (n_seg - 1) * L - min(M, (n_seg - 1) * L) if n_layer == 1 else 0
@@ -273,7 +281,7 @@ def test_no_output_depends_on_a_future_token(name, with_memory):
         assert (out.logits[:, t] - base.logits[:, t]).abs().max() > 1e-4  # the token itself does count
         keep = t - (L - 6)  # the memory slot token t lands in: the states kept before it must not change
         for a, b in zip(out.mems, base.mems):
-            torch.testing.assert_close(a[:, :max(keep, 0)], b[:, :max(keep, 0)], atol=1e-6, rtol=0)
+            torch.testing.assert_close(a[:, : max(keep, 0)], b[:, : max(keep, 0)], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -327,7 +335,7 @@ def test_half_loss_is_the_mean_of_the_last_half():
     L = 16
     model, x, y = make_model(SINUSOID, loss_recent_frac=0.5), tokens(B, L), tokens(B, L)
     out = model(x, y)
-    torch.testing.assert_close(out.loss, out.token_loss[:, L // 2:].mean())
+    torch.testing.assert_close(out.loss, out.token_loss[:, L // 2 :].mean())
     assert not torch.allclose(out.loss, out.token_loss.mean())
     # the cut does not change the per-token losses themselves
     model.cfg.loss_recent_frac = 1.0
@@ -381,7 +389,9 @@ def test_bf16_autocast_with_memory_matches_fp32(name):
 def test_every_scheme_learns_a_repeated_pattern(name, mem_len):
     vocab, L, batch, period = 16, 16, 8, 12
     pattern = torch.randint(vocab, (period,))
-    model = make_model(name, n_layer=2, mem_len=mem_len, randomize=False, vocab_size=vocab, d_model=32, n_head=4, d_inner=64)
+    model = make_model(
+        name, n_layer=2, mem_len=mem_len, randomize=False, vocab_size=vocab, d_model=32, n_head=4, d_inner=64
+    )
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     mems, losses = None, []

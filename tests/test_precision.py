@@ -26,8 +26,9 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     assert precision.cpu_flags(str(tmp_path / "missing")) is None
 
 
-@pytest.mark.parametrize("flags, has_bf16", [(AVX2, False), (AVX2 | {"amx_bf16"}, True),
-                                             (AVX2 | {"avx512_bf16"}, True), (None, True)])
+@pytest.mark.parametrize(
+    "flags, has_bf16", [(AVX2, False), (AVX2 | {"amx_bf16"}, True), (AVX2 | {"avx512_bf16"}, True), (None, True)]
+)
 def test_bf16_hardware_on_cpu(monkeypatch, flags, has_bf16):
     monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
     reason = precision.bf16_hardware("cpu")

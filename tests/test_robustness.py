@@ -42,6 +42,7 @@ def run_train(run_dir, cache, *extra, steps=4, data="recall"):
 
 # ---- checkpoints carry data, never code ----------------------------------------------------------
 
+
 class _WritesMarker:
     """Unpickling this object creates the marker file (a stand-in for any code a file could run)."""
 
@@ -75,6 +76,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_before_it_runs(tmp_path, fm
 
 # ---- a checkpoint is only called good if it is -----------------------------------------------------
 
+
 def test_after_a_divergence_the_named_checkpoint_resumes_and_trains_finitely(tmp_path, cache, finished):
     """The issue's case, optim.lr=1e3: every update blows the weights up. A fresh run names no checkpoint
     as good (none is); continuing a sane run at that lr names a checkpoint that resumes with a sane lr."""
@@ -104,14 +106,18 @@ def test_after_a_divergence_the_named_checkpoint_resumes_and_trains_finitely(tmp
 
 # ---- errors name the key, before anything is written ---------------------------------------------
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.lr=-1", r"optim\.lr must be a number > 0, got -1"),
-    ("data.batch_size=abc", r"data\.batch_size must be an integer >= 1, got 'abc'"),
-    ("optim.warmup_steps=-5", r"optim\.warmup_steps must be an integer >= 0, got -5"),
-    ("checkpoint_every=0", r"checkpoint_every must be an integer >= 1, got 0"),
-    ("data.eval_batch_size=1000", r"the val split of data\.name=recall is too short.*eval_batch_size"),
-    ("trainer.max_steps=0", r"trainer\.max_steps must be an integer >= 1"),
-])
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lr=-1", r"optim\.lr must be a number > 0, got -1"),
+        ("data.batch_size=abc", r"data\.batch_size must be an integer >= 1, got 'abc'"),
+        ("optim.warmup_steps=-5", r"optim\.warmup_steps must be an integer >= 0, got -5"),
+        ("checkpoint_every=0", r"checkpoint_every must be an integer >= 1, got 0"),
+        ("data.eval_batch_size=1000", r"the val split of data\.name=recall is too short.*eval_batch_size"),
+        ("trainer.max_steps=0", r"trainer\.max_steps must be an integer >= 1"),
+    ],
+)
 def test_bad_values_are_named_before_anything_is_written(tmp_path, cache, override, message):
     with pytest.raises(ConfigError, match=message):
         run_train(tmp_path / "run", cache, override)
@@ -128,8 +134,18 @@ def test_learned_overflow_advice_is_an_option_eval_takes(tmp_path, cache):
         evaluate_checkpoint(ckpt, segment_len=32, max_batches=1)
     assert deliberate(info.value)
     # The advice, as typed on the command line, is taken by `posenc-lab eval`.
-    cfg = compose("eval", [f"ckpt={ckpt}", "data.segment_len=32", "posenc.overflow=clamp", "max_batches=1",
-                           "progress_bar=false", f"out_dir={tmp_path / 'eval'}", "accelerator=cpu"])
+    cfg = compose(
+        "eval",
+        [
+            f"ckpt={ckpt}",
+            "data.segment_len=32",
+            "posenc.overflow=clamp",
+            "max_batches=1",
+            "progress_bar=false",
+            f"out_dir={tmp_path / 'eval'}",
+            "accelerator=cpu",
+        ],
+    )
     evaluate_main(cfg)
     (written,) = (tmp_path / "eval").glob("*.json")
     result = json.loads(written.read_text())
@@ -139,8 +155,9 @@ def test_learned_overflow_advice_is_an_option_eval_takes(tmp_path, cache):
 
 @pytest.mark.slow
 def test_cli_prints_the_full_trace_on_request(tmp_path, cache):
-    full = run_module("posenc_lab.train", *tiny(tmp_path / "run", cache, "optim.lr=-1"), timeout=120,
-                      HYDRA_FULL_ERROR="1")
+    full = run_module(
+        "posenc_lab.train", *tiny(tmp_path / "run", cache, "optim.lr=-1"), timeout=120, HYDRA_FULL_ERROR="1"
+    )
     assert full.returncode == 1 and "Traceback" in full.stderr and "ConfigError" in full.stderr
 
 
@@ -159,10 +176,14 @@ def test_only_errors_raised_in_posenc_lab_count_as_deliberate():
 
 # ---- a run directory belongs to one run ---------------------------------------------------------
 
+
 def _snapshot(directory):
     """{relative path: (size, mtime_ns)} of every file under ``directory``."""
-    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_another_seed_or_model_in_a_finished_run_dir_is_refused_and_nothing_changes(finished, cache):
@@ -180,8 +201,7 @@ def test_another_seed_or_model_in_a_finished_run_dir_is_refused_and_nothing_chan
 
 def test_refused_command_line_run_prints_one_line_and_writes_nothing_not_even_hydra_files(finished, cache):
     before = _snapshot(finished)
-    proc = run_module("posenc_lab.train", *tiny(finished, cache, "checkpoint_every=2", "seed=5", steps=4),
-                      timeout=120)
+    proc = run_module("posenc_lab.train", *tiny(finished, cache, "checkpoint_every=2", "seed=5", steps=4), timeout=120)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith(f"posenc-lab train: error: run_dir {finished} holds another run; it differs in seed")
@@ -216,14 +236,17 @@ def test_wall_time_accumulates_over_invocations(tmp_path, cache):
     assert first["wall_time_s"] < saved <= second["wall_time_s"]
 
 
-_HOLD_LOCK = ("import sys, time; from posenc_lab.rundir import RunLock\n"
-              "with RunLock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(120)")
+_HOLD_LOCK = (
+    "import sys, time; from posenc_lab.rundir import RunLock\n"
+    "with RunLock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(120)"
+)
 
 
 def test_a_second_process_is_refused_and_a_stale_lock_is_taken_over(tmp_path, cache, caplog):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(run)], cwd=REPO, env=subprocess_env(),
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(run)], cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunDirError, match=rf"being written by another process \(pid {holder.pid} "):
@@ -248,6 +271,7 @@ def test_multirun_with_a_fixed_run_dir_gives_every_job_its_own_run(tmp_path, cac
 
 
 # ---- nothing half-written -----------------------------------------------------------------------
+
 
 def test_truncated_files_are_recovered_or_named_with_what_to_delete(tmp_path, cache):
     run = tmp_path / "run"
@@ -285,8 +309,17 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
     from tests.helpers_train import compose_config as compose
 
     def evaluate(*overrides):
-        cfg = compose("eval", [f"ckpt={finished / 'checkpoints' / 'last.ckpt'}", "progress_bar=false",
-                               "accelerator=cpu", f"out_dir={tmp_path}", "dump_losses=true", *overrides])
+        cfg = compose(
+            "eval",
+            [
+                f"ckpt={finished / 'checkpoints' / 'last.ckpt'}",
+                "progress_bar=false",
+                "accelerator=cpu",
+                f"out_dir={tmp_path}",
+                "dump_losses=true",
+                *overrides,
+            ],
+        )
         evaluate_main(cfg)
 
     evaluate("max_batches=2")
@@ -294,18 +327,23 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
     evaluate("max_batches=2", "data.episode_len=32")
     evaluate("max_batches=2", "data.batch_size=2")
     names = sorted(p.stem for p in tmp_path.glob("*.json"))
-    assert names == ["test_step4_L16_M16_T32_B4_first2", "test_step4_L16_M16_Tnone_B2_first2",
-                     "test_step4_L16_M16_Tnone_B4_first2", "test_step4_L16_M16_Tnone_B4_first3"]
+    assert names == [
+        "test_step4_L16_M16_T32_B4_first2",
+        "test_step4_L16_M16_Tnone_B2_first2",
+        "test_step4_L16_M16_Tnone_B4_first2",
+        "test_step4_L16_M16_Tnone_B4_first3",
+    ]
     with pytest.raises(ConfigError, match=r"max_batches must be an integer >= 1 .*null: all.*got 0"):
         evaluate("max_batches=0")
     first = json.loads((tmp_path / "test_step4_L16_M16_Tnone_B4_first2.json").read_text())
     assert output_name({**first, "precision": "bf16-mixed"}) == "test_step4_L16_M16_Tnone_B4_first2_bf16-mixed"
     assert output_name({**first, "data_overrides": {"corpus": {"eval_max_distance": 60}}}).startswith(
-        "test_step4_L16_M16_Tnone_B4_first2_data-")
+        "test_step4_L16_M16_Tnone_B4_first2_data-"
+    )
 
     # A truncated output (e.g. a full disk under another tool) is written whole by the next eval.
     target = tmp_path / "test_step4_L16_M16_Tnone_B4_first2"
-    target.with_suffix(".json").write_text("{\"loss\": ")
+    target.with_suffix(".json").write_text('{"loss": ')
     target.with_suffix(".npz").write_bytes(target.with_suffix(".npz").read_bytes()[:100])
     evaluate("max_batches=2")
     assert math.isfinite(json.loads(target.with_suffix(".json").read_text())["loss"])

@@ -6,20 +6,27 @@ loops over (query, key) pairs on small sizes and builds the sinusoid from its fo
 
 from __future__ import annotations
 
-import math
-
-import pytest
-import torch
-
 import importlib
+import math
 import pkgutil
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
 
 import posenc_lab.positional as positional
-from posenc_lab.positional import (SCHEME_NAMES, SCHEMES, Dims, Positions, build_scheme, scheme_options,
-                                   schemes_of_kind, sinusoid_table, sized_options)
+from posenc_lab.positional import (
+    SCHEME_NAMES,
+    SCHEMES,
+    Dims,
+    Positions,
+    build_scheme,
+    scheme_options,
+    schemes_of_kind,
+    sinusoid_table,
+    sized_options,
+)
 from posenc_lab.positional.xl import relative_shift
 from tests.schemes import ALIBI, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, T5, XL
 

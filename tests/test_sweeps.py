@@ -12,27 +12,45 @@ import stat
 import struct
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from omegaconf import OmegaConf
 
 from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
-from posenc_lab.sweeps import (Composer, SweepError, check_sweep, format_override, load_sweep, multirun_overrides,
-                               validate_launcher)
+from posenc_lab.sweeps import (
+    Composer,
+    SweepError,
+    check_sweep,
+    format_override,
+    load_sweep,
+    multirun_overrides,
+    validate_launcher,
+)
 from tests.schemes import SHAW, SINUSOID, XL
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 
 # A few-second training run: small recall corpus, short segments, few steps (later overrides win).
-TINY = ["data.corpus.train_tokens=20000", "data.corpus.eval_tokens=3000", "data.corpus.max_distance=40",
-        "data.segment_len=16", "data.batch_size=4", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",
-        "trainer.enable_model_summary=false", "trainer.log_every_n_steps=1", "final_eval.limit_batches=2",
-        "optim.warmup_steps=2"]
+TINY = [
+    "data.corpus.train_tokens=20000",
+    "data.corpus.eval_tokens=3000",
+    "data.corpus.max_distance=40",
+    "data.segment_len=16",
+    "data.batch_size=4",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "trainer.log_every_n_steps=1",
+    "final_eval.limit_batches=2",
+    "optim.warmup_steps=2",
+]
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -54,6 +72,7 @@ def _write_sweep(tmp_path: Path, base: str, name: str = "bad.yaml", **changes) -
 
 # ---- every sweep file ----------------------------------------------------------------------------
 
+
 def test_sweep_files_exist():
     names = {p.stem for p in SWEEPS}
     assert {"ablation", "bayes_xl", "shaw_k"} <= names, names
@@ -66,7 +85,7 @@ def test_every_combination_composes(path):
     if sweep.method == "grid":  # every grid point is checked
         assert len(trials) == math.prod(len(v) for v in sweep.parameters.values())
     for trial in trials:
-        assert trial[:len(sweep.before)] == sweep.before and trial[len(trial) - len(sweep.after):] == sweep.after
+        assert trial[: len(sweep.before)] == sweep.before and trial[len(trial) - len(sweep.after) :] == sweep.after
     # the metric is one the training logs, the runs log to wandb, each in its own run dir
     assert sweep.metric["name"].split("/")[0] in ("val", "test")
     assert "logger=wandb" in sweep.fixed
@@ -109,6 +128,7 @@ def test_checked_configs_equal_hydra_compose():
 
 # ---- bad sweeps are rejected before any run ----------------------------------------------------
 
+
 def test_bad_key_is_rejected(tmp_path):
     path = _write_sweep(tmp_path, "ablation.yaml", parameters={"model.men_len": {"values": [0, 128]}})
     with pytest.raises(SweepError) as e:
@@ -125,8 +145,9 @@ def test_bad_scheme_option_key_is_rejected(tmp_path):
 
 
 def test_bad_value_is_rejected(tmp_path):
-    path = _write_sweep(tmp_path, "shaw_k.yaml", parameters={"posenc.K": {"values": [4, 0]},
-                                                              "model.mem_len": {"values": [0, 32]}})
+    path = _write_sweep(
+        tmp_path, "shaw_k.yaml", parameters={"posenc.K": {"values": [4, 0]}, "model.mem_len": {"values": [0, 32]}}
+    )
     with pytest.raises(SweepError) as e:
         check_sweep(path)
     msg = str(e.value)
@@ -136,19 +157,30 @@ def test_bad_value_is_rejected(tmp_path):
 
 def test_bad_group_option_is_rejected(tmp_path):
     path = _write_sweep(tmp_path, "ablation.yaml", parameters={"posenc": {"values": [XL, XL + "l"]}})
-    with pytest.raises(SweepError, match=rf"'{XL}l' is not an option of config group 'posenc' "
-                                         rf"\(did you mean '{XL}'\?\); options: {', '.join(SCHEME_NAMES)}"):
+    with pytest.raises(
+        SweepError,
+        match=rf"'{XL}l' is not an option of config group 'posenc' "
+        rf"\(did you mean '{XL}'\?\); options: {', '.join(SCHEME_NAMES)}",
+    ):
         check_sweep(path)
 
 
-@pytest.mark.parametrize("params, expected", [
-    ({"model.mem_len": {"values": [32, "long"]}}, "model.mem_len must be an integer >= 0, got 'long'"),
-    ({"posenc.K": {"values": [4, None]}}, "write the string \"null\" instead"),
-    ({"model.dropout": {"values": [0.1, 1.5]}}, "model.dropout must be in [0, 1), got 1.5"),
-    ({"optim.lr": {"distribution": "log_uniform_values", "min": -1.0, "max": 1.0e-3}}, "optim.lr must be a number > 0"),
-    ({"trainer.precision": {"values": ["32-true", "bf17-mixed"]}},  # the valid ones come from Lightning
-     "trainer.precision='bf17-mixed' is not a Lightning precision; valid: "),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({"model.mem_len": {"values": [32, "long"]}}, "model.mem_len must be an integer >= 0, got 'long'"),
+        ({"posenc.K": {"values": [4, None]}}, 'write the string "null" instead'),
+        ({"model.dropout": {"values": [0.1, 1.5]}}, "model.dropout must be in [0, 1), got 1.5"),
+        (
+            {"optim.lr": {"distribution": "log_uniform_values", "min": -1.0, "max": 1.0e-3}},
+            "optim.lr must be a number > 0",
+        ),
+        (
+            {"trainer.precision": {"values": ["32-true", "bf17-mixed"]}},  # the valid ones come from Lightning
+            "trainer.precision='bf17-mixed' is not a Lightning precision; valid: ",
+        ),
+    ],
+)
 def test_bad_values_name_key_and_reason(tmp_path, params, expected):
     path = _write_sweep(tmp_path, "shaw_k.yaml", parameters=params, method="bayes")
     with pytest.raises(SweepError) as e:
@@ -208,6 +240,7 @@ def test_multirun_overrides_of_a_grid():
 
 # ---- one sweep trial end to end, wandb offline ---------------------------------------------------
 
+
 def read_wandb_records(path: Path) -> list:
     """The protobuf records of an offline run file (run-ID.wandb): a W&B header, then LevelDB-log
     style records (crc32c, length, type) in 32 KiB blocks."""
@@ -221,11 +254,11 @@ def read_wandb_records(path: Path) -> list:
         if left < 7:
             pos += left
             continue
-        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
         if length == 0 and kind == 0:
             pos += left
             continue
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         pending += chunk
         if kind in (1, 4):  # FULL or LAST
@@ -284,10 +317,18 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
     trials = check_sweep(path)  # first the check, as before a real sweep
     assignment = {"posenc": XL, "model.mem_len": 32}
     command = agent_command(path, assignment)
-    assert [format_override(k, v) for k, v in assignment.items()] == command[command.index("posenc_lab.train") + 1:][:2]
-    assert command[command.index("posenc_lab.train") + 1:] in trials
-    env = _env(tmp_path, WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true",
-               WANDB_SWEEP_ID="sweeptest", WANDB_RUN_ID="trial0001")
+    assert [format_override(k, v) for k, v in assignment.items()] == command[command.index("posenc_lab.train") + 1 :][
+        :2
+    ]
+    assert command[command.index("posenc_lab.train") + 1 :] in trials
+    env = _env(
+        tmp_path,
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path / "wandb"),
+        WANDB_SILENT="true",
+        WANDB_SWEEP_ID="sweeptest",
+        WANDB_RUN_ID="trial0001",
+    )
     proc = subprocess.run(command + TINY, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "sweeps" / "sweeptest" / "trial0001"
@@ -303,7 +344,7 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
     from posenc_lab.sweeps import logged_metrics
 
     with Composer() as composer:
-        cfg = composer.compose(command[command.index("posenc_lab.train") + 1:])
+        cfg = composer.compose(command[command.index("posenc_lab.train") + 1 :])
     logged = {k for k in info["history"] if "/" in k and not k.startswith("trainer/")}
     assert logged <= logged_metrics(cfg), logged - logged_metrics(cfg)
     # the resolved config (LitLM's hyper-parameters hold the whole run config)
@@ -314,10 +355,21 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
 
 # ---- Hydra multirun, read by the report ---------------------------------------------------------
 
+
 def test_two_job_multirun_and_report(tmp_path):
     sweep_dir = tmp_path / "multirun"
-    cmd = [sys.executable, "-m", "posenc_lab.train", "-m", "posenc=xl,sinusoid", "data=recall", "model=tiny",
-           "model.mem_len=16", *TINY, f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "posenc_lab.train",
+        "-m",
+        "posenc=xl,sinusoid",
+        "data=recall",
+        "model=tiny",
+        "model.mem_len=16",
+        *TINY,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dirs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
@@ -342,9 +394,23 @@ def test_two_job_multirun_and_report(tmp_path):
     # the tables and figures go to wandb as Tables and Images (offline here; a child process, so
     # that wandb's service has written the run file when it exits)
     env = _env(tmp_path, WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true")
-    proc = subprocess.run([sys.executable, "-m", "analysis.wandb_upload", str(out), "--runs", str(sweep_dir),
-                           "--project", "posenc-lab-test"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analysis.wandb_upload",
+            str(out),
+            "--runs",
+            str(sweep_dir),
+            "--project",
+            "posenc-lab-test",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_id = proc.stdout.split("as wandb run ")[-1].strip()
     info = wandb_run_summary(tmp_path / "wandb")
@@ -358,6 +424,7 @@ def test_two_job_multirun_and_report(tmp_path):
 
 # ---- clusters -------------------------------------------------------------------------------------
 
+
 def _fake_slurm_bin(tmp_path: Path) -> Path:
     """srun/sbatch stand-ins so that submitit's SLURM executor can be built (nothing is submitted)."""
     bindir = tmp_path / "bin"
@@ -370,15 +437,23 @@ def _fake_slurm_bin(tmp_path: Path) -> Path:
 
 
 def test_slurm_launcher_config_composes(tmp_path, monkeypatch):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
-                        reason="hydra-submitit-launcher is not installed (pip install 'posenc-lab[slurm]')")
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher",
+        reason="hydra-submitit-launcher is not installed (pip install 'posenc-lab[slurm]')",
+    )
     import submitit
     from hydra.utils import instantiate
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
-    overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=8", "trainer.num_nodes=2",
-                 "hydra.launcher.partition=gpu", "hydra.sweep.dir=" + str(tmp_path / "sweep")]
+    overrides = [
+        "hydra/launcher=slurm",
+        "trainer=ddp",
+        "trainer.devices=8",
+        "trainer.num_nodes=2",
+        "hydra.launcher.partition=gpu",
+        "hydra.sweep.dir=" + str(tmp_path / "sweep"),
+    ]
     with Composer() as composer:
         cfg = composer.compose(overrides)
         assert validate_launcher(cfg) == []
@@ -393,14 +468,19 @@ def test_slurm_launcher_config_composes(tmp_path, monkeypatch):
     # What the plugin hands to submitit (SlurmLauncher.launch) gives a valid sbatch script.
     monkeypatch.setenv("PATH", f"{_fake_slurm_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}")
     params = dict(launcher.params)
-    executor = submitit.AutoExecutor(cluster="slurm", folder=str(tmp_path / "submitit"),
-                                     slurm_max_num_timeout=params.pop("max_num_timeout"))
+    executor = submitit.AutoExecutor(
+        cluster="slurm", folder=str(tmp_path / "submitit"), slurm_max_num_timeout=params.pop("max_num_timeout")
+    )
     params.pop("submitit_folder")
     base = set(OmegaConf.structured(BaseQueueConf).keys())
     executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
     script = executor._executor._make_submission_file_text("python -u -m submitit.core._submit", "uid")
-    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8",
-                 "#SBATCH --partition=gpu"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --partition=gpu",
+    ):
         assert line in script, script
 
 
@@ -411,8 +491,13 @@ def test_global_batch_is_split_per_rank(tmp_path):
 
     from posenc_lab.datamodule import SegmentDataModule
 
-    dm = SegmentDataModule(name="recall", segment_len=16, batch_size=8, root=str(tmp_path),
-                           corpus={"train_tokens": 20000, "eval_tokens": 3000})
+    dm = SegmentDataModule(
+        name="recall",
+        segment_len=16,
+        batch_size=8,
+        root=str(tmp_path),
+        corpus={"train_tokens": 20000, "eval_tokens": 3000},
+    )
     whole = next(iter(dm.make_stream("train", 0, 1)))["tokens"]
     for world in (2, 4, 8):
         parts = [next(iter(dm.make_stream("train", r, world)))["tokens"] for r in range(world)]
@@ -429,15 +514,36 @@ def test_lightning_slurm_environment_two_tasks(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "posenc_lab.train", "trainer=ddp_cpu", "data=recall", "model=tiny",
-           "model.mem_len=16", *TINY, f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "posenc_lab.train",
+        "trainer=ddp_cpu",
+        "data=recall",
+        "model=tiny",
+        "model.mem_len=16",
+        *TINY,
+        f"hydra.run.dir={run_dir}",
+    ]
     procs = []
     for rank in range(2):
-        env = _env(tmp_path, SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_PROCID=str(rank),
-                   SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_NNODES="1", SLURM_JOB_ID="4242",
-                   SLURM_JOB_NAME="train", SLURM_NODELIST="localhost", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        env = _env(
+            tmp_path,
+            SLURM_NTASKS="2",
+            SLURM_NTASKS_PER_NODE="2",
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NODEID="0",
+            SLURM_NNODES="1",
+            SLURM_JOB_ID="4242",
+            SLURM_JOB_NAME="train",
+            SLURM_NODELIST="localhost",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        procs.append(
+            subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outs = []
     for p in procs:
         try:

@@ -80,14 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the median is quoted")
-    p.add_argument("--compile", nargs="?", const="on", default="off", choices=["off", "on", "both"],
-                   help="torch.compile the model: off (default), on (--compile alone), both (compiled vs eager)")
-    p.add_argument("--attention", default="auto",
-                   help=f"comma-separated model.attention_impl values, from {','.join(IMPLS)} (fused vs unfused: "
-                        "fused,unfused); a loop the fused path cannot run here (CPU training) is reported as NaN")
-    p.add_argument("--ratio-to", default=None, metavar="SCHEME",
-                   help="add columns train_ratio, train_cpu_ratio, eval_ratio, eval_cpu_ratio: each step time over "
-                        "SCHEME's at the same config, precision, memory, compile and attention")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="on",
+        default="off",
+        choices=["off", "on", "both"],
+        help="torch.compile the model: off (default), on (--compile alone), both (compiled vs eager)",
+    )
+    p.add_argument(
+        "--attention",
+        default="auto",
+        help=f"comma-separated model.attention_impl values, from {','.join(IMPLS)} (fused vs unfused: "
+        "fused,unfused); a loop the fused path cannot run here (CPU training) is reported as NaN",
+    )
+    p.add_argument(
+        "--ratio-to",
+        default=None,
+        metavar="SCHEME",
+        help="add columns train_ratio, train_cpu_ratio, eval_ratio, eval_cpu_ratio: each step time over "
+        "SCHEME's at the same config, precision, memory, compile and attention",
+    )
     p.add_argument(
         "--matmul-max-n",
         type=int,

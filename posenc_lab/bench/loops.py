@@ -172,8 +172,9 @@ def bench_one(
             state["mems"] = out.mems if M > 0 else None
 
         train_cpu: list[float] = []
-        train_s = _unless_cannot_run(lambda: median_time(train_step, device, warmup, reps, train_cpu), train_cpu,
-                                     not_run)
+        train_s = _unless_cannot_run(
+            lambda: median_time(train_step, device, warmup, reps, train_cpu), train_cpu, not_run
+        )
     params = model.num_params()
 
     # -- evaluation -----------------------------------------------------------------------------

@@ -16,9 +16,9 @@ import os
 import platform
 import sysconfig
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -94,8 +94,10 @@ def check_corpus_options(name: str, options: Iterable[str]) -> None:
     valid = corpus_options(name)
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ValueError(f"corpus {name!r} takes no option {', '.join(unknown)} (data.corpus.*); its options: "
-                         f"{', '.join(valid) or 'none'}")
+        raise ValueError(
+            f"corpus {name!r} takes no option {', '.join(unknown)} (data.corpus.*); its options: "
+            f"{', '.join(valid) or 'none'}"
+        )
 
 
 def load_corpus(name: str, root: str | os.PathLike | None = None, **kwargs) -> Corpus:
@@ -145,11 +147,15 @@ def _split_file(name: str, path: Path, sizes) -> dict[str, np.memmap]:
     read-only uint8 memmaps of the file itself (no copy)."""
     size = path.stat().st_size
     if len(sizes) != 3 or min(sizes) < 2 or sum(sizes) > size:
-        raise ValueError(f"{name}: split sizes must be 3 sizes >= 2 bytes summing to <= the size of {path} "
-                         f"({size:,} bytes), got {tuple(sizes)}")
+        raise ValueError(
+            f"{name}: split sizes must be 3 sizes >= 2 bytes summing to <= the size of {path} "
+            f"({size:,} bytes), got {tuple(sizes)}"
+        )
     cuts = np.cumsum([0, *sizes]).tolist()
-    return {s: np.memmap(path, dtype=np.uint8, mode="r", offset=a, shape=(b - a,))
-            for s, a, b in zip(SPLITS, cuts, cuts[1:])}
+    return {
+        s: np.memmap(path, dtype=np.uint8, mode="r", offset=a, shape=(b - a,))
+        for s, a, b in zip(SPLITS, cuts, cuts[1:])
+    }
 
 
 # ---- pystdlib: the embedded default ----
@@ -177,8 +183,13 @@ def stdlib_files(stdlib: Path, include_tests: bool = False) -> list[str]:
 
 
 @register_corpus("pystdlib", unit="byte")
-def load_pystdlib(root: Path, *, max_bytes: int | None = None, include_tests: bool = False,
-                  stdlib_dir: str | os.PathLike | None = None) -> Corpus:
+def load_pystdlib(
+    root: Path,
+    *,
+    max_bytes: int | None = None,
+    include_tests: bool = False,
+    stdlib_dir: str | os.PathLike | None = None,
+) -> Corpus:
     """Byte-level corpus of the running Python's standard library sources (vocab 256).
 
     Files are split by stdlib_split_of and concatenated in path order with FILE_SEPARATOR after
@@ -189,8 +200,13 @@ def load_pystdlib(root: Path, *, max_bytes: int | None = None, include_tests: bo
         raise FileNotFoundError(f"pystdlib: no standard library directory at {stdlib}")
     if max_bytes is not None and max_bytes < 100:
         raise ValueError(f"pystdlib: max_bytes must be None or >= 100, got {max_bytes}")
-    key = {"version": 1, "stdlib": str(stdlib), "python": platform.python_version(),
-           "max_bytes": max_bytes, "include_tests": include_tests}
+    key = {
+        "version": 1,
+        "stdlib": str(stdlib),
+        "python": platform.python_version(),
+        "max_bytes": max_bytes,
+        "include_tests": include_tests,
+    }
 
     def build():
         files = {s: [] for s in SPLITS}
@@ -217,8 +233,9 @@ def load_pystdlib(root: Path, *, max_bytes: int | None = None, include_tests: bo
 
 
 @register_corpus("textfile", unit="byte")
-def load_textfile(root: Path, *, path: str | os.PathLike, split: tuple[float, float, float] = (0.9, 0.05, 0.05)
-                  ) -> Corpus:
+def load_textfile(
+    root: Path, *, path: str | os.PathLike, split: tuple[float, float, float] = (0.9, 0.05, 0.05)
+) -> Corpus:
     """Byte-level corpus of one local file, split by position (fractions train/valid/test).
 
     The file itself is memory-mapped, so nothing is cached.
@@ -259,26 +276,40 @@ def _fetch_mahoney(root: Path, name: str, url: str, expected_size: int | None, m
     """Return the path of the unzipped file `name`, downloading and extracting it once."""
     raw = root / name / name
     if not raw.exists():
-        archive = download(url, root / name / f"{name}.zip", md5=md5,
-                           hint=_offline_hint(name, f"the unzipped file `{name}` at {raw}"))
+        archive = download(
+            url, root / name / f"{name}.zip", md5=md5, hint=_offline_hint(name, f"the unzipped file `{name}` at {raw}")
+        )
         extract_member(archive, name, raw, expected_size=expected_size)
     elif expected_size is not None and raw.stat().st_size != expected_size:
-        raise DownloadError(f"{raw} has {raw.stat().st_size:,} bytes, expected {expected_size:,}; delete it to "
-                            f"download again")
+        raise DownloadError(
+            f"{raw} has {raw.stat().st_size:,} bytes, expected {expected_size:,}; delete it to download again"
+        )
     return raw
 
 
 @register_corpus("enwik8", unit="byte")
-def load_enwik8(root: Path, *, url: str | None = None, expected_size: int | None = MAHONEY_SIZE,
-                md5: str | None = None, split_sizes=MAHONEY_SPLIT) -> Corpus:
+def load_enwik8(
+    root: Path,
+    *,
+    url: str | None = None,
+    expected_size: int | None = MAHONEY_SIZE,
+    md5: str | None = None,
+    split_sizes=MAHONEY_SPLIT,
+) -> Corpus:
     """Byte-level enwik8 (vocab 256), memory-mapped straight from the unzipped file."""
     raw = _fetch_mahoney(root, "enwik8", _url("enwik8", url, ENWIK8_URL), expected_size, md5)
     return Corpus("enwik8", **_split_file("enwik8", raw, split_sizes), vocab_size=256)
 
 
 @register_corpus("text8", unit="char")
-def load_text8(root: Path, *, url: str | None = None, expected_size: int | None = MAHONEY_SIZE,
-               md5: str | None = None, split_sizes=MAHONEY_SPLIT) -> Corpus:
+def load_text8(
+    root: Path,
+    *,
+    url: str | None = None,
+    expected_size: int | None = MAHONEY_SIZE,
+    md5: str | None = None,
+    split_sizes=MAHONEY_SPLIT,
+) -> Corpus:
     """Character-level text8: ids index the sorted characters of train (27: space and a-z)."""
     raw = _fetch_mahoney(root, "text8", _url("text8", url, TEXT8_URL), expected_size, md5)
     parts = _split_file("text8", raw, split_sizes)
@@ -292,8 +323,10 @@ def load_text8(root: Path, *, url: str | None = None, expected_size: int | None 
         for split, part in parts.items():
             ids = lookup[part]
             if (ids < 0).any():
-                raise ValueError(f"text8: {split} has characters absent from train: "
-                                 f"{sorted(set(bytes(part[ids < 0][:100]).decode('latin-1')))}")
+                raise ValueError(
+                    f"text8: {split} has characters absent from train: "
+                    f"{sorted(set(bytes(part[ids < 0][:100]).decode('latin-1')))}"
+                )
             arrays[split] = ids.astype(np.uint8)
         return arrays, [chr(c) for c in chars], {}
 
@@ -344,9 +377,12 @@ def _load_wikitext(root: Path, name: str, url: str | None, md5: str | None) -> C
     base = root / name
     files = {s: base / folder / f for s, f in _WIKITEXT_FILES.items()}
     if not all(p.exists() for p in files.values()):
-        archive = download(url, base / Path(url).name, md5=md5,
-                           hint=_offline_hint(name, f"the extracted {', '.join(_WIKITEXT_FILES.values())} in "
-                                                    f"{base / folder}"))
+        archive = download(
+            url,
+            base / Path(url).name,
+            md5=md5,
+            hint=_offline_hint(name, f"the extracted {', '.join(_WIKITEXT_FILES.values())} in {base / folder}"),
+        )
         for split, path in files.items():
             extract_member(archive, f"{folder}/{_WIKITEXT_FILES[split]}", path)
     key = {"version": 1, "sizes": {s: p.stat().st_size for s, p in files.items()}}
@@ -376,9 +412,19 @@ def load_wikitext2(root: Path, *, url: str | None = None, md5: str | None = None
 
 
 @register_corpus("recall", unit="word", answers=True)
-def load_recall(root: Path, *, seed: int = 0, n_values: int = 16, n_filler: int = 32, min_distance: int = 2,
-                max_distance: int = 80, eval_max_distance: int | None = None, max_gap: int = 8,
-                train_tokens: int = 1_000_000, eval_tokens: int = 100_000) -> Corpus:
+def load_recall(
+    root: Path,
+    *,
+    seed: int = 0,
+    n_values: int = 16,
+    n_filler: int = 32,
+    min_distance: int = 2,
+    max_distance: int = 80,
+    eval_max_distance: int | None = None,
+    max_gap: int = 8,
+    train_tokens: int = 1_000_000,
+    eval_tokens: int = 100_000,
+) -> Corpus:
     """The recall probe (see recall.py); each split has its own seed. Cached like the others so
     that streams hold memmaps (cheap to send to DataLoader workers).
 
@@ -386,15 +432,24 @@ def load_recall(root: Path, *, seed: int = 0, n_values: int = 16, n_filler: int 
     recall past the distances seen in training).
     """
     eval_max = max_distance if eval_max_distance is None else eval_max_distance
-    settings = dict(seed=seed, n_values=n_values, n_filler=n_filler, min_distance=min_distance,
-                    max_distance=max_distance, eval_max_distance=eval_max, max_gap=max_gap,
-                    train_tokens=train_tokens, eval_tokens=eval_tokens)
+    settings = dict(
+        seed=seed,
+        n_values=n_values,
+        n_filler=n_filler,
+        min_distance=min_distance,
+        max_distance=max_distance,
+        eval_max_distance=eval_max,
+        max_gap=max_gap,
+        train_tokens=train_tokens,
+        eval_tokens=eval_tokens,
+    )
 
     def build():
         common = dict(n_values=n_values, n_filler=n_filler, min_distance=min_distance, max_gap=max_gap)
         arrays = {}
-        for i, (split, n, max_d) in enumerate(zip(SPLITS, (train_tokens, eval_tokens, eval_tokens),
-                                                  (max_distance, eval_max, eval_max))):
+        for i, (split, n, max_d) in enumerate(
+            zip(SPLITS, (train_tokens, eval_tokens, eval_tokens), (max_distance, eval_max, eval_max))
+        ):
             tokens, loss_mask, distance = make_recall(n, seed=[seed, i], max_distance=max_d, **common)
             arrays.update({split: tokens, f"{split}.loss_mask": loss_mask, f"{split}.distance": distance})
         return arrays, recall_vocab(n_values, n_filler), {}
@@ -402,8 +457,9 @@ def load_recall(root: Path, *, seed: int = 0, n_values: int = 16, n_filler: int 
     key = {"version": 1, **settings}
     arrays, itos, _ = _cached(_key_dir(root / "recall", key), key, build)
     side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
-    return Corpus("recall", arrays["train"], arrays["valid"], arrays["test"], vocab_size=len(itos),
-                  itos=itos, side=side)
+    return Corpus(
+        "recall", arrays["train"], arrays["valid"], arrays["test"], vocab_size=len(itos), itos=itos, side=side
+    )
 
 
 # ---- hf: any text dataset through the optional `datasets` library ----
@@ -433,8 +489,16 @@ def _data_files(data_files):
 
 
 @register_corpus("hf", unit="byte")
-def load_hf(root: Path, *, path: str, config: str | None = None, data_files=None, text_field: str = "text",
-            splits: tuple[str, str, str] = ("train", "validation", "test"), separator: str = "\n") -> Corpus:
+def load_hf(
+    root: Path,
+    *,
+    path: str,
+    config: str | None = None,
+    data_files=None,
+    text_field: str = "text",
+    splits: tuple[str, str, str] = ("train", "validation", "test"),
+    separator: str = "\n",
+) -> Corpus:
     """Byte-level corpus of a Hugging Face dataset's text field (UTF-8), texts joined by `separator`.
 
     path, config, data_files: as datasets.load_dataset(path, config, data_files=...) takes them: a dataset
@@ -443,27 +507,38 @@ def load_hf(root: Path, *, path: str, config: str | None = None, data_files=None
     train/valid/test splits. Prepared once, then read from the cache (no `datasets` needed after that).
     """
     data_files, stamps = _data_files(data_files)
-    key = {"version": 1, "path": path, "config": config, "text_field": text_field, "splits": list(splits),
-           "separator": separator, **({"data_files": data_files, "stamps": stamps} if data_files else {})}
+    key = {
+        "version": 1,
+        "path": path,
+        "config": config,
+        "text_field": text_field,
+        "splits": list(splits),
+        "separator": separator,
+        **({"data_files": data_files, "stamps": stamps} if data_files else {}),
+    }
 
     def build():
         try:
             import datasets
         except ImportError as e:
-            raise ImportError("the 'hf' corpus needs the optional `datasets` library: "
-                              "pip install posenc-lab[hf]") from e
+            raise ImportError(
+                "the 'hf' corpus needs the optional `datasets` library: pip install posenc-lab[hf]"
+            ) from e
         try:
             ds = datasets.load_dataset(path, config, data_files=data_files)
         except Exception as e:  # datasets raises many kinds; all mean "not available"
-            raise RuntimeError(f"hf corpus: could not load dataset {path!r} (config {config!r}): {e}. Offline, it "
-                               f"must already be in the Hugging Face cache; run once online to prepare it.") from e
+            raise RuntimeError(
+                f"hf corpus: could not load dataset {path!r} (config {config!r}): {e}. Offline, it "
+                f"must already be in the Hugging Face cache; run once online to prepare it."
+            ) from e
         missing = [s for s in splits if s not in ds]
         if missing:
             raise ValueError(f"hf corpus: dataset {path!r} has no split {missing}; available: {list(ds)}")
         columns = ds[splits[0]].column_names
         if text_field not in columns:
-            raise ValueError(f"hf corpus: dataset {path!r} has no field text_field={text_field!r}; "
-                             f"available: {columns}")
+            raise ValueError(
+                f"hf corpus: dataset {path!r} has no field text_field={text_field!r}; available: {columns}"
+            )
         arrays = {}
         for ours, theirs in zip(SPLITS, splits):
             text = separator.join(ds[theirs][text_field]).encode("utf-8")

@@ -80,8 +80,16 @@ def _verify(path: Path, expected_size: int | None, md5: str | None, what: str) -
         raise DownloadError(f"{what}: md5 {got}, expected {md5.lower()}")
 
 
-def download(url: str, dest: str | os.PathLike, *, expected_size: int | None = None,
-             md5: str | None = None, hint: str = "", timeout: float = 60.0, progress: bool = True) -> Path:
+def download(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    expected_size: int | None = None,
+    md5: str | None = None,
+    hint: str = "",
+    timeout: float = 60.0,
+    progress: bool = True,
+) -> Path:
     """Download `url` to `dest` (atomically) unless `dest` already exists; verify size/md5 if given.
 
     A verification failure deletes the bad bytes and raises DownloadError. A network failure raises
@@ -121,8 +129,9 @@ def _fetch(url: str, path: Path, *, timeout: float, progress: bool) -> None:
         raise DownloadError(f"incomplete download of {url}: got {done:,} of {total:,} bytes")
 
 
-def extract_member(archive: str | os.PathLike, member: str, dest: str | os.PathLike, *,
-                   expected_size: int | None = None) -> Path:
+def extract_member(
+    archive: str | os.PathLike, member: str, dest: str | os.PathLike, *, expected_size: int | None = None
+) -> Path:
     """Extract one file of a zip archive to `dest` (atomically), checking its size if given."""
     dest = Path(dest)
     if dest.exists():
@@ -134,6 +143,7 @@ def extract_member(archive: str | os.PathLike, member: str, dest: str | os.PathL
                     out.write(chunk)
             _verify(tmp, expected_size, None, f"{member} extracted from {archive}")
     except (zipfile.BadZipFile, KeyError) as e:
-        raise DownloadError(f"cannot extract {member!r} from {archive}: {e}. Delete the archive to "
-                            f"download it again.") from e
+        raise DownloadError(
+            f"cannot extract {member!r} from {archive}: {e}. Delete the archive to download it again."
+        ) from e
     return dest

@@ -23,8 +23,16 @@ def recall_vocab(n_values: int = 16, n_filler: int = 32) -> list[str]:
     return [f"f{i}" for i in range(n_filler)] + [f"v{i}" for i in range(n_values)] + ["?"]
 
 
-def make_recall(n_tokens: int, *, seed=0, n_values: int = 16, n_filler: int = 32, min_distance: int = 2,
-                max_distance: int = 80, max_gap: int = 8):
+def make_recall(
+    n_tokens: int,
+    *,
+    seed=0,
+    n_values: int = 16,
+    n_filler: int = 32,
+    min_distance: int = 2,
+    max_distance: int = 80,
+    max_gap: int = 8,
+):
     """Generate one recall stream, deterministic given `seed` (an int or a sequence of ints).
 
     Returns tokens [n_tokens] (int32), loss_mask [n_tokens] (bool, True at answers) and
@@ -34,13 +42,16 @@ def make_recall(n_tokens: int, *, seed=0, n_values: int = 16, n_filler: int = 32
     if n_values < 1 or n_filler < 1:
         raise ValueError(f"need n_values >= 1 and n_filler >= 1, got n_values {n_values}, n_filler {n_filler}")
     if not 1 <= min_distance <= max_distance:
-        raise ValueError(f"need 1 <= min_distance <= max_distance, got min_distance {min_distance}, "
-                         f"max_distance {max_distance}")
+        raise ValueError(
+            f"need 1 <= min_distance <= max_distance, got min_distance {min_distance}, max_distance {max_distance}"
+        )
     if max_gap < 0:
         raise ValueError(f"max_gap must be >= 0, got {max_gap}")
     if n_tokens < max_distance + max_gap + 2:
-        raise ValueError(f"n_tokens {n_tokens} is too short for one item; need >= max_distance + max_gap + 2 = "
-                         f"{max_distance + max_gap + 2}")
+        raise ValueError(
+            f"n_tokens {n_tokens} is too short for one item; need >= max_distance + max_gap + 2 = "
+            f"{max_distance + max_gap + 2}"
+        )
     rng = np.random.default_rng(seed)
     marker = n_filler + n_values
     tokens = rng.integers(0, n_filler, n_tokens).astype(np.int32)

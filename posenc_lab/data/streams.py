@@ -81,17 +81,34 @@ class SegmentStream(IterableDataset):
     round robin puts them back in order.
     """
 
-    def __init__(self, data, segment_len: int, n_streams: int, *, loss_mask=None, distance=None,
-                 episode_len: int | None = None, cycle: bool = False, var_len: bool = False,
-                 var_len_std: float = 5.0, min_len: int | None = None, max_len: int | None = None,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, start_batch: int = 0):
+    def __init__(
+        self,
+        data,
+        segment_len: int,
+        n_streams: int,
+        *,
+        loss_mask=None,
+        distance=None,
+        episode_len: int | None = None,
+        cycle: bool = False,
+        var_len: bool = False,
+        var_len_std: float = 5.0,
+        min_len: int | None = None,
+        max_len: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        start_batch: int = 0,
+    ):
         data = data if isinstance(data, np.ndarray) else np.asarray(data)
         if data.ndim != 1 or not np.issubdtype(data.dtype, np.integer):
             raise ValueError(f"data must be a 1-D integer token array, got shape {data.shape} dtype {data.dtype}")
         for name, side in (("loss_mask", loss_mask), ("distance", distance)):
             if side is not None and len(side) != len(data):
-                raise ValueError(f"{name} has {len(side)} entries but data has {len(data)} tokens; "
-                                 f"side arrays must be aligned with the tokens")
+                raise ValueError(
+                    f"{name} has {len(side)} entries but data has {len(data)} tokens; "
+                    f"side arrays must be aligned with the tokens"
+                )
         if segment_len < 1:
             raise ValueError(f"segment_len must be >= 1, got {segment_len}")
         if n_streams < 1:
@@ -99,15 +116,20 @@ class SegmentStream(IterableDataset):
         if episode_len is not None and episode_len < segment_len:
             raise ValueError(f"episode_len must be None or >= segment_len ({segment_len}), got {episode_len}")
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank}, "
-                             f"world_size {world_size}")
+            raise ValueError(
+                f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank}, world_size {world_size}"
+            )
         if n_streams % world_size:
-            raise ValueError(f"n_streams (the global batch) {n_streams} is not divisible by world_size "
-                             f"{world_size}; use a multiple of {world_size}")
+            raise ValueError(
+                f"n_streams (the global batch) {n_streams} is not divisible by world_size "
+                f"{world_size}; use a multiple of {world_size}"
+            )
         need = n_streams * segment_len + 1
         if len(data) < need:
-            raise ValueError(f"too few tokens: {len(data)} tokens cannot make {n_streams} streams of at least "
-                             f"segment_len {segment_len} (need >= n_streams * segment_len + 1 = {need})")
+            raise ValueError(
+                f"too few tokens: {len(data)} tokens cannot make {n_streams} streams of at least "
+                f"segment_len {segment_len} (need >= n_streams * segment_len + 1 = {need})"
+            )
         min_len = min(5, segment_len) if min_len is None else min_len
         max_len = segment_len if max_len is None else max_len
         if var_len and not 1 <= min_len <= max_len:
@@ -209,8 +231,14 @@ class SegmentStream(IterableDataset):
 
     def _fingerprint(self) -> dict:
         # everything the schedule depends on; rank and world size are not: batch k is a global step
-        fp = {"n_tokens": len(self.data), "n_streams": self.n_streams, "segment_len": self.segment_len,
-              "episode_len": self.episode_len, "cycle": self.cycle, "var_len": self.var_len}
+        fp = {
+            "n_tokens": len(self.data),
+            "n_streams": self.n_streams,
+            "segment_len": self.segment_len,
+            "episode_len": self.episode_len,
+            "cycle": self.cycle,
+            "var_len": self.var_len,
+        }
         if self.var_len:
             fp.update(seed=self.seed, var_len_std=self.var_len_std, min_len=self.min_len, max_len=self.max_len)
         return fp
@@ -224,8 +252,10 @@ class SegmentStream(IterableDataset):
         mine = self._fingerprint()
         bad = {k: (state[k], v) for k, v in mine.items() if k in state and state[k] != v}
         if bad:
-            raise ValueError("stream state from different settings (saved, now): "
-                             + ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in bad.items()))
+            raise ValueError(
+                "stream state from different settings (saved, now): "
+                + ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in bad.items())
+            )
         self.start_batch = self._checked_start(int(state["batch"]))
 
     def _checked_start(self, batch: int) -> int:

@@ -10,13 +10,12 @@ plus ``conf/posenc/<name>.yaml``: every module here is imported, so registering 
 import importlib
 import pkgutil
 
-from .base import Dims, Positions, PositionalScheme, sinusoid_table
+from .base import Dims, PositionalScheme, Positions, sinusoid_table
 from .registry import SCHEMES, build_scheme, register, scheme_class, scheme_options, sized_options
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "registry", "fused"):  # fused: the flex_attention path, no scheme
         importlib.import_module(f"{__name__}.{_module.name}")
-
 
 
 def scheme_names() -> tuple[str, ...]:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from . import fused
-from .base import Dims, Positions, PositionalScheme
+from .base import Dims, PositionalScheme, Positions
 from .registry import register
 
 

@@ -56,7 +56,7 @@ class Positions:
         """[L, N] relative distance d = i - j (>= 0 where visible)."""
         return self.q[:, None] - self.k[None, :]
 
-    def shifted(self, by: int) -> "Positions":
+    def shifted(self, by: int) -> Positions:
         """The same segment with every position moved by ``by`` (for invariance tests)."""
         return Positions(self.q + by, self.k + by, self.offset + by, self.visible)
 
@@ -88,7 +88,7 @@ def relative_shift(x: Tensor, n_keys: int | None = None) -> Tensor:
     N = W if n_keys is None else n_keys
     x = x.contiguous()
     if W > N:  # the same view by slice and view only: torch.compile's CPU backward crashed on the as_strided one
-        return x.reshape(*lead, L * W)[..., L - 1:L - 1 + L * (W - 1)].view(*lead, L, W - 1)[..., :N]
+        return x.reshape(*lead, L * W)[..., L - 1 : L - 1 + L * (W - 1)].view(*lead, L, W - 1)[..., :N]
     return x.as_strided((*lead, L, N), (*x.stride()[:-2], W - 1, 1), x.storage_offset() + L - 1)
 
 

@@ -78,8 +78,10 @@ def use_fused(impl: str, q: Tensor, dropout_p: float, needs_lse: bool = False) -
         return False
     reason = why_not(q, dropout_p, needs_lse)
     if impl == "fused" and reason is not None:
-        raise RuntimeError(f"model.attention_impl=fused cannot run here: {reason}; "
-                           f"use model.attention_impl=auto (fused where it can run) or unfused")
+        raise RuntimeError(
+            f"model.attention_impl=fused cannot run here: {reason}; "
+            f"use model.attention_impl=auto (fused where it can run) or unfused"
+        )
     if impl not in IMPLS:
         raise ValueError(f"model.attention_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     return reason is None and (impl == "fused" or q.device.type == "cuda")
@@ -92,8 +94,9 @@ def block_mask(pos: Positions):
         visible = pos.visible
         L, N = visible.shape
         _block_masks["visible"] = visible
-        _block_masks["mask"] = create_block_mask(lambda b, h, i, j: visible[i, j], None, None, L, N,
-                                                 device=str(visible.device))
+        _block_masks["mask"] = create_block_mask(
+            lambda b, h, i, j: visible[i, j], None, None, L, N, device=str(visible.device)
+        )
     return _block_masks["mask"]
 
 
@@ -146,7 +149,7 @@ def attend_shaw(q: Tensor, k: Tensor, v: Tensor, pos: Positions, qa: Tensor, a_v
     k_pad = torch.nn.functional.pad(k, (0, 0, n - 1, 0))
     vis_pad = torch.nn.functional.pad(pos.visible, (n - 1, 0))
     rows = torch.arange(L, device=q.device)
-    near = torch.stack([torch.linalg.vecdot(q, k_pad[:, :, M - d + n - 1: M - d + n - 1 + L]) for d in range(n)], -1)
+    near = torch.stack([torch.linalg.vecdot(q, k_pad[:, :, M - d + n - 1 : M - d + n - 1 + L]) for d in range(n)], -1)
     near = near * d_h**-0.5 + qa[..., :n]  # [B, H, L, n]
     seen = torch.stack([vis_pad[rows, rows + M - d + n - 1] for d in range(n)], -1)  # [L, n]
     p_near = torch.exp(near - aux.lse[..., None].to(near.dtype)).masked_fill(~seen, 0.0)

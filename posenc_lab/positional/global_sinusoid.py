@@ -7,7 +7,7 @@ offsets seen in training the model meets positions it never saw (horizon extrapo
 
 from torch import Tensor
 
-from .base import Positions, PositionalScheme, sinusoid_table
+from .base import PositionalScheme, Positions, sinusoid_table
 from .registry import register
 
 

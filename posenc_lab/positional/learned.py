@@ -9,7 +9,7 @@ sizes the table to the run's segment length (``sized_options``), the longest pos
 import torch
 from torch import Tensor, nn
 
-from .base import Dims, Positions, PositionalScheme
+from .base import Dims, PositionalScheme, Positions
 from .registry import register
 
 
@@ -21,8 +21,10 @@ class Learned(PositionalScheme):
     def __init__(self, dims: Dims, *, max_positions: int | None = None, overflow: str = "error"):
         super().__init__(dims)
         if max_positions is None:
-            raise ValueError("learned: max_positions=None must be sized to the run before the table is built "
-                             "(posenc_lab.positional.sized_options, as training does), or set an integer")
+            raise ValueError(
+                "learned: max_positions=None must be sized to the run before the table is built "
+                "(posenc_lab.positional.sized_options, as training does), or set an integer"
+            )
         if not isinstance(max_positions, int) or isinstance(max_positions, bool) or max_positions < 1:
             raise ValueError(f"learned: max_positions must be a positive integer, got {max_positions!r}")
         if overflow not in ("error", "clamp"):

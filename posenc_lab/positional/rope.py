@@ -7,7 +7,7 @@ q_i . k_j depends on i - j only. Memory keys sit at negative positions -M..-1.
 import torch
 from torch import Tensor
 
-from .base import Dims, Positions, PositionalScheme
+from .base import Dims, PositionalScheme, Positions
 from .registry import register
 
 

@@ -8,9 +8,9 @@ indexed by clip(j - i, -K, K):
 
 Every distance past K collapses onto one row, memory included. Nothing per pair is built:
 q . a^K_r for the K+1 rows of j - i <= 0 (all a causal decoder uses), gathered by bucket per
-distance (as q @ a^K[rows]^T, [.., L, N+1]) and aligned with Transformer-XL's relative shift; for values the probabilities are
-summed per bucket and multiplied by a^V: every key gets the far row a^V_0, and the K nearest
-distances, diagonals of the probabilities (a strided view), get a^V_{K-d} - a^V_0 on top.
+distance (as q @ a^K[rows]^T, [.., L, N+1]) and aligned with Transformer-XL's relative shift; for
+values the probabilities are summed per bucket and multiplied by a^V: every key gets the far row
+a^V_0, and the K nearest distances, diagonals of the probabilities (a strided view), get a^V_{K-d} - a^V_0 on top.
 """
 
 import math
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .base import Dims, Positions, PositionalScheme, relative_shift, unshifted_mask
+from .base import Dims, PositionalScheme, Positions, relative_shift, unshifted_mask
 from .registry import register
 
 
@@ -112,7 +112,9 @@ class Shaw(PositionalScheme):
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self.attention_impl, q, dropout_p, needs_lse=True):  # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
+        if fused.use_fused(
+            self.attention_impl, q, dropout_p, needs_lse=True
+        ):  # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
             rows = self.a_key[layer].to(q.dtype)[self.K - torch.arange(self.K + 1, device=q.device)]
             qa = (q * q.shape[-1] ** -0.5) @ rows.T
             return fused.attend_shaw(q, k, v, pos, qa, self.a_value[layer])

@@ -6,7 +6,7 @@ segment: position 3 of segment t and of segment t+1 look the same ("position con
 
 from torch import Tensor
 
-from .base import Positions, PositionalScheme, sinusoid_table
+from .base import PositionalScheme, Positions, sinusoid_table
 from .registry import register
 
 

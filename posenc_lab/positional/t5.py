@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from . import fused
-from .base import Dims, Positions, PositionalScheme
+from .base import Dims, PositionalScheme, Positions
 from .registry import register
 
 
@@ -33,7 +33,8 @@ class T5Bias(PositionalScheme):
         super().__init__(dims)
         if n_buckets < 2 or max_distance <= n_buckets // 2:
             raise ValueError(
-                f"t5: need n_buckets >= 2 and max_distance > n_buckets/2, got n_buckets={n_buckets}, max_distance={max_distance}"
+                f"t5: need n_buckets >= 2 and max_distance > n_buckets/2, "
+                f"got n_buckets={n_buckets}, max_distance={max_distance}"
             )
         self.n_buckets, self.max_distance = n_buckets, max_distance
         self.bias = nn.Parameter(torch.zeros(n_buckets, dims.n_head))  # b[bucket, h]

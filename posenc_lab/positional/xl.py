@@ -77,7 +77,7 @@ class XLRelative(PositionalScheme):
         if self.training and self.pos_drop.p > 0:  # one dropout mask per segment, shared by all layers
             if self._dropped_R is None or self._dropped_R[0] is not pos:
                 self._dropped_R = (pos, self.pos_drop(sinusoid_table(self.distances(pos, 1), self.dims.d_model)))
-            R = self._dropped_R[1][:pos.k.shape[0] + future].to(dtype)
+            R = self._dropped_R[1][: pos.k.shape[0] + future].to(dtype)
         else:
             R = sinusoid_table(self.distances(pos, future), self.dims.d_model).to(dtype)  # [N, D]
         return self.w_kr[layer](R).view(-1, H, d_h).transpose(0, 1)  # W_{k,R} R
@@ -98,8 +98,9 @@ class XLRelative(PositionalScheme):
         # (b)+(d) for the distances N-1 .. -1 (one future column keeps the shifted view free of
         # overlap), plus the mask laid out before the shift, in one GEMM with accumulate: [B*H, L, W]
         r = self.position_vectors(layer, pos, q.dtype, future=1)  # [H, W, d_h]
-        bd = torch.baddbmm(unshifted_mask(pos.visible, W, q.dtype), qv,
-                           r.transpose(1, 2).expand(B, H, d_h, W).reshape(B * H, d_h, W))
+        bd = torch.baddbmm(
+            unshifted_mask(pos.visible, W, q.dtype), qv, r.transpose(1, 2).expand(B, H, d_h, W).reshape(B * H, d_h, W)
+        )
         bd = relative_shift(bd, N)  # [B*H, L, N] view: (i, j) holds distance M + i - j
         # A_ij / sqrt(d_h) = (q_i + u) . k_j / sqrt(d_h)  +  ((b)+(d)) / sqrt(d_h): a second GEMM accumulating onto it
         a = torch.baddbmm(bd, qu, k.reshape(B * H, N, d_h).transpose(1, 2))
