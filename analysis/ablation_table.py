@@ -269,7 +269,10 @@ def findings(cl: CellLosses, unit: str, smoke: bool = False) -> list[str]:
     if parts:
         xl_part = [iv for s, iv in parts if s == xl]
         head = (
-            f'Paper: "recurrence helps the XL encoding": **{judged(verdict(xl_part[0], "<0"))}**. ' if xl_part else ""
+            'Paper: "recurrence helps the XL encoding", at equal attention length: '
+            f"**{judged(verdict(xl_part[0], '<0'))}**. "
+            if xl_part
+            else ""
         )
         lines.append(
             head

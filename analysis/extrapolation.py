@@ -164,6 +164,9 @@ def horizon_axis(run: Run, s: ExtrapolationSettings, tokens: dict | None = None)
     offsets = long.offset.numpy()
     if T:  # past the training episodes: the per-token change against resets every T
         _keep(tokens, run, "horizon_past", T, delta, mask & (offsets >= T))
+    # As trained (segments of L, memory M, resets every T): the same rows for every run of one T, so
+    # runs with and without memory compare on the same tokens (the recurrence finding below).
+    _keep(tokens, run, "as_trained", T or 0, ref.loss.numpy() if ref is not None else loss, mask)
     out = []
     for lo in range(0, H, width):
         sel = mask & (offsets >= lo) & (offsets < lo + width)
@@ -328,6 +331,42 @@ def _contrast(res, group, axis, la, lb, boot_settings, scale):
     return boot.diff(a[0][:, keep], b[0][:, keep], a[1][keep], same_runs=True).scaled(scale)
 
 
+def _recurrence_as_trained(runs, res, boot_settings, scale, fig, smoke, proposed) -> list[str]:
+    """Memory on minus off per scheme (full loss), each run evaluated as trained on the same tokens:
+    with memory, segments of L after M remembered states; without, segments of L alone. This is the
+    comparison of the runs' own validation figures, made paired (the ablation table compares at equal
+    attention length instead, where memory can only match a sliding window)."""
+    from .runs import cells
+    from .stats import Bootstrap, sign_text, verdict
+
+    block, n_boot, level = boot_settings
+    by_cell = {(g[0].scheme, g[0].recurrence, g[0].loss, g[0].episode_len): g for g in cells(runs).values()}
+    parts = []
+    for (scheme, recurrence, loss, T), on in by_cell.items():
+        off = by_cell.get((scheme, False, loss, T))
+        if not recurrence or loss != "full" or off is None:
+            continue
+        a, b = _sums(res, on, "as_trained", T or 0, block), _sums(res, off, "as_trained", T or 0, block)
+        if a is None or b is None or a[0].shape[1] != b[0].shape[1] or not np.array_equal(a[1], b[1]):
+            continue  # not the same scored tokens: no paired comparison
+        keep = a[1] > 0
+        iv = Bootstrap(int(keep.sum()), n_boot, level).diff(a[0][:, keep], b[0][:, keep], a[1][keep]).scaled(scale)
+        parts.append((scheme, iv))
+    if not parts:
+        return []
+    mine = [iv for s, iv in parts if s == proposed]
+    head = ""
+    if mine:
+        v = "not judged (smoke run)" if smoke else verdict(mine[0], "<0")
+        head = f'Paper: "recurrence helps the {proposed} encoding", evaluated as trained: **{v}**. '
+    return [
+        head + "Memory on minus off, each run evaluated as trained on the same tokens (segments of L, with its "
+        f"memory or without; full loss; {fig}): "
+        + "; ".join(f"{s} {iv.text(3)} ({sign_text(iv)})" for s, iv in parts)
+        + "."
+    ]
+
+
 def per_cell(summary: pd.DataFrame, runs: list[Run]) -> pd.DataFrame:
     """The summary with one row per cell: the mean over its seeds (``seeds``: how many; every run:
     extrapolation_summary.csv)."""
@@ -369,6 +408,7 @@ def section(
     suffix: str = "",
     smoke: bool = False,
     expected_past_episodes: str | None = None,
+    proposed: str | None = None,
 ):
     """The report's extrapolation section: the summary table, and per cell the change at the longest
     applicable length of each window axis and past the training episodes, each with its interval
@@ -444,6 +484,7 @@ def section(
                 f'Expected: "{expected_past_episodes} degrades past its training episodes" (offsets it '
                 f"never saw): **{v}**."
             )
+    lines += _recurrence_as_trained(runs, res, boot_settings, scale, fig, smoke, proposed)
     tables = [
         Table(
             f"table_extrapolation{suffix}",

@@ -234,7 +234,14 @@ def build_report(
         sections.append(effective_context.section(ctx, ctx_settings, len(group), paper.get("recl") or (), suffix))
         sections.append(
             extrapolation.section(
-                group, ext, s.extrapolation, (s.block, s.n_boot, s.level), suffix, s.smoke, paper.get("past_episodes")
+                group,
+                ext,
+                s.extrapolation,
+                (s.block, s.n_boot, s.level),
+                suffix,
+                s.smoke,
+                paper.get("past_episodes"),
+                proposed=paper.get("proposed"),
             )
         )
         sections.append(attention_span.section(att, s.attention, suffix))

@@ -178,3 +178,29 @@ def test_recall_ordering_from_the_interval_of_a_difference():
     assert verdict_of(recall_findings(t.iloc[:2]), "with memory answers") == "reproduced"
     assert verdict_of(recall_findings(t), "with memory answers") == "inconclusive"
     assert verdict_of(recall_findings(t, smoke=True), "with memory answers") == "not judged (smoke run)"
+
+
+@pytest.mark.parametrize(("gain", "expected"), [(0.15, "reproduced"), (0.0, "inconclusive"), (-0.15, "contradicted")])
+def test_recurrence_as_trained_is_judged_from_paired_tokens(gain, expected):
+    """The extrapolation section compares each scheme with and without memory as trained, on the same
+    tokens: a planted gain of memory is reproduced, none is inconclusive, a loss is contradicted."""
+    import pandas as pd
+
+    from posenc_lab_analysis.extrapolation import ExtrapolationResult, _recurrence_as_trained
+
+    rng = np.random.default_rng(1)
+    text = 2.0 + rng.gamma(2.0, 0.5, size=(ROWS, TOKENS))
+    on, off = run(XL, 32), run(XL, 0)
+    tokens = {
+        (r.name, "as_trained", 0): (
+            text - shift + 0.3 * rng.standard_normal((ROWS, TOKENS)),
+            np.ones((ROWS, TOKENS), bool),
+        )
+        for r, shift in ((on, gain), (off, 0.0))
+    }
+    res = ExtrapolationResult(pd.DataFrame(), pd.DataFrame(), tokens=tokens)
+    lines = _recurrence_as_trained([on, off], res, (16, 1000, 0.95), 1.0, "nats", False, XL)
+    assert len(lines) == 1
+    assert verdict_of(lines, "recurrence helps the") == expected
+    smoke = _recurrence_as_trained([on, off], res, (16, 1000, 0.95), 1.0, "nats", True, XL)
+    assert verdict_of(smoke, "recurrence helps the") == "not judged (smoke run)"
