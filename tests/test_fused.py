@@ -240,3 +240,31 @@ def test_attention_impl_is_no_part_of_a_runs_identity(tmp_path):
     check_run_dir(tmp_path, run_identity({**config, "model": {"d_model": 16, "attention_impl": "fused"}}, None))
     with pytest.raises(RunDirError, match="model.d_model: run 16, now 32"):
         check_run_dir(tmp_path, run_identity({**config, "model": {"d_model": 32, "attention_impl": "unfused"}}, None))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU: only there does the compiled flex_attention kernel run with its backward",
+)
+@pytest.mark.parametrize("name", FUSED)
+def test_compiled_cuda_fused_equals_unfused(monkeypatch, name):
+    """What attention_impl=auto trains with on a GPU: the compiled kernels, forward and backward, over two
+    segments with memory (the memory given from the start, so that one shape compiles)."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    B, L, M, D = 2, 64, 64, 64
+    cfg = dict(n_layer=2, d_model=D, n_head=4, d_inner=128, mem_len=M, same_length=True, dropout=0.0, posenc=name)
+    tokens = torch.randint(256, (B, 2, L), device="cuda")
+    first_mems = [torch.randn(B, M, D, device="cuda") for _ in range(2)]
+    results = []
+    for impl in ("unfused", "fused"):
+        torch.manual_seed(1)
+        model = MemoryTransformer(ModelConfig(**cfg, attention_impl=impl)).cuda()
+        mems, total = first_mems, 0.0
+        for seg in tokens.unbind(1):
+            out = model(seg, seg.roll(-1, 1), mems=mems)
+            mems, total = out.mems, total + out.loss
+        results.append((total.detach(), torch.autograd.grad(total, list(model.parameters()))))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-4, rtol=1e-4)
+    for (what, _), a, b in zip(model.named_parameters(), results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3, msg=lambda m, what=what: f"grad of {what}: {m}")

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from ..model import MemoryTransformer, ModelConfig
-from ..positional import scheme_names
+from ..positional import fused, scheme_names
 from ..tables import text_row
 from .configs import BenchConfig
 from .flops import model_flops_per_token
@@ -143,6 +143,8 @@ def bench_one(
     device = pick_device(None if device is None else str(device))
     cfg = bc.model_config(scheme, memory, **{"attention_impl": attention, **(model_overrides or {})})
     B, L, M = bc.batch_size, bc.segment_len, cfg.mem_len
+    if compile or attention != "unfused":
+        fused.reset()  # each point compiles its own kernels, none left from the point before
     if M > 0 and (compile or attention != "unfused"):
         warmup = max(warmup, 2)  # the first step has no memory (another shape): kernels compile twice
     gen = torch.Generator().manual_seed(seed)

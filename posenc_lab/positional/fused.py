@@ -52,8 +52,23 @@ def _flex():
     if REFERENCE:
         return flex_attention
     if _compiled_flex is None:
+        # one compiled kernel per (score_mod, shape, grad mode): a run needs a few, a benchmark many;
+        # past dynamo's default limit (8) it would fall back to the dense reference without a word
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
+
+
+def reset() -> None:
+    """Forget the compiled kernels and the cached block mask (the benchmark, between its points)."""
+    global _compiled_flex
+    _compiled_flex = None
+    _block_masks.clear()
+    import torch._dynamo
+
+    torch._dynamo.reset()
 
 
 def why_not(q: Tensor, dropout_p: float, needs_lse: bool = False) -> str | None:
