@@ -419,6 +419,16 @@ class LitLM(L.LightningModule):
 
     # ---- optimizer -------------------------------------------------------------------------
 
+    def _adamw_kernel(self) -> dict:
+        """The fused AdamW (one kernel for all tensors, CPU and CUDA; the loop version costs a pass per
+        tensor), except under mixed precision with gradient clipping: Lightning refuses to clip for an
+        optimizer that unscales its own gradients, and the fused one declares that it does. There the
+        multi-tensor (foreach) kernel serves."""
+        trainer = self._trainer
+        mixed = trainer is not None and str(trainer.precision).endswith("-mixed")
+        clipped = trainer is not None and bool(trainer.gradient_clip_val)
+        return {"foreach": True} if mixed and clipped else {"fused": True}
+
     def configure_optimizers(self):
         o = self.optim
         # Weight decay on the matrices of linear maps only: not on embeddings (tied with the
@@ -434,8 +444,8 @@ class LitLM(L.LightningModule):
             lr=float(o["lr"]),
             betas=tuple(o["betas"]),
             eps=float(o["eps"]),
-            fused=True,
-        )  # one kernel for all tensors (CPU and CUDA); the loop version costs a pass per tensor
+            **self._adamw_kernel(),
+        )
         total = o.get("total_steps") or self.trainer.max_steps
         if total is None or total < 1:
             raise ValueError(

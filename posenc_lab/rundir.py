@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,10 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     return max(others, key=lambda p: p.stat().st_mtime) if others else None
 
 
-def check_run_dir(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
-    """The run record if ``run_dir`` holds this run; None if it is missing or empty; else RunDirError."""
+def check_run_dir(run_dir: Path, identity: dict[str, Any], own_files: Iterable[str] = ()) -> dict[str, Any] | None:
+    """The run record if ``run_dir`` holds this run; None if it is missing or empty; else RunDirError.
+    ``own_files``: names this very command may already have written there (its log), not counted as
+    another's files."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         return None
@@ -132,7 +135,7 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | N
     else:
         ckpt = newest_checkpoint(run_dir)
         if ckpt is None:
-            others = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE)
+            others = sorted(p.name for p in run_dir.iterdir() if p.name not in {LOCK_FILE, *own_files})
             if others:
                 raise RunDirError(
                     f"run_dir {run_dir} holds files but is not a posenc-lab run (no {RUN_FILE}): "

@@ -158,6 +158,14 @@ def _run_dir(cfg: DictConfig) -> Path:
     return Path(run_dir).resolve()
 
 
+def _own_log() -> tuple[str, ...]:
+    """The name of this command's Hydra log file (``train.log``), which a warning before the run-dir checks
+    (e.g. about bf16 on this CPU) has already created in a fresh run_dir."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return (f"{HydraConfig.get().job.name}.log",) if HydraConfig.initialized() else ()
+
+
 def _keep_old_log(run_dir: Path, step: int) -> None:
     """CSVLogger would delete the log of an interrupted part: keep it under another name."""
     log_file = run_dir / "metrics.csv"
@@ -235,7 +243,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("compile", False):  # in place: the state_dict keys (checkpoints) stay those of the eager model
         lit.model.compile()
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
-    record = check_run_dir(run_dir, identity)
+    record = check_run_dir(run_dir, identity, _own_log())
     seen = _checkpoint_state(run_dir)
     resume = _resume_path(cfg, run_dir, record)
     try:
@@ -263,7 +271,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_precision(trainer.precision, trainer.strategy.root_device.type, cfg.get("bf16_check", "warn"))
     with RunLock(run_dir) if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
-            record = check_run_dir(run_dir, identity)  # again under the lock: another process may have run
+            record = check_run_dir(run_dir, identity, _own_log())  # again under the lock: another process may have run
             if _checkpoint_state(run_dir) != seen:
                 raise RunDirError(
                     f"run_dir {run_dir} changed while this run was starting (another process saved "

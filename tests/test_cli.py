@@ -136,6 +136,16 @@ def test_console_train(tmp_path):
     assert json.loads((run / "results.json").read_text())["steps"] == 3
 
 
+def test_console_train_bf16_mixed_with_clipping_in_a_fresh_run_dir(tmp_path):
+    """bf16-mixed with gradient clipping trains (the fused AdamW cannot be clipped under Lightning's mixed
+    precision: the foreach one is used), and the precision warning this CPU may log before the run-dir
+    checks, which creates train.log, does not make the fresh folder look like another's."""
+    run = tmp_path / "run"
+    _console("train", *tiny(run, tmp_path / "cache", "trainer.precision=bf16-mixed", "bf16_check=warn", steps=2))
+    assert json.loads((run / "results.json").read_text())["steps"] == 2
+    assert float(compose_config("train")["trainer"]["gradient_clip_val"]) > 0  # the case Lightning refuses
+
+
 def test_console_eval(trained, tmp_path):
     run, _ = trained
     _console(

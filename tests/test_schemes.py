@@ -447,3 +447,22 @@ def test_attention_probs_are_a_distribution_over_visible_keys(name, same_length)
     torch.testing.assert_close(probs.sum(-1), torch.ones(B, H, L))
     assert (probs[..., ~pos.visible] == 0).all()
     assert (probs[..., pos.visible] > 0).all()
+
+
+def test_shaw_attend_with_fp32_probabilities_and_bf16_values(monkeypatch):
+    """What CUDA autocast hands Shaw's value step: the softmax in fp32, v in bf16. Forward and the
+    hand-written backward run (one dtype inside) and agree with the fp32 computation to bf16 precision."""
+    scheme, pos = make_scheme(SHAW), make_positions(6, 5)
+    q, k, v = qkv(6, 5)
+    want = naive_shaw(scheme, 1, q, k, v, pos)[1]
+    fp32_probs = scheme.attention_probs
+    monkeypatch.setattr(
+        scheme,
+        "attention_probs",
+        lambda *a: fp32_probs(*(x.float() if torch.is_tensor(x) and x.is_floating_point() else x for x in a)),
+    )
+    v16 = v.bfloat16().requires_grad_()
+    out = scheme.attend(1, q.bfloat16(), k.bfloat16(), v16, pos, 0.0)
+    out.float().sum().backward()
+    torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.05)
+    assert v16.grad is not None and v16.grad.dtype == torch.bfloat16 and scheme.a_value.grad is not None

@@ -122,7 +122,9 @@ class Shaw(PositionalScheme):
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)
         K, n = self.K, min(self.K, k.shape[2])  # near column t: distance n-1-t, row K-n+1+t
-        a_value = self.a_value[layer].to(probs.dtype)
+        # CUDA autocast keeps the softmax in fp32; the product with v runs in v's dtype anyway, and the
+        # hand-written backward needs all three in one dtype
+        probs, a_value = probs.to(v.dtype), self.a_value[layer].to(v.dtype)
         # z_i = sum_j p_ij v_j + sum_b P_ib a^V_b, with the bucket sums P_ib written as
         #     sum_b P_ib a^V_b = (sum_j p_ij) a^V_0 + sum_{d < n} p_{i, i-d} (a^V_{K-d} - a^V_0):
         # every key gets the far row a^V_0, the n nearest distances are corrected (diagonals of p).
