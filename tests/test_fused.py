@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import types
 import warnings
 
 import pytest
@@ -105,6 +106,20 @@ def test_auto_keeps_the_unfused_path_on_cpu(monkeypatch, name):
     assert q.grad is not None
     with torch.no_grad():
         torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), out)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_auto_on_cuda_takes_the_fused_path_from_the_schemes_measured_key_count(name):
+    """auto on CUDA: fused from ``fused_from_keys`` keys on (None: never); forced paths ignore it."""
+    scheme = make_scheme(name)
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"))  # the rule reads only the device
+    start = scheme.fused_from_keys
+    for n_keys in (1, 256, 1023, 1024, 4096):
+        want = start is not None and n_keys >= start
+        assert fused.use_fused("auto", on_cuda, 0.0, n_keys, start) is want, (name, n_keys)
+        assert fused.use_fused("fused", on_cuda, 0.0, n_keys, start) is True
+        assert fused.use_fused("unfused", on_cuda, 0.0, n_keys, start) is False
+    assert fused.use_fused("auto", on_cuda, 0.1, 4096, 0) is False  # attention dropout: unfused
 
 
 @pytest.mark.parametrize(

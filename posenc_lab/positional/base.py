@@ -127,6 +127,9 @@ class PositionalScheme(nn.Module):
     #: auto | fused | unfused: the attention path of the relative schemes (``fused.py``); set by the model
     #: from ``model.attention_impl``.
     attention_impl: str = "auto"
+    #: auto's choice on CUDA: the fused path once the attention has at least this many keys (M + L);
+    #: None: auto keeps the unfused path. Set per scheme from the H200 measurements in docs/PERFORMANCE.md.
+    fused_from_keys: int | None = None
 
     @property
     def absolute(self) -> bool:

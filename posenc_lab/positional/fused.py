@@ -18,9 +18,13 @@ probabilities of the K nearest keys only, rebuilt from the log-sum-exp flex retu
     z_i = flex(q, k, v)_i + a^V_0 + sum_{d < K} exp(e_{i,i-d} - lse_i) (a^V_{K-d} - a^V_0)
 
 Where it runs: ``flex_attention`` needs ``torch.compile`` (eager it is a slow reference), and
-torch (2.13) refuses its backward on CPU, and its log-sum-exp output (Shaw) on CPU. So ``auto``
-takes the fused path on CUDA only: on CPU training cannot use it, and for evaluation compiling
-costs 30-140 s per shape on 2 cores for a kernel that was no faster (docs/PERFORMANCE.md, table D).
+torch (2.13) refuses its backward on CPU, and its log-sum-exp output (Shaw) on CPU. ``auto`` takes
+it on CUDA only, and only where it was measured faster (an H200, bf16, docs/PERFORMANCE.md): each
+scheme's ``fused_from_keys`` says from how many keys (M + L) on: t5 always (its bias gradient makes
+the unfused step 2.2x slower), xl from 1024 (below, reading the [B, H, L, N] table in the kernel costs
+more than the softmax it saves), alibi and shaw never (SDPA with a fixed bias, and Shaw's per-distance
+correction, beat it). On CPU training cannot use it, and for evaluation compiling costs 30-140 s per
+shape on 2 cores for a kernel that was no faster (docs/PERFORMANCE.md, table D).
 ``fused`` forces it (CPU: evaluation of xl, t5, alibi), failing with the
 reason where it cannot run; ``unfused`` keeps the schemes' own explicit attention. Attention
 dropout is not part of flex_attention: with ``attn_dropout > 0`` the unfused path runs.
@@ -87,8 +91,11 @@ def why_not(q: Tensor, dropout_p: float, needs_lse: bool = False) -> str | None:
     return None
 
 
-def use_fused(impl: str, q: Tensor, dropout_p: float, needs_lse: bool = False) -> bool:
-    """Take the fused path? ``impl``: auto | fused | unfused (see the module docstring)."""
+def use_fused(
+    impl: str, q: Tensor, dropout_p: float, n_keys: int, auto_from_keys: int | None, needs_lse: bool = False
+) -> bool:
+    """Take the fused path? ``impl``: auto | fused | unfused (see the module docstring); ``n_keys``: M + L;
+    ``auto_from_keys``: the scheme's ``fused_from_keys``, where auto starts to take it on CUDA."""
     if impl == "unfused":
         return False
     reason = why_not(q, dropout_p, needs_lse)
@@ -99,7 +106,11 @@ def use_fused(impl: str, q: Tensor, dropout_p: float, needs_lse: bool = False) -
         )
     if impl not in IMPLS:
         raise ValueError(f"model.attention_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    return reason is None and (impl == "fused" or q.device.type == "cuda")
+    if reason is not None:
+        return False
+    if impl == "fused":
+        return True
+    return q.device.type == "cuda" and auto_from_keys is not None and n_keys >= auto_from_keys
 
 
 def block_mask(pos: Positions):

@@ -28,6 +28,7 @@ def t5_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tensor:
 class T5Bias(PositionalScheme):
     name = "t5"
     kind = "relative"
+    fused_from_keys = 0  # H200 bf16, base: fused 0.46x the unfused training step (the bias gradient)
 
     def __init__(self, dims: Dims, *, n_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)
@@ -44,7 +45,9 @@ class T5Bias(PositionalScheme):
         return self.bias[buckets].permute(2, 0, 1)  # [H, L, N]: b_h(bucket(i - j))
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self.attention_impl, q, dropout_p):  # b_h(bucket(d)) per distance, [H, N]
+        if fused.use_fused(
+            self.attention_impl, q, dropout_p, k.shape[2], self.fused_from_keys
+        ):  # b_h(bucket(d)) per distance, [H, N]
             table = self.bias[t5_bucket(fused.distances(pos), self.n_buckets, self.max_distance)].T
             return fused.attend_distance_bias(q, k, v, pos, table)
         return super().attend(layer, q, k, v, pos, dropout_p)

@@ -41,6 +41,7 @@ from .registry import register
 class XLRelative(PositionalScheme):
     name = "xl"
     kind = "relative"
+    fused_from_keys = 1024  # H200 bf16: fused 0.83-0.90x the unfused step at 1024 keys, 1.2-1.5x at 300-768
 
     def __init__(self, dims: Dims, *, clamp_len: int | None = None, share_uv: bool = True):
         super().__init__(dims)
@@ -112,7 +113,7 @@ class XLRelative(PositionalScheme):
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
         # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path: fused.py.
-        if fused.use_fused(self.attention_impl, q, dropout_p):
+        if fused.use_fused(self.attention_impl, q, dropout_p, k.shape[2], self.fused_from_keys):
             u, vb = self._uv(layer)
             scale = q.shape[-1] ** -0.5
             bd = ((q + vb.to(q.dtype)) * scale) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
