@@ -630,6 +630,8 @@ def _run(
     from .runs import load_run, sort_runs
 
     progress.stage, progress.running = "analysis and report", ()
+    if a.get("threads") and jobs > 1:  # the analyses run alone: they get the cores the training runs had
+        torch.set_num_threads(int(a.threads) * jobs)
     loaded = sort_runs([load_run(runs / sp.name) for sp in specs])
     settings = ReportSettings.from_dict(OmegaConf.to_container(a.analysis, resolve=True))
     command = "posenc-lab ablate " + " ".join(overrides) if overrides else "posenc-lab ablate"

@@ -315,20 +315,27 @@ def _sums(res: ExtrapolationResult, group: list[Run], axis: str, length: int, bl
     return np.stack([x for x, _ in sums]), sums[0][1]
 
 
-def _contrast(res, group, axis, la, lb, boot_settings, scale):
-    """Interval of (loss at length la) - (at lb) over the same runs (or of the mean at la if lb is None)."""
+def _interval(a, b, boot_settings, scale, same_runs: bool):
+    """Bootstrap interval of the mean loss of ``a`` (``b`` None) or of ``a`` minus ``b``, each a ``_sums``
+    result over the same scored blocks; empty blocks are left out."""
     from .stats import Bootstrap
 
-    block, n_boot, level = boot_settings
-    a = _sums(res, group, axis, la, block)
-    b = _sums(res, group, axis, lb, block) if lb is not None else None
-    if a is None or (lb is not None and b is None):
-        return None
+    _, n_boot, level = boot_settings
     keep = a[1] > 0
     boot = Bootstrap(int(keep.sum()), n_boot, level)
     if b is None:
         return boot.mean(a[0][:, keep], a[1][keep]).scaled(scale)
-    return boot.diff(a[0][:, keep], b[0][:, keep], a[1][keep], same_runs=True).scaled(scale)
+    return boot.diff(a[0][:, keep], b[0][:, keep], a[1][keep], same_runs=same_runs).scaled(scale)
+
+
+def _contrast(res, group, axis, la, lb, boot_settings, scale):
+    """Interval of (loss at length la) - (at lb) over the same runs (or of the mean at la if lb is None)."""
+    block = boot_settings[0]
+    a = _sums(res, group, axis, la, block)
+    b = _sums(res, group, axis, lb, block) if lb is not None else None
+    if a is None or (lb is not None and b is None):
+        return None
+    return _interval(a, b, boot_settings, scale, same_runs=True)
 
 
 def _recurrence_as_trained(runs, res, boot_settings, scale, fig, smoke, proposed) -> list[str]:
@@ -337,9 +344,9 @@ def _recurrence_as_trained(runs, res, boot_settings, scale, fig, smoke, proposed
     comparison of the runs' own validation figures, made paired (the ablation table compares at equal
     attention length instead, where memory can only match a sliding window)."""
     from .runs import cells
-    from .stats import Bootstrap, sign_text, verdict
+    from .stats import sign_text, verdict
 
-    block, n_boot, level = boot_settings
+    block = boot_settings[0]
     by_cell = {(g[0].scheme, g[0].recurrence, g[0].loss, g[0].episode_len): g for g in cells(runs).values()}
     parts = []
     for (scheme, recurrence, loss, T), on in by_cell.items():
@@ -349,9 +356,7 @@ def _recurrence_as_trained(runs, res, boot_settings, scale, fig, smoke, proposed
         a, b = _sums(res, on, "as_trained", T or 0, block), _sums(res, off, "as_trained", T or 0, block)
         if a is None or b is None or a[0].shape[1] != b[0].shape[1] or not np.array_equal(a[1], b[1]):
             continue  # not the same scored tokens: no paired comparison
-        keep = a[1] > 0
-        iv = Bootstrap(int(keep.sum()), n_boot, level).diff(a[0][:, keep], b[0][:, keep], a[1][keep]).scaled(scale)
-        parts.append((scheme, iv))
+        parts.append((scheme, _interval(a, b, boot_settings, scale, same_runs=False)))
     if not parts:
         return []
     mine = [iv for s, iv in parts if s == proposed]
