@@ -342,10 +342,37 @@ def _fit_and_evaluate(
     return results
 
 
+def _named_run_dir_existed(argv: list[str]) -> bool | None:
+    """Whether the folder of a ``run_dir=`` argument existed before this command (None: none given)."""
+    given = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("run_dir=")]
+    return Path(given[-1]).exists() if given else None
+
+
+# read before Hydra creates the run directory (it does so before main's body runs)
+_RUN_DIR_EXISTED = _named_run_dir_existed(sys.argv)
+
+
+def _drop_if_never_started(cfg: DictConfig) -> None:
+    """After a refused start: remove the run directory Hydra created for this command, if it holds
+    nothing but this command's log (so a refused new run_dir leaves nothing behind)."""
+    if _RUN_DIR_EXISTED or _in_multirun():
+        return
+    run_dir = _run_dir(cfg)
+    if not run_dir.is_dir() or any(p.name not in _own_log() for p in run_dir.iterdir()):
+        return
+    for p in run_dir.iterdir():
+        p.unlink()
+    run_dir.rmdir()
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> None:
     with reported("train"):
-        train(cfg)
+        try:
+            train(cfg)
+        except Exception:
+            _drop_if_never_started(cfg)
+            raise
 
 
 if __name__ == "__main__":

@@ -376,3 +376,18 @@ def test_a_checkpoint_saved_by_another_process_while_starting_is_not_overwritten
     with pytest.raises(RunDirError, match="changed while this run was starting"):
         run_train(run, cache, "checkpoint_every=2", steps=4)
     assert last.read_bytes() == before and not (run / ".lock").exists()
+
+
+def test_a_refused_new_run_dir_leaves_nothing_behind(tmp_path):
+    """Hydra creates the run directory before the checks run: a run refused there removes the folder it
+    made (with the log a bf16 warning may have started in it), and never a folder the user made."""
+    cache = tmp_path / "cache"
+    bad = ("model.n_head=3", "trainer.precision=bf16-mixed", "bf16_check=warn")  # 3 does not divide d_model
+    new = tmp_path / "new_run"
+    proc = run_module("posenc_lab.train", *tiny(new, cache, *bad), timeout=120)
+    assert proc.returncode == 1 and "n_head=3" in proc.stderr, proc.stderr[-2000:]
+    assert not new.exists()
+    mine = tmp_path / "made_by_the_user"
+    mine.mkdir()
+    proc = run_module("posenc_lab.train", *tiny(mine, cache, *bad), timeout=120)
+    assert proc.returncode == 1 and mine.is_dir()
