@@ -357,8 +357,8 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
     nothing but this command's log (so a refused new run_dir leaves nothing behind)."""
     if _RUN_DIR_EXISTED or _in_multirun():
         return
-    run_dir = _run_dir(cfg)
-    if not run_dir.is_dir() or any(p.name not in _own_log() for p in run_dir.iterdir()):
+    run_dir, own = _run_dir(cfg), _own_log()
+    if not run_dir.is_dir() or any(p.name not in own for p in run_dir.iterdir()):
         return
     for p in run_dir.iterdir():
         p.unlink()

@@ -35,7 +35,7 @@ def ablate(*args: str) -> subprocess.Popen:
 
 
 def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
-    proc = ablate(
+    args = (
         *SMALL_GRID,
         "ablate.seeds=[0,1]",
         "ablate.jobs=2",
@@ -43,6 +43,7 @@ def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
         "--train-only",
         "trainer.max_steps=30",
     )
+    proc = ablate(*args)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out + err
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
@@ -59,14 +60,7 @@ def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
     times = json.loads((tmp_path / "ablate_times.json").read_text())
     assert set(times) == set(runs) and all(t["cpu_s"] > 0 and t["status"] == "trained" for t in times.values())
     # rerun: every run is reused, nothing trains
-    again = ablate(
-        *SMALL_GRID,
-        "ablate.seeds=[0,1]",
-        "ablate.jobs=2",
-        f"ablate.out={tmp_path}",
-        "--train-only",
-        "trainer.max_steps=30",
-    )
+    again = ablate(*args)
     out, err = again.communicate(timeout=600)
     assert again.returncode == 0, out + err
     assert out.count(": reused (") == 4 and "(pid" not in out

@@ -115,11 +115,16 @@ def test_auto_on_cuda_takes_the_fused_path_from_the_schemes_measured_key_count(n
     on_cuda = types.SimpleNamespace(device=torch.device("cuda"))  # the rule reads only the device
     start = scheme.fused_from_keys
     for n_keys in (1, 256, 1023, 1024, 4096):
+        k = torch.empty(1, 1, n_keys, 1)
         want = start is not None and n_keys >= start
-        assert fused.use_fused("auto", on_cuda, 0.0, n_keys, start) is want, (name, n_keys)
-        assert fused.use_fused("fused", on_cuda, 0.0, n_keys, start) is True
-        assert fused.use_fused("unfused", on_cuda, 0.0, n_keys, start) is False
-    assert fused.use_fused("auto", on_cuda, 0.1, 4096, 0) is False  # attention dropout: unfused
+        scheme.attention_impl = "auto"
+        assert fused.use_fused(scheme, on_cuda, k, 0.0) is want, (name, n_keys)
+        scheme.attention_impl = "fused"
+        assert fused.use_fused(scheme, on_cuda, k, 0.0) is True
+        scheme.attention_impl = "unfused"
+        assert fused.use_fused(scheme, on_cuda, k, 0.0) is False
+    scheme.attention_impl, scheme.fused_from_keys = "auto", 0
+    assert fused.use_fused(scheme, on_cuda, torch.empty(1, 1, 4096, 1), 0.1) is False  # attention dropout: unfused
 
 
 @pytest.mark.parametrize(

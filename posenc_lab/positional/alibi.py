@@ -37,9 +37,7 @@ class ALiBi(PositionalScheme):
         return -self.slopes[:, None, None] * pos.distance.to(self.slopes.dtype)  # [H, L, N]: -m_h (i - j)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(
-            self.attention_impl, q, dropout_p, k.shape[2], self.fused_from_keys
-        ):  # -m_h d per distance, [H, N]
+        if fused.use_fused(self, q, k, dropout_p):  # -m_h d per distance, [H, N]
             table = -self.slopes[:, None] * fused.distances(pos).to(self.slopes.dtype)
             return fused.attend_distance_bias(q, k, v, pos, table)
         return super().attend(layer, q, k, v, pos, dropout_p)

@@ -91,11 +91,10 @@ def why_not(q: Tensor, dropout_p: float, needs_lse: bool = False) -> str | None:
     return None
 
 
-def use_fused(
-    impl: str, q: Tensor, dropout_p: float, n_keys: int, auto_from_keys: int | None, needs_lse: bool = False
-) -> bool:
-    """Take the fused path? ``impl``: auto | fused | unfused (see the module docstring); ``n_keys``: M + L;
-    ``auto_from_keys``: the scheme's ``fused_from_keys``, where auto starts to take it on CUDA."""
+def use_fused(scheme, q: Tensor, k: Tensor, dropout_p: float, needs_lse: bool = False) -> bool:
+    """Take the fused path for ``scheme`` (its ``attention_impl``: auto | fused | unfused, see the module
+    docstring; auto on CUDA from its ``fused_from_keys`` keys on)? k: [B, H, M + L, d_h]."""
+    impl, from_keys = scheme.attention_impl, scheme.fused_from_keys
     if impl == "unfused":
         return False
     reason = why_not(q, dropout_p, needs_lse)
@@ -110,7 +109,7 @@ def use_fused(
         return False
     if impl == "fused":
         return True
-    return q.device.type == "cuda" and auto_from_keys is not None and n_keys >= auto_from_keys
+    return q.device.type == "cuda" and from_keys is not None and k.shape[2] >= from_keys
 
 
 def block_mask(pos: Positions):

@@ -112,7 +112,7 @@ class Shaw(PositionalScheme):
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self.attention_impl, q, dropout_p, k.shape[2], self.fused_from_keys, needs_lse=True):
+        if fused.use_fused(self, q, k, dropout_p, needs_lse=True):
             # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
             rows = self.a_key[layer].to(q.dtype)[self.K - torch.arange(self.K + 1, device=q.device)]
             qa = (q * q.shape[-1] ** -0.5) @ rows.T

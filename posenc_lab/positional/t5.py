@@ -45,9 +45,7 @@ class T5Bias(PositionalScheme):
         return self.bias[buckets].permute(2, 0, 1)  # [H, L, N]: b_h(bucket(i - j))
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(
-            self.attention_impl, q, dropout_p, k.shape[2], self.fused_from_keys
-        ):  # b_h(bucket(d)) per distance, [H, N]
+        if fused.use_fused(self, q, k, dropout_p):  # b_h(bucket(d)) per distance, [H, N]
             table = self.bias[t5_bucket(fused.distances(pos), self.n_buckets, self.max_distance)].T
             return fused.attend_distance_bias(q, k, v, pos, table)
         return super().attend(layer, q, k, v, pos, dropout_p)

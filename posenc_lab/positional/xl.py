@@ -113,7 +113,7 @@ class XLRelative(PositionalScheme):
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
         # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path: fused.py.
-        if fused.use_fused(self.attention_impl, q, dropout_p, k.shape[2], self.fused_from_keys):
+        if fused.use_fused(self, q, k, dropout_p):
             u, vb = self._uv(layer)
             scale = q.shape[-1] ** -0.5
             bd = ((q + vb.to(q.dtype)) * scale) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
