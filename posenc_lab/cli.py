@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
-from . import prefer_passive_openmp
+from . import keep_freed_memory, prefer_passive_openmp
 
 ENTRY_POINT_GROUP = "posenc_lab.commands"
 
@@ -63,6 +63,7 @@ def _run_hydra_app(module: str, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     prefer_passive_openmp()  # before any command imports torch; train/eval inherit it through exec
+    keep_freed_memory()  # bench and plugins in this process, train/eval through the environment
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())

@@ -32,6 +32,7 @@ import lightning as L
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from . import keep_freed_memory
 from .checks import check_eval_config
 from .errors import ConfigError, reported
 from .io import save_npz, write_json
@@ -249,4 +250,5 @@ def evaluate_main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # also when run as python -m, and in DDP ranks
     main()

@@ -34,7 +34,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from . import config_dir
+from . import config_dir, keep_freed_memory
 from .checks import check_train_config
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, reported
@@ -376,4 +376,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # also when run as python -m, and in DDP ranks
     main()

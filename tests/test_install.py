@@ -39,8 +39,10 @@ TINY = [
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment without this checkout on the path and without OMP_WAIT_POLICY (conftest sets it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_WAIT_POLICY")}
+    """The environment without this checkout on the path, without OMP_WAIT_POLICY (conftest sets it) and
+    without the malloc settings (a test that ran the command line in this process set them)."""
+    dropped = ("PYTHONPATH", "OMP_WAIT_POLICY", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
@@ -74,6 +76,31 @@ def test_the_command_line_asks_for_passive_openmp_threads_unless_told_otherwise(
         "print(os.environ.get('OMP_WAIT_POLICY'))"
     )
     assert python(code, **({"OMP_WAIT_POLICY": preset} if preset else {})).strip() == expected
+
+
+# 5 x (allocate and free 64 MiB): the minor page faults, after the command line's setup ran and after
+# 10 rounds of warm-up (the heap settles: a block freed below a newer small one is reused only later)
+FAULTS = (
+    "import contextlib, io, os, resource, torch, posenc_lab.cli\n"
+    "with contextlib.redirect_stdout(io.StringIO()): posenc_lab.cli.main(['--help'])\n"
+    "for _ in range(10): torch.zeros(16 * 2**20)\n"
+    "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+    "for _ in range(5): torch.zeros(16 * 2**20)\n"
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, os.environ.get('MALLOC_MMAP_MAX_'))"
+)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    reason="keep_freed_memory tunes glibc's malloc: Linux with glibc only",
+)
+def test_the_command_line_keeps_freed_memory_instead_of_faulting_it_in_again():
+    kept_faults, kept_setting = python(FAULTS).split()
+    # glibc's default, as the user can ask for it: every 64 MiB block is a fresh mmap, 16k pages to fault in
+    default_faults, default_setting = python(FAULTS, MALLOC_MMAP_MAX_="65536").split()
+    assert (kept_setting, default_setting) == ("0", "65536")  # exported for the processes it starts; user's kept
+    assert int(default_faults) > 5 * 16384 * 0.9
+    assert int(kept_faults) < 5 * 16384 * 0.1
 
 
 def test_config_dir_of_a_checkout_is_the_top_level_conf():

@@ -184,12 +184,14 @@ def device_name(device: torch.device) -> str:
 
 
 def environment_line(omp_policy_applies: bool | None = None) -> str:
-    """Date, torch, CPU, threads, the OpenMP wait policy and the load: what a timing depends on."""
+    """Date, torch, CPU, threads, the OpenMP wait policy, the malloc setting (0: freed memory kept,
+    ``posenc_lab.keep_freed_memory``) and the load: what a timing depends on."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return (
         f"{_dt.datetime.now().isoformat(timespec='seconds')}  torch {torch.__version__}  "
         f"{platform.processor() or platform.machine()}  threads {torch.get_num_threads()}  "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
         f"{' (torch was loaded before it was set: may not apply)' if omp_policy_applies is False else ''}  "
+        f"MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}  "
         f"load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
