@@ -170,6 +170,50 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
     assert "| config | scheme |" in md and md.count("| tiny |") == len(rows)
 
 
+def test_rounds_combine_to_medians_and_ratio_ranges_per_point():
+    def row(scheme, ms, ratio):
+        return {
+            "config": "base",
+            "scheme": scheme,
+            "precision": "fp32",
+            "mem_len": 256,
+            "compile": False,
+            "attention": "auto",
+            "device": "cpu x2",
+            "train_ms": ms,
+            "train_ratio": ratio,
+        }
+
+    rounds = [
+        [row(XL, 130.0, 1.30), row(SINUSOID, 100.0, 1.0)],
+        [row(SINUSOID, 90.0, 1.0), row(XL, 99.0, 1.10)],  # the backward round: another order
+        [row(XL, 120.0, 1.20), row(SINUSOID, 100.0, 1.0)],
+    ]
+    combined = {r["scheme"]: r for r in bench.combine_rounds(rounds)}
+    assert combined[XL]["train_ms"] == 120.0 and combined[XL]["train_ratio"] == 1.20
+    assert combined[XL]["train_ratio_range"] == "1.10-1.30" and combined[SINUSOID]["train_ratio_range"] == "1.00-1.00"
+    assert combined[XL]["rounds"] == 3 and combined[XL]["device"] == "cpu x2" and combined[XL]["compile"] is False
+    assert list(combined[XL])[-2:] == ["train_ratio", "train_ratio_range"]  # the range right after its ratio
+
+
+def test_bench_rounds_from_the_command_line(tmp_path, capsys):
+    args = [*TINY, "--schemes", f"{XL},{SINUSOID}", "--memory", "on", "--warmup", "0", "--reps", "1"]
+    args += ["--threads", "1", "--matmul-max-n", "128", "--ratio-to", SINUSOID, "--rounds", "2", "--out", str(tmp_path)]
+    assert bench.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "round 1/2" in printed and "round 2/2" in printed
+    # round 2 ran the schemes backwards
+    progress = [line.split("scheme=")[1].split()[0] for line in printed.splitlines() if line.startswith("config=")]
+    assert progress == [XL, SINUSOID, SINUSOID, XL]
+    with open(tmp_path / "bench.csv") as f:
+        rows = {r["scheme"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {XL, SINUSOID} and {r["rounds"] for r in rows.values()} == {"2"}
+    assert rows[SINUSOID]["train_ratio_range"] == "1.00-1.00" and float(rows[SINUSOID]["train_ratio"]) == 1.0
+    low, high = map(float, rows[XL]["train_ratio_range"].split("-"))
+    assert low <= float(rows[XL]["train_ratio"]) <= high
+    assert bench.main([*TINY, "--rounds", "0"]) == 2 and "--rounds 0" in capsys.readouterr().err
+
+
 def test_bench_one_bf16_and_result_fields():
     bc = bench.BenchConfig.preset("tiny", segment_len=16, batch_size=2, d_model=32, n_head=2, mem_len=16)
     r = bench.bench_one(

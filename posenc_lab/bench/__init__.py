@@ -26,6 +26,7 @@ _HOMES = {  # name -> the module of this package that owns it
     "BenchConfig": "configs",
     "model_presets": "configs",
     "model_flops_per_token": "flops",
+    "combine_rounds": "cli",
     "COLUMNS": "loops",
     "BenchResult": "loops",
     "Point": "loops",

@@ -7,6 +7,7 @@ python -m posenc_lab.bench --eval-speed --configs small --attention-len 800
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -57,6 +58,30 @@ def add_ratios(rows: list[dict], baseline: str) -> list[dict]:
     return out
 
 
+POINT_KEYS = ("config", "scheme", "precision", "mem_len", "compile", "attention")
+
+
+def combine_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """One row per point from the rows of several rounds of the same grid (in any order): every number
+    the median over the rounds, and after each ratio column ``<ratio>_range``, its lowest and highest
+    value over the rounds ("1.12-1.18"). Each round's ratios are to the baseline of the same round."""
+    by_point: dict[tuple, list[dict]] = {}
+    for rows in rounds:
+        for r in rows:
+            by_point.setdefault(tuple(r[k] for k in POINT_KEYS), []).append(r)
+    out = []
+    for rows in by_point.values():
+        row = {"rounds": len(rows)}
+        for k, v in rows[0].items():
+            values = [r[k] for r in rows]
+            numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)
+            row[k] = statistics.median(values) if numbers and k not in POINT_KEYS else v
+            if k.endswith("_ratio") and numbers:
+                row[k + "_range"] = f"{min(values):.2f}-{max(values):.2f}"
+        out.append(row)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="posenc-lab bench", description="Speed, memory and MFU of the positional schemes.")
     p.add_argument(
@@ -80,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the median is quoted")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the whole grid this many times, in alternating order; the table gives the median of each "
+        "figure and, with --ratio-to, each ratio's range over the rounds (paired within a round)",
+    )
     p.add_argument(
         "--compile",
         nargs="?",
@@ -132,6 +164,8 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
     unknown += [k for k in args.model_set if k not in ModelConfig.__dataclass_fields__]
     attention = _csv_list(args.attention)
     unknown += [a for a in attention if a not in IMPLS]
+    if args.rounds < 1:
+        unknown.append(f"--rounds {args.rounds} (at least 1)")
     if args.ratio_to is not None and args.ratio_to not in schemes:
         unknown.append(f"--ratio-to {args.ratio_to} (not among --schemes)")
     if unknown:
@@ -167,25 +201,29 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
             write_table(rows, args.out / "eval_speed", header)
         return 0
     memory = {"both": (True, False), "on": (True,), "off": (False,)}[args.memory]
-    results = run_benchmark(
-        configs,
-        schemes,
-        precisions,
-        memory,
-        args.device,
-        args.warmup,
-        args.reps,
-        {"off": (False,), "on": (True,), "both": (False, True)}[args.compile],
-        log=lambda line: print(line, flush=True),
-        matmul_max_n=args.matmul_max_n,
-        attention=attention,
-    )
-    rows = [r.row() for r in results]
-    if args.ratio_to is not None:
-        rows = add_ratios(rows, args.ratio_to)
-    for r in results:
-        if "not_run" in r.extra:
-            print(f"{r.point}: not run: {r.extra['not_run']}")
+    rounds, results = [], []
+    for n in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {n + 1}/{args.rounds}", flush=True)
+        done = run_benchmark(
+            configs,
+            schemes[::-1] if n % 2 else schemes,  # odd rounds backwards: no scheme always runs first
+            precisions,
+            memory,
+            args.device,
+            args.warmup,
+            args.reps,
+            {"off": (False,), "on": (True,), "both": (False, True)}[args.compile],
+            log=lambda line: print(line, flush=True),
+            matmul_max_n=args.matmul_max_n,
+            attention=attention,
+        )
+        rows = [r.row() for r in done]
+        rounds.append(add_ratios(rows, args.ratio_to) if args.ratio_to is not None else rows)
+        results += done
+    rows = combine_rounds(rounds) if args.rounds > 1 else rounds[0]
+    for point, why in {r.point: r.extra["not_run"] for r in results if "not_run" in r.extra}.items():
+        print(f"{point}: not run: {why}")
     print()
     print(text_table(rows))
     if results:
