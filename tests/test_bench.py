@@ -180,6 +180,7 @@ def test_rounds_combine_to_medians_and_ratio_ranges_per_point():
             "compile": False,
             "attention": "auto",
             "device": "cpu x2",
+            "batch": 8,
             "train_ms": ms,
             "train_ratio": ratio,
         }
@@ -188,11 +189,13 @@ def test_rounds_combine_to_medians_and_ratio_ranges_per_point():
         [row(XL, 130.0, 1.30), row(SINUSOID, 100.0, 1.0)],
         [row(SINUSOID, 90.0, 1.0), row(XL, 99.0, 1.10)],  # the backward round: another order
         [row(XL, 120.0, 1.20), row(SINUSOID, 100.0, 1.0)],
+        [row(XL, 125.0, 1.25), row(SINUSOID, 100.0, 1.0)],
     ]
     combined = {r["scheme"]: r for r in bench.combine_rounds(rounds)}
-    assert combined[XL]["train_ms"] == 120.0 and combined[XL]["train_ratio"] == 1.20
+    assert combined[XL]["train_ms"] == 122.5 and combined[XL]["train_ratio"] == pytest.approx(1.225)
     assert combined[XL]["train_ratio_range"] == "1.10-1.30" and combined[SINUSOID]["train_ratio_range"] == "1.00-1.00"
-    assert combined[XL]["rounds"] == 3 and combined[XL]["device"] == "cpu x2" and combined[XL]["compile"] is False
+    assert combined[XL]["rounds"] == 4 and combined[XL]["device"] == "cpu x2" and combined[XL]["compile"] is False
+    assert type(combined[XL]["batch"]) is int  # a count the rounds agree on stays a count
     assert list(combined[XL])[-2:] == ["train_ratio", "train_ratio_range"]  # the range right after its ratio
 
 

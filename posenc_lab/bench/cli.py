@@ -75,7 +75,8 @@ def combine_rounds(rounds: list[list[dict]]) -> list[dict]:
         for k, v in rows[0].items():
             values = [r[k] for r in rows]
             numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)
-            row[k] = statistics.median(values) if numbers and k not in POINT_KEYS else v
+            varies = numbers and k not in POINT_KEYS and len(set(values)) > 1
+            row[k] = statistics.median(values) if varies else v  # counts (batch, params) stay integers
             if k.endswith("_ratio") and numbers:
                 row[k + "_range"] = f"{min(values):.2f}-{max(values):.2f}"
         out.append(row)
