@@ -61,8 +61,9 @@ def keep_freed_memory() -> bool:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):  # a libc without mallopt (musl)
         return False
-    trim = int(os.environ.get("MALLOC_TRIM_THRESHOLD_", _NEVER_TRIM))
-    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, min(trim, _NEVER_TRIM))):
+    trim = os.environ.get("MALLOC_TRIM_THRESHOLD_", "")
+    trim = min(int(trim), _NEVER_TRIM) if trim.isdigit() else _NEVER_TRIM  # the user's, where it is a number
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, trim)):
         return False
     os.environ["MALLOC_MMAP_MAX_"] = "0"
     os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(_NEVER_TRIM))
