@@ -36,35 +36,39 @@ def prefer_passive_openmp() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-#: glibc's mallopt parameters (malloc.h)
+#: glibc's mallopt parameters (malloc.h), and the largest trim threshold mallopt takes (an int)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-_NEVER_TRIM = 2**31 - 1  # mallopt takes an int
+_TRIM_THRESHOLD_MAX = 2**31 - 1
 
 
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the system.
     Returns True where it applied (Linux with glibc), False where it did not or the user chose otherwise
-    (``MALLOC_MMAP_MAX_`` set to anything but 0).
+    (``MALLOC_MMAP_MAX_`` set to anything but 0, or ``glibc.malloc.mmap_max`` in ``GLIBC_TUNABLES``).
 
     glibc serves every block over 32 MiB with a fresh mmap and unmaps it on free, so each such tensor
     is faulted in again, page by page, on every step: a [B, H, L, N] score tensor of xl or shaw at
     ``base`` sizes (8 x 8 x 256 x 512 fp32 is 32 MiB) costs more to fault in than its GEMM (measured:
     ``zeros`` 17 ms, ``zero_`` on a kept buffer 2 ms). SDPA's fused kernel allocates no such tensor, so
     this mostly lifts the explicit-attention schemes (docs/PERFORMANCE.md). Applied to this process
-    now (``mallopt``) and, through the environment, to the processes it starts (Hydra apps, DDP ranks,
-    ablation jobs). The cost: the resident memory stays near the run's peak instead of falling back
-    between steps. Opt out with ``MALLOC_MMAP_MAX_=65536`` (glibc's default).
+    now (``mallopt``; blocks larger than a thread arena's 64 MiB heap, requested off the main thread,
+    are still mapped) and, through the environment, to the processes it starts (Hydra apps, DDP
+    ranks, ablation jobs, data-loader workers). The cost: the resident memory stays near the run's
+    peak instead of falling back between steps. Opt out with ``MALLOC_MMAP_MAX_=65536`` (glibc's default).
     """
-    if os.environ.get("MALLOC_MMAP_MAX_", "0") != "0" or not sys.platform.startswith("linux"):
+    user_tunables = "glibc.malloc.mmap_max" in os.environ.get("GLIBC_TUNABLES", "")
+    if os.environ.get("MALLOC_MMAP_MAX_", "0") != "0" or user_tunables or not sys.platform.startswith("linux"):
         return False
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the libc this process runs on
     except (OSError, AttributeError):  # a libc without mallopt (musl)
         return False
-    trim = os.environ.get("MALLOC_TRIM_THRESHOLD_", "")
-    trim = min(int(trim), _NEVER_TRIM) if trim.isdigit() else _NEVER_TRIM  # the user's, where it is a number
+    try:  # the user's trim threshold, where it is a plain number
+        trim = min(int(os.environ.get("MALLOC_TRIM_THRESHOLD_", "")), _TRIM_THRESHOLD_MAX)
+    except ValueError:
+        trim = _TRIM_THRESHOLD_MAX
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, trim)):
         return False
     os.environ["MALLOC_MMAP_MAX_"] = "0"
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(_NEVER_TRIM))
+    os.environ["MALLOC_TRIM_THRESHOLD_"] = str(trim)  # what applies here, for children that never call this
     return True

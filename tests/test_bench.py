@@ -171,7 +171,7 @@ def test_bench_tiny_runs_and_writes_table(tmp_path, capsys):
 
 
 def test_rounds_combine_to_medians_and_ratio_ranges_per_point():
-    def row(scheme, ms, ratio):
+    def row(scheme, ms, ratio, eval_ms=50.0):
         return {
             "config": "base",
             "scheme": scheme,
@@ -183,20 +183,33 @@ def test_rounds_combine_to_medians_and_ratio_ranges_per_point():
             "batch": 8,
             "train_ms": ms,
             "train_ratio": ratio,
+            "eval_ms": eval_ms,
         }
 
+    nan = float("nan")
     rounds = [
-        [row(XL, 130.0, 1.30), row(SINUSOID, 100.0, 1.0)],
-        [row(SINUSOID, 90.0, 1.0), row(XL, 99.0, 1.10)],  # the backward round: another order
-        [row(XL, 120.0, 1.20), row(SINUSOID, 100.0, 1.0)],
-        [row(XL, 125.0, 1.25), row(SINUSOID, 100.0, 1.0)],
+        [row(XL, 130.0, 1.30, eval_ms=nan), row(SINUSOID, 100.0, 1.0, eval_ms=nan)],
+        [row(SINUSOID, 90.0, 1.0, eval_ms=nan), row(XL, 99.0, 1.10)],  # the backward round: another order
+        [row(XL, 120.0, 1.20, eval_ms=nan), row(SINUSOID, 100.0, 1.0, eval_ms=nan)],
+        [row(XL, 125.0, nan, eval_ms=70.0), row(SINUSOID, 100.0, 1.0, eval_ms=nan)],
     ]
     combined = {r["scheme"]: r for r in bench.combine_rounds(rounds)}
-    assert combined[XL]["train_ms"] == 122.5 and combined[XL]["train_ratio"] == pytest.approx(1.225)
-    assert combined[XL]["train_ratio_range"] == "1.10-1.30" and combined[SINUSOID]["train_ratio_range"] == "1.00-1.00"
-    assert combined[XL]["rounds"] == 4 and combined[XL]["device"] == "cpu x2" and combined[XL]["compile"] is False
-    assert type(combined[XL]["batch"]) is int  # a count the rounds agree on stays a count
-    assert list(combined[XL])[-2:] == ["train_ratio", "train_ratio_range"]  # the range right after its ratio
+    xl = combined[XL]
+    assert xl["train_ms"] == 122.5 and xl["train_ratio"] == 1.20  # the NaN round is left out: median of 3
+    assert (xl["train_ratio_min"], xl["train_ratio_max"]) == (1.10, 1.30)
+    assert (combined[SINUSOID]["train_ratio_min"], combined[SINUSOID]["train_ratio_max"]) == (1.0, 1.0)
+    assert xl["eval_ms"] == 60.0 and math.isnan(combined[SINUSOID]["eval_ms"])  # NaN in every round stays NaN
+    assert xl["rounds"] == 4 and xl["device"] == "cpu x2" and xl["compile"] is False
+    assert type(xl["batch"]) is int  # a count the rounds agree on stays a count
+    keys = list(xl)
+    assert keys[keys.index("train_ratio") + 1 : keys.index("train_ratio") + 3] == ["train_ratio_min", "train_ratio_max"]
+
+
+def test_rounds_keep_points_apart_on_every_point_field():
+    base = {"config": "tiny", "scheme": XL, "precision": "fp32", "mem_len": 16, "compile": False, "attention": "auto"}
+    rows = [{**base, "train_ms": 1.0}, {**base, "attention": "unfused", "train_ms": 2.0}]
+    assert [r["train_ms"] for r in bench.combine_rounds([rows, rows[::-1]])] == [1.0, 2.0]
+    assert set(bench.POINT_KEYS) == {f.name for f in fields(bench.Point)} - {"memory"} | {"mem_len"}
 
 
 def test_bench_rounds_from_the_command_line(tmp_path, capsys):
@@ -211,10 +224,12 @@ def test_bench_rounds_from_the_command_line(tmp_path, capsys):
     with open(tmp_path / "bench.csv") as f:
         rows = {r["scheme"]: r for r in csv.DictReader(f)}
     assert set(rows) == {XL, SINUSOID} and {r["rounds"] for r in rows.values()} == {"2"}
-    assert rows[SINUSOID]["train_ratio_range"] == "1.00-1.00" and float(rows[SINUSOID]["train_ratio"]) == 1.0
-    low, high = map(float, rows[XL]["train_ratio_range"].split("-"))
+    assert {rows[SINUSOID][k] for k in ("train_ratio", "train_ratio_min", "train_ratio_max")} == {"1.0"}
+    assert rows[XL]["batch"] == "2"  # a count, not a median
+    low, high = float(rows[XL]["train_ratio_min"]), float(rows[XL]["train_ratio_max"])
     assert low <= float(rows[XL]["train_ratio"]) <= high
     assert bench.main([*TINY, "--rounds", "0"]) == 2 and "--rounds 0" in capsys.readouterr().err
+    assert bench.main([*TINY, "--eval-speed", "--rounds", "2"]) == 2 and "--rounds 2" in capsys.readouterr().err
 
 
 def test_bench_one_bf16_and_result_fields():

@@ -27,6 +27,7 @@ _HOMES = {  # name -> the module of this package that owns it
     "model_presets": "configs",
     "model_flops_per_token": "flops",
     "combine_rounds": "cli",
+    "POINT_KEYS": "cli",
     "COLUMNS": "loops",
     "BenchResult": "loops",
     "Point": "loops",

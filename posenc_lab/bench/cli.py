@@ -7,8 +7,10 @@ python -m posenc_lab.bench --eval-speed --configs small --attention-len 800
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -19,7 +21,7 @@ from ..positional import scheme_names
 from ..positional.fused import IMPLS
 from ..tables import text_row, text_table, write_table
 from .configs import PRECISIONS, BenchConfig, model_presets
-from .loops import measure_eval_speed, run_benchmark
+from .loops import Point, measure_eval_speed, run_benchmark
 from .probes import environment_line
 
 
@@ -58,13 +60,16 @@ def add_ratios(rows: list[dict], baseline: str) -> list[dict]:
     return out
 
 
-POINT_KEYS = ("config", "scheme", "precision", "mem_len", "compile", "attention")
+#: what identifies a grid point in a table row: the Point's fields, with mem_len standing for memory
+POINT_KEYS = tuple("mem_len" if f.name == "memory" else f.name for f in fields(Point))
 
 
 def combine_rounds(rounds: list[list[dict]]) -> list[dict]:
     """One row per point from the rows of several rounds of the same grid (in any order): every number
-    the median over the rounds, and after each ratio column ``<ratio>_range``, its lowest and highest
-    value over the rounds ("1.12-1.18"). Each round's ratios are to the baseline of the same round."""
+    the median over the rounds, and after each ratio column ``<ratio>_min`` and ``<ratio>_max`` over the
+    rounds. A ratio is each round's own (paired with the baseline of the same round), so the median
+    ratio is not the ratio of the median times. NaN (a loop that could not run) is left out; a figure
+    that is NaN in every round stays NaN."""
     by_point: dict[tuple, list[dict]] = {}
     for rows in rounds:
         for r in rows:
@@ -74,11 +79,14 @@ def combine_rounds(rounds: list[list[dict]]) -> list[dict]:
         row = {"rounds": len(rows)}
         for k, v in rows[0].items():
             values = [r[k] for r in rows]
-            numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)
-            varies = numbers and k not in POINT_KEYS and len(set(values)) > 1
-            row[k] = statistics.median(values) if varies else v  # counts (batch, params) stay integers
-            if k.endswith("_ratio") and numbers:
-                row[k + "_range"] = f"{min(values):.2f}-{max(values):.2f}"
+            if k in POINT_KEYS or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values):
+                row[k] = v  # the point itself, or text (device, ...)
+                continue
+            seen = [x for x in values if not math.isnan(x)]
+            # counts the rounds agree on (batch, params) stay integers
+            row[k] = (seen[0] if len(set(seen)) == 1 else statistics.median(seen)) if seen else float("nan")
+            if k.endswith("_ratio"):
+                row[k + "_min"], row[k + "_max"] = (min(seen), max(seen)) if seen else (float("nan"),) * 2
         out.append(row)
     return out
 
@@ -111,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="run the whole grid this many times, in alternating order; the table gives the median of each "
-        "figure and, with --ratio-to, each ratio's range over the rounds (paired within a round)",
+        "figure and, with --ratio-to, each ratio's lowest and highest value over the rounds (_min, _max; "
+        "paired within a round)",
     )
     p.add_argument(
         "--compile",
@@ -165,8 +174,8 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
     unknown += [k for k in args.model_set if k not in ModelConfig.__dataclass_fields__]
     attention = _csv_list(args.attention)
     unknown += [a for a in attention if a not in IMPLS]
-    if args.rounds < 1:
-        unknown.append(f"--rounds {args.rounds} (at least 1)")
+    if args.rounds < 1 or (args.rounds > 1 and args.eval_speed):
+        unknown.append(f"--rounds {args.rounds} (at least 1; --eval-speed runs one round)")
     if args.ratio_to is not None and args.ratio_to not in schemes:
         unknown.append(f"--ratio-to {args.ratio_to} (not among --schemes)")
     if unknown:
