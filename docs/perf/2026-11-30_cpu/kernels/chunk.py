@@ -1,3 +1,6 @@
+"""One `base` layer's attention, forward and backward, with the queries split into 1, 2 or 4 causal chunks
+(each chunk attends only to the keys it can see): xl, shaw and sinusoid (SDPA), fp32, 2 threads."""
+
 import time
 
 import torch
