@@ -5,7 +5,6 @@ Importing the package changes nothing in the process; the command-line entry poi
 """
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from pathlib import Path
