@@ -10,7 +10,6 @@ import argparse
 import math
 import statistics
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ from ..positional import scheme_names
 from ..positional.fused import IMPLS
 from ..tables import text_row, text_table, write_table
 from .configs import PRECISIONS, BenchConfig, model_presets
-from .loops import Point, measure_eval_speed, run_benchmark
+from .loops import POINT_KEYS, measure_eval_speed, run_benchmark
 from .probes import environment_line
 
 
@@ -44,9 +43,9 @@ RATIO_OF = ("train_ms", "train_cpu_ms", "eval_ms", "eval_cpu_ms")
 
 
 def add_ratios(rows: list[dict], baseline: str) -> list[dict]:
-    """Each row with ``<figure>_ratio`` = its step time over ``baseline``'s at the same config, precision,
-    mem_len, compile and attention (baseline scheme rows: 1.0), placed after the figure."""
-    same = ("config", "precision", "mem_len", "compile", "attention")
+    """Each row with ``<figure>_ratio`` = its step time over ``baseline``'s at the same grid point but for
+    the scheme (config, precision, mem_len, compile, attention; baseline rows: 1.0), after the figure."""
+    same = tuple(k for k in POINT_KEYS if k != "scheme")
     base = {tuple(r[k] for k in same): r for r in rows if r["scheme"] == baseline}
     out = []
     for r in rows:
@@ -58,10 +57,6 @@ def add_ratios(rows: list[dict], baseline: str) -> list[dict]:
                 row[k.replace("_ms", "_ratio")] = v / ref[k] if ref is not None and ref[k] else float("nan")
         out.append(row)
     return out
-
-
-#: what identifies a grid point in a table row: the Point's fields, with mem_len standing for memory
-POINT_KEYS = tuple("mem_len" if f.name == "memory" else f.name for f in fields(Point))
 
 
 def combine_rounds(rounds: list[list[dict]]) -> list[dict]:
@@ -211,6 +206,7 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
             write_table(rows, args.out / "eval_speed", header)
         return 0
     memory = {"both": (True, False), "on": (True,), "off": (False,)}[args.memory]
+    compile = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
     rounds, results = [], []
     for n in range(args.rounds):
         if args.rounds > 1:
@@ -223,7 +219,7 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
             args.device,
             args.warmup,
             args.reps,
-            {"off": (False,), "on": (True,), "both": (False, True)}[args.compile],
+            compile,
             log=lambda line: print(line, flush=True),
             matmul_max_n=args.matmul_max_n,
             attention=attention,

@@ -90,6 +90,8 @@ class BenchResult:
 COLUMNS = [f.name for f in fields(Point) if f.name != "memory"] + [
     f.name for f in fields(BenchResult) if f.name not in ("point", "extra")
 ]
+#: what identifies a grid point in a table row: the Point's fields, with mem_len standing for memory
+POINT_KEYS = tuple("mem_len" if f.name == "memory" else f.name for f in fields(Point))
 
 
 def _tokens(cfg: ModelConfig, batch: int, length: int, device: torch.device, generator: torch.Generator):
