@@ -46,10 +46,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
-def python(code: str, **env: str) -> str:
-    """Run `python -c code` with the checkout importable; its stdout."""
+def python(code: str, *args: str, **env: str) -> str:
+    """Run `python -c code args...` with the checkout importable; its stdout."""
     proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code, *args],
         env=clean_env(PYTHONPATH=str(REPO), **env),
         capture_output=True,
         text=True,
@@ -117,15 +117,7 @@ def _transparent_huge_pages() -> str:
 @pytest.mark.parametrize("where", ["process", "child"])
 def test_the_command_line_keeps_freed_memory_instead_of_faulting_it_in_again(where):
     def run(**env: str) -> tuple[int, str]:
-        proc = subprocess.run(
-            [sys.executable, "-c", AFTER_SETUP, where],
-            env=clean_env(PYTHONPATH=str(REPO), **env),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        faults, setting = proc.stdout.split()
+        faults, setting = python(AFTER_SETUP, where, **env).split()
         return int(faults), setting
 
     kept_faults, kept_setting = run()
