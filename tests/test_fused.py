@@ -65,9 +65,12 @@ def grads(out, inputs):
 
 @pytest.mark.parametrize("L, M, same_length", MASKS)
 @pytest.mark.parametrize("name", FUSED)
-def test_fused_equals_naive_forward_and_backward(reference, name, L, M, same_length):
+@pytest.mark.parametrize("impl", ["fused", "unfused"])
+def test_both_paths_equal_naive_forward_and_backward(reference, impl, name, L, M, same_length):
+    """Each attention path, forward and gradients (unfused: the hand-written backward of xl's shifted
+    (b)+(d) and Shaw's near diagonals, against the per-pair loops)."""
     scheme = make_scheme(name).train()
-    scheme.attention_impl = "fused"
+    scheme.attention_impl = impl
     pos = make_positions(L, M, same_length)
     q, k, v = (x.requires_grad_() for x in qkv(L, M))
     inputs = [q, k, v, *(p for p in scheme.parameters())]

@@ -6,21 +6,24 @@ indexed by clip(j - i, -K, K):
     e_ij = q_i . (k_j + a^K_{clip(j-i)}) / sqrt(d_h)
     z_i  = sum_j softmax(e)_ij (v_j + a^V_{clip(j-i)})
 
-Every distance past K collapses onto one row, memory included. Nothing per pair is built:
-q . a^K_r for the K+1 rows of j - i <= 0 (all a causal decoder uses), gathered by bucket per
-distance (as q @ a^K[rows]^T, [.., L, N+1]) and aligned with Transformer-XL's relative shift; for
-values the probabilities are summed per bucket and multiplied by a^V: every key gets the far row
-a^V_0, and the K nearest distances, diagonals of the probabilities (a strided view), get a^V_{K-d} - a^V_0 on top.
-"""
+Every distance past K collapses onto one row, memory included, and nothing per pair is built. Both
+terms are written as "the far row for every key, a correction on the K nearest distances", the
+diagonals of the [L, N] block, since a causal decoder only sees j - i <= 0:
 
-import math
+    e_ij = q_i . (k_j + a^K_0) / sqrt(d_h)  +  [i - j < K] q_i . (a^K_{K-(i-j)} - a^K_0) / sqrt(d_h)
+    z_i  = sum_j p_ij v_j + a^V_0  +  sum_{d < K} p_{i,i-d} (a^V_{K-d} - a^V_0)
+
+(row 0 of the tables is clip(j - i) = -K, the far row). The scores are one GEMM, as for plain
+attention (k + a^K_0 is a [N, d_h] add), plus K diagonals of [L] entries; the values one GEMM plus the
+K diagonals of the probabilities (a strided view) times [K, d_h].
+"""
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .base import Dims, PositionalScheme, Positions, relative_shift, unshifted_mask
+from .base import Dims, PositionalScheme, Positions, mask_to_bias
 from .registry import register
 
 
@@ -41,6 +44,29 @@ def near_diagonals(x: Tensor, n: int) -> tuple[Tensor, Tensor, int]:
         flat = F.pad(flat, (pad, 0))
     near = flat.as_strided((*lead, L, n), (*flat.stride()[:-1], N + 1, 1), flat.storage_offset() + start + pad)
     return near, flat, pad
+
+
+class _AddNearScores(torch.autograd.Function):
+    """e + near on the n nearest diagonals, in place: e [.., L, N] (keys j = -M..L-1), near [.., L, n]
+    with column d for distance d (key M + i - d; rows i < d - M have no such key and are skipped).
+    Autograd's own in-place add on a diagonal view would copy the whole [.., L, N] gradient per diagonal."""
+
+    @staticmethod
+    def forward(ctx, e: Tensor, near: Tensor) -> Tensor:
+        M = e.shape[-1] - e.shape[-2]
+        for d in range(near.shape[-1]):
+            torch.diagonal(e, M - d, -2, -1).add_(near[..., max(d - M, 0) :, d])
+        ctx.mark_dirty(e)
+        ctx.n = near.shape[-1]
+        return e
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        M = grad.shape[-1] - grad.shape[-2]
+        grad_near = grad.new_zeros(*grad.shape[:-1], ctx.n)
+        for d in range(ctx.n):
+            grad_near[..., max(d - M, 0) :, d] = torch.diagonal(grad, M - d, -2, -1)
+        return grad, grad_near
 
 
 class _NearValues(torch.autograd.Function):
@@ -94,19 +120,16 @@ class Shaw(PositionalScheme):
 
     def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
         """[B, H, L, N] masked scores e_ij, -inf where key j is not visible to query i."""
-        B, H, L, d_h = q.shape
-        N, W, K, scale = k.shape[2], k.shape[2] + 1, self.K, 1.0 / math.sqrt(d_h)
-        # q_i . a^K_r gathered by bucket per distance d = N-1 .. -1 (column c: d = N-1-c; the one future
-        # column keeps the shift free of overlap): row r = K - min(d, K). Gathering the K+1 used rows of
-        # the table before the product, (q a^K^T)[.., rows] = q (a^K[rows])^T, makes it one GEMM (and its
-        # backward two), with the mask, laid out before the shift, accumulated into it: [B*H, L, W].
-        d = (N - 1 - torch.arange(W, device=q.device)).clamp(0, K)
-        a_key = self.a_key[layer].to(q.dtype)[K - d]  # [W, d_h]
-        q = q.contiguous().view(B * H, L, d_h) * scale  # 1/sqrt(d_h) applied to [L, d_h], not to [L, N]
-        qa = torch.baddbmm(unshifted_mask(pos.visible, W, q.dtype), q, a_key.T.expand(B * H, d_h, W))
-        # e_ij = (q_i . k_j + q_i . a^K_{clip(j-i)}) / sqrt(d_h), one GEMM accumulating onto the shifted q . a^K
-        e = torch.baddbmm(relative_shift(qa, N), q, k.reshape(B * H, N, d_h).transpose(1, 2))
-        return e.view(B, H, L, N)
+        N, K, scale = k.shape[2], self.K, q.shape[-1] ** -0.5
+        n = min(K, N)
+        a_key = self.a_key[layer].to(q.dtype)
+        q = q * scale  # 1/sqrt(d_h) applied to [L, d_h], not to [L, N]
+        # far row for every key: q_i . (k_j + a^K_0) / sqrt(d_h), one GEMM
+        e = q @ (k + a_key[0]).transpose(-1, -2)
+        # distance d < K reads a^K_{K-d} instead: q_i . (a^K_{K-d} - a^K_0) / sqrt(d_h) onto diagonal d
+        near = q @ (a_key[K - torch.arange(n, device=q.device)] - a_key[0]).T  # [B, H, L, n]
+        # (the mask's gradient is the identity: an additive -inf, not a masked_fill that costs a pass back)
+        return _AddNearScores.apply(e, near).add_(mask_to_bias(pos.visible, q.dtype))
 
     def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
