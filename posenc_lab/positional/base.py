@@ -74,34 +74,6 @@ def mask_to_bias(visible: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))
 
 
-def relative_shift(x: Tensor, n_keys: int | None = None) -> Tensor:
-    """Transformer-XL's relative shift, as a strided view (no copy).
-
-    x: [.., L, W], column c holding distance N-1-c (N = ``n_keys``, default W; W >= N; columns past
-    N-1 hold the negative distances -1, -2, .. of future keys). Returns [.., L, N] where (i, j) holds
-    distance M + i - j, M = N - L: the paper's "pad one zero column, view as [N+1, L], drop the first
-    row, view back". Row i reads column j + L-1-i, i.e. flat offset (L-1) + i (W-1) + j of the
-    row-major [L, W] block (inside it since W >= N). Entries with j > M + i (future keys) are garbage
-    and must be masked. With W = N + 1 no two entries share storage, which keeps the backward cheap.
-    """
-    *lead, L, W = x.shape
-    N = W if n_keys is None else n_keys
-    x = x.contiguous()
-    if W > N:  # the same view by slice and view only: torch.compile's CPU backward crashed on the as_strided one
-        return x.reshape(*lead, L * W)[..., L - 1 : L - 1 + L * (W - 1)].view(*lead, L, W - 1)[..., :N]
-    return x.as_strided((*lead, L, N), (*x.stride()[:-2], W - 1, 1), x.storage_offset() + L - 1)
-
-
-def unshifted_mask(visible: Tensor, width: int, dtype: torch.dtype) -> Tensor:
-    """[L, width] additive mask (0 / -inf) laid out *before* ``relative_shift(., N)``: adding it to the
-    per-distance scores masks exactly the entries that land on invisible (i, j) after the shift.
-    Needs width >= N + 1 (no shared storage). Entries the shift never reads are 0."""
-    L, N = visible.shape
-    flat = torch.zeros(L * width, dtype=dtype, device=visible.device)
-    flat.as_strided((L, N), (width - 1, 1), L - 1).copy_(mask_to_bias(visible, dtype))
-    return flat.view(L, width)
-
-
 def sinusoid_table(positions: Tensor, dim: int) -> Tensor:
     """PE(p) in the concatenated ``[sin ; cos]`` layout, used by every sinusoidal scheme.
 

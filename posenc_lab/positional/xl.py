@@ -6,11 +6,12 @@ W_{k,R}; learned u, v (per head) replace the query's absolute position:
     A_ij = (q_i + u) . k_j  +  (q_i + v) . (W_{k,R} R_{i-j}),   scaled by 1/sqrt(d_h)
            [(a) + (c)]          [(b) + (d)]
 
-(b)+(d) is computed once per layer for the N = M + L distances (plus one future distance, masked),
-[.., L, N+1], with the causal mask accumulated into the same GEMM, and aligned by the relative shift
-(a strided view, no copy). (a)+(c) is accumulated onto it by a second GEMM, then softmax and the
-values. SDPA cannot serve: its fused kernels give no gradient for an additive bias, and its math
-fallback costs more than these few lines. No [L, N, D] tensor of R vectors is ever built.
+(b)+(d) is one GEMM per layer against the N = M + L distances (plus one future distance, masked),
+[.., L, N+1], aligned by the relative shift (a strided view, no copy) and added in place to (a)+(c),
+a second GEMM; then the mask, softmax and the values. The shift's backward is written by hand (one
+padded copy of the gradient; autograd's would fill a zero tensor and copy into it). SDPA cannot
+serve: its fused kernels give no gradient for an additive bias, and its math fallback costs more
+than these few lines. No [L, N, D] tensor of R vectors is ever built.
 
 ``clamp_len``: distances past it use R_{clamp_len}; null means no clamp (the published code's
 ``clamp_len <= 0``). 0 is refused: the published code reads it as "no clamp", a plain reading as
@@ -25,16 +26,43 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .base import (
-    Dims,
-    PositionalScheme,
-    PositionDropout,
-    Positions,
-    relative_shift,
-    sinusoid_table,
-    unshifted_mask,
-)
+from .base import Dims, PositionalScheme, PositionDropout, Positions, mask_to_bias, sinusoid_table
 from .registry import register
+
+
+def relative_shift(x: Tensor, n_keys: int | None = None) -> Tensor:
+    """Transformer-XL's relative shift, as a strided view (no copy).
+
+    x: [.., L, W], column c holding distance N-1-c (N = ``n_keys``, default W; W >= N; columns past
+    N-1 hold the negative distances -1, -2, .. of future keys). Returns [.., L, N] where (i, j) holds
+    distance M + i - j, M = N - L: the paper's "pad one zero column, view as [N+1, L], drop the first
+    row, view back". Row i reads column j + L-1-i, i.e. flat offset (L-1) + i (W-1) + j of the
+    row-major [L, W] block (inside it since W >= N). Entries with j > M + i (future keys) are garbage
+    and must be masked. With W = N + 1 no two entries share storage, which keeps the backward cheap.
+    """
+    *lead, L, W = x.shape
+    N = W if n_keys is None else n_keys
+    x = x.contiguous()
+    if W > N:  # the same view by slice and view only: torch.compile's CPU backward crashed on the as_strided one
+        return x.reshape(*lead, L * W)[..., L - 1 : L - 1 + L * (W - 1)].view(*lead, L, W - 1)[..., :N]
+    return x.as_strided((*lead, L, N), (*x.stride()[:-2], W - 1, 1), x.storage_offset() + L - 1)
+
+
+class _AddShifted(torch.autograd.Function):
+    """scores + relative_shift(table): scores [.., L, N], table [.., L, N+1]. The gradient of the table
+    is the scores' gradient laid back into [.., L, N+1]: the shift reads one contiguous run of the
+    flattened block, from offset L-1, so padding L-1 zeros in front and one behind is all."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, table: Tensor) -> Tensor:
+        # out of place: as fast as in place (one read of each, one write), and torch.compile's
+        # functionalization failed on the in-place version's aliased output
+        return scores + relative_shift(table, scores.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        *lead, L, N = grad.shape
+        return grad, F.pad(grad.reshape(*lead, L * N), (L - 1, 1)).view(*lead, L, N + 1)
 
 
 @register
@@ -96,16 +124,14 @@ class XLRelative(PositionalScheme):
         q = q.contiguous() * scale  # 1/sqrt(d_h) applied to [L, d_h] here, not to [L, N] later
         qu = (q + u.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + u) / sqrt(d_h)
         qv = (q + v.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + v) / sqrt(d_h)
-        # (b)+(d) for the distances N-1 .. -1 (one future column keeps the shifted view free of
-        # overlap), plus the mask laid out before the shift, in one GEMM with accumulate: [B*H, L, W]
+        # (b)+(d) for the distances N-1 .. -1 (one future column keeps the shifted view free of overlap): [B*H, L, W]
         r = self.position_vectors(layer, pos, q.dtype, future=1)  # [H, W, d_h]
-        bd = torch.baddbmm(
-            unshifted_mask(pos.visible, W, q.dtype), qv, r.transpose(1, 2).expand(B, H, d_h, W).reshape(B * H, d_h, W)
-        )
-        bd = relative_shift(bd, N)  # [B*H, L, N] view: (i, j) holds distance M + i - j
-        # A_ij / sqrt(d_h) = (q_i + u) . k_j / sqrt(d_h)  +  ((b)+(d)) / sqrt(d_h): a second GEMM accumulating onto it
-        a = torch.baddbmm(bd, qu, k.reshape(B * H, N, d_h).transpose(1, 2))
-        return a.view(B, H, L, N)
+        bd = torch.bmm(qv, r.transpose(1, 2).expand(B, H, d_h, W).reshape(B * H, d_h, W))
+        # (a)+(c): [B*H, L, N]; then A_ij / sqrt(d_h) = (a)+(c) + shifted (b)+(d), where (i, j) holds distance
+        # M + i - j. bmm and adds, not baddbmm: on the EPYC baddbmm took twice a bmm's time.
+        a = _AddShifted.apply(torch.bmm(qu, k.reshape(B * H, N, d_h).transpose(1, 2)), bd)
+        # the mask as an additive -inf: its backward is the identity (a masked_fill's costs a pass)
+        return a.add_(mask_to_bias(pos.visible, q.dtype)).view(B, H, L, N)
 
     def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
