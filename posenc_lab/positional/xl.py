@@ -62,7 +62,11 @@ class _AddShifted(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         *lead, L, N = grad.shape
-        return grad, F.pad(grad.reshape(*lead, L * N), (L - 1, 1)).view(*lead, L, N + 1)
+        table = grad.new_empty(*lead, L * (N + 1))  # not F.pad: it zero-fills all of it before copying
+        table[..., : L - 1] = 0
+        table[..., L - 1 + L * N :] = 0
+        table[..., L - 1 : L - 1 + L * N] = grad.reshape(*lead, L * N)
+        return grad, table.view(*lead, L, N + 1)
 
 
 @register
