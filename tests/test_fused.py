@@ -1,10 +1,10 @@
-"""The fused (flex_attention) path of xl, shaw, t5 and alibi against the naive per-pair references.
+"""The attention paths of xl, shaw, t5 and alibi against the naive per-pair references: the fused one
+(flex_attention) and the unfused one (the schemes' own GEMMs, with xl's and shaw's hand-written backward).
 
-torch refuses flex_attention's backward on CPU, so the gradients are checked through its uncompiled
+torch refuses flex_attention's backward on CPU, so the fused path's gradients are checked through its uncompiled
 reference implementation (``fused.REFERENCE``, torch's CPU refusal lifted for the test): the same
 score_mods, block masks and Shaw correction that CUDA runs compiled. The compiled CPU forward (what
-``attention_impl=fused`` runs for CPU evaluation) is checked in the slow tests.
-"""
+``attention_impl=fused`` runs for CPU evaluation) is checked in the slow tests."""
 
 from __future__ import annotations
 
@@ -83,6 +83,30 @@ def test_both_paths_equal_naive_forward_and_backward(reference, impl, name, L, M
             assert got is None or not got.any(), what
         else:
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=lambda m, what=what: f"grad of {what}: {m}")
+
+
+KEYLESS = [(1, 0, False), (1, 4, False), (5, 0, False), (5, 3, True), (4, 9, False)]
+
+
+@pytest.mark.parametrize("L, M, same_length", KEYLESS)
+@pytest.mark.parametrize("name, options", [(SHAW, {"K": 1}), (SHAW, {"K": 16}), (XL, {})])
+def test_unfused_gradients_with_strided_inputs_and_keyless_near_distances(name, options, L, M, same_length):
+    """q, k, v as the model hands them (transposed views of [B, L, H, d_h]); Shaw with K = 16 >= N, where
+    queries have no key at some near distances (M < K - 1), the rows the near-diagonal views handle apart."""
+    scheme = make_scheme(name, **options).train()
+    scheme.attention_impl = "unfused"
+    pos = make_positions(L, M, same_length)
+    bases = [x.transpose(1, 2).contiguous().requires_grad_() for x in qkv(L, M)]  # [B, L or N, H, d_h]
+    q, k, v = (x.transpose(1, 2) for x in bases)
+    inputs = [*bases, *scheme.parameters()]
+    out = scheme.attend(1, q, k, v, pos, 0.0)
+    want = naive_attend(name, scheme, 1, q, k, v, pos)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    for got, ref in zip(grads(out, inputs), grads(want, inputs)):
+        if ref is None:
+            assert got is None or not got.any()
+        else:
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_fused_positional_tables_get_a_gradient(reference):

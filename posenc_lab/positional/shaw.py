@@ -10,7 +10,7 @@ Every distance past K collapses onto one row, memory included, and nothing per p
 terms are written as "the far row for every key, a correction on the K nearest distances", the
 diagonals of the [L, N] block, since a causal decoder only sees j - i <= 0:
 
-    e_ij = q_i . (k_j + a^K_0) / sqrt(d_h)  +  [i - j < K] q_i . (a^K_{K-(i-j)} - a^K_0) / sqrt(d_h)
+    e_ij = q_i . (k_j + a^K_0) / sqrt(d_h)  +  [0 <= i - j < K] q_i . (a^K_{K-(i-j)} - a^K_0) / sqrt(d_h)
     z_i  = sum_j p_ij v_j + a^V_0  +  sum_{d < K} p_{i,i-d} (a^V_{K-d} - a^V_0)
 
 (row 0 of the tables is clip(j - i) = -K, the far row). The scores are one GEMM, as for plain
@@ -46,27 +46,55 @@ def near_diagonals(x: Tensor, n: int) -> tuple[Tensor, Tensor, int]:
     return near, flat, pad
 
 
+def near_views(x: Tensor, n: int) -> list[tuple[Tensor, tuple]]:
+    """The n nearest diagonals of x [.., L, N] (contiguous) as views into x itself (no copy), each with the index
+    of a [.., L, n] tensor in ``near_diagonals``' layout (column t: distance n-1-t) that it lines up with. Rows
+    first..L-2 are one [rows, N+1] window of the flattened block, its first n columns; the last row is its n last
+    keys; where M < n - 1, row 0's diagonals would start before the block and it gets a view of its keys 0..M
+    (first = 1). Slices and views only: torch.compile crashed on this CPU on an ``unfold`` variant. As in
+    ``near_diagonals``, the pairs (i, t) without a key (n-1-t > M + i) fall on the previous row's future keys."""
+    *lead, L, N = x.shape
+    start = N - L - n + 1  # flat offset of row 0's farthest near key (distance n-1)
+    first = 1 if start < 0 else 0
+    flat = x.view(*lead, L * N)
+    views = [(x[..., L - 1, N - n :], (..., L - 1, slice(None)))]
+    rows = L - 1 - first
+    if rows > 0:
+        s = start + first * (N + 1)
+        window = flat[..., s : s + rows * (N + 1)].view(*lead, rows, N + 1)[..., :n]
+        views.append((window, (..., slice(first, L - 1), slice(None))))
+    if first:
+        views.append((x[..., 0, : n + start], (..., 0, slice(-start, None))))
+    return views
+
+
+def has_key(L: int, N: int, n: int, device) -> Tensor:
+    """[L, n] bool: query i has a key at distance n-1-t (t the column), i.e. n-1-t <= M + i."""
+    return (n - 1 - torch.arange(n, device=device)) <= (N - L + torch.arange(L, device=device))[:, None]
+
+
 class _AddNearScores(torch.autograd.Function):
-    """e + near on the n nearest diagonals, in place: e [.., L, N] (keys j = -M..L-1), near [.., L, n]
-    with column d for distance d (key M + i - d; rows i < d - M have no such key and are skipped).
-    Autograd's own in-place add on a diagonal view would copy the whole [.., L, N] gradient per diagonal."""
+    """e + near on its n nearest diagonals + mask, in place: e [.., L, N] (keys j = -M..L-1, contiguous), near
+    [.., L, n] in ``near_diagonals``' layout (column t: distance n-1-t), mask [L, N] (0 / -inf). The diagonals are
+    added through a few views (a loop over them would launch 2n kernels a layer on a GPU; autograd's in-place add
+    on a view would copy the whole gradient). The pairs where a query has no key at that distance land on the
+    previous row's future keys, masked here too; their gradient is zeroed. The mask's gradient is the identity
+    (a masked_fill's would cost a pass)."""
 
     @staticmethod
-    def forward(ctx, e: Tensor, near: Tensor) -> Tensor:
-        M = e.shape[-1] - e.shape[-2]
-        for d in range(near.shape[-1]):
-            torch.diagonal(e, M - d, -2, -1).add_(near[..., max(d - M, 0) :, d])
-        ctx.mark_dirty(e)
+    def forward(ctx, e: Tensor, near: Tensor, mask: Tensor) -> Tensor:
         ctx.n = near.shape[-1]
-        return e
+        for view, index in near_views(e, near.shape[-1]):
+            view.add_(near[index])
+        ctx.mark_dirty(e)
+        return e.add_(mask)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        M = grad.shape[-1] - grad.shape[-2]
-        grad_near = grad.new_zeros(*grad.shape[:-1], ctx.n)
-        for d in range(ctx.n):
-            grad_near[..., max(d - M, 0) :, d] = torch.diagonal(grad, M - d, -2, -1)
-        return grad, grad_near
+        grad_near = grad.new_empty(*grad.shape[:-1], ctx.n)
+        for view, index in near_views(grad.contiguous(), ctx.n):
+            grad_near[index] = view
+        return grad, grad_near.masked_fill_(~has_key(grad.shape[-2], grad.shape[-1], ctx.n, grad.device), 0), None
 
 
 class _NearValues(torch.autograd.Function):
@@ -111,7 +139,7 @@ class Shaw(PositionalScheme):
         self.a_value = nn.Parameter(torch.randn(dims.n_layer, rows, dims.d_head) * 0.02)  # a^V per layer
 
     def extra_flops(self, segment_len: int, mem_len: int, batch_size: int = 1) -> float:
-        """q a^K^T and P a^V over the 2K+1 rows (the model's math, not the gathered kernel): 2 x 2 L D (2K+1)."""
+        """q a^K^T and P a^V over the 2K+1 rows (the model's math, not the near-diagonal kernel): 2 x 2 L D (2K+1)."""
         return 2 * 2 * segment_len * self.dims.d_model * (2 * self.K + 1)
 
     def buckets(self, pos: Positions) -> Tensor:
@@ -124,12 +152,12 @@ class Shaw(PositionalScheme):
         n = min(K, N)
         a_key = self.a_key[layer].to(q.dtype)
         q = q * scale  # 1/sqrt(d_h) applied to [L, d_h], not to [L, N]
-        # far row for every key: q_i . (k_j + a^K_0) / sqrt(d_h), one GEMM
+        # distance d < K reads a^K_{K-d} instead of the far row: q_i . (a^K_{K-d} - a^K_0) / sqrt(d_h) onto
+        # diagonal d; near column t: distance n-1-t, row K-n+1+t (as for the values below)
+        near = q @ (a_key[K + 1 - n : K + 1] - a_key[0]).T  # [B, H, L, n]
+        # far row for every key, q_i . (k_j + a^K_0) / sqrt(d_h), one GEMM, plus the near diagonals and the mask
         e = q @ (k + a_key[0]).transpose(-1, -2)
-        # distance d < K reads a^K_{K-d} instead: q_i . (a^K_{K-d} - a^K_0) / sqrt(d_h) onto diagonal d
-        near = q @ (a_key[K - torch.arange(n, device=q.device)] - a_key[0]).T  # [B, H, L, n]
-        # (the mask's gradient is the identity: an additive -inf, not a masked_fill that costs a pass back)
-        return _AddNearScores.apply(e, near).add_(mask_to_bias(pos.visible, q.dtype))
+        return _AddNearScores.apply(e, near, mask_to_bias(pos.visible, q.dtype))
 
     def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
