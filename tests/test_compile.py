@@ -59,15 +59,17 @@ print("compiled == eager", float(results[0][0]))
 # torch.compile of a 1-layer model: 2-5 min per scheme on 2 shared cores. In a fresh interpreter: inside this
 # pytest process (torch 2.13 CPU inductor) the compiled backward crashed with a segmentation fault twice, while
 # the same code in a bare interpreter passes; a crash then fails this test instead of ending the session.
+# xl and shaw carry hand-written autograd functions (in-place adds through views), what torch.compile's
+# functionalization is most likely to get wrong; the absolute scheme stands for the SDPA path. Each run gets an
+# inductor cache of its own: a cache left by an earlier run on this machine once made a correct graph fail.
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["relative", "absolute"])
-def test_compiled_model_equals_eager_loss_and_gradients(kind):
+@pytest.mark.parametrize("name", ["xl", "shaw", schemes_of_kind("absolute")[-1]])
+def test_compiled_model_equals_eager_loss_and_gradients(name, tmp_path):
     """Two segments (the second with memory), loss and every parameter's gradient."""
-    name = schemes_of_kind(kind)[-1]
     done = subprocess.run(
         [sys.executable, "-c", COMPARE, name],
         cwd=REPO,
-        env=subprocess_env(),
+        env=subprocess_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
         capture_output=True,
         text=True,
         timeout=1500,

@@ -7,8 +7,8 @@ W_{k,R}; learned u, v (per head) replace the query's absolute position:
            [(a) + (c)]          [(b) + (d)]
 
 (b)+(d) is one GEMM per layer against the N = M + L distances (plus one future distance, masked),
-[.., L, N+1], aligned by the relative shift (a strided view, no copy) and added in place to (a)+(c),
-a second GEMM; then the mask, softmax and the values. The shift's backward is written by hand (one
+[.., L, N+1], aligned by the relative shift (a strided view, no copy) and added to (a)+(c), a
+second GEMM; then the mask, softmax and the values. The shift's backward is written by hand (one
 padded copy of the gradient; autograd's would fill a zero tensor and copy into it). SDPA cannot
 serve: its fused kernels give no gradient for an additive bias, and its math fallback costs more
 than these few lines. No [L, N, D] tensor of R vectors is ever built.
