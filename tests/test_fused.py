@@ -63,17 +63,10 @@ def grads(out, inputs):
     return torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)
 
 
-@pytest.mark.parametrize("L, M, same_length", MASKS)
-@pytest.mark.parametrize("name", FUSED)
-@pytest.mark.parametrize("impl", ["fused", "unfused"])
-def test_both_paths_equal_naive_forward_and_backward(reference, impl, name, L, M, same_length):
-    """Each attention path, forward and gradients (unfused: the hand-written backward of xl's shifted
-    (b)+(d) and Shaw's near diagonals, against the per-pair loops)."""
-    scheme = make_scheme(name).train()
-    scheme.attention_impl = impl
-    pos = make_positions(L, M, same_length)
-    q, k, v = (x.requires_grad_() for x in qkv(L, M))
-    inputs = [q, k, v, *(p for p in scheme.parameters())]
+def assert_attend_equals_naive(name, scheme, q, k, v, pos, leaves):
+    """scheme.attend against the per-pair loops: the output, and the gradient of q, k, v's ``leaves`` (what
+    q, k, v were made from) and of every scheme parameter."""
+    inputs = [*leaves, *scheme.parameters()]
     out = scheme.attend(1, q, k, v, pos, 0.0)
     want = naive_attend(name, scheme, 1, q, k, v, pos)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
@@ -83,6 +76,18 @@ def test_both_paths_equal_naive_forward_and_backward(reference, impl, name, L, M
             assert got is None or not got.any(), what
         else:
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=lambda m, what=what: f"grad of {what}: {m}")
+
+
+@pytest.mark.parametrize("L, M, same_length", MASKS)
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("impl", ["fused", "unfused"])
+def test_both_paths_equal_naive_forward_and_backward(reference, impl, name, L, M, same_length):
+    """Each attention path, forward and gradients (unfused: the hand-written backward of xl's shifted
+    (b)+(d) and Shaw's near diagonals, against the per-pair loops)."""
+    scheme = make_scheme(name).train()
+    scheme.attention_impl = impl
+    q, k, v = (x.requires_grad_() for x in qkv(L, M))
+    assert_attend_equals_naive(name, scheme, q, k, v, make_positions(L, M, same_length), [q, k, v])
 
 
 KEYLESS = [(1, 0, False), (1, 4, False), (5, 0, False), (5, 3, True), (4, 9, False)]
@@ -95,18 +100,9 @@ def test_unfused_gradients_with_strided_inputs_and_keyless_near_distances(name, 
     queries have no key at some near distances (M < K - 1), the rows the near-diagonal views handle apart."""
     scheme = make_scheme(name, **options).train()
     scheme.attention_impl = "unfused"
-    pos = make_positions(L, M, same_length)
     bases = [x.transpose(1, 2).contiguous().requires_grad_() for x in qkv(L, M)]  # [B, L or N, H, d_h]
     q, k, v = (x.transpose(1, 2) for x in bases)
-    inputs = [*bases, *scheme.parameters()]
-    out = scheme.attend(1, q, k, v, pos, 0.0)
-    want = naive_attend(name, scheme, 1, q, k, v, pos)
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
-    for got, ref in zip(grads(out, inputs), grads(want, inputs)):
-        if ref is None:
-            assert got is None or not got.any()
-        else:
-            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert_attend_equals_naive(name, scheme, q, k, v, make_positions(L, M, same_length), bases)
 
 
 def test_fused_positional_tables_get_a_gradient(reference):
