@@ -1,45 +1,53 @@
-"""Every training config value is checked before anything is built or written, and a bad one is
-named by its key: ``optim.lr must be a number > 0, got -1.0``.
+"""The one validator: every problem of a composed config, named by its key, before anything is built,
+loaded or written (``optim.lr must be a number > 0, got -1.0``).
 
-The model's and the schemes' own options are checked where they live (``ModelConfig``, the
-scheme classes); this module checks the types and ranges of everything else, and of the model
-keys every model has.
+``problems(cfg, command)`` returns them all; ``check(cfg, command)`` raises one ``ConfigError`` that lists
+them. ``train``, ``eval``, the sweep check and ``ablate`` call it. Each fact has its owner: the model's
+fields are checked by ``ModelConfig.problems``, a scheme's options and lengths by the scheme, a corpus's
+options by the corpus registry, the trainer's precisions by Lightning's signature; this module checks the
+rest (optimizer, data, trainer, run settings) and collects the owners' answers.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
+import typing
 from collections.abc import Callable
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+import lightning
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from .build import model_config
+from .data import CORPORA, EVAL_SPLITS, check_corpus_options
+from .datamodule import SegmentDataModule
 from .errors import ConfigError
+from .model import ModelConfig
+from .positional import build_scheme
 from .precision import POLICIES as BF16_POLICIES
 
+COMMANDS = ("train", "eval", "sweep")
 _MISSING = object()
+SEED_MAX = 2**32 - 1  # numpy's and Lightning's seeds are 32-bit
 
 
-def _int(lo: int | None = None, allow_none: bool = False) -> Callable[[Any], str | None]:
-    """Checker: an integer (not a bool) >= lo; returns what is expected, or None if ``v`` is fine."""
-    expected = "an integer" + (f" >= {lo}" if lo is not None else "") + (" or null" if allow_none else "")
+def _int(lo: int | None = None, allow_none: bool = False, hi: int | None = None) -> Callable[[Any], str | None]:
+    """Checker: an integer (not a bool) in [lo, hi]; returns what is expected, or None if ``v`` is fine."""
+    expected = "an integer" + (f" >= {lo}" if lo is not None else "") + (f" and <= {hi}" if hi is not None else "")
+    expected += " or null" if allow_none else ""
 
     def check(v):
         if v is None and allow_none:
             return None
-        ok = isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo)
+        ok = isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo) and (hi is None or v <= hi)
         return None if ok else expected
 
     return check
 
 
-def _num(
-    lo: float | None = None,
-    hi: float | None = None,
-    lo_open: bool = False,
-    hi_open: bool = False,
-    allow_none: bool = False,
-) -> Callable[[Any], str | None]:
+def _num(lo: float | None = None, hi: float | None = None, lo_open=False, hi_open=False, allow_none=False):
     """Checker: a finite number in [lo, hi] (or open ends)."""
     parts = ([f"{'>' if lo_open else '>='} {lo}"] if lo is not None else []) + (
         [f"{'<' if hi_open else '<='} {hi}"] if hi is not None else []
@@ -64,9 +72,7 @@ def _bool(v) -> str | None:
 
 def _fraction_or_count(v) -> str | None:
     """Lightning's limit_*_batches / val_check_interval: a fraction in (0, 1] or a count >= 1."""
-    if isinstance(v, bool):
-        return "a fraction in (0, 1] or a count >= 1"
-    if isinstance(v, int) and v >= 1 or isinstance(v, float) and 0 < v <= 1:
+    if not isinstance(v, bool) and (isinstance(v, int) and v >= 1 or isinstance(v, float) and 0 < v <= 1):
         return None
     return "a fraction in (0, 1] or a count >= 1"
 
@@ -81,11 +87,16 @@ def _buckets(v) -> str | None:
     return None if ok else "a non-empty list of integers >= 0 (lower edges of the distance buckets)"
 
 
-# key -> checker; a key absent from the config is skipped (other options of a group may lack it).
-CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "seed": _int(),
+def _one_of(*valid) -> Callable[[Any], str | None]:
+    return lambda v: None if v in valid else f"one of {', '.join(map(str, valid))}"
+
+
+# key -> checker, for the keys of conf/train.yaml that no other module owns; a key absent from the config
+# is skipped (other options of a group may lack it).
+TRAIN_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "seed": _int(0, hi=SEED_MAX),
     "compile": _bool,
-    "bf16_check": lambda v: None if v in BF16_POLICIES else f"one of {', '.join(BF16_POLICIES)}",
+    "bf16_check": _one_of(*BF16_POLICIES),
     "checkpoint_every": _int(1),
     "optim.lr": _num(0, lo_open=True),
     "optim.weight_decay": _num(0),
@@ -101,53 +112,18 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "data.var_len": _bool,
     "data.var_len_std": _num(0, lo_open=True),
     "data.num_workers": _int(0),
-    "model.n_layer": _int(1),
-    "model.d_model": _int(1),
-    "model.n_head": _int(1),
-    "model.d_inner": _int(1),
-    "model.mem_len": _int(0),
-    "model.dropout": _num(0, 1, hi_open=True),
-    "model.attn_dropout": _num(0, 1, hi_open=True),
-    "model.same_length": _bool,
-    "model.pre_norm": _bool,
-    "model.tie_weights": _bool,
-    "model.loss_recent_frac": _num(0, 1, lo_open=True),
     "trainer.max_steps": _int(1),
     "trainer.accumulate_grad_batches": _int(1),
     "trainer.gradient_clip_val": _num(0, allow_none=True),
     "trainer.val_check_interval": _fraction_or_count,
     "trainer.limit_val_batches": _fraction_or_count,
+    "trainer.num_nodes": _int(1),
     "final_eval.enabled": _bool,
     "final_eval.limit_batches": _fraction_or_count,
     "metrics.distance_buckets": _buckets,
 }
-
-
-def _check(cfg: DictConfig, checks: dict[str, Callable[[Any], str | None]]) -> None:
-    for key, check in checks.items():
-        value = OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False)
-        if value is _MISSING:
-            continue
-        if OmegaConf.is_config(value):
-            value = OmegaConf.to_container(value, resolve=True)
-        expected = check(value)
-        if expected is not None:
-            if key == "trainer.max_steps":
-                expected += " (training is step-based: the train stream is infinite)"
-            if key == "max_batches":
-                expected += " (the first N segments of every stream; null: all)"
-            raise ConfigError(f"{key} must be {expected}, got {value!r}")
-
-
-def check_train_config(cfg: DictConfig) -> None:
-    """Raise ConfigError naming the first bad key (with what would be valid)."""
-    _check(cfg, CHECKS)
-    resume = OmegaConf.select(cfg, "resume", default=None)
-    if resume is not None and not isinstance(resume, (str, bool)) or resume is True:
-        raise ConfigError(f"resume must be auto, null or a checkpoint path, got {resume!r}")
-
-
 EVAL_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "split": _one_of(*EVAL_SPLITS),
     "max_batches": _int(1, allow_none=True),
     "data.segment_len": _int(1, allow_none=True),
     "data.batch_size": _int(1, allow_none=True),
@@ -156,11 +132,150 @@ EVAL_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "model.same_length": lambda v: None if v is None or isinstance(v, bool) else "true, false or null",
     "dump_losses": _bool,
     "progress_bar": _bool,
+    "allow_other_corpus": _bool,
+}
+# what a key's message adds to "must be ..."
+_HINTS = {
+    "trainer.max_steps": " (training is step-based: the train stream is infinite)",
+    "max_batches": " (the first N segments of every stream; null: all)",
+    "seed": " (numpy and Lightning take 32-bit seeds)",
 }
 
 
-def check_eval_config(cfg: DictConfig) -> None:
-    """``posenc-lab eval``'s keys (conf/eval.yaml); ConfigError naming the first bad one."""
-    _check(cfg, EVAL_CHECKS)
-    if cfg.split not in ("val", "test"):
-        raise ConfigError(f"split must be val or test, got {cfg.split!r}")
+def _value(cfg: DictConfig, key: str):
+    try:
+        value = OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False)
+    except Exception as e:  # noqa: BLE001 - an interpolation that cannot resolve is a problem to name, not a crash
+        return e
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _table_problems(cfg: DictConfig, checks: dict[str, Callable[[Any], str | None]]) -> list[str]:
+    out = []
+    for key, check in checks.items():
+        value = _value(cfg, key)
+        if value is _MISSING:
+            continue
+        if isinstance(value, Exception):
+            out.append(f"{key} cannot be resolved: {value}")
+            continue
+        expected = check(value)
+        if expected is not None:
+            out.append(f"{key} must be {expected}{_HINTS.get(key, '')}, got {value!r}")
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def lightning_precisions() -> list:
+    """The values Lightning's ``Trainer(precision=...)`` accepts, read from its signature."""
+
+    def leaves(t) -> list:
+        if typing.get_origin(t) is typing.Literal:
+            return list(typing.get_args(t))
+        return [v for a in typing.get_args(t) for v in leaves(a)]
+
+    return leaves(typing.get_type_hints(lightning.Trainer.__init__)["precision"])
+
+
+def _model_problems(cfg: DictConfig) -> list[str]:
+    """The model node (ModelConfig owns its fields) and the scheme (it owns its options and lengths)."""
+    model = _value(cfg, "model")
+    if not isinstance(model, dict):
+        return [f"model must be a mapping of model options, got {model!r}"]
+    fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size", "posenc", "posenc_kwargs"}
+    unknown = sorted(set(model) - fields)
+    if unknown:
+        return [f"model.{k} is not a model option; the options are: {', '.join(sorted(fields))}" for k in unknown]
+    data = _value(cfg, "data") or {}
+    if not _is_int(data.get("segment_len")):
+        return []  # named by the data checks; the scheme's lengths cannot be judged without it
+    try:
+        # the vocabulary is the corpus's (not loaded here): any size leaves room for the adaptive cutoffs
+        cutoffs = model.get("adaptive_cutoffs") or [255]
+        vocab = max(256, int(cutoffs[-1]) + 1) if _is_int(cutoffs[-1]) else 256
+        mc = ModelConfig(**model_config(cfg, vocab))
+    except (TypeError, ValueError) as e:
+        return [p if p.startswith("model.") else f"model/posenc: {p}" for p in str(e).split("; ")]
+    try:
+        scheme = build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs)
+        episode = data.get("episode_len")
+        scheme.validate(int(data["segment_len"]), mc.mem_len, int(episode) if _is_int(episode) else 0)
+    except (TypeError, ValueError) as e:
+        return [f"posenc: {e}"]
+    return []
+
+
+def _data_problems(cfg: DictConfig) -> list[str]:
+    out = []
+    data = _value(cfg, "data")
+    if not isinstance(data, dict):
+        return [f"data must be a mapping of data options, got {data!r}"]
+    name = data.get("name")
+    if name not in CORPORA:
+        out.append(f"data.name={name!r} is not a corpus; valid: {', '.join(sorted(CORPORA))}")
+    else:
+        try:
+            check_corpus_options(name, data.get("corpus") or {})
+        except ValueError as e:
+            out.append(str(e))
+    valid = set(inspect.signature(SegmentDataModule.__init__).parameters) - {"self"}
+    out += [
+        f"data.{k} is not a data option; the options are: {', '.join(sorted(valid))}" for k in sorted(set(data) - valid)
+    ]
+    segment, episode = data.get("segment_len"), data.get("episode_len")
+    if _is_int(segment) and _is_int(episode) and episode < segment:
+        out.append(
+            f"data.episode_len={episode} is shorter than data.segment_len={segment}: an episode holds whole "
+            f"segments; set data.episode_len >= {segment} or null"
+        )
+    return out
+
+
+def _trainer_problems(cfg: DictConfig) -> list[str]:
+    out = []
+    precision = _value(cfg, "trainer.precision")
+    if precision is not _MISSING:
+        valid = lightning_precisions()
+        if precision not in valid:
+            out.append(
+                f"trainer.precision={precision!r} is not a Lightning precision; valid: "
+                f"{', '.join(str(p) for p in valid if isinstance(p, str) and '-' in p)}"
+            )
+    devices, nodes, batch = (_value(cfg, k) for k in ("trainer.devices", "trainer.num_nodes", "data.batch_size"))
+    if devices is not _MISSING and not (
+        devices in ("auto", -1) or (_is_int(devices) and devices >= 1) or isinstance(devices, (list, ListConfig))
+    ):
+        out.append(f"trainer.devices must be an integer >= 1, -1, a list or 'auto', got {devices!r}")
+    if _is_int(devices) and _is_int(nodes) and _is_int(batch) and batch % (devices * nodes):
+        out.append(
+            f"data.batch_size={batch} (the global batch) is not divisible by trainer.devices x trainer.num_nodes "
+            f"= {devices * nodes}"
+        )
+    return out
+
+
+def problems(cfg: DictConfig, command: str = "train") -> list[str]:
+    """Every problem of ``cfg`` for ``command``: "train" (conf/train.yaml: a run), "sweep" (the same, for a
+    sweep trial: no data is loaded either way) or "eval" (conf/eval.yaml)."""
+    if command not in COMMANDS:
+        raise ValueError(f"command must be one of {COMMANDS}, got {command!r}")
+    if command == "eval":
+        return _table_problems(cfg, EVAL_CHECKS)
+    out = _table_problems(cfg, TRAIN_CHECKS)
+    resume = _value(cfg, "resume")
+    if resume is not _MISSING and (resume is True or resume is not None and not isinstance(resume, (str, bool))):
+        out.append(f"resume must be auto, null or a checkpoint path, got {resume!r}")
+    out += _data_problems(cfg) + _model_problems(cfg) + _trainer_problems(cfg)
+    return list(dict.fromkeys(out))
+
+
+def check(cfg: DictConfig, command: str = "train") -> None:
+    """Raise ConfigError listing every problem of ``cfg`` (one line when there is one)."""
+    found = problems(cfg, command)
+    if len(found) == 1:
+        raise ConfigError(found[0])
+    if found:
+        raise ConfigError(f"{len(found)} problems in the config:\n" + "\n".join(f"  - {p}" for p in found))

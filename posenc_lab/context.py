@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .model import MemoryTransformer, ModelOutput
+from .data import segment_schedule
+from .model import MemoryTransformer, ModelOutput, Recurrence
 
 CONTEXT_MODES = ("memory", "window")
 
@@ -75,7 +76,8 @@ def iter_stream(
     ``start``: index of the segment's first input in the row; ``offsets``: [L] stream offsets of its
     inputs; ``output``: the ModelOutput (targets given, so ``token_loss`` is set). Memory (``mem_len``
     states per layer) and offsets reset at the start and every ``episode_len`` tokens;
-    ``start_offset`` is the offset of the first token (as if the row began mid-episode).
+    ``start_offset`` is the offset of the first token (as if the row began mid-episode). The segments are
+    cut by ``data.segment_schedule`` and the memory carried by ``model.Recurrence``, as in training.
     """
     tokens = _as_rows(tokens)
     N = tokens.shape[1] - 1
@@ -86,26 +88,22 @@ def iter_stream(
     model.validate_lengths(min(segment_len, N), mem_len, max_offset=max(largest, 0))
     device = next(model.parameters()).device
     same_length = bool(same_length and mem_len > 0)
+    memory = Recurrence()
     with evaluating(model), torch.inference_mode():
-        mems, pos, offset = None, 0, start_offset
-        while pos < N:
-            if T is not None and offset >= T:
-                mems, offset = None, 0
-            length = min(segment_len, N - pos, (T - offset) if T is not None else N)
+        for pos, length, offset, reset in segment_schedule(N, segment_len, T, start_offset=start_offset):
             x = tokens[:, pos : pos + length].to(device)
             y = tokens[:, pos + 1 : pos + length + 1].to(device)
-            out: ModelOutput = model(
+            out: ModelOutput = memory.step(
+                model,
                 x,
                 y,
-                mems=mems,
+                reset=reset,
                 offset=offset,
                 return_attention=return_attention,
                 mem_len=mem_len,
                 same_length=same_length,
             )
             yield pos, torch.arange(offset, offset + length), out
-            mems = out.mems if mem_len > 0 else None
-            pos, offset = pos + length, offset + length
 
 
 def stream_losses(

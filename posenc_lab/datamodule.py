@@ -18,9 +18,6 @@ from torch.utils.data import DataLoader
 
 from .data import Corpus, SegmentStream, load_corpus
 
-# Our split names -> the corpus's.
-_SPLITS = {"train": "train", "val": "valid", "test": "test"}
-
 
 class SegmentDataModule(L.LightningDataModule):
     """Segment streams of one corpus.
@@ -97,7 +94,7 @@ class SegmentDataModule(L.LightningDataModule):
                 var_len_std=self.var_len_std,
                 **common,
             )
-        return self.corpus.stream(_SPLITS[split], self.segment_len, self.eval_batch_size, cycle=False, **common)
+        return self.corpus.stream(split, self.segment_len, self.eval_batch_size, cycle=False, **common)
 
     def setup(self, stage: str | None = None) -> None:
         rank, world = self._rank()

@@ -35,11 +35,6 @@ def deliberate(error: BaseException) -> bool:
     """True if ``error`` was raised on purpose by posenc-lab (its message is enough)."""
     if isinstance(error, PosencLabError):
         return True
-    from .data.download import DownloadError
-    from .io import CorruptFileError
-
-    if isinstance(error, (CorruptFileError, DownloadError)):
-        return True
     if not isinstance(error, _USER_FACING) or error.__traceback__ is None:
         return False
     innermost = traceback.extract_tb(error.__traceback__)[-1].filename

@@ -32,15 +32,18 @@ import lightning as L
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from . import keep_freed_memory
-from .checks import check_eval_config
-from .errors import ConfigError, reported
+from . import config_dir, keep_freed_memory
+from .build import build_datamodule
+from .checkpoints import CheckpointError, read_checkpoint
+from .checks import check
+from .errors import reported
 from .io import save_npz, write_json
-from .lit import CheckpointError, load_lit, read_checkpoint
+from .lit import load_lit
 from .metrics import TokenDump
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
-from .train import CONF_DIR, build_datamodule
+
+CONF_DIR = config_dir()
 
 log = logging.getLogger("posenc_lab.evaluate")
 
@@ -98,15 +101,7 @@ def evaluate_checkpoint(
     [n_streams, T] in stream order, and stream_start [n_streams] (index of each stream's first
     token in the split).
     """
-    if split not in ("val", "test"):
-        raise ConfigError(f"split must be 'val' or 'test', got {split!r}")
-    if max_batches is not None and (
-        not isinstance(max_batches, int) or isinstance(max_batches, bool) or max_batches < 1
-    ):
-        raise ConfigError(
-            f"max_batches must be an integer >= 1 (the first N segments of every stream) or null "
-            f"(all of them), got {max_batches!r}"
-        )
+    check(OmegaConf.create({"split": split, "max_batches": max_batches}), "eval")  # the rules of conf/eval.yaml
     ckpt = read_checkpoint(ckpt_path)
     model_hp = ckpt["hyper_parameters"]["model"]
     if same_length_keys is not None:
@@ -218,7 +213,7 @@ def main(cfg: DictConfig) -> None:
 
 def evaluate_main(cfg: DictConfig) -> None:
     """``posenc-lab eval``: evaluate, then write <out_dir>/<output_name>.json (and .npz), atomically."""
-    check_eval_config(cfg)
+    check(cfg, "eval")
     ckpt = Path(cfg.ckpt)
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if v is not None}
     result = evaluate_checkpoint(

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import PosencLabError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -25,7 +27,7 @@ def _umask() -> int:
     return mask
 
 
-class CorruptFileError(ValueError):
+class CorruptFileError(PosencLabError, ValueError):
     """A file the project wrote cannot be read back; the message names it and says what to do."""
 
 
@@ -67,6 +69,14 @@ def save_npz(path: str | os.PathLike, **arrays: Any) -> Path:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez_compressed(f, **arrays)
+    return Path(path)
+
+
+def save_npy(path: str | os.PathLike, array: Any) -> Path:
+    """``np.save`` atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
     return Path(path)
 
 

@@ -23,9 +23,12 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-SPLITS = ("train", "val", "test")
+from .data import EVAL_SPLITS, SPLITS
+from .defaults import distance_buckets as default_buckets
+
 TRAIN_EXTRAS = ("lr", "tokens_per_s", "tokens")  # logged by training only
-DEFAULT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512)
+#: the headline figure of a corpus unit: bits per byte, bits per character, perplexity of words
+FIGURES = {"byte": "bpb", "char": "bpc", "word": "ppl"}
 
 
 def bucket_labels(edges: Sequence[int]) -> list[str]:
@@ -34,26 +37,38 @@ def bucket_labels(edges: Sequence[int]) -> list[str]:
 
 
 def figure_name(unit: str) -> str:
-    """The headline figure of a corpus of ``unit`` tokens: ``ppl`` (perplexity) for words, else ``bpt``
-    (bits per token)."""
-    return "ppl" if unit == "word" else "bpt"
+    """The headline figure of a corpus of ``unit`` tokens (FIGURES): ``bpb``, ``bpc`` or ``ppl``."""
+    if unit not in FIGURES:
+        raise ValueError(f"unknown corpus unit {unit!r}; valid: {', '.join(FIGURES)}")
+    return FIGURES[unit]
 
 
 def figure(loss: Tensor | float, unit: str) -> Tensor:
-    """nats per token -> the figure of ``figure_name(unit)``: exp(loss), or loss / ln 2."""
+    """nats per token -> the figure of ``figure_name(unit)``: exp(loss) for words, else loss / ln 2 (bits)."""
     loss = torch.as_tensor(loss)
     return loss.exp() if figure_name(unit) == "ppl" else loss / math.log(2)
 
 
-def logged_metrics(unit: str | None, answers: bool, distance_buckets: Sequence[int] = DEFAULT_BUCKETS) -> set[str]:
+SCALES = {"byte": ("bits per byte", 1 / math.log(2)), "char": ("bits per character", 1 / math.log(2))}
+
+
+def figure_scale(unit: str) -> tuple[str, float]:
+    """(what a loss difference is in, nats -> that unit): bits per byte or character, nats per word (a
+    difference of log-perplexities: ppl itself is a ratio)."""
+    figure_name(unit)  # an unknown unit is named there
+    return SCALES.get(unit, ("nats per word", 1.0))
+
+
+def logged_metrics(unit: str | None, answers: bool, distance_buckets: Sequence[int] | None = None) -> set[str]:
     """Every key LitLM logs for a corpus of ``unit`` tokens (None: unknown, both figures) whose batches carry
     recall distances if ``answers``: ``{train,val,test}/{loss,<figure>}``, ``train/{lr,tokens_per_s,tokens}``
     and, with answers, ``{train,val,test}/acc`` and ``{val,test}/acc_d<bucket>``."""
-    figures = {"loss", figure_name(unit)} if unit else {"loss", "bpt", "ppl"}
+    figures = {"loss", figure_name(unit)} if unit else {"loss", *FIGURES.values()}
+    distance_buckets = default_buckets() if distance_buckets is None else distance_buckets
     names = {f"{split}/{k}" for split in SPLITS for k in figures} | {f"train/{k}" for k in TRAIN_EXTRAS}
     if answers:
         names |= {f"{split}/acc" for split in SPLITS}
-        names |= {f"{split}/acc_d{b}" for split in SPLITS[1:] for b in bucket_labels(sorted(distance_buckets))}
+        names |= {f"{split}/acc_d{b}" for split in EVAL_SPLITS for b in bucket_labels(sorted(distance_buckets))}
     return names
 
 
@@ -62,9 +77,9 @@ class EvalStats(Metric):
 
     full_state_update = False
 
-    def __init__(self, distance_buckets: Sequence[int] = DEFAULT_BUCKETS):
+    def __init__(self, distance_buckets: Sequence[int] | None = None):
         super().__init__()
-        edges = sorted(int(e) for e in distance_buckets)
+        edges = sorted(int(e) for e in (default_buckets() if distance_buckets is None else distance_buckets))
         if not edges or edges[0] < 0:
             raise ValueError(f"distance_buckets must be non-empty lower edges >= 0, got {list(distance_buckets)}")
         self.bucket_names = bucket_labels(edges)

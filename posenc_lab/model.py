@@ -38,9 +38,16 @@ SAME_LENGTH_KEYS = ("mem_len+1", "mem_len")
 INITS = ("gpt2", "published")
 
 
-def _check_int(name: str, value, minimum: int) -> None:
+def int_problem(name: str, value, minimum: int) -> str | None:
+    """Why ``value`` is not an integer >= minimum (named ``name``), or None."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        return f"{name} must be an integer >= {minimum}, got {value!r}"
+    return None
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if (problem := int_problem(name, value, minimum)) is not None:
+        raise ValueError(problem)
 
 
 @dataclass
@@ -70,48 +77,54 @@ class ModelConfig:
     attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
 
     def __post_init__(self) -> None:
-        for name, minimum in [
-            ("vocab_size", 2),
-            ("n_layer", 1),
-            ("d_model", 1),
-            ("n_head", 1),
-            ("d_inner", 1),
-            ("mem_len", 0),
-        ]:
-            _check_int(f"model.{name}", getattr(self, name), minimum)
-        if self.d_model % self.n_head:
-            raise ValueError(
+        if self.adaptive_cutoffs is not None and not isinstance(self.adaptive_cutoffs, list):
+            self.adaptive_cutoffs = list(self.adaptive_cutoffs)
+        self.posenc_kwargs = dict(self.posenc_kwargs or {})
+        problems = self.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every invalid field, as ``model.<field> must be ..., got ...`` (the config check lists them all)."""
+        out = []
+        for name, minimum in [("vocab_size", 2), ("n_layer", 1), ("d_model", 1), ("n_head", 1), ("d_inner", 1)]:
+            out.append(int_problem(f"model.{name}", getattr(self, name), minimum))
+        out.append(int_problem("model.mem_len", self.mem_len, 0))
+        if not any(out[1:4]) and self.d_model % self.n_head:
+            out.append(
                 f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
                 f"pick n_head among the divisors of d_model"
             )
         for name in ("dropout", "attn_dropout", "ff_inner_dropout", "pos_dropout", "final_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if not 0.0 < self.loss_recent_frac <= 1.0:
-            raise ValueError(f"model.loss_recent_frac must be in (0, 1], got {self.loss_recent_frac!r}")
-        if self.ff_activation not in FF_ACTIVATIONS:
-            raise ValueError(f"model.ff_activation must be one of {sorted(FF_ACTIVATIONS)}, got {self.ff_activation!r}")
-        if self.init not in INITS:
-            raise ValueError(f"model.init must be one of {list(INITS)}, got {self.init!r}")
-        if self.same_length_keys not in SAME_LENGTH_KEYS:
-            raise ValueError(
-                f"model.same_length_keys must be one of {list(SAME_LENGTH_KEYS)}, got {self.same_length_keys!r}"
-            )
-        if self.same_length and self.mem_len == 0:
-            raise ValueError("model.same_length=true needs model.mem_len >= 1 (the window is mem_len keys)")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                out.append(f"model.{name} must be in [0, 1), got {value!r}")
+        frac = self.loss_recent_frac
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0:
+            out.append(f"model.loss_recent_frac must be in (0, 1], got {frac!r}")
+        for name, valid in (
+            ("ff_activation", sorted(FF_ACTIVATIONS)),
+            ("init", list(INITS)),
+            ("same_length_keys", list(SAME_LENGTH_KEYS)),
+            ("attention_impl", list(IMPLS)),
+        ):
+            if getattr(self, name) not in valid:
+                out.append(f"model.{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
+        for name in ("pre_norm", "tie_weights", "same_length", "output_bias"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.same_length is True and self.mem_len == 0:
+            out.append("model.same_length=true needs model.mem_len >= 1 (the window is mem_len keys)")
         if self.adaptive_cutoffs is not None:
-            self.adaptive_cutoffs = list(self.adaptive_cutoffs)
             bounds = [0, *self.adaptive_cutoffs, self.vocab_size]
-            if any(isinstance(c, bool) or not isinstance(c, int) for c in self.adaptive_cutoffs) or any(
+            if any(isinstance(c, bool) or not isinstance(c, int) for c in bounds) or any(
                 b <= a for a, b in zip(bounds, bounds[1:])
             ):
-                raise ValueError(
+                out.append(
                     f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
                     f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)"
                 )
-        self.posenc_kwargs = dict(self.posenc_kwargs or {})
-        if self.attention_impl not in IMPLS:
-            raise ValueError(f"model.attention_impl must be one of {', '.join(IMPLS)}, got {self.attention_impl!r}")
+        return [p for p in out if p]
 
     @property
     def dims(self) -> Dims:
@@ -350,4 +363,24 @@ class MemoryTransformer(nn.Module):
                 torch.ones_like(targets, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
             )
             out.loss = (out.token_loss * out.counted).sum() / out.counted.sum().clamp(min=1)
+        return out
+
+
+class Recurrence:
+    """The memory of one set of parallel streams from segment to segment: the one loop step that training,
+    validation, test and the analyses (``posenc_lab.context``) share. ``reset`` drops the memory first
+    (an episode starts); the new memory is kept for the next segment."""
+
+    def __init__(self) -> None:
+        self.mems: list[Tensor] | None = None
+
+    def clear(self) -> None:
+        self.mems = None
+
+    def step(
+        self, model: MemoryTransformer, tokens: Tensor, targets: Tensor | None = None, *, reset: bool = False, **kwargs
+    ) -> ModelOutput:
+        """tokens, targets: [B, L]; kwargs: the rest of ``MemoryTransformer.forward`` (offset, loss_mask, ...)."""
+        out = model(tokens, targets, mems=None if reset else self.mems, **kwargs)
+        self.mems = out.mems or None
         return out

@@ -29,17 +29,23 @@ import logging
 import os
 import socket
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
+from .checkpoints import read_checkpoint
+from .data import SPLITS
 from .errors import PosencLabError
-from .io import read_json, write_json
+from .io import CorruptFileError, read_json, write_json
 
 log = logging.getLogger("posenc_lab.rundir")
 
-RUN_FILE = "run.json"
+# The corpus hash names the val split "valid", as it did before the split vocabulary was one: the
+# identities of existing runs stay valid.
+_HASHED_NAMES = {"val": "valid"}
 LOCK_FILE = ".lock"
 FORMAT = 1
 
@@ -58,8 +64,14 @@ class RunDirError(PosencLabError, ValueError):
 def corpus_identity(corpus) -> dict[str, Any]:
     """{name, unit, vocab_size, n_tokens per split, sha256 of every token (and side) array}."""
     digest = hashlib.sha256()
-    arrays = {s: corpus.split(s) for s in ("train", "valid", "test")}
-    arrays.update({f"{s}.{k}": a for s, side in sorted(corpus.side.items()) for k, a in sorted(side.items())})
+    arrays = {_HASHED_NAMES.get(s, s): corpus.split(s) for s in SPLITS}
+    arrays.update(
+        {
+            f"{_HASHED_NAMES.get(s, s)}.{k}": a
+            for s, side in sorted(corpus.side.items())
+            for k, a in sorted(side.items())
+        }
+    )
     for name, array in arrays.items():
         array = np.ascontiguousarray(array)
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
@@ -69,7 +81,7 @@ def corpus_identity(corpus) -> dict[str, Any]:
         "name": corpus.name,
         "unit": corpus.unit,
         "vocab_size": int(corpus.vocab_size),
-        "n_tokens": {s: int(len(corpus.split(s))) for s in ("train", "valid", "test")},
+        "n_tokens": {_HASHED_NAMES.get(s, s): int(len(corpus.split(s))) for s in SPLITS},
         "sha256": digest.hexdigest(),
     }
 
@@ -104,73 +116,213 @@ def differences(saved: Any, now: Any, key: str = "") -> list[str]:
     return [] if saved == now else [f"{key}: run {saved!r}, now {now!r}"]
 
 
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    if (ckpt_dir / "last.ckpt").is_file():
-        return ckpt_dir / "last.ckpt"
-    others = [p for p in ckpt_dir.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
-    return max(others, key=lambda p: p.stat().st_mtime) if others else None
+@dataclass
+class Results:
+    """``results.json``: what a finished run reports (train.py fills it; the analyses read it).
+
+    ``val`` and ``test`` hold ``{loss, <figure>, tokens}`` (loss in nats per scored token; the figure is
+    ``metrics.figure_name`` of the corpus unit: bpb, bpc or ppl) plus, on recall, ``{acc, answers,
+    acc_by_distance: {"1-7": ..., "8-15": ...}}``; ``schedule``: the learning-rate schedule each stretch
+    of steps was trained under (one entry per invocation that trained)."""
+
+    scheme: str
+    posenc: dict  # the scheme's options
+    data: str  # the corpus
+    unit: str  # byte | char | word
+    metric: str  # the figure's name: bpb | bpc | ppl
+    seed: int
+    steps: int
+    tokens: int  # training tokens, global
+    wall_time_s: float  # fit seconds of every invocation that led to the final weights
+    params: int
+    segment_len: int
+    batch_size: int
+    episode_len: int | None
+    mem_len: int
+    n_layer: int
+    d_model: int
+    n_head: int
+    world_size: int
+    run_dir: str
+    checkpoint: str | None  # checkpoints/last.ckpt
+    resumed_from: str | None
+    val: dict | None = None
+    test: dict | None = None
+    schedule: list = field(default_factory=list)
 
 
-def check_run_dir(run_dir: Path, identity: dict[str, Any], own_files: Iterable[str] = ()) -> dict[str, Any] | None:
-    """The run record if ``run_dir`` holds this run; None if it is missing or empty; else RunDirError.
-    ``own_files``: names this very command may already have written there (its log), not counted as
-    another's files."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        return None
-    if not run_dir.is_dir():
-        raise RunDirError(f"run_dir {run_dir} is a file, not a folder")
-    record_path = run_dir / RUN_FILE
-    if record_path.exists():
-        record = read_json(
-            record_path,
-            remedy=f"delete it: {run_dir} is then recognised by its checkpoint "
-            f"(without checkpoints, delete or move the whole folder)",
-        )
-        saved = record.get("identity") if isinstance(record, dict) else None
-        if saved is None:
-            raise RunDirError(f"{record_path} is not a posenc-lab run record; choose another run_dir")
-    else:
-        ckpt = newest_checkpoint(run_dir)
-        if ckpt is None:
-            others = sorted(p.name for p in run_dir.iterdir() if p.name not in {LOCK_FILE, *own_files})
-            if others:
-                raise RunDirError(
-                    f"run_dir {run_dir} holds files but is not a posenc-lab run (no {RUN_FILE}): "
-                    f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; choose a new or "
-                    f"empty folder"
-                )
+class RunDir:
+    """A run directory: the one place that names its files, and what they say (identity, "finished",
+    results). ``RunDir(path).finished`` is what train, ablate and the analyses mean by a finished run."""
+
+    RECORD = "run.json"
+    CONFIG = "config.yaml"
+    RESULTS = "results.json"
+    LOCK = LOCK_FILE
+    METRICS = "metrics.csv"
+    CHECKPOINTS = "checkpoints"
+    LAST = "last.ckpt"
+    EVAL = "eval"
+    HYDRA = ".hydra"
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ---- its files ----
+    @property
+    def record_file(self) -> Path:
+        return self.path / self.RECORD
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def results_file(self) -> Path:
+        return self.path / self.RESULTS
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints / self.LAST
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / self.EVAL
+
+    @property
+    def hydra_dir(self) -> Path:
+        return self.path / self.HYDRA
+
+    # ---- what they say ----
+    def is_run(self) -> bool:
+        """A run directory as the analyses find them: its config and checkpoints (or results)."""
+        return self.config_file.is_file() and (self.checkpoints.is_dir() or self.results_file.is_file())
+
+    @property
+    def finished(self) -> bool:
+        """Trained to its end: results.json and the final checkpoint are there."""
+        return self.results_file.is_file() and self.last_checkpoint.is_file()
+
+    def newest_checkpoint(self) -> Path | None:
+        """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None."""
+        if self.last_checkpoint.is_file():
+            return self.last_checkpoint
+        others = [p for p in self.checkpoints.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
+        return max(others, key=lambda p: p.stat().st_mtime) if others else None
+
+    def results(self) -> dict[str, Any] | None:
+        """results.json as a dict (None before the run finished); CorruptFileError naming it if unreadable."""
+        if not self.results_file.is_file():
             return None
-        from .lit import read_checkpoint  # an older run: its identity from the checkpoint's config
-
-        config = read_checkpoint(ckpt)["hyper_parameters"].get("config") or {}
-        saved = run_identity(config, identity["corpus"])
-        record = {"format": FORMAT, "identity": saved, "adopted_from": str(ckpt)}
-    if isinstance(saved, dict):  # a record written before MODEL_NOT_IDENTITY held a key
-        saved = {**saved, "model": _model_identity(saved.get("model"))}
-    diff = differences(saved, identity)
-    if diff:
-        raise RunDirError(
-            f"run_dir {run_dir} holds another run; it differs in {'; '.join(diff)}. Use another "
-            f"run_dir (to start from one of its checkpoints with new settings: resume=PATH run_dir=NEW)"
+        results = read_json(
+            self.results_file,
+            remedy=f"delete it (and {self.checkpoints} if the run should train again) and rerun: the run resumes "
+            f"from its last checkpoint and rewrites it",
         )
-    return record
+        if not isinstance(results, dict):
+            raise CorruptFileError(f"{self.results_file} is not a results record; delete it and rerun the run")
+        return results
 
+    def config(self) -> dict[str, Any]:
+        """config.yaml (the resolved config of the run); CorruptFileError naming it if unreadable."""
+        try:
+            config = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise RunDirError(f"{self.path} is not a posenc-lab run directory: no {self.CONFIG}") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise CorruptFileError(
+                f"{self.config_file} is corrupt ({type(e).__name__}); it is rewritten from the run's own config "
+                f"when the run is trained again: rerun `posenc-lab train run_dir={self.path}` with its settings, or "
+                f"delete the run directory"
+            ) from e
+        if not isinstance(config, dict) or not all(
+            isinstance(config.get(k), dict) for k in ("posenc", "model", "data")
+        ):
+            raise CorruptFileError(
+                f"{self.config_file} is not a posenc-lab run config (it needs posenc, model and data sections); "
+                f"delete the run directory or train it again"
+            )
+        return config
 
-def write_record(run_dir: Path, identity: dict[str, Any], record: dict[str, Any] | None) -> None:
-    """Write run.json for a new run (or one recognised by its checkpoint); keep an existing one."""
-    if record is None or "adopted_from" in record:
-        write_json(
-            Path(run_dir) / RUN_FILE,
-            {
-                "format": FORMAT,
-                "identity": identity,
-                "created": datetime.datetime.now().isoformat(timespec="seconds"),
-                **({"adopted_from": record["adopted_from"]} if record else {}),
-            },
-        )
+    def write_results(self, results: Results) -> Path:
+        return write_json(self.results_file, asdict(results))
+
+    def check(self, identity: dict[str, Any], own_files: Iterable[str] = ()) -> dict[str, Any] | None:
+        """The run record if this directory holds this run; None if it is missing or empty; else RunDirError.
+        ``own_files``: names this very command may already have written there (its log), not counted as
+        another's files."""
+        run_dir = self.path
+        if not run_dir.exists():
+            return None
+        if not run_dir.is_dir():
+            raise RunDirError(f"run_dir {run_dir} is a file, not a folder")
+        if self.record_file.exists():
+            record = read_json(
+                self.record_file,
+                remedy=f"delete it: {run_dir} is then recognised by its checkpoint "
+                f"(without checkpoints, delete or move the whole folder)",
+            )
+            saved = record.get("identity") if isinstance(record, dict) else None
+            if saved is None:
+                raise RunDirError(f"{self.record_file} is not a posenc-lab run record; choose another run_dir")
+        else:
+            ckpt = self.newest_checkpoint()
+            if ckpt is None:
+                others = sorted(p.name for p in run_dir.iterdir() if p.name not in {self.LOCK, *own_files})
+                if others:
+                    raise RunDirError(
+                        f"run_dir {run_dir} holds files but is not a posenc-lab run (no {self.RECORD}): "
+                        f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; choose a new or "
+                        f"empty folder"
+                    )
+                return None
+            # an older run: its identity from the checkpoint's config
+            config = read_checkpoint(ckpt)["hyper_parameters"].get("config") or {}
+            saved = run_identity(config, identity["corpus"])
+            record = {"format": FORMAT, "identity": saved, "adopted_from": str(ckpt)}
+        if isinstance(saved, dict):  # a record written before MODEL_NOT_IDENTITY held a key
+            saved = {**saved, "model": _model_identity(saved.get("model"))}
+        diff = differences(saved, identity)
+        if diff:
+            raise RunDirError(
+                f"run_dir {run_dir} holds another run; it differs in {'; '.join(diff)}. Use another "
+                f"run_dir (to start from one of its checkpoints with new settings: resume=PATH run_dir=NEW)"
+            )
+        return record
+
+    def write_record(self, identity: dict[str, Any], record: dict[str, Any] | None) -> None:
+        """Write run.json for a new run (or one recognised by its checkpoint); keep an existing one."""
+        if record is None or "adopted_from" in record:
+            write_json(
+                self.record_file,
+                {
+                    "format": FORMAT,
+                    "identity": identity,
+                    "created": datetime.datetime.now().isoformat(timespec="seconds"),
+                    **({"adopted_from": record["adopted_from"]} if record else {}),
+                },
+            )
+
+    def identity(self) -> dict[str, Any] | None:
+        """The identity recorded in run.json (None without one)."""
+        if not self.record_file.is_file():
+            return None
+        record = read_json(self.record_file, remedy=f"delete it: {self.path} is then recognised by its checkpoint")
+        return record.get("identity") if isinstance(record, dict) else None
+
+    def lock(self) -> RunLock:
+        return RunLock(self.path)
 
 
 class RunLock:

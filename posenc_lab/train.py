@@ -26,23 +26,27 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, keep_freed_memory
-from .checks import check_train_config
+from .build import build_datamodule, build_lit, build_trainer, check_splits
+from .checkpoints import CHECKPOINT_SAFE_GLOBALS, CheckpointError, CheckpointUnreadable, read_checkpoint
+from .checks import check
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, reported
-from .io import write_json, write_text
-from .lit import CHECKPOINT_SAFE_GLOBALS, CheckpointError, LitLM, read_checkpoint
-from .positional import sized_options
+from .io import write_text
+from .lit import LitLM
 from .precision import check_precision
-from .rundir import RunDirError, RunLock, check_run_dir, corpus_identity, newest_checkpoint, run_identity, write_record
+from .rundir import Results, RunDir, RunDirError, corpus_identity, run_identity
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
@@ -50,52 +54,7 @@ warnings.filterwarnings("ignore", message="Experiment logs directory .* exists a
 CONF_DIR = config_dir()
 
 
-# ---- building blocks (also used by evaluate.py and the tests) -----------------------------------
-
-
-def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
-    """ModelConfig fields from the ``model`` and ``posenc`` nodes (the scheme's options are
-    everything in ``posenc`` but its name; options left null are sized to the run's lengths by the scheme)."""
-    posenc = OmegaConf.to_container(cfg.posenc, resolve=True)
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    name = posenc.pop("name")
-    posenc = sized_options(
-        name,
-        posenc,
-        segment_len=cfg.data.segment_len,
-        mem_len=model.get("mem_len", 0),
-        max_offset=OmegaConf.select(cfg, "data.episode_len", default=None) or 0,
-    )
-    return {**model, "vocab_size": vocab_size, "posenc": name, "posenc_kwargs": posenc}
-
-
-def build_datamodule(data_cfg: DictConfig | dict) -> SegmentDataModule:
-    data = OmegaConf.to_container(data_cfg, resolve=True) if isinstance(data_cfg, DictConfig) else dict(data_cfg)
-    return SegmentDataModule(**data)
-
-
-def build_lit(cfg: DictConfig, datamodule: SegmentDataModule) -> LitLM:
-    return LitLM(
-        model=model_config(cfg, datamodule.vocab_size),
-        optim=OmegaConf.to_container(cfg.optim, resolve=True),
-        unit=datamodule.unit,
-        seed=int(cfg.seed),
-        distance_buckets=list(cfg.metrics.distance_buckets),
-        config=OmegaConf.to_container(cfg, resolve=True),
-    )
-
-
-def check_splits(datamodule: SegmentDataModule) -> None:
-    """Raise ConfigError naming the split that cannot be cut into the configured streams."""
-    for split in ("train", "val", "test"):
-        try:
-            datamodule.make_stream(split)
-        except ValueError as e:
-            sizes = "data.batch_size" if split == "train" else "data.eval_batch_size (or data.batch_size)"
-            raise ConfigError(
-                f"the {split} split of data.name={datamodule.name} is too short for these streams: {e}. "
-                f"Lower {sizes} or data.segment_len, or use a larger corpus"
-            ) from e
+# ---- resuming -------------------------------------------------------------------------------
 
 
 def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentDataModule) -> int:
@@ -121,31 +80,29 @@ def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentData
     return int(ckpt.get("global_step", 0))
 
 
-def _resume_path(cfg: DictConfig, run_dir: Path, record: dict | None) -> Path | None:
+def _resume_path(cfg: DictConfig, run: RunDir, record: dict | None) -> Path | None:
     if cfg.resume in (None, False, "none", "never"):
-        existing = newest_checkpoint(run_dir) if record is not None else None
+        existing = run.newest_checkpoint() if record is not None else None
         if existing is not None:
             raise RunDirError(
-                f"resume=null would start run_dir {run_dir} over and overwrite its checkpoints "
+                f"resume=null would start run_dir {run.path} over and overwrite its checkpoints "
                 f"({existing}); use resume=auto to continue it, or another run_dir"
             )
         return None
     if cfg.resume == "auto":
-        return newest_checkpoint(run_dir)
+        return run.newest_checkpoint()
     return Path(str(cfg.resume))
 
 
-def _checkpoint_state(run_dir: Path) -> tuple[str, int] | None:
+def _checkpoint_state(run: RunDir) -> tuple[str, int] | None:
     """(path, mtime) of the checkpoint resume=auto would take: changes when another process saves one."""
-    newest = newest_checkpoint(run_dir)
+    newest = run.newest_checkpoint()
     return (str(newest), newest.stat().st_mtime_ns) if newest is not None else None
 
 
 def _run_dir(cfg: DictConfig) -> Path:
     """run_dir; unset: Hydra's output directory (without Hydra: a fresh runs/ folder). In a sweep
     always the job's own output directory (under run_dir when set, see hydra.sweep in train.yaml)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if _in_multirun():
         return Path(HydraConfig.get().runtime.output_dir).resolve()
     run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
@@ -161,30 +118,25 @@ def _run_dir(cfg: DictConfig) -> Path:
 def _own_log() -> tuple[str, ...]:
     """The name of this command's Hydra log file (``train.log``), which a warning before the run-dir checks
     (e.g. about bf16 on this CPU) has already created in a fresh run_dir."""
-    from hydra.core.hydra_config import HydraConfig
-
     return (f"{HydraConfig.get().job.name}.log",) if HydraConfig.initialized() else ()
 
 
-def _keep_old_log(run_dir: Path, step: int) -> None:
+def _keep_old_log(run: RunDir, step: int) -> None:
     """CSVLogger would delete the log of an interrupted part: keep it under another name."""
-    log_file = run_dir / "metrics.csv"
-    if log_file.exists():
-        target, n = run_dir / f"metrics.until_step{step}.csv", 1
+    if run.metrics_file.exists():
+        target, n = run.path / f"metrics.until_step{step}.csv", 1
         while target.exists():
-            target, n = run_dir / f"metrics.until_step{step}.{n}.csv", n + 1
-        log_file.rename(target)
+            target, n = run.path / f"metrics.until_step{step}.{n}.csv", n + 1
+        run.metrics_file.rename(target)
 
 
-def _write_run_start(cfg: DictConfig, composed: DictConfig, run_dir: Path) -> None:
+def _write_run_start(cfg: DictConfig, composed: DictConfig, run: RunDir) -> None:
     """config.yaml, and .hydra/ as Hydra would write it (train.yaml sets hydra.output_subdir: null so
     that Hydra writes nothing into the run directory before the checks have passed)."""
-    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    from hydra.core.hydra_config import HydraConfig
-
+    write_text(run.config_file, OmegaConf.to_yaml(cfg, resolve=True))
     if HydraConfig.initialized():
         hc = HydraConfig.get()
-        hydra_dir = run_dir / ".hydra"
+        hydra_dir = run.hydra_dir
         write_text(hydra_dir / "config.yaml", OmegaConf.to_yaml(composed))
         write_text(hydra_dir / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hc})))
         write_text(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(hc.overrides.task))
@@ -194,9 +146,6 @@ _DDP_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT
 
 
 def _in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
@@ -204,8 +153,6 @@ def _prepare_ddp_relaunch(run_dir: Path) -> None:
     """Lightning's DDP launcher re-runs ``sys.argv`` for ranks > 0 with hydra.run.dir set to Hydra's
     run dir. Inside a multirun job that would start the whole sweep again in every rank: hand it this
     job's own overrides and run directory instead."""
-    from hydra.core.hydra_config import HydraConfig
-
     if _in_multirun():
         hc = HydraConfig.get()
         sys.argv = [sys.argv[0], *[o for o in hc.overrides.task if not o.startswith("run_dir=")], f"run_dir={run_dir}"]
@@ -234,7 +181,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         cfg.run_dir = str(run_dir)
 
     # Everything that can be checked is checked before anything is written (and before DDP launches).
-    check_train_config(cfg)
+    check(cfg, "train")
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
     check_splits(datamodule)
@@ -242,16 +189,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     lit.check_data(datamodule, ("train", "val"))
     if cfg.get("compile", False):  # in place: the state_dict keys (checkpoints) stay those of the eager model
         lit.model.compile()
+    run = RunDir(run_dir)
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
-    record = check_run_dir(run_dir, identity, _own_log())
-    seen = _checkpoint_state(run_dir)
-    resume = _resume_path(cfg, run_dir, record)
+    record = run.check(identity, _own_log())
+    seen = _checkpoint_state(run)
+    resume = _resume_path(cfg, run, record)
     try:
         resume_step = check_resumable(resume, lit, datamodule) if resume is not None else 0
-    except CheckpointError as e:
-        if cfg.resume != "auto" or "cannot be read" not in str(e):
+    except CheckpointUnreadable as e:
+        if cfg.resume != "auto":
             raise
-        raise CheckpointError(
+        raise CheckpointUnreadable(
             f"{e}. Delete it to resume from the newest other checkpoint in {resume.parent} "
             f"(or to start the run over if there is none), or pass resume=PATH"
         ) from e
@@ -261,25 +209,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             f"a run is extended, never shortened; set trainer.max_steps >= {resume_step}"
         )
 
-    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") and "_target_" in cfg.logger else False
-    callbacks = [
-        hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c
-    ]
-    trainer: L.Trainer = hydra.utils.instantiate(
-        cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir)
-    )
+    trainer = build_trainer(cfg, run_dir)
     check_precision(trainer.precision, trainer.strategy.root_device.type, cfg.get("bf16_check", "warn"))
-    with RunLock(run_dir) if trainer.is_global_zero else contextlib.nullcontext():
+    with run.lock() if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
-            record = check_run_dir(run_dir, identity, _own_log())  # again under the lock: another process may have run
-            if _checkpoint_state(run_dir) != seen:
+            record = run.check(identity, _own_log())  # again under the lock: another process may have run
+            if _checkpoint_state(run) != seen:
                 raise RunDirError(
                     f"run_dir {run_dir} changed while this run was starting (another process saved "
                     f"a checkpoint); run the command again to continue from it"
                 )
-            write_record(run_dir, identity, record)
-            _write_run_start(cfg, composed, run_dir)
-            _keep_old_log(run_dir, resume_step)
+            run.write_record(identity, record)
+            _write_run_start(cfg, composed, run)
+            _keep_old_log(run, resume_step)
             log.info(
                 "run dir %s; %s; %.2fM parameters%s",
                 run_dir,
@@ -287,59 +229,58 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 lit.model.num_params() / 1e6,
                 f"; resuming from {resume}" if resume else "",
             )
-        return _fit_and_evaluate(cfg, trainer, lit, datamodule, run_dir, resume)
+        return _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
 
 
 def _fit_and_evaluate(
-    cfg: DictConfig, trainer: L.Trainer, lit: LitLM, datamodule: SegmentDataModule, run_dir: Path, resume: Path | None
+    cfg: DictConfig, trainer: L.Trainer, lit: LitLM, datamodule: SegmentDataModule, run: RunDir, resume: Path | None
 ) -> dict[str, Any]:
-    _prepare_ddp_relaunch(run_dir)
+    _prepare_ddp_relaunch(run.path)
     env_before = {k for k in _DDP_ENV if k in os.environ}
-    with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):  # checkpoints carry data only (lit.py)
+    with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):  # checkpoints carry data only
         trainer.fit(lit, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
 
     # last.ckpt must hold the final state even when max_steps is not a multiple of checkpoint_every.
-    ckpt_dir = run_dir / "checkpoints"
-    last = ckpt_dir / "last.ckpt"
+    last = run.last_checkpoint
     saved_step = getattr(trainer.checkpoint_callback, "_last_global_step_saved", None)
     if trainer.checkpoint_callback is not None and saved_step != trainer.global_step:
         trainer.save_checkpoint(last)
 
-    results: dict[str, Any] = {
-        "scheme": lit.model.cfg.posenc,
-        "posenc": OmegaConf.to_container(cfg.posenc, resolve=True),
-        "data": cfg.data.name,
-        "unit": datamodule.unit,
-        "metric": lit.metric,
-        "seed": int(cfg.seed),
-        "steps": trainer.global_step,
-        "tokens": lit.train_tokens,
-        "wall_time_s": lit.wall_time_s(),
-        "params": lit.model.num_params(),
-        "segment_len": cfg.data.segment_len,
-        "batch_size": cfg.data.batch_size,
-        "episode_len": cfg.data.episode_len,
-        "mem_len": lit.model.cfg.mem_len,
-        "n_layer": lit.model.cfg.n_layer,
-        "d_model": lit.model.cfg.d_model,
-        "n_head": lit.model.cfg.n_head,
-        "world_size": trainer.world_size,
-        "run_dir": str(run_dir),
-        "checkpoint": str(last) if last.exists() else None,
-        "resumed_from": str(resume) if resume else None,
-    }
+    results = Results(
+        scheme=lit.model.cfg.posenc,
+        posenc=OmegaConf.to_container(cfg.posenc, resolve=True),
+        data=cfg.data.name,
+        unit=datamodule.unit,
+        metric=lit.metric,
+        seed=int(cfg.seed),
+        steps=trainer.global_step,
+        tokens=lit.train_tokens,
+        wall_time_s=lit.wall_time_s(),
+        params=lit.model.num_params(),
+        segment_len=cfg.data.segment_len,
+        batch_size=cfg.data.batch_size,
+        episode_len=cfg.data.episode_len,
+        mem_len=lit.model.cfg.mem_len,
+        n_layer=lit.model.cfg.n_layer,
+        d_model=lit.model.cfg.d_model,
+        n_head=lit.model.cfg.n_head,
+        world_size=trainer.world_size,
+        run_dir=str(run.path),
+        checkpoint=str(last) if last.exists() else None,
+        resumed_from=str(resume) if resume else None,
+    )
     if cfg.final_eval.enabled:
         trainer.limit_val_batches = trainer.limit_test_batches = cfg.final_eval.limit_batches
         trainer.validate(lit, datamodule=datamodule, verbose=False)
         trainer.test(lit, datamodule=datamodule, verbose=False)
-        results["val"], results["test"] = lit.eval_results.get("val"), lit.eval_results.get("test")
+        results.val, results.test = lit.eval_results.get("val"), lit.eval_results.get("test")
     if _in_multirun() and trainer.world_size > 1:
         _end_local_ddp(env_before)
     if trainer.is_global_zero:
-        write_json(run_dir / "results.json", results)
-        summary = {k: results[k] for k in ("val", "test") if results.get(k)}
-        log.info("results (%s): %s", run_dir / "results.json", json.dumps(summary))
-    return results
+        run.write_results(results)
+        summary = {k: v for k, v in (("val", results.val), ("test", results.test)) if v}
+        log.info("results (%s): %s", run.results_file, json.dumps(summary))
+    return asdict(results)
 
 
 def _named_run_dir_existed(argv: list[str]) -> bool | None:

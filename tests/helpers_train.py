@@ -10,16 +10,15 @@ import sys
 from pathlib import Path
 
 import lightning as L
-from hydra import compose, initialize_config_dir
+from posenc_lab.compose import compose
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 
 
 def compose_config(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()):
-    """Compose the repository's real config with Hydra's compose API."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+    """Compose the repository's real config, as the command line does (posenc_lab.compose)."""
+    return compose(config_name, overrides, conf_dir=CONF_DIR)
 
 
 # Small corpora: a recall probe of 20k tokens, 200 kB of the standard library.

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from posenc_lab.data import CORPUS_NAMES, SegmentStream, corpora, load_corpus, make_recall
-from posenc_lab.data.corpora import FILE_SEPARATOR, stdlib_files, stdlib_split_of
+from posenc_lab.data import CORPUS_NAMES, SegmentStream, load_corpus, make_recall, pystdlib
+from posenc_lab.data.pystdlib import FILE_SEPARATOR, stdlib_files
 
 KEYS = {"tokens", "targets", "loss_mask", "offset", "reset", "distance"}
 
@@ -213,10 +213,10 @@ def test_textfile_splits_by_position(tmp_path):
     (tmp_path / "t.txt").write_bytes(content)
     c = load_corpus("textfile", root=tmp_path, path=tmp_path / "t.txt")
     assert (c.vocab_size, c.unit) == (256, "byte")
-    assert (len(c.train), len(c.valid), len(c.test)) == (9216, 512, 512)
-    assert bytes(c.train) + bytes(c.valid) + bytes(c.test) == content
+    assert (len(c.train), len(c.val), len(c.test)) == (9216, 512, 512)
+    assert bytes(c.train) + bytes(c.val) + bytes(c.test) == content
     c = load_corpus("textfile", root=tmp_path, path=tmp_path / "t.txt", split=(0.5, 0.25, 0.25))
-    assert bytes(c.valid) == content[5120:7680]
+    assert bytes(c.val) == content[5120:7680]
 
 
 def test_textfile_too_small_for_the_split(tmp_path):
@@ -233,12 +233,23 @@ def test_textfile_missing_file_names_the_path(tmp_path):
 # ---------------------------------------------------------------- pystdlib
 
 
+def _source(i: int) -> str:
+    """A module of its own: lines no other module has (so no 32-byte window is shared by accident)."""
+    return "".join(f"value_{i}_{k} = {i * 7919 + k * 104729}  # module {i}, line {k}\n" for k in range(i % 7 + 3))
+
+
 @pytest.fixture
 def fake_stdlib(tmp_path):
     root = tmp_path / "lib"
-    for i in range(60):
-        (root / f"pkg{i % 3}").mkdir(parents=True, exist_ok=True)
-        (root / f"pkg{i % 3}" / f"mod{i}.py").write_text(f"x = {i}\n" * (i + 1))
+    root.mkdir()
+    for i in range(60):  # 60 top-level modules, each its own family
+        (root / f"mod{i}.py").write_text(_source(i))
+    for i in range(3):  # a package: one family
+        (root / "pkg" / f"part{i}.py").parent.mkdir(exist_ok=True)
+        (root / "pkg" / f"part{i}.py").write_text(_source(100 + i))
+    table = "".join(f"    {k:#06x}: {k * 31 % 65536:#06x},  # generated code table entry\n" for k in range(200))
+    (root / "codec_a.py").write_text("# codec a\n" + table)  # near-duplicates in different places
+    (root / "codec_b.py").write_text("# codec b, another table of the same generator\n" + table)
     for skipped in ("test/test_a.py", "site-packages/foo.py", "__pycache__/a.py", "pkg0/tests/t.py"):
         (root / skipped).parent.mkdir(parents=True, exist_ok=True)
         (root / skipped).write_text("skip me\n")
@@ -251,13 +262,16 @@ def manifest(root):
     return json.loads(path.read_text())
 
 
-def test_pystdlib_split_is_by_file_disjoint_and_exact(tmp_path, fake_stdlib):
+def test_pystdlib_split_is_by_family_disjoint_and_exact(tmp_path, fake_stdlib):
     c = load_corpus("pystdlib", root=tmp_path / "cache", stdlib_dir=fake_stdlib)
     files = manifest(tmp_path / "cache")["info"]["files"]
-    assert sum(map(len, files.values())) == 60 and all(files.values())
-    assert not any(set(files[a]) & set(files[b]) for a, b in [("train", "valid"), ("train", "test"), ("valid", "test")])
-    assert all(f.startswith("pkg") and "tests" not in f for f in sum(files.values(), []))
-    for split in ("train", "valid", "test"):
+    assert sum(map(len, files.values())) == 65 and all(files.values())
+    split_of = {f: s for s, names in files.items() for f in names}
+    assert len({split_of[f"pkg/part{i}.py"] for i in range(3)}) == 1  # a package stays together
+    assert split_of["codec_a.py"] == split_of["codec_b.py"]  # near-duplicates found by overlap stay together
+    assert not any(set(files[a]) & set(files[b]) for a, b in [("train", "val"), ("train", "test"), ("val", "test")])
+    assert all(f.endswith(".py") and "tests" not in f and "test/" not in f for f in sum(files.values(), []))
+    for split in ("train", "val", "test"):
         expect = b"".join((fake_stdlib / f).read_bytes() + FILE_SEPARATOR for f in files[split])
         assert bytes(getattr(c, split)) == expect
     with_tests = stdlib_files(fake_stdlib, include_tests=True)
@@ -266,10 +280,10 @@ def test_pystdlib_split_is_by_file_disjoint_and_exact(tmp_path, fake_stdlib):
 
 def test_pystdlib_cached_second_load_is_identical(tmp_path, fake_stdlib, monkeypatch):
     a = load_corpus("pystdlib", root=tmp_path, stdlib_dir=fake_stdlib)
-    monkeypatch.setattr(corpora, "stdlib_files", lambda *a: pytest.fail("second load rebuilt the corpus"))
+    monkeypatch.setattr(pystdlib, "stdlib_files", lambda *a: pytest.fail("second load rebuilt the corpus"))
     b = load_corpus("pystdlib", root=tmp_path, stdlib_dir=fake_stdlib)
     assert isinstance(b.train, np.memmap)
-    assert all(np.array_equal(getattr(a, s), getattr(b, s)) for s in ("train", "valid", "test"))
+    assert all(np.array_equal(getattr(a, s), getattr(b, s)) for s in ("train", "val", "test"))
 
 
 def test_pystdlib_real_stdlib_capped(tmp_path, monkeypatch):
@@ -277,15 +291,12 @@ def test_pystdlib_real_stdlib_capped(tmp_path, monkeypatch):
     c = load_corpus("pystdlib", max_bytes=200_000)
     d = load_corpus("pystdlib", root=tmp_path / "other", max_bytes=200_000)
     assert (c.vocab_size, c.unit) == (256, "byte") and c.train.dtype == np.uint8
-    assert (len(c.train), len(c.valid), len(c.test)) == (180_000, 10_000, 10_000)
-    assert all(np.array_equal(getattr(c, s), getattr(d, s)) for s in ("train", "valid", "test"))
-    assert b"def " in bytes(c.train) and b"import " in bytes(c.valid)
+    assert (len(c.train), len(c.val), len(c.test)) == (170_000, 10_000, 20_000)
+    assert all(np.array_equal(getattr(c, s), getattr(d, s)) for s in ("train", "val", "test"))
+    assert b"def " in bytes(c.train) and b"import " in bytes(c.val)
     files = manifest(tmp_path / "env")["info"]["files"]
-    assert not set(files["train"]) & set(files["valid"])
-    # the full file list splits roughly 90/5/5
-    all_files = stdlib_files(Path(sysconfig.get_paths()["stdlib"]))
-    share = np.mean([stdlib_split_of(f) == "valid" for f in all_files])
-    assert len(all_files) > 300 and 0.02 < share < 0.09
+    assert not set(files["train"]) & set(files["val"])
+    assert len(stdlib_files(Path(sysconfig.get_paths()["stdlib"]))) > 300
 
 
 # ---------------------------------------------------------------- recall
@@ -328,7 +339,7 @@ def test_recall_is_deterministic_and_validates():
 def test_recall_corpus_streams_carry_mask_and_distance(tmp_path):
     c = load_corpus("recall", root=tmp_path, train_tokens=20_000, eval_tokens=20_000, eval_max_distance=120)
     assert c.vocab_size == 49 and c.itos[-1] == "?" and c.unit == "word"
-    assert c.side["valid"]["distance"].max() > 80 >= c.side["train"]["distance"].max()
+    assert c.side["val"]["distance"].max() > 80 >= c.side["train"]["distance"].max()
     s = c.stream("train", 32, 4)
     assert isinstance(s.data, np.memmap)
     answered = 0

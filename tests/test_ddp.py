@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from posenc_lab.lit import read_checkpoint
+from posenc_lab.checkpoints import read_checkpoint
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, record, recorded, run_module, tiny
 

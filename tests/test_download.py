@@ -79,12 +79,12 @@ def test_enwik8_download_extract_split_then_cache(server, tmp_path, capsys):
     kw = dict(url=server.url + "/enwik8.zip", expected_size=3000, split_sizes=(2700, 150, 150))
     c = load_corpus("enwik8", root=tmp_path, md5=hashlib.md5(archive).hexdigest(), **kw)
     assert (c.vocab_size, c.unit) == (256, "byte")
-    assert (bytes(c.train), bytes(c.valid), bytes(c.test)) == (ENWIK8[:2700], ENWIK8[2700:2850], ENWIK8[2850:])
+    assert (bytes(c.train), bytes(c.val), bytes(c.test)) == (ENWIK8[:2700], ENWIK8[2700:2850], ENWIK8[2850:])
     assert "100%" in capsys.readouterr().err  # progress went to stderr
     assert (tmp_path / "enwik8" / "enwik8").stat().st_size == 3000
     server.files.clear()  # a second load must not need the network
     again = load_corpus("enwik8", root=tmp_path, **kw)
-    assert bytes(again.valid) == ENWIK8[2700:2850] and server.hits == ["/enwik8.zip"]
+    assert bytes(again.val) == ENWIK8[2700:2850] and server.hits == ["/enwik8.zip"]
 
 
 def test_url_comes_from_the_environment(server, tmp_path, monkeypatch):
@@ -92,7 +92,7 @@ def test_url_comes_from_the_environment(server, tmp_path, monkeypatch):
     monkeypatch.setenv("POSENC_LAB_TEXT8_URL", server.url + "/mirror/text8.zip")
     c = load_corpus("text8", root=tmp_path, expected_size=1000, split_sizes=(900, 50, 50))
     assert (c.unit, c.itos, c.vocab_size) == ("char", [" ", "a", "b", "c"], 4)
-    assert "".join(c.itos[i] for i in c.valid) == ("ab ba cab " * 100)[900:950]
+    assert "".join(c.itos[i] for i in c.val) == ("ab ba cab " * 100)[900:950]
 
 
 def test_checksum_failure_is_clear_and_leaves_nothing(server, tmp_path):
@@ -172,7 +172,7 @@ def test_wikitext_word_level_vocab_from_train(server, tmp_path):
         "sat",
         "<eos>",
     ]
-    assert words(c.valid) == ["the", "<unk>", "sat", "<eos>"]  # "dog" is not in train
+    assert words(c.val) == ["the", "<unk>", "sat", "<eos>"]  # "dog" is not in train
     assert words(c.test) == ["<eos>", "the", "cat", "<eos>"]
     assert c.train.dtype == np.int32
     server.files.clear()

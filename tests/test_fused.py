@@ -276,13 +276,14 @@ def test_bench_rejects_an_unknown_attention_value(capsys):
 def test_attention_impl_is_no_part_of_a_runs_identity(tmp_path):
     """A run may resume with another attention path (the same math); any other model change is refused,
     also against a run.json written while attention_impl was part of the identity."""
-    from posenc_lab.rundir import RunDirError, check_run_dir, run_identity, write_record
+    from posenc_lab.rundir import RunDir, RunDirError, run_identity
 
+    run = RunDir(tmp_path)
     config = {"seed": 0, "model": {"d_model": 16, "attention_impl": "unfused"}, "data": {}, "optim": {}}
-    write_record(tmp_path, {**run_identity(config, None), "model": config["model"]}, None)  # an older record
-    check_run_dir(tmp_path, run_identity({**config, "model": {"d_model": 16, "attention_impl": "fused"}}, None))
+    run.write_record({**run_identity(config, None), "model": config["model"]}, None)  # an older record
+    run.check(run_identity({**config, "model": {"d_model": 16, "attention_impl": "fused"}}, None))
     with pytest.raises(RunDirError, match="model.d_model: run 16, now 32"):
-        check_run_dir(tmp_path, run_identity({**config, "model": {"d_model": 32, "attention_impl": "unfused"}}, None))
+        run.check(run_identity({**config, "model": {"d_model": 32, "attention_impl": "unfused"}}, None))
 
 
 @pytest.mark.skipif(

@@ -37,7 +37,7 @@ def test_text_files_become_bytes_joined_by_the_separator(datasets, text_files, t
     c = load_corpus("hf", root=tmp_path / "cache", path="text", data_files={k: str(v) for k, v in text_files.items()})
     # datasets' text builder yields one row per line (the empty line too), without the newline
     assert bytes(c.train) == "\n".join(SPLITS["train"]).encode("utf-8")
-    assert bytes(c.valid) == b"valid text" and bytes(c.test) == b"t1\nt2"
+    assert bytes(c.val) == b"valid text" and bytes(c.test) == b"t1\nt2"
     assert (c.vocab_size, c.unit) == (256, "byte")
 
 
@@ -64,7 +64,7 @@ def test_json_lines_with_another_text_field_and_split_names(datasets, tmp_path):
         splits=("tr", "va", "te"),
         data_files={s: str(tmp_path / f"{s}.jsonl") for s in ("tr", "va", "te")},
     )
-    assert bytes(c.train).decode() == "α | β" and bytes(c.valid) == b"v"
+    assert bytes(c.train).decode() == "α | β" and bytes(c.val) == b"v"
 
 
 def test_bad_inputs_are_clear_errors(datasets, text_files, tmp_path):
@@ -105,4 +105,4 @@ def test_data_hf_trains_on_local_files(datasets, text_files, tmp_path):
     )
     results = train(cfg)
     assert results["steps"] == 2 and results["val"]["loss"] == pytest.approx(results["val"]["loss"])  # not NaN
-    assert results["val"]["bpt"] > 0  # a byte corpus reports bits per token
+    assert results["val"]["bpb"] > 0  # a byte corpus reports bits per byte

@@ -9,7 +9,9 @@ import lightning as L
 import pytest
 import torch
 
-from posenc_lab.lit import CheckpointError, LitLM, NonFiniteLossError, read_checkpoint, warmup_cosine
+from posenc_lab.checkpoints import CheckpointError, read_checkpoint
+from posenc_lab.lit import LitLM, NonFiniteLossError
+from posenc_lab.optim import warmup_cosine
 from posenc_lab.metrics import EvalStats, logged_metrics
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, record, recorded, tiny
@@ -111,8 +113,8 @@ def test_run_dir_layout_and_results(tmp_path, cache):
 
 def test_byte_corpus_logs_bits_per_token(tmp_path, cache):
     results = train(compose_config("train", tiny(tmp_path / "run", cache, steps=2, data="pystdlib")))
-    assert results["metric"] == "bpt" and "acc" not in results["val"]
-    assert results["val"]["bpt"] == pytest.approx(results["val"]["loss"] / math.log(2))
+    assert results["metric"] == "bpb" and "acc" not in results["val"]
+    assert results["val"]["bpb"] == pytest.approx(results["val"]["loss"] / math.log(2))
 
 
 def _batch(reset=False, B=2, L=3, V=10, distance=None):
@@ -129,12 +131,12 @@ def _batch(reset=False, B=2, L=3, V=10, distance=None):
 def test_memory_is_kept_per_split_and_dropped_on_reset():
     lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=4, dropout=0.0))
     lit.forward_segment(_batch(True), "train")
-    assert lit._mems["train"][0].shape == (2, 3, 16) and lit._mems["val"] is None
+    assert lit.memory["train"].mems[0].shape == (2, 3, 16) and lit.memory["val"].mems is None
     lit.forward_segment(_batch(False), "train")
-    assert lit._mems["train"][0].shape == (2, 4, 16)  # grows to mem_len
-    assert not lit._mems["train"][0].requires_grad
+    assert lit.memory["train"].mems[0].shape == (2, 4, 16)  # grows to mem_len
+    assert not lit.memory["train"].mems[0].requires_grad
     lit.forward_segment(_batch(True), "train")  # reset: memory dropped first
-    assert lit._mems["train"][0].shape == (2, 3, 16)
+    assert lit.memory["train"].mems[0].shape == (2, 3, 16)
 
 
 def test_evaluation_lengths_go_to_the_forward_pass_not_into_the_model():
@@ -143,7 +145,7 @@ def test_evaluation_lengths_go_to_the_forward_pass_not_into_the_model():
     for _ in range(3):
         lit.forward_segment(_batch(), "val")
         lit.forward_segment(_batch(), "train")
-    assert lit._mems["val"][0].shape == (2, 2, 16) and lit._mems["train"][0].shape == (2, 4, 16)
+    assert lit.memory["val"].mems[0].shape == (2, 2, 16) and lit.memory["train"].mems[0].shape == (2, 4, 16)
     assert lit.model.mem_len == 4 and not lit.model.same_length  # the model is as trained
     with pytest.raises(ValueError, match="same_length=true needs mem_len >= 1"):
         lit.evaluate_at(mem_len=0, same_length=True)

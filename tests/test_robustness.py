@@ -17,7 +17,8 @@ import torch
 from posenc_lab.errors import ConfigError, PosencLabError, deliberate
 from posenc_lab.evaluate import evaluate_checkpoint, output_name
 from posenc_lab.io import CorruptFileError
-from posenc_lab.lit import SANE_LOSS_RATIO, SANE_WEIGHT_ABS, CheckpointError, NonFiniteLossError, read_checkpoint
+from posenc_lab.checkpoints import SANE_LOSS_RATIO, SANE_WEIGHT_ABS, CheckpointError, read_checkpoint
+from posenc_lab.lit import NonFiniteLossError
 from posenc_lab.rundir import RunDirError
 from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, run_module, subprocess_env, tiny
@@ -360,18 +361,18 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
 
 
 def test_a_checkpoint_saved_by_another_process_while_starting_is_not_overwritten(tmp_path, cache, monkeypatch):
-    import posenc_lab.train as train_module
+    from posenc_lab.rundir import RunDir, RunLock
 
     run = tmp_path / "run"
     run_train(run, cache, "checkpoint_every=2", steps=2)
     last = run / "checkpoints" / "last.ckpt"
 
-    class LockAfterAnotherSave(train_module.RunLock):
+    class LockAfterAnotherSave(RunLock):
         def __enter__(self):  # another process finished a save between our checks and our lock
             os.utime(last, ns=(time.time_ns(), time.time_ns() + 10**9))
             return super().__enter__()
 
-    monkeypatch.setattr(train_module, "RunLock", LockAfterAnotherSave)
+    monkeypatch.setattr(RunDir, "lock", lambda self: LockAfterAnotherSave(self.path))
     before = last.read_bytes()
     with pytest.raises(RunDirError, match="changed while this run was starting"):
         run_train(run, cache, "checkpoint_every=2", steps=4)

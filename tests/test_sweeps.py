@@ -20,8 +20,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
+from posenc_lab.compose import Composer
 from posenc_lab.sweeps import (
-    Composer,
     SweepError,
     check_sweep,
     format_override,
@@ -107,7 +107,8 @@ def test_grids_cover_what_the_issue_asks():
 def test_checked_configs_equal_hydra_compose():
     """check_sweep composes once per group choice and sets each trial's own values with OmegaConf; the
     result equals hydra.compose of the trial's whole override list. No private Hydra module is used."""
-    import posenc_lab.sweeps as sweeps
+    import posenc_lab.compose
+    import posenc_lab.sweeps.check
 
     path = REPO / "sweeps" / "ablation.yaml"
     fast: list = []
@@ -123,7 +124,8 @@ def test_checked_configs_equal_hydra_compose():
             for node in (hydra_fast, hydra_full):
                 del node["overrides"], node["job"]["override_dirname"]
             assert hydra_fast == hydra_full
-    assert "_internal" not in Path(sweeps.__file__).read_text()
+    for module in (posenc_lab.compose, posenc_lab.sweeps.check):
+        assert "_internal" not in Path(module.__file__).read_text()
 
 
 # ---- bad sweeps are rejected before any run ----------------------------------------------------
@@ -189,8 +191,8 @@ def test_bad_values_name_key_and_reason(tmp_path, params, expected):
 
 
 def test_metric_and_command_are_checked(tmp_path):
-    path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/bpt", "goal": "minimize"})
-    with pytest.raises(SweepError, match=r"'val/bpt' is never logged for data=recall \(did you mean 'val/ppl'\?\)"):
+    path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/bpb", "goal": "minimize"})
+    with pytest.raises(SweepError, match=r"'val/bpb' is never logged for data=recall \(did you mean 'val/ppl'\?\)"):
         check_sweep(path)
     path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/acc", "goal": "minimize"})
     with pytest.raises(SweepError, match="should be maximized"):
@@ -220,7 +222,7 @@ def test_cli_reports_bad_sweep(tmp_path):
 
 
 def test_corpus_units_match_the_corpora(tmp_path):
-    """The checker knows each corpus's unit (bpt or ppl) without loading it; check the cheap ones."""
+    """The checker knows each corpus's unit (bpb, bpc or ppl) without loading it; check the cheap ones."""
     from posenc_lab.data import CORPUS_NAMES, CORPUS_UNITS, load_corpus
 
     assert set(CORPUS_UNITS) == set(CORPUS_NAMES)

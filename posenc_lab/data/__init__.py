@@ -1,15 +1,37 @@
-"""Corpora and ordered segment streams. Imports only the standard library, numpy and torch.
+"""Corpora and ordered segment streams. Imports only the standard library, numpy and torch; knows no model.
 
-from posenc_lab.data import load_corpus
-corpus = load_corpus("recall")                      # or pystdlib, textfile, enwik8, text8, ...
-train = corpus.stream("train", segment_len=32, n_streams=16, cycle=True)
-loader = torch.utils.data.DataLoader(train, batch_size=None)
+    from posenc_lab.data import load_corpus
+    corpus = load_corpus("recall")                      # or pystdlib, textfile, enwik8, text8, ...
+    train = corpus.stream("train", segment_len=32, n_streams=16, cycle=True)
+    loader = torch.utils.data.DataLoader(train, batch_size=None)
+
+Layout: ``registry.py`` (Corpus, the registry), ``cache.py`` (prepared arrays), ``download.py``,
+``overlap.py`` (verbatim overlap between splits), ``splits.py`` (the split names), ``streams.py`` (the
+ordered iterator), and one module per corpus family, each registering its loaders: every module of this
+package is imported, so a new corpus is one module.
 """
 
-from .corpora import ANSWER_CORPORA, CORPORA, CORPUS_UNITS, SPLITS, Corpus, load_corpus, register_corpus
-from .download import DownloadError, cache_root
+import importlib
+import pkgutil
+
+from .cache import cache_root
+from .download import DownloadError
 from .recall import make_recall
-from .streams import SegmentStream
+from .registry import (
+    ANSWER_CORPORA,
+    CORPORA,
+    CORPUS_UNITS,
+    Corpus,
+    check_corpus_options,
+    corpus_options,
+    load_corpus,
+    register_corpus,
+)
+from .splits import EVAL_SPLITS, SPLITS, check_split
+from .streams import SegmentStream, segment_schedule
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 CORPUS_NAMES = tuple(sorted(CORPORA))
 
@@ -18,12 +40,17 @@ __all__ = [
     "CORPORA",
     "CORPUS_NAMES",
     "CORPUS_UNITS",
+    "EVAL_SPLITS",
     "SPLITS",
     "Corpus",
     "DownloadError",
     "SegmentStream",
     "cache_root",
+    "check_corpus_options",
+    "check_split",
+    "corpus_options",
     "load_corpus",
     "make_recall",
     "register_corpus",
+    "segment_schedule",
 ]

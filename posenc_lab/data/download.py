@@ -1,4 +1,4 @@
-"""Cache directory, atomic downloads with checksums, and zip extraction.
+"""Atomic downloads with checksums, and zip extraction.
 
 Every file lands under its final name only once it is complete and verified: bytes go to a
 temporary file in the same directory, then `os.replace` renames it. An interrupted run
@@ -9,59 +9,36 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import json
 import os
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
-CACHE_ENV = "POSENC_LAB_CACHE"
+from ..errors import PosencLabError
+from ..io import atomic_path
+
 _CHUNK = 1 << 20
 
 
-class DownloadError(RuntimeError):
+class DownloadError(PosencLabError, RuntimeError):
     """A download or a verification failed; the message says what to do instead."""
 
 
-def cache_root(root: str | os.PathLike | None = None) -> Path:
-    """The cache directory: `root` if given, else $POSENC_LAB_CACHE, else ~/.cache/posenc_lab."""
-    if root is None:
-        root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "posenc_lab"
-    return Path(root).expanduser()
+def url_env(name: str) -> str:
+    """The environment variable that names a mirror of corpus `name`'s download."""
+    return f"POSENC_LAB_{name.upper()}_URL"
 
 
-@contextmanager
-def atomic_path(dest: str | os.PathLike):
-    """Yield a temporary path next to `dest`; rename it to `dest` only if the block succeeds."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def source_url(name: str, url: str | None, default: str) -> str:
+    """url kwarg, else $POSENC_LAB_<NAME>_URL, else the official source."""
+    return url or os.environ.get(url_env(name)) or default
 
 
-def write_json(path: str | os.PathLike, obj) -> None:
-    """Write `obj` as JSON atomically (a manifest written last marks a finished cache)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-
-
-def save_npy(path: str | os.PathLike, array) -> None:
-    """np.save, atomically."""
-    import numpy as np
-
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, array)
+def offline_hint(name: str, extracted: str) -> str:
+    """The rest of the offline error: where extracted files would do, and how to use a mirror."""
+    return f" (or {extracted}); for a mirror pass url=... or set {url_env(name)}"
 
 
 def md5sum(path: str | os.PathLike) -> str:

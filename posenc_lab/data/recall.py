@@ -15,7 +15,13 @@ Vocabulary: ids [0, n_filler) filler, [n_filler, n_filler + n_values) values, th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+
+from .cache import cached, key_dir
+from .registry import Corpus, register_corpus
+from .splits import SPLITS
 
 
 def recall_vocab(n_values: int = 16, n_filler: int = 32) -> list[str]:
@@ -74,3 +80,52 @@ def make_recall(
     loss_mask[answer] = True
     distance[answer] = dist
     return tokens, loss_mask, distance
+
+
+@register_corpus("recall", unit="word", answers=True)
+def load_recall(
+    root: Path,
+    *,
+    seed: int = 0,
+    n_values: int = 16,
+    n_filler: int = 32,
+    min_distance: int = 2,
+    max_distance: int = 80,
+    eval_max_distance: int | None = None,
+    max_gap: int = 8,
+    train_tokens: int = 1_000_000,
+    eval_tokens: int = 100_000,
+) -> Corpus:
+    """The recall probe; each split has its own seed. Cached like the others so that streams hold memmaps
+    (cheap to send to DataLoader workers).
+
+    eval_max_distance: val/test distances reach this far instead of max_distance (to test recall past the
+    distances seen in training).
+    """
+    eval_max = max_distance if eval_max_distance is None else eval_max_distance
+    settings = dict(
+        seed=seed,
+        n_values=n_values,
+        n_filler=n_filler,
+        min_distance=min_distance,
+        max_distance=max_distance,
+        eval_max_distance=eval_max,
+        max_gap=max_gap,
+        train_tokens=train_tokens,
+        eval_tokens=eval_tokens,
+    )
+
+    def build():
+        common = dict(n_values=n_values, n_filler=n_filler, min_distance=min_distance, max_gap=max_gap)
+        arrays = {}
+        for i, (split, n, max_d) in enumerate(
+            zip(SPLITS, (train_tokens, eval_tokens, eval_tokens), (max_distance, eval_max, eval_max))
+        ):
+            tokens, loss_mask, distance = make_recall(n, seed=[seed, i], max_distance=max_d, **common)
+            arrays.update({split: tokens, f"{split}.loss_mask": loss_mask, f"{split}.distance": distance})
+        return arrays, recall_vocab(n_values, n_filler), {}
+
+    key = {"version": 1, **settings}
+    arrays, itos, _ = cached(key_dir(root / "recall", key), key, build)
+    side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
+    return Corpus("recall", *(arrays[s] for s in SPLITS), vocab_size=len(itos), itos=itos, side=side)

@@ -58,6 +58,28 @@ def _from_ref(a):
     return a.open() if isinstance(a, _MemmapRef) else a
 
 
+def segment_schedule(stream_len: int, lengths, episode_len: int | None = None, *, start_offset: int = 0, cycle=False):
+    """The one rule that cuts a stream into segments, for training (``SegmentStream``) and for the analyses
+    (``posenc_lab.context``). Yield (pos, length, offset, reset) per step: the step covers stream
+    positions [pos, pos + length); offset = its first token's position since its episode began; reset =
+    it starts an episode (memory is dropped before it). ``lengths``: the wanted segment length of every
+    step (an int: always that); a segment never crosses an episode end or the stream end. The stream
+    starts ``start_offset`` tokens into an episode; ``cycle``: wrap around at the end, forever (a new episode).
+    """
+    lengths = itertools.repeat(lengths) if isinstance(lengths, int) else lengths
+    T = episode_len or stream_len + start_offset
+    pos = 0
+    for want in lengths:
+        offset = (pos + start_offset) % T
+        length = min(want, T - offset, stream_len - pos)
+        yield pos, length, offset, offset == 0 or pos == 0
+        pos += length
+        if pos == stream_len:
+            if not cycle:
+                return
+            pos, start_offset = 0, 0
+
+
 class SegmentStream(IterableDataset):
     """Yield the segments of `n_streams` parallel streams in order (see the module docstring).
 
@@ -174,20 +196,8 @@ class SegmentStream(IterableDataset):
             yield from lengths.astype(np.int64).tolist()
 
     def schedule(self):
-        """Yield (pos, length, offset, reset) per step: the step covers stream positions
-        [pos, pos + length); offset = pos - episode start; reset = the segment starts an episode."""
-        S = self.stream_len
-        T = self.episode_len or S
-        pos = 0
-        for want in self._drawn_lengths():
-            episode_start = pos - pos % T
-            length = min(want, episode_start + T - pos, S - pos)  # never cross an episode or the end
-            yield pos, length, pos - episode_start, pos == episode_start
-            pos += length
-            if pos == S:
-                if not self.cycle:
-                    return
-                pos = 0
+        """Yield (pos, length, offset, reset) per step (``segment_schedule`` over this stream's lengths)."""
+        return segment_schedule(self.stream_len, self._drawn_lengths(), self.episode_len, cycle=self.cycle)
 
     def __len__(self) -> int:
         """Batches one iteration yields (one pass minus start_batch); cycling streams have none."""

@@ -1,0 +1,72 @@
+"""Config -> objects: the model's config, the datamodule, the LightningModule and the trainer, from a
+composed Hydra config. The entry points (train, eval, the sweeps, ablate) build through here, so that no
+entry point imports another.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from .datamodule import SegmentDataModule
+from .errors import ConfigError
+from .lit import LitLM
+from .positional import sized_options
+
+
+def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
+    """ModelConfig fields from the ``model`` and ``posenc`` nodes (the scheme's options are everything in
+    ``posenc`` but its name; options left null are sized to the run's lengths by the scheme)."""
+    posenc = OmegaConf.to_container(cfg.posenc, resolve=True)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    name = posenc.pop("name")
+    posenc = sized_options(
+        name,
+        posenc,
+        segment_len=cfg.data.segment_len,
+        mem_len=model.get("mem_len", 0),
+        max_offset=OmegaConf.select(cfg, "data.episode_len", default=None) or 0,
+    )
+    return {**model, "vocab_size": vocab_size, "posenc": name, "posenc_kwargs": posenc}
+
+
+def build_datamodule(data_cfg: DictConfig | dict) -> SegmentDataModule:
+    data = OmegaConf.to_container(data_cfg, resolve=True) if isinstance(data_cfg, DictConfig) else dict(data_cfg)
+    return SegmentDataModule(**data)
+
+
+def build_lit(cfg: DictConfig, datamodule: SegmentDataModule) -> LitLM:
+    return LitLM(
+        model=model_config(cfg, datamodule.vocab_size),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        unit=datamodule.unit,
+        seed=int(cfg.seed),
+        distance_buckets=list(cfg.metrics.distance_buckets),
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+
+
+def check_splits(datamodule: SegmentDataModule) -> None:
+    """Raise ConfigError naming the split that cannot be cut into the configured streams."""
+    for split in ("train", "val", "test"):
+        try:
+            datamodule.make_stream(split)
+        except ValueError as e:
+            sizes = "data.batch_size" if split == "train" else "data.eval_batch_size (or data.batch_size)"
+            raise ConfigError(
+                f"the {split} split of data.name={datamodule.name} is too short for these streams: {e}. "
+                f"Lower {sizes} or data.segment_len, or use a larger corpus"
+            ) from e
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
+    """The Lightning Trainer of ``cfg.trainer`` with the configured logger and callbacks, writing into run_dir."""
+    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") and "_target_" in cfg.logger else False
+    callbacks = [
+        hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c
+    ]
+    return hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))

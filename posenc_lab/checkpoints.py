@@ -1,0 +1,210 @@
+"""Checkpoints: read as data only, judged healthy or not, and the newest two good ones kept.
+
+Checkpoints carry data, never code: they are read with torch.load(weights_only=True), whose unpickler
+builds only tensors, dicts (also OrderedDict), lists, tuples, sets, numbers, strings and None. That is
+all a posenc-lab checkpoint holds (Lightning's entries included; the hyper-parameters are plain
+containers, see build.build_lit), so nothing more is allowed here. A file that needs any other global
+(a class, a function) is refused before it is unpickled.
+
+A checkpoint is called good only if (1) when saved, every weight, optimizer moment and memory state
+was finite and no weight or memory value beyond SANE_*_ABS (trained weights are O(1), the residual
+stream O(10-100); a diverging run reaches 1e6 and more), and (2) the training step right after it, from
+exactly its weights and memory, gave a finite loss of at most SANE_LOSS_RATIO times the loss of a
+uniform guess, ln(vocab_size) (a model far worse than guessing is broken).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import pickletools
+import re
+import shutil
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+
+from .errors import PosencLabError
+
+
+class CheckpointError(PosencLabError, ValueError):
+    """A checkpoint cannot be read or does not fit; the message names the file and what is wrong."""
+
+
+class CheckpointUnreadable(CheckpointError):
+    """The file is damaged (truncated, corrupted) or not a checkpoint at all."""
+
+
+# Checkpoints carry data, never code: they are read with torch.load(weights_only=True), whose
+# unpickler builds only tensors, dicts (also OrderedDict), lists, tuples, sets, numbers, strings
+# and None. That is all a posenc-lab checkpoint holds (Lightning's entries included; the
+# hyper-parameters are plain containers, see train.build_lit), so nothing more is allowed here.
+# A file that needs any other global (a class, a function) is refused before it is unpickled.
+CHECKPOINT_SAFE_GLOBALS: list = []
+
+SANE_WEIGHT_ABS = 1e4
+SANE_MEMORY_ABS = 1e6
+SANE_LOSS_RATIO = 2.0
+
+
+def _refused(path: Path, detail: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is refused: it holds {detail}, which a posenc-lab checkpoint never does "
+        f"(checkpoints carry tensors and plain data only). Nothing in it was run. Use a checkpoint written "
+        f"by `posenc-lab train`."
+    )
+
+
+_CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
+
+
+def _code_in_pickle(path: Path) -> str | None:
+    """The first opcode of a plain pickle file that would import or call code (read, never run), None if there
+    is none; ValueError if the bytes are not a pickle at all (corruption)."""
+    with open(path, "rb") as f:
+        strings: list[str] = []
+        for op, arg, _ in pickletools.genops(f):  # raises ValueError on bytes that are no pickle
+            if op.name in _CODE_OPCODES:
+                what = arg if op.name == "GLOBAL" else " ".join(strings[-2:]) if op.name == "STACK_GLOBAL" else ""
+                return f"a {op.name} opcode" + (f" ({what})" if what else "")
+            if isinstance(arg, str):
+                strings.append(arg)
+    return None
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a posenc-lab training checkpoint on the CPU, as data only, or raise CheckpointError
+    naming the file (missing, unreadable, not a posenc-lab checkpoint, or needing code to load)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    if zipfile.is_zipfile(path):  # torch.save's format: list what it would import, without unpickling
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001 - any damage to the archive: torch.load below names the problem
+            unsafe = []
+        allowed = {f"{g.__module__}.{g.__qualname__}" for g in CHECKPOINT_SAFE_GLOBALS}
+        if set(unsafe) - allowed:
+            raise _refused(path, f"code references ({', '.join(sorted(set(unsafe) - allowed))})")
+    try:
+        with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # the weights-only unpickler met something that is not plain data
+        found = re.search(r"Unsupported global: GLOBAL \S+", str(e))
+        code = found.group(0) if found else None
+        if code is None and not zipfile.is_zipfile(path):
+            try:  # a plain pickle: find out, without running it, whether it references code or is damaged
+                code = _code_in_pickle(path)
+            except ValueError:
+                code = None
+        if code:
+            raise _refused(path, code) from None
+        raise CheckpointUnreadable(
+            f"checkpoint {path} cannot be read (corrupt or not a checkpoint): it is not the data a checkpoint holds"
+        ) from None
+    except Exception as e:
+        raise CheckpointUnreadable(
+            f"checkpoint {path} cannot be read (corrupt or not a checkpoint): {type(e).__name__}: {e}"
+        ) from e
+    missing = (
+        [k for k in ("state_dict", "hyper_parameters", "posenc_lab") if k not in ckpt]
+        if isinstance(ckpt, dict)
+        else ["everything"]
+    )
+    if missing:
+        raise CheckpointUnreadable(f"checkpoint {path} is not a posenc-lab training checkpoint (missing {missing})")
+    return ckpt
+
+
+def checkpoint_health(
+    state_dict: dict[str, Tensor], mems: Sequence[Tensor], optimizer_states: Sequence[dict] = ()
+) -> dict[str, Any]:
+    """{"ok", "max_abs_weight", "max_abs_memory", "finite"}: ok iff all finite and within SANE_*_ABS."""
+
+    def max_abs(tensors) -> float:
+        values = [t.detach().abs().max().item() for t in tensors if t.is_floating_point() and t.numel()]
+        return max(values, default=0.0)
+
+    moments = [
+        v for s in optimizer_states for p in s.get("state", {}).values() for v in p.values() if isinstance(v, Tensor)
+    ]
+    w, m, o = max_abs(state_dict.values()), max_abs(mems), max_abs(moments)
+    finite = all(math.isfinite(x) for x in (w, m, o))
+    return {
+        "ok": finite and w <= SANE_WEIGHT_ABS and m <= SANE_MEMORY_ABS,
+        "finite": finite,
+        "max_abs_weight": w,
+        "max_abs_memory": m,
+    }
+
+
+GOOD_CHECKPOINTS = ("good.ckpt", "good.prev.ckpt")  # the newest two good ones, newest first
+_CANDIDATE = ".candidate.ckpt"  # the newest healthy checkpoint, until the next step confirms it
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Atomically make ``dst`` a hard link to ``src`` (a copy where hard links do not exist)."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+class Checkpointing(ModelCheckpoint):
+    """Lightning's ModelCheckpoint that also keeps the newest two good checkpoints (see SANE_*) as
+    good.ckpt and good.prev.ckpt: hard links, so no copy while the file they were saved as lives.
+    A divergence that spans several checkpoints still leaves a good one, whatever was overwritten."""
+
+    _candidate_step: int | None = None
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        health = getattr(trainer.lightning_module, "saved_health", None)
+        if trainer.is_global_zero and health and health["ok"] and Path(filepath).is_file():
+            _link(Path(filepath), Path(filepath).parent / _CANDIDATE)
+            self._candidate_step = trainer.global_step
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # The checkpoint this fit resumed from is a candidate too (a new run directory may have no other).
+        health = getattr(pl_module, "loaded_health", None)
+        if trainer.is_global_zero and trainer.ckpt_path and health and health["ok"]:
+            Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+            _link(Path(trainer.ckpt_path), Path(self.dirpath) / _CANDIDATE)
+            self._candidate_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # trainer.global_step already counts this step's update: the loss came from step global_step - 1
+        if self._candidate_step is not None and self._candidate_step == trainer.global_step - 1:
+            loss = float(outputs["loss"]) if isinstance(outputs, dict) else float("nan")
+            candidate = Path(self.dirpath) / _CANDIDATE
+            if loss <= SANE_LOSS_RATIO * math.log(pl_module.model.cfg.vocab_size) and candidate.is_file():
+                good, prev = (candidate.parent / name for name in GOOD_CHECKPOINTS)
+                if good.exists():
+                    os.replace(good, prev)
+                os.replace(candidate, good)
+            self._candidate_step = None
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+def good_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The newest good checkpoint kept in ``directory`` (``Checkpointing``), or None."""
+    for name in GOOD_CHECKPOINTS:
+        try:
+            read_checkpoint(Path(directory) / name)
+            return Path(directory) / name
+        except CheckpointError:
+            continue
+    return None

@@ -1,0 +1,114 @@
+"""The one Hydra compose of posenc-lab: train, eval, the sweeps, ablate, the report and the tests compose
+the configs of ``conf/`` here, with Hydra's public compose API.
+
+    cfg = compose("train", ["posenc=rope", "model.mem_len=0"])      # as `posenc-lab train ...` would
+
+``Composer`` keeps Hydra initialised for many compositions (a sweep's trials) and composes a trial faster:
+``hydra.compose`` once per distinct set of group choices and shared overrides, then each trial's own plain
+``key=value`` overrides set on a copy with ``OmegaConf.update(cfg, key, value, merge=True)`` (what Hydra
+does with them once the defaults list is composed; the value parsed by Hydra's override grammar). A trial
+with ``+``, ``++`` or ``~`` overrides of its own is composed whole. Only the hydra node's record of the
+overrides (``hydra.overrides``, ``hydra.job.override_dirname``) then lists the shared ones alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.initialize import get_gh_backup, restore_gh_from_backup
+from omegaconf import DictConfig, OmegaConf
+
+from . import config_dir
+
+CONF_DIR = Path(config_dir())
+
+
+def compose(
+    config_name: str = "train",
+    overrides: Sequence[str] = (),
+    conf_dir: str | os.PathLike = CONF_DIR,
+    return_hydra_config: bool = False,
+) -> DictConfig:
+    """The config ``config_name`` of ``conf_dir`` with ``overrides``, exactly as the command line composes it."""
+    with Composer(conf_dir, config_name) as composer:
+        return composer.compose(overrides, return_hydra_config=return_hydra_config)
+
+
+class Composer:
+    """Hydra initialised on ``conf_dir`` for the ``with`` block (the previous Hydra state restored after)."""
+
+    def __init__(self, conf_dir: str | os.PathLike = CONF_DIR, config_name: str = "train"):
+        self.conf_dir, self.config_name = str(Path(conf_dir).resolve()), config_name
+        self._parsed: dict[str, Any] = {}
+        self._groups_cfg: dict[tuple[str, ...], DictConfig] = {}
+        self._bases: dict[tuple[str, ...], DictConfig] = {}
+        self._groups: dict[str, set[str]] = {}
+        self._options: dict[str, list[str]] = {}
+        self._backup = None
+
+    def __enter__(self) -> Composer:
+        self._backup = get_gh_backup()
+        GlobalHydra.instance().clear()
+        initialize_config_dir(config_dir=self.conf_dir, version_base="1.3")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        GlobalHydra.instance().clear()
+        if self._backup is not None:
+            restore_gh_from_backup(self._backup)
+
+    @property
+    def _loader(self):
+        return GlobalHydra.instance().config_loader()
+
+    def is_group(self, override) -> bool:
+        """Hydra's rule: a group override names an existing config group and its value is not a dict."""
+        parent, _, leaf = override.key_or_group.rpartition("/")
+        if parent not in self._groups:  # the loader reads the search path on every call: once per parent
+            self._groups[parent] = set(self._loader.list_groups(parent))
+        return leaf in self._groups[parent] and not isinstance(override.value(), dict)
+
+    def group_options(self, group: str) -> list[str]:
+        if group not in self._options:
+            self._options[group] = sorted(self._loader.get_group_options(group))
+        return self._options[group]
+
+    def parse(self, override: str):
+        """One parsed override (cached: trials repeat the same lines)."""
+        if override not in self._parsed:
+            (self._parsed[override],) = OverridesParser.create().parse_overrides([override])
+        return self._parsed[override]
+
+    def compose(self, overrides: Sequence[str], return_hydra_config: bool = True) -> DictConfig:
+        return hydra_compose(self.config_name, list(overrides), return_hydra_config=return_hydra_config)
+
+    def compose_trial(self, trial: Sequence[str], shared: Sequence[str]) -> DictConfig:
+        """hydra.compose(trial) (see the module doc); ``shared``: the overrides of ``trial`` common to many trials."""
+        parsed = [self.parse(o) for o in trial]
+        groups = [p.input_line for p in parsed if self.is_group(p)]
+        shared_values = [o for o in shared if o not in groups]
+        own = [p for p in parsed if p.input_line not in groups and p.input_line not in shared_values]
+        if any(p.is_add() or p.is_force_add() or p.is_delete() or p.package is not None for p in own):
+            return self.compose(trial)
+        key = tuple(groups) + ("|",) + tuple(shared_values)
+        if key not in self._bases:
+            self._bases[key] = self.compose([*groups, *shared_values])
+        cfg = copy.deepcopy(self._bases[key])
+        for p in own:
+            OmegaConf.update(cfg, p.key_or_group, p.value(), merge=True)
+        return cfg
+
+    def groups_config(self, groups: Sequence[str]) -> DictConfig:
+        """The config of these group choices alone, for naming missing keys (cached; do not modify)."""
+        key = tuple(groups)
+        if key not in self._groups_cfg:
+            self._groups_cfg[key] = self.compose(groups)
+        return self._groups_cfg[key]

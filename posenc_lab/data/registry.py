@@ -1,0 +1,116 @@
+"""Corpora: train/val/test token arrays plus vocabulary, behind one registry.
+
+    corpus = load_corpus("pystdlib", root=None, max_bytes=1_000_000)
+    stream = corpus.stream("train", segment_len=128, n_streams=16, cycle=True)
+
+A corpus family is one module of this package that registers its loaders (``@register_corpus``);
+every module here is imported, so registering is discovering (as for the positional schemes).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cache import cache_root
+from .splits import check_split
+from .streams import SegmentStream
+
+#: Corpora without natural documents are cut into chunks of this many tokens for the statistics
+#: (``Corpus.documents``): the unit of resampling must span the text's correlation length.
+DOCUMENT_CHUNK = 4096
+
+
+@dataclass
+class Corpus:
+    """One corpus. train/val/test: 1-D integer token arrays (often read-only memmaps).
+
+    unit: "byte" | "char" | "word", as registered (``register_corpus``); itos: id -> symbol (None for bytes,
+    where id = byte value); side: per split, optional side arrays {"loss_mask": [N] bool, "distance": [N]
+    int} (recall); document_separator: the token that ends every document (pystdlib's file separator),
+    None where the corpus has no natural documents.
+    """
+
+    name: str
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    vocab_size: int
+    unit: str = ""  # filled in by load_corpus from the registration
+    itos: list[str] | None = None
+    side: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    document_separator: int | None = None
+
+    def split(self, split: str) -> np.ndarray:
+        return getattr(self, check_split(split))
+
+    def stream(self, split: str, segment_len: int, n_streams: int, **kwargs) -> SegmentStream:
+        """A SegmentStream over one split, with that split's side arrays (kwargs: see SegmentStream)."""
+        return SegmentStream(self.split(split), segment_len, n_streams, **self.side.get(split, {}), **kwargs)
+
+    def documents(self, split: str) -> np.ndarray:
+        """[n_tokens] int64: the document of every token of ``split``, numbered from 0 in text order.
+
+        With a ``document_separator`` a document ends with its separator (so a target separator belongs
+        to the document it closes); otherwise the documents are consecutive chunks of DOCUMENT_CHUNK tokens.
+        """
+        tokens = self.split(split)
+        if self.document_separator is None:
+            return np.arange(len(tokens), dtype=np.int64) // DOCUMENT_CHUNK
+        ends = np.asarray(tokens) == self.document_separator
+        return np.concatenate([[0], np.cumsum(ends[:-1], dtype=np.int64)])
+
+
+CORPORA: dict[str, Callable[..., Corpus]] = {}
+CORPUS_UNITS: dict[str, str] = {}  # name -> "byte" | "char" | "word": bits per token or perplexity
+ANSWER_CORPORA: set[str] = set()  # corpora whose tokens carry recall distances (accuracy is measured)
+
+
+def register_corpus(name: str, unit: str, answers: bool = False):
+    """Decorator: make `fn(root: Path, **kwargs) -> Corpus` loadable as load_corpus(name, ...); its tokens are
+    ``unit``s ("byte", "char", "word"); ``answers``: its batches carry recall distances."""
+    if unit not in ("byte", "char", "word"):
+        raise ValueError(f"corpus {name!r}: unit must be byte, char or word, got {unit!r}")
+
+    def add(fn):
+        CORPORA[name], CORPUS_UNITS[name] = fn, unit
+        if answers:
+            ANSWER_CORPORA.add(name)
+        return fn
+
+    return add
+
+
+def corpus_options(name: str) -> list[str]:
+    """The options corpus `name` takes (its loader's keyword arguments, the cache root aside)."""
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; valid: {', '.join(sorted(CORPORA))}")
+    params = list(inspect.signature(CORPORA[name]).parameters.values())[1:]
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def check_corpus_options(name: str, options: Iterable[str]) -> None:
+    """Refuse options corpus `name` does not take, naming them and the valid ones (before any work).
+
+    A preset that sets one corpus's option (say pystdlib's max_bytes) then fails clearly, not with a
+    TypeError deep in a loader, when a user swaps the corpus (data=textfile).
+    """
+    valid = corpus_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"corpus {name!r} takes no option {', '.join(unknown)} (data.corpus.*); its options: "
+            f"{', '.join(valid) or 'none'}"
+        )
+
+
+def load_corpus(name: str, root: str | os.PathLike | None = None, **kwargs) -> Corpus:
+    """Load corpus `name`, preparing and caching it under `root` (default: the cache root) if needed."""
+    check_corpus_options(name, kwargs)
+    corpus = CORPORA[name](cache_root(root), **kwargs)
+    corpus.unit = CORPUS_UNITS[name]
+    return corpus

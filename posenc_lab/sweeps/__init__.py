@@ -1,0 +1,21 @@
+"""wandb sweep files: ``spec.py`` reads one, ``check.py`` checks every trial against ``conf/`` before any run.
+
+posenc-lab sweep-check sweeps/ablation.yaml
+python -m posenc_lab.sweeps sweeps/*.yaml
+"""
+
+from .check import check_sweep, logged_metrics, main, validate_config, validate_launcher
+from .spec import Sweep, SweepError, format_override, load_sweep, multirun_overrides
+
+__all__ = [
+    "Sweep",
+    "SweepError",
+    "check_sweep",
+    "format_override",
+    "load_sweep",
+    "logged_metrics",
+    "main",
+    "multirun_overrides",
+    "validate_config",
+    "validate_launcher",
+]
