@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import lightning as L
+
 from posenc_lab.compose import compose
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from posenc_lab.build import build_datamodule, model_config
 from posenc_lab.data import check_corpus_options, load_corpus
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind
-from posenc_lab.build import build_datamodule, model_config
 from posenc_lab_analysis import ablate
 from posenc_lab_analysis.report import ReportSettings
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from posenc_lab import cli
-from posenc_lab.evaluate import evaluate_checkpoint, load_config, load_model
 from posenc_lab.checkpoints import CheckpointError
+from posenc_lab.evaluate import evaluate_checkpoint, load_config, load_model
 from posenc_lab.model import MemoryTransformer
 from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, run_module, subprocess_env, tiny

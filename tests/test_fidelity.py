@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from posenc_lab.adaptive_softmax import AdaptiveSoftmax
+from posenc_lab.build import model_config
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, sinusoid_table, sized_options
 from posenc_lab.positional.base import PositionDropout
-from posenc_lab.build import model_config
 from tests.helpers_train import compose_config
 
 V, B = 29, 2

@@ -11,8 +11,8 @@ import torch
 
 from posenc_lab.checkpoints import CheckpointError, read_checkpoint
 from posenc_lab.lit import LitLM, NonFiniteLossError
-from posenc_lab.optim import warmup_cosine
 from posenc_lab.metrics import EvalStats, logged_metrics
+from posenc_lab.optim import warmup_cosine
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, record, recorded, tiny
 from tests.schemes import LEARNED, XL

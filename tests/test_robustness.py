@@ -14,10 +14,10 @@ import time
 import pytest
 import torch
 
+from posenc_lab.checkpoints import SANE_LOSS_RATIO, SANE_WEIGHT_ABS, CheckpointError, read_checkpoint
 from posenc_lab.errors import ConfigError, PosencLabError, deliberate
 from posenc_lab.evaluate import evaluate_checkpoint, output_name
 from posenc_lab.io import CorruptFileError
-from posenc_lab.checkpoints import SANE_LOSS_RATIO, SANE_WEIGHT_ABS, CheckpointError, read_checkpoint
 from posenc_lab.lit import NonFiniteLossError
 from posenc_lab.rundir import RunDirError
 from posenc_lab.train import train

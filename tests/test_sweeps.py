@@ -19,8 +19,8 @@ import tomllib
 import yaml
 from omegaconf import OmegaConf
 
-from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
 from posenc_lab.compose import Composer
+from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
 from posenc_lab.sweeps import (
     SweepError,
     check_sweep,
