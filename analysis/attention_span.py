@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from posenc_lab.context import iter_stream, stream_rows
 from posenc_lab.tables import write_csv
 
 from . import plots
@@ -28,7 +29,7 @@ from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
 
 @dataclass
 class AttentionSettings:
-    split: str = "valid"
+    split: str = "test"
     n_rows: int = 4
     n_segments: int = 2
 
@@ -36,8 +37,6 @@ class AttentionSettings:
 def attention_mass(run: Run, s: AttentionSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(mass: run, layer, head, distance, mass; heads: run, layer, head, mean_distance, memory_share,
     beyond_L_share) of one run."""
-    from posenc_lab.context import iter_stream, stream_rows
-
     L, M = run.segment_len, run.mem_len
     warm = -(-M // L) * L  # whole segments until the memory holds M states
     data, _ = run.split(s.split)
@@ -102,7 +101,7 @@ def analyze(runs: list[Run], out: Path, settings: AttentionSettings | None = Non
         masses.append(m)
         heads.append(h)
     mass, heads = pd.concat(masses, ignore_index=True), pd.concat(heads, ignore_index=True)
-    keys = ["run", "scheme", "recurrence", "mem_len", "loss"]
+    keys = ["run", "cell", "scheme", "mem_len", "loss"]
     summary = (
         heads.groupby(keys, sort=False)
         .agg(
@@ -124,65 +123,6 @@ def analyze(runs: list[Run], out: Path, settings: AttentionSettings | None = Non
     return res
 
 
-def section(res: AttentionResult, s: AttentionSettings, suffix: str = ""):
-    """The report's attention-span section (descriptive: no paper finding rests on it)."""
-    from .sections import Figure, Section, Table
-
-    text = (
-        f"Attention probabilities of {s.n_segments} segments x {s.n_rows} streams after the memory is full, as "
-        f"trained; mass by distance d = i - j averaged over queries (memory keys included). `memory_share`: mass "
-        f"on memory keys; `beyond_L_share`: mass at d >= L. Per head and per distance: "
-        f"`attention/attention_heads.csv`, `attention/attention_mass.csv`."
-    )
-    t = Table(
-        f"table_attention{suffix}",
-        res.summary,
-        "attention span per run (mean over layers and heads)",
-        {"mean_distance": 2, "max_head_distance": 2, "memory_share": 4, "beyond_L_share": 4},
-    )
-    figs = [
-        Figure(path, f"attention mass by layer/head and distance ({loss} loss runs)")
-        for loss, path in res.figures.items()
-    ]
-    return Section(
-        f"Attention spans{' (' + suffix.strip('_') + ')' if suffix else ''}", text, [t], figs, findings(res.summary)
-    )
-
-
-def _who(row) -> str:
-    return f"{row['scheme']} (memory {row['recurrence']}, {row['loss']} loss)"
-
-
-def findings(s: pd.DataFrame) -> list[str]:
-    lines = []
-    if s.empty:
-        return lines
-    far = s.loc[s["mean_distance"].idxmax()]
-    near = s.loc[s["mean_distance"].idxmin()]
-    lines.append(
-        f"Mean attended distance (over layers and heads): longest {far['mean_distance']:.1f} tokens for "
-        f"{_who(far)}, shortest {near['mean_distance']:.1f} for {_who(near)}."
-    )
-    mem = s[s["recurrence"] == "on"]
-    if len(mem):
-        top = mem.loc[mem["memory_share"].idxmax()]
-        low = mem.loc[mem["memory_share"].idxmin()]
-        lines.append(
-            f"Share of attention on the memory: highest {top['memory_share']:.1%} ({_who(top)}), lowest "
-            f"{low['memory_share']:.1%} ({_who(low)})."
-        )
-        beyond = mem.sort_values("beyond_L_share", ascending=False)
-        lines.append(
-            "Mass at distances >= L (beyond one segment), runs with memory: "
-            + ", ".join(
-                f"{r['scheme']}{'' if r['loss'] == 'full' else ' (' + r['loss'] + ')'} {r['beyond_L_share']:.1%}"
-                for _, r in beyond.iterrows()
-            )
-            + "."
-        )
-    return lines
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m posenc_lab_analysis.attention_span",
@@ -191,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--split", default="valid")
+    p.add_argument("--split", default="test", choices=("val", "test"))
     p.add_argument("--n-rows", type=int, default=4)
     p.add_argument("--n-segments", type=int, default=2)
     add_threads_argument(p)

@@ -138,47 +138,6 @@ def analyze(
     return df, {"eval_speed": plots.eval_speed(df, out / "eval_speed.png")}
 
 
-def section(
-    df: pd.DataFrame, figures: dict[str, Path], label: str, segment_len: int, batch: int, paper_speed: str = ""
-):
-    """The report's evaluation-speed section (timings: no interval; the machine is named in the report)."""
-    from .sections import Figure, Section, Table
-
-    text = (
-        f"Model of {label}; {batch} parallel streams, segment L = {segment_len} for memory reuse, "
-        f"{int(df['threads'].iloc[0])} CPU thread(s). Memory reuse: memory M' = A with the same-length mask; "
-        f"sliding window: a fresh forward pass over the A previous tokens for every predicted token. Both give "
-        f"every token exactly A tokens of context."
-    )
-    t = Table(
-        "table_eval_speed",
-        df[["attn_len", "method", "tokens_per_s", "ms_per_token", "speedup"]],
-        "evaluation tokens/s and the speed-up of memory reuse",
-        {"tokens_per_s": 1, "ms_per_token": 4, "speedup": 1},
-    )
-    mem = df[df["method"] == "memory"].sort_values("attn_len")
-    lines = []
-    if len(mem):
-        parts = ", ".join(f"{r['speedup']:.0f}x at {int(r['attn_len'])}" for _, r in mem.iterrows())
-        ref = f" (paper, GPU: {paper_speed})" if paper_speed else ""
-        lines.append(
-            f"Memory reuse against a recomputed sliding window: {parts}{ref}."
-            + (
-                " The speed-up grows with the attention length, since a window costs a forward pass of A + 1 "
-                "tokens per predicted token."
-                if mem["speedup"].is_monotonic_increasing
-                else ""
-            )
-        )
-    return Section(
-        "Evaluation speed",
-        text,
-        [t],
-        [Figure(figures["eval_speed"], "evaluation speed, memory reuse vs sliding window")],
-        lines,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from posenc_lab.model import MemoryTransformer, ModelConfig
 

@@ -1,5 +1,5 @@
-"""The figures of the analysis: seaborn on the Agg backend, one consistent colour per scheme,
-panels by recurrence (memory on / off), line style by training loss (full / half)."""
+"""The figures of the analysis: seaborn on the Agg backend, small multiples (one panel per cell, so that 15
+schemes stay readable), one colour per scheme, written atomically."""
 
 from __future__ import annotations
 
@@ -16,179 +16,134 @@ import seaborn as sns
 
 from posenc_lab.io import write_with
 
-from .runs import metric_of, scheme_order
+from .runs import scheme_order
 
-SCHEME_ORDER = scheme_order()
-_PALETTE = dict(zip(SCHEME_ORDER, sns.color_palette("tab10", len(SCHEME_ORDER))))
-sns.set_theme(style="whitegrid", context="notebook", font_scale=0.95)
+sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path) -> Path:
     """Save atomically (a half-written PNG is never left under the final name)."""
     write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix[1:] or "png"))
+    plt.close(fig.figure if hasattr(fig, "figure") else fig)
+    return path
 
 
 def palette(schemes) -> dict:
-    extra = [s for s in schemes if s not in _PALETTE]
-    colours = dict(_PALETTE)
-    colours.update(zip(extra, sns.color_palette("husl", max(1, len(extra)))))
-    return {s: colours[s] for s in schemes}
+    order = scheme_order()
+    known = dict(zip(order, sns.color_palette("husl", max(1, len(order)))))
+    extra = [s for s in schemes if s not in known]
+    known.update(zip(extra, sns.color_palette("Greys", max(1, len(extra)))))
+    return {s: known[s] for s in schemes}
 
 
-def _ordered(values, order) -> list:
-    present = list(dict.fromkeys(values))
-    return [v for v in order if v in present] + [v for v in present if v not in order]
+def _empty(path: Path, message: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.text(0.5, 0.5, message, ha="center", va="center")
+    ax.set_axis_off()
+    return _save(fig, path)
 
 
-def _thin(values, min_gap: float = 0.3) -> list:
-    """Tick positions on a log2 axis at least ``min_gap`` (log2 units) apart, first and last kept."""
-    out = []
-    for v in values:
-        if not out or math.log2(v) - math.log2(out[-1]) >= min_gap:
-            out.append(v)
-    if values and out[-1] != values[-1]:
-        out[-1] = values[-1]
-    return out
+def _log2(ax, values) -> None:
+    ax.set_xscale("log", base=2)
+    values = sorted(set(values))
+    if len(values) <= 12:
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+    ax.minorticks_off()
 
 
-def lines(
+def small_multiples(
     df: pd.DataFrame,
     *,
     x: str,
     y: str,
     path: Path,
-    unit: str,
     title: str,
     xlabel: str,
+    ylabel: str,
     logx: bool = True,
-    vlines: dict[str, float] | None = None,
-    col: str = "recurrence",
-    ylabel: str | None = None,
-    convert: bool = True,
+    mark: str | None = None,
     na: pd.DataFrame | None = None,
 ) -> Path:
-    """Line plot of ``y`` (a loss in nats, shown in the corpus's metric) against ``x``:
-    hue = scheme, style = training loss, one panel per value of ``col``. ``na``: rows (scheme,
-    ``col``, ``x``) that could not be evaluated; each panel names them, so a gap is never silent."""
-    name, scale = metric_of(unit)
-    d = df.copy()
-    if convert:
-        d[y] = d[y] * scale
-    d = d[np.isfinite(d[y].astype(float))]
+    """One panel per cell (``df.cell``): the mean of ``y`` over the cell's seeds against ``x`` (line), each
+    seed (dots), a vertical line at the cell's ``mark`` column (e.g. its training length). ``na``: rows
+    (cell, x, reason) that could not be evaluated, named in their panel so that a gap is never silent."""
+    d = df[np.isfinite(df[y].astype(float))]
     if d.empty:
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.text(0.5, 0.5, "no applicable evaluations", ha="center", va="center")
-        ax.set_axis_off()
-        _save(fig, path)
-        plt.close(fig)
-        return path
-    schemes = _ordered(d["scheme"], SCHEME_ORDER)
-    cols = _ordered(d[col], ["on", "off"]) if col else None
-    g = sns.relplot(
-        data=d,
-        x=x,
-        y=y,
-        hue="scheme",
-        hue_order=schemes,
-        palette=palette(schemes),
-        style="loss" if d["loss"].nunique() > 1 else None,
-        style_order=_ordered(d["loss"], ["full", "half"]) if d["loss"].nunique() > 1 else None,
-        col=col,
-        col_order=cols,
-        kind="line",
-        markers=True,
-        dashes=True,
-        height=3.6,
-        aspect=1.25,
-        facet_kws={"sharey": True, "sharex": False},
-    )
-    xs = sorted(d[x].unique())
-    for ax in g.axes.flat:
+        return _empty(path, "no applicable evaluations")
+    cells = list(dict.fromkeys(d["cell"]))
+    colours = palette(list(dict.fromkeys(d["scheme"])))
+    wrap = min(4, len(cells))
+    g = sns.FacetGrid(d, col="cell", col_order=cells, col_wrap=wrap, height=2.4, aspect=1.25, sharey=True, sharex=False)
+    for ax, cell in zip(g.axes.flat, cells):
+        part = d[d["cell"] == cell]
+        colour = colours[part["scheme"].iloc[0]]
+        mean = part.groupby(x)[y].mean()
+        ax.plot(mean.index, mean.values, color=colour, marker="o", ms=3)
+        ax.scatter(part[x], part[y], color=colour, s=6, alpha=0.5)
         if logx:
-            ax.set_xscale("log", base=2)
-            if len(xs) <= 16:
-                ticks = _thin(xs)
-                ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
-            ax.minorticks_off()
-        if vlines:
-            for label, v in vlines.items():
-                ax.axvline(v, color="grey", ls=":", lw=1)
-                ax.text(
-                    v,
-                    0.01,
-                    f" {label}",
-                    transform=ax.get_xaxis_transform(),
-                    va="bottom",
-                    ha="left",
-                    fontsize=8,
-                    color="grey",
-                )
-    if na is not None and len(na):
-        for key, ax in g.axes_dict.items() if col else [(None, g.ax)]:
-            part = na if key is None else na[na[col] == key]
-            notes = [f"{scheme}: n/a from {int(p[x].min())}" for scheme, p in part.groupby("scheme", sort=False)]
-            if notes:
+            _log2(ax, part[x])
+        if mark and mark in part and np.isfinite(part[mark].iloc[0]):
+            ax.axvline(part[mark].iloc[0], color="grey", ls=":", lw=1)
+        if na is not None and len(na):
+            gone = na[na["cell"] == cell]
+            if len(gone):
                 ax.text(
                     0.02,
-                    0.97,
-                    "\n".join(notes),
+                    0.95,
+                    f"n/a from {int(gone[x].min())}",
                     transform=ax.transAxes,
-                    fontsize=8,
+                    fontsize=7,
                     va="top",
                     color="dimgrey",
-                    bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
                 )
-    if col:
-        g.set_titles(col_template="memory {col_name}" if col == "recurrence" else "{col_var} = {col_name}")
-    g.set_axis_labels(xlabel, ylabel or name)
-    g.figure.suptitle(title, y=1.03 + 0.06 * title.count("\n"))
-    _save(g, path)
-    plt.close(g.figure)
-    return path
+        ax.set_title(cell, fontsize=9)
+    g.set_axis_labels(xlabel, ylabel)
+    g.figure.suptitle(title, y=1.02)
+    return _save(g, path)
+
+
+def gain_curves(curves: pd.DataFrame, path: Path, threshold: float = 0.01) -> Path:
+    """RECL gain curves, one panel per cell: the gain per c (dots), its monotone fit (line) and the
+    bootstrap band, one colour per r; the threshold dashed."""
+    d = curves[np.isfinite(curves["gain"].astype(float))]
+    if d.empty:
+        return _empty(path, "no gain could be computed (one model alone has no baseline)")
+    cells = list(dict.fromkeys(d["model"]))
+    g = sns.FacetGrid(d, col="model", col_order=cells, col_wrap=min(4, len(cells)), height=2.4, aspect=1.25)
+    colours = dict(zip(sorted(d["r"].unique()), sns.color_palette("viridis", d["r"].nunique())))
+    for ax, cell in zip(g.axes.flat, cells):
+        part = d[d["model"] == cell]
+        for r, c in part.groupby("r"):
+            ax.fill_between(c["c"], c["band_low"], c["band_high"], color=colours[r], alpha=0.2, lw=0)
+            ax.plot(c["c"], c["fitted"], color=colours[r], lw=1.2, label=f"r = {r:g}")
+            ax.scatter(c["c"], c["gain"], color=colours[r], s=6)
+        ax.axhline(threshold, color="grey", ls="--", lw=0.8)
+        ax.set_title(cell, fontsize=9)
+    g.add_legend()
+    g.set_axis_labels("context c (tokens)", "gain g(c, c + delta)")
+    g.figure.suptitle("RECL gain curves (leave-one-out baseline, monotone fit, bootstrap band)", y=1.02)
+    return _save(g, path)
 
 
 def recall_accuracy(df: pd.DataFrame, path: Path) -> Path:
-    """Answer accuracy by distance on the recall probe; chance and the segment length marked."""
-    schemes = _ordered(df["scheme"], SCHEME_ORDER)
-    g = sns.relplot(
-        data=df,
-        x="distance",
-        y="accuracy",
-        hue="scheme",
-        hue_order=schemes,
-        palette=palette(schemes),
-        col="recurrence",
-        col_order=_ordered(df["recurrence"], ["on", "off"]),
-        kind="line",
-        style="loss" if df["loss"].nunique() > 1 else None,
-        markers=True,
-        height=3.6,
-        aspect=1.25,
-    )
-    L = float(df["segment_len"].iloc[0])
-    chance = float(df["chance"].iloc[0])
-    for ax in g.axes.flat:
+    """Answer accuracy by distance on the recall probe, one panel per cell; chance and the segment length marked."""
+    cells = list(dict.fromkeys(df["cell"]))
+    colours = palette(list(dict.fromkeys(df["scheme"])))
+    g = sns.FacetGrid(df, col="cell", col_order=cells, col_wrap=min(4, len(cells)), height=2.4, aspect=1.25)
+    for ax, cell in zip(g.axes.flat, cells):
+        part = df[df["cell"] == cell]
+        colour = colours[part["scheme"].iloc[0]]
+        mean = part.groupby("distance")["accuracy"].mean()
+        ax.plot(mean.index, mean.values, color=colour, marker="o", ms=3)
+        chance = float(part["chance"].iloc[0])
         if math.isfinite(chance):
-            ax.axhline(chance, color="grey", ls="--", lw=1)
-            ax.text(
-                0.99,
-                chance,
-                "chance",
-                transform=ax.get_yaxis_transform(),
-                ha="right",
-                va="bottom",
-                fontsize=8,
-                color="grey",
-            )
-        ax.axvline(L, color="grey", ls=":", lw=1)
-        ax.text(L, 1.0, " segment L", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
+            ax.axhline(chance, color="grey", ls="--", lw=0.8)
+        ax.axvline(float(part["segment_len"].iloc[0]), color="grey", ls=":", lw=1)
         ax.set_ylim(0, 1.02)
-    g.set_titles(col_template="memory {col_name}")
+        ax.set_title(cell, fontsize=9)
     g.set_axis_labels("distance of the planted value (tokens)", "answer accuracy")
-    g.figure.suptitle("Recall probe: accuracy by distance", y=1.03)
-    _save(g, path)
-    plt.close(g.figure)
-    return path
+    g.figure.suptitle("Recall probe: accuracy by distance (dotted: segment L; dashed: chance)", y=1.02)
+    return _save(g, path)
 
 
 def attention_heatmaps(mass: pd.DataFrame, path: Path, max_columns: int = 48) -> Path:
@@ -251,9 +206,7 @@ def attention_heatmaps(mass: pd.DataFrame, path: Path, max_columns: int = 48) ->
     fig.tight_layout()
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention mass per key")
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _log2_lengths(ax, lens: list) -> None:
@@ -290,6 +243,4 @@ def eval_speed(df: pd.DataFrame, path: Path) -> Path:
     a2.set_ylabel("speed-up of memory reuse")
     fig.suptitle("Evaluation speed: memory reuse vs recomputing a sliding window")
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

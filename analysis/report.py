@@ -1,16 +1,12 @@
-"""The ablation report: one Markdown file with embedded PNGs and every table's CSV beside it,
-shaped like the Transformer-XL ablation (Table 6): scheme x recurrence x training loss, the
-loss at the training attention length ("init"), the best over evaluation attention lengths and
-that length, RECL, the extrapolation figures and the attention spans.
+"""The ablation report: one Markdown file with its figures and every table's CSV beside it.
 
-Each analysis returns a ``sections.Section`` (title, text, tables, figures, findings) computed
-from its own numbers; this module runs the analyses and assembles their sections. Every loss
-difference the report states carries a paired bootstrap interval (``analysis/stats.py``), and each
-of the paper's findings is "reproduced", "contradicted" or "inconclusive" from its interval.
+The order of work: per-token losses of every run on the test split (``dumps``: as trained, and at controlled
+attention lengths), then the verdicts of ``conf/paper.yaml`` (``verdicts``, ``stats``), Table 6, RECL
+(``recl``), extrapolation, attention spans, evaluation speed and the recall probe, each turned into a
+section (``sections/``) and rendered.
 
-    python -m posenc_lab_analysis.report RUNS_DIR [RUNS_DIR...] --out DIR
-RUNS_DIR: run directories or folders holding runs, e.g. a Hydra multirun folder
-(runs/multirun/DATE/TIME) or an ablation's runs/ folder.
+    python -m posenc_lab_analysis.report RUNS_DIR [RUNS_DIR...] --out DIR [--experiment NAME]
+RUNS_DIR: run directories or folders holding runs (a Hydra multirun folder, an ablation's runs/ folder).
 """
 
 from __future__ import annotations
@@ -20,173 +16,198 @@ import datetime
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
+from posenc_lab.compose import compose
+from posenc_lab.metrics import figure_name, figure_scale
 from posenc_lab.tables import write_csv
 
-from . import ablation_table, attention_span, effective_context, eval_speed, extrapolation
-from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
-from .sections import Figure, Section, Table, render
+from . import attention_span, dumps, eval_speed, evidence, extrapolation, plots, recall, verdicts
+from .recl import recl
+from .runs import Run, RunError, add_threads_argument, apply_threads, cells, find_runs, set_device
+from .sections import Section, render
+from .sections import attention as attention_section
+from .sections import data as data_section
+from .sections import extrapolation as extrapolation_section
+from .sections import recall as recall_section
+from .sections import recl as recl_section
+from .sections import speed as speed_section
+from .sections import table6 as table6_section
+from .sections import verdicts as verdicts_section
+
+
+@dataclass
+class ContextSettings:
+    """The controlled-context evaluation behind Table 6's attention lengths and RECL: c = c_min, c_min + delta,
+    ..., c_max (None: delta = L / 4, c_min = delta, c_max = 4 L), plus every run's training attention length."""
+
+    n_rows: int = 64
+    n_score: int = 256
+    delta: int | None = None
+    c_min: int | None = None
+    c_max: int | None = None
+    window_max: int | None = None  # runs without memory: no window longer than this (None: 2 L)
+    n_boot: int = 200
+
+    def grid(self, runs: list[Run]) -> list[int]:
+        L = max(r.segment_len for r in runs)
+        delta = self.delta or max(1, L // 4)
+        c_min, c_max = self.c_min or delta, self.c_max or 4 * L
+        if c_max < c_min + delta:
+            raise ValueError(f"the context grid needs c_max >= c_min + delta, got {c_min}, {delta}, {c_max}")
+        return list(range(c_min, c_max + 1, delta))
 
 
 @dataclass
 class ReportSettings:
-    context: effective_context.ContextSettings = field(default_factory=effective_context.ContextSettings)
+    split: str = "test"
+    trained: dumps.AsTrained = field(default_factory=dumps.AsTrained)
+    context: ContextSettings = field(default_factory=ContextSettings)
     extrapolation: extrapolation.ExtrapolationSettings = field(default_factory=extrapolation.ExtrapolationSettings)
     attention: attention_span.AttentionSettings = field(default_factory=attention_span.AttentionSettings)
     speed_attn_lens: tuple[int, ...] = (64, 128, 256, 512)
     speed_batch: int = 4
     speed_min_seconds: float = 0.5
-    recall_rows: int = 16
-    recall_tokens: int = 4096
-    split: str = "valid"
+    recall: dumps.AsTrained = field(default_factory=lambda: dumps.AsTrained(n_streams=16, n_tokens=4096))
     device: str = "cpu"  # where the analyses run the models: cpu, cuda, auto
-    block: int = 32  # bootstrap block: consecutive scored tokens of a row (analysis/stats.py)
-    n_boot: int = 2000  # bootstrap replicates of every loss difference
-    level: float = 0.95  # coverage of every interval
-    smoke: bool = False  # a smoke run (ablate.smoke): the report draws no conclusions
+    level: float = 0.95  # of every descriptive interval
+    smoke: bool = False  # a smoke run (ablate.smoke): the report judges nothing
 
     def __post_init__(self):
-        """Bad bootstrap settings fail here, naming the key, before any analysis runs."""
-        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
-            raise ValueError(f"ablate.analysis.bootstrap.block must be an integer >= 1 (tokens), got {self.block!r}")
+        if self.split not in ("val", "test"):
+            raise ValueError(f"ablate.analysis.split must be val or test, got {self.split!r}")
         if not 0 < self.level < 1:
-            raise ValueError(f"ablate.analysis.bootstrap.level must be in (0, 1), e.g. 0.95, got {self.level!r}")
-        if self.n_boot < 100:
-            raise ValueError(f"ablate.analysis.bootstrap.n_boot must be >= 100 replicates, got {self.n_boot!r}")
+            raise ValueError(f"ablate.analysis.level must be in (0, 1), e.g. 0.95, got {self.level!r}")
+        if self.context.n_boot < 50:
+            raise ValueError(f"ablate.analysis.context.n_boot must be >= 50 replicates, got {self.context.n_boot!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ReportSettings:
-        """From the ``ablate.analysis`` block of conf/ablate.yaml."""
-        split = d.get("split", "valid")
-        boot = d.get("bootstrap") or {}
-        block = int(boot.get("block", cls.block))
-        level = float(boot.get("level", cls.level))
-        ctx = {"block": block, "level": level, **(d.get("context") or {})}
-        ext = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in (d.get("extrapolation") or {}).items()}
-        att = dict(d.get("attention") or {})
-        speed = d.get("speed") or {}
-        recall = d.get("recall") or {}
+        """From the ``ablate.analysis`` block of conf/ablate.yaml (unknown keys are named)."""
+        d = dict(d)
+        split = d.pop("split", "test")
+
+        def make(kind, values, **extra):
+            values = dict(values or {})
+            names = {f.name for f in fields(kind)}
+            unknown = sorted(set(values) - names)
+            if unknown:
+                raise ValueError(
+                    f"ablate.analysis: unknown key(s) {unknown} for {kind.__name__}; valid: {sorted(names)}"
+                )
+            return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}, **extra)
+
+        speed = d.pop("speed", None) or {}
         return cls(
-            context=effective_context.ContextSettings(split=split, **ctx),
-            extrapolation=extrapolation.ExtrapolationSettings(split=split, **ext),
-            attention=attention_span.AttentionSettings(split=split, **att),
+            split=split,
+            trained=make(dumps.AsTrained, d.pop("trained", None), split=split),
+            context=make(ContextSettings, d.pop("context", None)),
+            extrapolation=make(extrapolation.ExtrapolationSettings, d.pop("extrapolation", None), split=split),
+            attention=make(attention_span.AttentionSettings, d.pop("attention", None), split=split),
             speed_attn_lens=tuple(speed.get("attn_lens", cls.speed_attn_lens)),
             speed_batch=int(speed.get("batch", cls.speed_batch)),
             speed_min_seconds=float(speed.get("min_seconds", cls.speed_min_seconds)),
-            recall_rows=int(recall.get("n_rows", cls.recall_rows)),
-            recall_tokens=int(recall.get("n_tokens", cls.recall_tokens)),
-            split=split,
-            device=str(d.get("device") or "cpu"),
-            block=block,
-            n_boot=int(boot.get("n_boot", cls.n_boot)),
-            level=level,
-            smoke=bool(d.get("smoke", False)),
+            recall=make(dumps.AsTrained, d.pop("recall", None), split=split),
+            device=str(d.pop("device", None) or "cpu"),
+            level=float(d.pop("level", cls.level)),
+            smoke=bool(d.pop("smoke", False)),
         )
 
 
-# ---- the report ---------------------------------------------------------------------------------
-
-
-def _settings_line(runs: list[Run]) -> str:
+def settings_line(runs: list[Run]) -> str:
     r = runs[0]
     m = r.config["model"]
     steps = sorted({int((x.results or {}).get("steps") or x.config["trainer"].get("max_steps") or 0) for x in runs})
-    T = r.episode_len
     return (
-        f"corpus `{r.corpus_name}` ({r.unit} level), model {m['n_layer']} layers x d_model {m['d_model']} "
-        f"({m['n_head']} heads), segment L = {r.segment_len}, memory M = "
+        f"corpus `{r.corpus_name}` ({r.unit} level), {m['n_layer']} layers x d_model {m['d_model']} ({m['n_head']} "
+        f"heads), segment L = {r.segment_len}, memory M = "
         f"{', '.join(str(v) for v in sorted({x.mem_len for x in runs if x.mem_len})) or 'none'}, training episodes "
-        f"T = {T if T else 'whole stream'}, batch {r.config['data']['batch_size']}, "
-        f"{', '.join(map(str, steps))} steps, lr {r.config.get('optim', {}).get('lr')}"
+        f"T = {r.episode_len or 'whole stream'}, batch {r.config['data']['batch_size']}, "
+        f"{', '.join(map(str, steps))} steps"
     )
 
 
-def _recall_section(group: list[Run], s: ReportSettings, out: Path, log) -> Section:
-    from . import plots
+def _language_group(group: list[Run], s: ReportSettings, out: Path, log) -> dict:
+    """Every measurement of one corpus's runs: dumps, evidence, RECL, extrapolation, attention."""
+    cell_runs = cells(group)
+    trained = {}
+    for i, r in enumerate(group, 1):
+        log(f"  as trained [{i}/{len(group)}] {r.label}")
+        trained[r.name] = dumps.as_trained(r, s.trained, out / "dumps" / "as_trained" / f"{r.name}.npz", log)
+    grid = s.context.grid(group)
+    contexts = sorted(set(grid) | {r.train_attention_length for r in group if 0 < r.train_attention_length <= grid[-1]})
+    window_max = s.context.window_max or 2 * max(r.segment_len for r in group)
+    ctx_settings = dumps.AtContexts(tuple(contexts), s.split, s.context.n_rows, s.context.n_score, window_max)
+    at_c = {}
+    for i, r in enumerate(group, 1):
+        log(f"  attention lengths {contexts[0]}..{contexts[-1]} [{i}/{len(group)}] {r.label}")
+        at_c[r.name] = dumps.at_contexts(r, ctx_settings, out / "dumps" / "contexts" / f"{r.name}.npz", log)
+    log("  RECL (bootstrap over documents and seeds)")
+    k = [contexts.index(c) for c in grid]
+    per_seed = {c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in g]) for c, g in cell_runs.items()}
+    ctx_docs = dumps.same_tokens(at_c)
+    recl_res = recl(per_seed, grid, ctx_docs, n_boot=s.context.n_boot, level=s.level)
+    ext = extrapolation.analyze(group, out / "extrapolation", s.extrapolation, log=log)
+    att = attention_span.analyze(group, out / "attention", s.attention, log=log)
+    ev = {
+        "as_trained": evidence.as_trained(cell_runs, trained),
+        "attention_gain": evidence.attention_gain(cell_runs, at_c),
+    }
+    if (hz := evidence.horizon_past(cell_runs, ext.tokens)) is not None:
+        ev["horizon_past"] = hz
+    return dict(cells=cell_runs, trained=trained, at_c=at_c, grid=grid, recl=recl_res, ext=ext, att=att, evidence=ev)
 
-    log(f"analysis: recall, {len(group)} runs")
-    sub = out / "recall"
-    sub.mkdir(parents=True, exist_ok=True)
-    acc = pd.concat(
-        [effective_context.recall_accuracy(r, s.split, s.recall_rows, s.recall_tokens) for r in group],
-        ignore_index=True,
-    )
-    write_csv(acc, sub / "recall_accuracy.csv")
-    path = plots.recall_accuracy(acc, sub / "recall_accuracy.png")
-    text = (
-        f"Settings: {_settings_line(group)}. A value is planted and must be answered D tokens later; "
-        f"accuracy of the answers by distance (bins of {effective_context.DISTANCE_BIN}), evaluated as trained "
-        f"over {s.recall_rows} streams x {s.recall_tokens} tokens. Per bin: `recall/recall_accuracy.csv`. "
-        f"Intervals: {s.level:.0%} Wilson intervals of a proportion and Newcombe's of a difference of two, the "
-        f"answers taken as independent trials."
-    )
-    t = effective_context.recall_table(acc, s.level)
-    return Section(
-        "Recall probe",
-        text,
-        [
-            Table(
-                "table_recall",
-                t,
-                "answer accuracy within one segment (D < L) and beyond it (D >= L)",
-                {"acc_within_L": 4, "acc_beyond_L": 4, "beyond_lo": 4, "beyond_hi": 4, "chance": 4},
-            )
-        ],
-        [Figure(path, "recall accuracy by distance (dotted: segment length; dashed: chance)")],
-        effective_context.recall_findings(t, s.smoke),
-    )
+
+def _recall_group(group: list[Run], s: ReportSettings, out: Path, log) -> tuple[Section, dict]:
+    cell_runs = cells(group)
+    trained = {}
+    for i, r in enumerate(group, 1):
+        log(f"  recall as trained [{i}/{len(group)}] {r.label}")
+        trained[r.name] = dumps.as_trained(r, s.recall, out / "dumps" / "recall" / f"{r.name}.npz", log)
+    acc = pd.concat([recall.accuracy_by_distance(r, trained[r.name]) for r in group], ignore_index=True)
+    write_csv(acc, out / "recall" / "recall_accuracy.csv")
+    ev = evidence.recall_beyond(cell_runs, trained)
+    table = recall_section.table(acc, ev.cells if ev else {}, ev.documents if ev else None)
+    figure = plots.recall_accuracy(acc, out / "recall" / "recall_accuracy.png")
+    sec = recall_section.section(acc, table, figure, settings_line(group), s.recall.n_streams, s.recall.n_tokens)
+    return sec, ({"recall_beyond": ev} if ev else {})
 
 
 def _preamble(runs: list[Run], s: ReportSettings, device: str, meta: dict[str, Any]) -> list[str]:
-    from .runs import cells
-
     lines = [
-        f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by `analysis/report.py` on "
-        f"{platform.machine()} ({platform.python_implementation()} {platform.python_version()}), analyses on "
+        f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by `posenc_lab_analysis.report` on "
+        f"{platform.machine()} ({platform.processor() or 'cpu'}), Python {platform.python_version()}, analyses on "
         f"{device}. {len(runs)} runs." + (f" {meta['command']}" if meta.get("command") else "")
     ]
     if s.smoke:
         lines.append(
-            "**This is a smoke run** (`ablate.smoke`): the models are too small and too briefly trained for "
-            "their differences to mean anything. It checks that the pipeline works end to end; it draws no "
-            "conclusions, and no finding below is judged."
+            "**This is a smoke run** (`ablate.smoke`): the models are too small and too briefly trained for their "
+            "differences to mean anything. It checks the pipeline end to end and judges no verdict."
         )
     if meta.get("notes"):
         lines.append("\n".join(f"- {n}" for n in meta["notes"]))
-    seeds: dict[int, list[str]] = {}
+    by_n: dict[int, list[str]] = {}
     for cell, group in cells(runs).items():
-        seeds.setdefault(len(group), []).append(cell)
+        by_n.setdefault(len(group), []).append(cell)
     lines.append(
-        "Seeds per cell (runs equal but for `seed`): "
-        + "; ".join(
-            f"{k} seed{'s' if k > 1 else ''}: {len(v)} cell{'s' if len(v) > 1 else ''}"
-            + (f" ({', '.join(v)})" if k > 1 else "")
-            for k, v in sorted(seeds.items(), reverse=True)
-        )
-        + "."
-    )
-    lines.append(
-        "Conventions. Losses are shown in bits per byte (byte corpora), bits per character, or perplexity "
-        "(word corpora) where named `bpb`/`bpc`/`ppl`; figures plot bits (or nats per word). *Attention length* A: "
-        "every scored token sees exactly A previous tokens. Runs trained with memory are evaluated with memory A "
-        "and the same-length mask; runs trained without memory with a sliding window of A tokens. *init* is the loss "
-        "at the training attention length (M with memory; L - 1 without), *best* the lowest over the evaluated "
-        "lengths. Each analysis scores the same tokens of the validation split for every run. "
-        f"Uncertainty: every loss difference is given as `estimate [low, high]`, a {s.level:.0%} paired bootstrap "
-        f"interval: the scored tokens are cut into blocks of {s.block} consecutive tokens of a row (neighbouring "
-        f"tokens are correlated), the blocks are resampled with replacement ({s.n_boot} replicates), the same blocks "
-        f"for every run, and with several seeds the seeds of each cell too (the cell's figure is the mean over its "
-        f"seeds). A finding of the paper is **reproduced** when the interval lies entirely on the predicted side, "
-        f"**contradicted** when entirely on the other side, **inconclusive** when it holds zero; no threshold. With "
-        f"one seed per cell the interval covers the evaluation text only, not the training seed; the findings are "
-        f"not corrected for multiple comparisons."
+        "Seeds per cell: "
+        + "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(by_n.items(), reverse=True))
+        + ". A cell with one seed has intervals over the text only (its training seed's variation is not in them)."
     )
     return lines
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Temporary files a killed report left (io.atomic_path names them .<name>.*.tmp*)."""
+    for p in out.rglob(".*.tmp*"):
+        if p.is_file():
+            p.unlink(missing_ok=True)
 
 
 def build_report(
@@ -197,11 +218,10 @@ def build_report(
     meta: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
     speed: bool = True,
+    paper_path: Path | None = None,
 ) -> Path:
     """Run every analysis on ``runs`` and write ``out/report.md`` with its CSVs and PNGs.
     meta: command (a line), notes (bullets), smoke (bool: overrides settings.smoke)."""
-    from .runs import cells, set_device
-
     s = settings or ReportSettings()
     meta = meta or {}
     if meta.get("smoke") is not None:
@@ -210,45 +230,63 @@ def build_report(
     device = set_device(s.device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paper = ablation_table.paper()
+    _remove_stale_temporaries(out)
+    config = verdicts.paper(paper_path)
     by_corpus: dict[str, list[Run]] = {}
     for r in runs:
         by_corpus.setdefault(r.corpus_key, []).append(r)
-    lm_groups = [g for g in by_corpus.values() if g[0].corpus_name != "recall"]
-    recall_groups = [g for g in by_corpus.values() if g[0].corpus_name == "recall"]
+    lm_groups = [g for g in by_corpus.values() if g[0].group is None]
+    recall_groups = [g for g in by_corpus.values() if g[0].group == "recall"]
 
     sections: list[Section] = []
-    ctx_settings = replace(s.context, block=s.block, level=s.level)
-    for group in lm_groups:
-        sub = out if len(lm_groups) == 1 else out / group[0].corpus_name
-        sub.mkdir(parents=True, exist_ok=True)
-        suffix = "" if len(lm_groups) == 1 else f"_{group[0].corpus_name}"
+    all_evidence: dict = {}
+    first = None
+    for n, group in enumerate(lm_groups):
+        sub, suffix = (out, "") if len(lm_groups) == 1 else (out / group[0].corpus_name, f"_{group[0].corpus_name}")
         log(f"analysis: {len(group)} runs on {group[0].corpus_name}")
-        ctx = effective_context.analyze(group, sub / "effective_context", ctx_settings, log=log)
-        ext = extrapolation.analyze(group, sub / "extrapolation", s.extrapolation, log=log)
-        att = attention_span.analyze(group, sub / "attention", s.attention, log=log)
-        cl = ablation_table.cell_losses(group, ctx.dumps, s.block, s.n_boot, s.level)
-        sections.append(
-            ablation_table.section(group, cl, ctx.recl, _settings_line(group), len(sections) + 2, suffix, s.smoke)
+        m = _language_group(group, s, sub, log)
+        unit = group[0].unit
+        unit_name, scale = figure_scale(unit)
+        fig = figure_name(unit)
+        if n == 0:
+            first, all_evidence = (group, m, unit_name, scale), dict(m["evidence"])
+            sections.append(data_section.section(group[0], next(iter(m["trained"].values())), s.split, len(group)))
+        n_trained = int(next(iter(m["trained"].values())).scored.sum())
+        t6 = table6_section.rows(
+            m["cells"], m["trained"], m["at_c"], m["evidence"]["as_trained"].documents, scale, fig, m["recl"].table
         )
-        sections.append(effective_context.section(ctx, ctx_settings, len(group), paper.get("recl") or (), suffix))
         sections.append(
-            extrapolation.section(
-                group,
-                ext,
-                s.extrapolation,
-                (s.block, s.n_boot, s.level),
+            table6_section.section(t6, fig, unit_name, settings_line(group), f"{n_trained:,} tokens", suffix)
+        )
+        ctx_docs = dumps.same_tokens(m["at_c"])
+        sections.append(
+            recl_section.section(
+                m["recl"],
+                m["cells"],
+                m["grid"],
+                len(ctx_docs),
+                len(np.unique(ctx_docs)),
+                s.context.n_boot,
+                s.level,
+                sub,
+                config.get("recl") or (),
                 suffix,
-                s.smoke,
-                paper.get("past_episodes"),
-                proposed=paper.get("proposed"),
             )
         )
-        sections.append(attention_span.section(att, s.attention, suffix))
-
-    if speed and lm_groups + recall_groups:
+        sections.append(
+            extrapolation_section.section(
+                m["ext"], m["cells"], s.extrapolation, scale, fig, unit_name, sub / "extrapolation", suffix
+            )
+        )
+        sections.append(attention_section.section(m["att"], s.attention, suffix))
+    for group in recall_groups:
+        log(f"analysis: {len(group)} recall runs")
+        sec, ev = _recall_group(group, s, out, log)
+        sections.append(sec)
+        all_evidence.update(ev)
+    if speed and (lm_groups or recall_groups):
         group = (lm_groups or recall_groups)[0]
-        timed = [r for r in group if r.scheme == paper.get("proposed")] or group
+        timed = [r for r in group if r.scheme == config.get("proposed")] or group
         log("analysis: evaluation speed")
         df, figs = eval_speed.analyze(
             timed[0].model(),
@@ -260,32 +298,31 @@ def build_report(
             log=log,
         )
         sections.append(
-            eval_speed.section(df, figs, timed[0].label, timed[0].segment_len, s.speed_batch, paper.get("speed", ""))
+            speed_section.section(
+                df, figs, timed[0].label, timed[0].segment_len, s.speed_batch, config.get("speed", "")
+            )
         )
-
-    for group in recall_groups:
-        sections.append(_recall_section(group, s, out, log))
-
+    unit_name, scale = (first[2], first[3]) if first else ("nats", 1.0)
+    judged, sanity = verdicts.judge(config, all_evidence, smoke=s.smoke)
+    notes = (
+        [f"Verdicts on corpus `{first[0][0].corpus_name}`; the other corpora are descriptive."]
+        if len(lm_groups) > 1
+        else []
+    )
+    sections.insert(1 if first else 0, verdicts_section.section(judged, sanity, scale, unit_name, s.smoke, notes))
     sections.append(
         Section(
             "!Files",
-            "Every table above is the CSV named in its caption (full precision). Figures "
-            "are the PNGs shown. Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".",
+            "Every table is the CSV named in its caption (full precision); figures are the PNGs shown. "
+            "Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".",
         )
     )
     return render(sections, out, title, _preamble(runs, s, device, meta))
 
 
 def preset_analysis(experiment: str) -> tuple[dict, bool]:
-    """(the ``ablate.analysis`` block, ``ablate.smoke``) of an ablation preset, composed by Hydra
-    (conf/ablate.yaml with experiment=NAME)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from posenc_lab import config_dir
-
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("ablate", overrides=[f"experiment={experiment}"])
+    """(the ``ablate.analysis`` block, ``ablate.smoke``) of an ablation preset (conf/ablate.yaml, experiment=NAME)."""
+    cfg = compose("ablate", [f"experiment={experiment}"])
     return OmegaConf.to_container(cfg.ablate.analysis, resolve=True), bool(cfg.ablate.get("smoke", False))
 
 
@@ -298,17 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", help="run directories or folders of runs (Hydra multirun, ablation runs/)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--title", default="posenc-lab ablation report")
-    p.add_argument(
-        "--experiment",
-        help="take the analysis settings (grids, rows) from this ablation preset's "
-        "ablate.analysis block, e.g. quick or ablation (default: built-in defaults)",
-    )
-    p.add_argument(
-        "--wandb",
-        metavar="PROJECT",
-        help="also log the report's tables and figures to this wandb project "
-        "(analysis/wandb_upload.py; WANDB_MODE=offline works)",
-    )
+    p.add_argument("--experiment", help="take the analysis settings from this ablation preset (e.g. quick, ablation)")
+    p.add_argument("--wandb", metavar="PROJECT", help="also log the report's tables and figures to this wandb project")
     p.add_argument("--no-speed", action="store_true", help="skip the evaluation-speed timing")
     add_threads_argument(p)
     a = p.parse_args(argv)
@@ -319,10 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             analysis, smoke = preset_analysis(a.experiment)
             settings = ReportSettings.from_dict({**analysis, "smoke": smoke})
         runs = find_runs(a.runs)
-        command = " ".join(
-            ["python -m posenc_lab_analysis.report", *map(str, a.runs), "--out", str(a.out)]
-            + (["--experiment", a.experiment] if a.experiment else [])
-        )
+        command = " ".join(["python -m posenc_lab_analysis.report", *map(str, a.runs), "--out", str(a.out)])
         path = build_report(
             runs, a.out, settings, title=a.title, speed=not a.no_speed, meta={"command": f"Command: `{command}`."}
         )
@@ -331,15 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"wrote {path}")
     if a.wandb:
-        log_to_wandb(path.parent, a.wandb, a.runs)
+        from .wandb_upload import upload  # wandb loads only when asked for
+
+        upload(path.parent, a.runs, project=a.wandb)
     return 0
-
-
-def log_to_wandb(report_dir: Path, project: str, runs: Sequence[Path] = (), group: str | None = None) -> str:
-    """Log a report (tables, figures, the folder as an artifact) to wandb: analysis.wandb_upload."""
-    from .wandb_upload import upload
-
-    return upload(report_dir, runs, project=project, group=group)
 
 
 if __name__ == "__main__":

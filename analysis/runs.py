@@ -1,46 +1,57 @@
-"""Run directories as the analysis sees them: discovery (single runs, Hydra multirun trees,
-ablation folders), their settings, their trained model and their evaluation data.
+"""Run directories as the analysis sees them: discovery (single runs, Hydra multirun trees, ablation
+folders), their settings, their cells, their trained model and their evaluation text.
 
-A run directory is what ``posenc-lab train`` writes: ``config.yaml`` (the resolved config),
-``checkpoints/last.ckpt``, ``results.json`` (when finished). Everything here goes through
-posenc_lab's public API (``posenc_lab.evaluate.load_model``, ``posenc_lab.data.load_corpus``).
+A run directory is what ``posenc-lab train`` writes (``posenc_lab.rundir.RunDir`` names its files). A
+*cell* is the runs equal but for their seed; ``cell_name`` is its one name, in every table, in the
+report and in ``ablate.extra_seed_cells``: ``xl:mem32`` (xl with memory 32), ``xl:nomem``,
+``xl:mem32:half`` (the recent-half loss), ``recall/xl:mem16`` (a cell of the recall probe).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+import torch
+
+from posenc_lab.data import load_corpus
+from posenc_lab.evaluate import load_model
+from posenc_lab.io import CorruptFileError
+from posenc_lab.positional import SCHEMES, scheme_names
+from posenc_lab.rundir import RunDir, RunDirError
 
 KIND_ORDER = ("absolute", "relative", "none")
 
 
 def scheme_rank(scheme: str) -> tuple:
-    """Row order of every table: by kind (absolute, relative, none: the registry's class attribute),
-    then by name; a scheme the registry does not know goes last."""
-    from posenc_lab.positional import SCHEMES
-
-    cls = SCHEMES.get(scheme)
-    kind = getattr(cls, "kind", None)
+    """Row order of every table: by kind (absolute, relative, none: the registry's class attribute), then
+    by name; a scheme the registry does not know goes last."""
+    kind = getattr(SCHEMES.get(scheme), "kind", None)
     return (KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER), scheme)
 
 
 def scheme_order() -> list[str]:
     """Every registered scheme in table order."""
-    from posenc_lab.positional import SCHEME_NAMES
-
-    return sorted(SCHEME_NAMES, key=scheme_rank)
+    return sorted(scheme_names(), key=scheme_rank)
 
 
-def cell_name(scheme: str, mem_len: int, loss: str) -> str:
-    """The name of a cell of the grid (the runs equal but for their seed)."""
-    return f"{scheme}, mem {mem_len}, {loss} loss"
+def loss_label(frac: float) -> str:
+    """The training loss of a run: 'full', 'half' (the paper's recent half) or 'recent0.3'."""
+    return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac:g}"
+
+
+def cell_name(scheme: str, mem_len: int, loss_frac: float = 1.0, group: str | None = None) -> str:
+    """The one name of a cell (module docstring); ``group``: the corpus group it belongs to when not the main one."""
+    loss = loss_label(loss_frac)
+    return (
+        (f"{group}/" if group else "")
+        + f"{scheme}:{f'mem{mem_len}' if mem_len else 'nomem'}"
+        + ("" if loss == "full" else f":{loss}")
+    )
 
 
 class RunError(ValueError):
@@ -77,9 +88,7 @@ class Run:
 
     @property
     def loss(self) -> str:
-        """'full' or the recent fraction the training loss counted ('half' for 0.5)."""
-        f = self.loss_frac
-        return "full" if f >= 1.0 else "half" if f == 0.5 else f"recent {f:g}"
+        return loss_label(self.loss_frac)
 
     @property
     def corpus_name(self) -> str:
@@ -90,6 +99,11 @@ class Run:
         """The corpus and its preparation options: runs compare only when this is equal."""
         opts = self.config["data"].get("corpus") or {}
         return self.corpus_name + (json.dumps(opts, sort_keys=True) if opts else "")
+
+    @property
+    def group(self) -> str | None:
+        """The corpus group of the cell name: None for the language corpus, 'recall' for the probe."""
+        return "recall" if self.corpus_name == "recall" else None
 
     @property
     def segment_len(self) -> int:
@@ -106,46 +120,38 @@ class Run:
         return None if seed is None else int(seed)
 
     @property
-    def label(self) -> str:
-        """e.g. 'xl, mem 64, full loss, seed 0' (unique within an ablation)."""
-        return f"{self.scheme}, mem {self.mem_len}, {self.loss} loss" + (
-            "" if self.seed is None else f", seed {self.seed}"
-        )
+    def cell(self) -> str:
+        return cell_name(self.scheme, self.mem_len, self.loss_frac, self.group)
 
     @property
-    def cell(self) -> str:
-        """The runs that differ only in ``seed`` share a cell: e.g. 'xl, mem 64, full loss'."""
-        return cell_name(self.scheme, self.mem_len, self.loss)
+    def label(self) -> str:
+        """e.g. 'xl:mem32, seed 0' (unique within an ablation)."""
+        return self.cell + ("" if self.seed is None else f", seed {self.seed}")
+
+    @property
+    def train_attention_length(self) -> int:
+        """What a training token saw at most: M with memory (the same-length window), L - 1 without."""
+        return self.mem_len if self.recurrence else self.segment_len - 1
 
     @property
     def key(self) -> dict[str, Any]:
-        """The columns that identify the run in every table."""
-        return {
-            "run": self.name,
-            "scheme": self.scheme,
-            "recurrence": "on" if self.recurrence else "off",
-            "mem_len": self.mem_len,
-            "loss": self.loss,
-        }
+        """The columns that identify the run in every tidy table."""
+        return {"run": self.name, "cell": self.cell, "scheme": self.scheme, "mem_len": self.mem_len, "loss": self.loss}
 
     @property
     def checkpoint(self) -> Path:
-        ckpt = self.path / "checkpoints" / "last.ckpt"
+        ckpt = RunDir(self.path).last_checkpoint
         if not ckpt.is_file():
             raise RunError(
-                f"run {self.path}: no checkpoint at {ckpt} (the run did not finish or its checkpoints "
-                f"were removed); train it again (posenc-lab train run_dir={self.path} resumes) or leave "
-                f"it out"
+                f"run {self.path}: no checkpoint at {ckpt} (the run did not finish or its checkpoints were removed); "
+                f"train it again (posenc-lab train run_dir={self.path} resumes) or leave it out"
             )
         return ckpt
 
     # ---- model and data -------------------------------------------------------------------
     def model(self):
-        """The trained MemoryTransformer in eval mode (loaded once), on the analysis device
-        (``set_device``: the CPU unless asked otherwise)."""
+        """The trained MemoryTransformer in eval mode (loaded once), on the analysis device."""
         if "model" not in self._cache:
-            from posenc_lab.evaluate import load_model
-
             self._cache["model"] = load_model(self.checkpoint).eval().to(analysis_device())
         return self._cache["model"]
 
@@ -158,7 +164,7 @@ class Run:
     def unit(self) -> str:
         return self.corpus().unit
 
-    def split(self, split: str = "valid") -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def split(self, split: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """(tokens, side arrays {loss_mask, distance} if any) of one split."""
         corpus = self.corpus()
         return corpus.split(split), corpus.side.get(split, {})
@@ -170,8 +176,6 @@ _DEVICE = {"device": "cpu"}
 
 def set_device(device: str | None) -> str:
     """Where the analyses run the models: "cpu", "cuda", or "auto" (a GPU if there is one)."""
-    import torch
-
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     _DEVICE["device"] = str(device)
@@ -183,72 +187,43 @@ def analysis_device() -> str:
 
 
 def load_corpus_cached(name: str, root: str | None, options: dict[str, Any]):
-    from posenc_lab.data import load_corpus
-
     key = json.dumps([name, root, options], sort_keys=True)
     if key not in _CORPORA:
         _CORPORA[key] = load_corpus(name, root=root, **options)
     return _CORPORA[key]
 
 
-def _is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() and ((path / "checkpoints").is_dir() or (path / "results.json").is_file())
-
-
 def load_run(path: str | Path, need_checkpoint: bool = True) -> Run:
-    path = Path(path)
-    cfg_path = path / "config.yaml"
-    if not cfg_path.is_file():
-        raise RunError(
-            f"{path} is not a posenc-lab run directory: no config.yaml (expected what "
-            f"`posenc-lab train` writes: config.yaml, checkpoints/last.ckpt, results.json)"
-        )
-    config = yaml.safe_load(cfg_path.read_text())
-    for key in ("posenc", "model", "data"):
-        if not isinstance(config.get(key), dict):
-            raise RunError(f"run {path}: config.yaml has no '{key}' section; is it a posenc-lab training run?")
-    results = None
-    if (path / "results.json").is_file():
-        from posenc_lab.io import CorruptFileError, read_json
-
-        try:
-            results = read_json(
-                path / "results.json",
-                remedy=(
-                    f"delete it (and {path / 'checkpoints'} if the run should train again) and rerun: "
-                    f"the run resumes from its last checkpoint and rewrites it"
-                ),
-            )
-        except CorruptFileError as e:
-            raise RunError(str(e)) from e
-    run = Run(path, config, results)
+    """The run of a directory; RunError naming the file that is missing or cannot be read."""
+    run_dir = RunDir(path)
+    try:
+        run = Run(run_dir.path, run_dir.config(), run_dir.results())
+    except (RunDirError, CorruptFileError) as e:
+        raise RunError(str(e)) from e
     if need_checkpoint:
         run.checkpoint  # noqa: B018 - raises RunError naming the run if it is missing
     return run
 
 
 def find_runs(paths: Iterable[str | Path], need_checkpoint: bool = True) -> list[Run]:
-    """Runs in ``paths``: each a run directory or a folder searched recursively (a Hydra multirun
-    tree, an ablation folder). Hidden folders (``.hydra``) are skipped. Sorted in table order."""
+    """Runs in ``paths``: each a run directory or a folder searched recursively (a Hydra multirun tree, an
+    ablation folder). Hidden folders (``.hydra``) are skipped. Sorted in table order."""
     found: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
             raise RunError(f"{p}: no such directory")
-        if _is_run_dir(p) or (p / "config.yaml").is_file():
+        if RunDir(p).config_file.is_file():
             found.append(p)
             continue
-        for cfg in sorted(p.rglob("config.yaml")):
+        for cfg in sorted(p.rglob(RunDir.CONFIG)):
             d = cfg.parent
-            if any(part.startswith(".") for part in d.relative_to(p).parts):
-                continue
-            if _is_run_dir(d):
+            if not any(part.startswith(".") for part in d.relative_to(p).parts) and RunDir(d).is_run():
                 found.append(d)
     if not found:
         raise RunError(
             f"no posenc-lab runs (folders with config.yaml and checkpoints/) under {', '.join(map(str, paths))}"
         )
-    runs = [load_run(d, need_checkpoint) for d in dict.fromkeys(found)]
-    return sort_runs(runs)
+    return sort_runs([load_run(d, need_checkpoint) for d in dict.fromkeys(found)])
 
 
 def sort_runs(runs: list[Run]) -> list[Run]:
@@ -267,12 +242,12 @@ def sort_runs(runs: list[Run]) -> list[Run]:
 
 
 def cells(runs: list[Run]) -> dict[str, list[Run]]:
-    """The runs grouped by cell (equal but for the seed), in table order; refuses two runs of one
-    cell with the same seed (the same experiment twice: which one would count?)."""
-    several = len({r.corpus_key for r in runs}) > 1
+    """The runs grouped by cell (equal but for the seed), in table order; refuses two runs of one cell with
+    the same seed (the same experiment twice: which one would count?)."""
+    several = len({r.corpus_key for r in runs if r.group is None}) > 1
     out: dict[str, list[Run]] = {}
-    for r in sort_runs(runs):  # several corpora: the cell's name starts with its corpus
-        out.setdefault(f"{r.corpus_name}: {r.cell}" if several else r.cell, []).append(r)
+    for r in sort_runs(runs):  # several language corpora: the cell's name starts with its corpus
+        out.setdefault(f"{r.corpus_name}/{r.cell}" if several and r.group is None else r.cell, []).append(r)
     for cell, group in out.items():
         seeds = [r.seed for r in group]
         if len(set(seeds)) < len(seeds):
@@ -290,30 +265,10 @@ def one_corpus(runs: list[Run], what: str) -> str:
     if len(keys) > 1:
         listed = "; ".join(f"{r.name}: {r.corpus_key}" for r in runs)
         raise RunError(
-            f"{what} compares runs of one corpus only, got {len(keys)} different corpora "
-            f"(run: corpus and options): {listed}. Analyse each corpus separately."
+            f"{what} compares runs of one corpus only, got {len(keys)} different corpora (run: corpus and options): "
+            f"{listed}. Analyse each corpus separately."
         )
     return runs[0].corpus_name
-
-
-def metric_of(unit: str) -> tuple[str, float]:
-    """(name, nats -> metric scale) of the loss figure: bits per byte/char, or nats per word (ppl = exp)."""
-    if unit == "byte":
-        return "bits per byte", 1 / math.log(2)
-    if unit == "char":
-        return "bits per character", 1 / math.log(2)
-    return "nats per word", 1.0
-
-
-def to_figure(loss_nats: float, unit: str) -> float:
-    """The headline figure of a mean loss: bits per byte/char, perplexity for words."""
-    if loss_nats is None or not np.isfinite(loss_nats):
-        return float("nan")
-    return loss_nats / math.log(2) if unit in ("byte", "char") else math.exp(loss_nats)
-
-
-def figure_name(unit: str) -> str:
-    return {"byte": "bpb", "char": "bpc"}.get(unit, "ppl")
 
 
 def add_threads_argument(parser) -> None:
@@ -327,6 +282,4 @@ def add_threads_argument(parser) -> None:
 
 def apply_threads(threads: int | None) -> None:
     if threads:
-        import torch
-
         torch.set_num_threads(int(threads))

@@ -17,7 +17,6 @@ under ``runs/<scheme>/mem<M>/``. Works offline: ``WANDB_MODE=offline`` (sync lat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -25,31 +24,37 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
+
+from posenc_lab.io import CorruptFileError
+from posenc_lab.metrics import FIGURES
+from posenc_lab.rundir import RunDir, RunDirError
+
+from .runs import RunError
 
 # Final figures of a run's results.json that go into the runs table.
-_RESULT_KEYS = ("loss", "bpt", "ppl", "acc")
+_RESULT_KEYS = ("loss", *FIGURES.values(), "acc")
 
 
 def run_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """One row per finished run (a folder with config.yaml and results.json) under ``run_dirs``."""
+    """One row per finished run (``RunDir.finished``) under ``run_dirs``; a damaged file is named (RunError)."""
     rows = []
-    for root in run_dirs:
-        root = Path(root)
-        configs = [root / "config.yaml"] if (root / "config.yaml").is_file() else sorted(root.rglob("config.yaml"))
-        for cfg_path in configs:
-            d = cfg_path.parent
-            if any(part.startswith(".") for part in d.relative_to(root).parts) or not (d / "results.json").is_file():
+    for root in map(Path, run_dirs):
+        found = [root] if RunDir(root).config_file.is_file() else [p.parent for p in sorted(root.rglob(RunDir.CONFIG))]
+        for d in found:
+            run = RunDir(d)
+            if any(part.startswith(".") for part in d.relative_to(root).parts) or not run.finished:
                 continue
-            cfg = yaml.safe_load(cfg_path.read_text()) or {}
-            res = json.loads((d / "results.json").read_text())
+            try:
+                cfg, res = run.config(), run.results()
+            except (CorruptFileError, RunDirError) as e:
+                raise RunError(str(e)) from e
             row: dict[str, Any] = {
                 "run": str(d.relative_to(root)) if d != root else d.name,
-                "scheme": (cfg.get("posenc") or {}).get("name", res.get("scheme")),
-                "data": (cfg.get("data") or {}).get("name", res.get("data")),
-                "mem_len": (cfg.get("model") or {}).get("mem_len", res.get("mem_len")),
-                "segment_len": (cfg.get("data") or {}).get("segment_len"),
-                "loss_recent_frac": (cfg.get("model") or {}).get("loss_recent_frac", 1.0),
+                "scheme": cfg["posenc"].get("name", res.get("scheme")),
+                "data": cfg["data"].get("name", res.get("data")),
+                "mem_len": cfg["model"].get("mem_len", res.get("mem_len")),
+                "segment_len": cfg["data"].get("segment_len"),
+                "loss_recent_frac": cfg["model"].get("loss_recent_frac", 1.0),
                 "steps": res.get("steps"),
                 "seed": res.get("seed"),
                 "params": res.get("params"),

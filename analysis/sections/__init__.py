@@ -1,9 +1,9 @@
-"""What each analysis hands the report: a ``Section`` (title, text, tables, figures, findings), and
-the assembly of sections into one Markdown file with every table's CSV beside it.
+"""The report's text: a ``Section`` (title, text, tables, figures, findings) per analysis, one module of this
+package per section, and the assembly of sections into one Markdown file with every table's CSV beside it.
 
-Each analysis module builds its own section from its own results (``section(...)`` there); the
-report only orders and numbers them. Tables are written with ``posenc_lab.tables`` (the CSV and
-the Markdown come from the same DataFrame), every file atomically.
+The analyses measure (``dumps``, ``recl``, ``extrapolation``, ...); the modules here turn their numbers into
+words and tables; ``report.py`` runs the analyses and orders the sections. Tables are written with
+``posenc_lab.tables`` (the CSV and the Markdown come from the same DataFrame), every file atomically.
 """
 
 from __future__ import annotations

@@ -1,0 +1,27 @@
+"""``posenc-lab ablate [experiment=NAME] [overrides]``: the main job.
+
+Trains the grid of a preset (the schemes of ``ablate.schemes`` with and without memory, the loss variants and
+the optional recall grid it asks for), each cell once per seed, then runs every analysis and writes the report:
+
+    <ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/   one `posenc-lab train` run directory each
+    <ablate.out>/report/report.md                        the report, its CSVs and PNGs
+    <ablate.out>/ablate_times.json                       wall and CPU seconds of every run
+
+Config: conf/ablate.yaml (which composes conf/train.yaml) and a preset from conf/experiment/ (`ablation` by
+default, `quick` as a smoke run of a few minutes, `zoo` for every registered scheme, `wt103_table6` for the
+paper's setting on GPUs). ``ablate.jobs=N`` trains N runs at once, each its own process with ``ablate.threads``
+torch threads. It resumes: a finished run with the same identity is reused, an interrupted one continues from
+its last checkpoint. Ctrl-C or SIGTERM stops cleanly (exit 130 / 143) and prints the command that continues.
+
+    posenc-lab ablate experiment=quick
+    posenc-lab ablate experiment=ablation ablate.out=runs/my_ablation trainer.max_steps=800
+    posenc-lab ablate --plan experiment=quick       # the run plan (--cfg: and the composed config)
+    posenc-lab ablate --train-only                  # train the grid, no analysis or report
+
+Layout: ``plan.py`` (the grid and what each run needs), ``jobs.py`` (training processes, signals),
+this module (the command).
+"""
+
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,215 @@
+"""Training the grid: up to ``jobs`` runs at once, each its own ``python -m posenc_lab.train`` process (output
+in ``<out>/logs/<run>.log``), ``threads`` torch threads each; wall and CPU seconds of every run.
+
+A signal to the ablation (Ctrl-C's SIGINT, a scheduler's SIGTERM) is passed on to every training process,
+which saves a checkpoint and exits; after a grace period a process that still runs is killed. ``Interrupted``
+then carries the signal to ``ablate.main``, which says what was kept and how to continue.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from posenc_lab.checkpoints import CheckpointError, read_checkpoint
+from posenc_lab.io import CorruptFileError, read_json, write_json
+from posenc_lab.rundir import RunDir
+
+from .plan import RunSpec
+
+GRACE_S = 60  # a training process gets this long to save its checkpoint after the signal
+
+
+class Interrupted(Exception):
+    """The ablation received a signal (its number: ``signum``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_interrupted(signum, frame) -> None:
+    raise Interrupted(signum)
+
+
+@dataclass
+class Progress:
+    """Where the job is, for the progress lines and for the message after a signal."""
+
+    total: int
+    stage: str = "planning"
+    running: tuple[str, ...] = ()
+    done: int = 0
+
+
+def hydra_value(text: str) -> str:
+    """``text`` quoted for a Hydra override value, so that ``(``, ``$(``, spaces or quotes in a path survive."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def train_command(spec: RunSpec, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "posenc_lab.train", *spec.overrides, f"run_dir={hydra_value(str(run_dir))}"]
+
+
+def result_line(run_dir: Path) -> str:
+    res = RunDir(run_dir).results() or {}
+    val = res.get("val") or {}
+    fig = next((f", val {k} {val[k]:.4f}" for k in ("bpb", "bpc", "ppl", "acc") if k in val), "")
+    return f"{res.get('steps')} steps{fig}"
+
+
+def _seconds(t: dict) -> str:
+    return f"{t['wall_s']:.0f} s" + (f", CPU {t['cpu_s']:.0f} s" if t.get("cpu_s") is not None else "")
+
+
+def run_jobs(
+    specs: list[RunSpec], status: dict[str, str], runs: Path, jobs: int, threads: int | None, progress: Progress, log
+) -> dict[str, dict]:
+    """Train every spec whose status is not "reused"; {name: {status, wall_s, cpu_s}}. RuntimeError naming a
+    run that failed (with the end of its log); Interrupted on a signal, after stopping the processes."""
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    logs = runs.parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    index = {spec.name: i for i, spec in enumerate(specs, 1)}
+    times: dict[str, dict] = {}
+    pending = list(specs)
+    running: dict[int, tuple[RunSpec, subprocess.Popen, float, str]] = {}
+
+    def show() -> str:
+        progress.running = tuple(sp.name for sp, *_ in running.values())
+        return f"running: {', '.join(progress.running) or 'none'}; done {progress.done}/{len(specs)}"
+
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                spec = pending.pop(0)
+                if status[spec.name] == "reused":
+                    times[spec.name] = {"status": "reused", "wall_s": 0.0, "cpu_s": None}
+                    progress.done += 1
+                    log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(runs / spec.name)})")
+                    continue
+                with open(logs / f"{spec.name}.log", "ab") as out:
+                    proc = subprocess.Popen(
+                        train_command(spec, runs / spec.name), env=env, stdout=out, stderr=subprocess.STDOUT
+                    )
+                running[proc.pid] = (spec, proc, time.perf_counter(), status[spec.name])
+                log(
+                    f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status[spec.name].replace('ed', 'ing')} (pid {proc.pid}; {show()})"
+                )
+            finished = []
+            for pid, (_, proc, *_) in running.items():
+                got, wait_status, usage = os.wait4(pid, os.WNOHANG)
+                if got:
+                    proc.returncode = os.waitstatus_to_exitcode(wait_status)
+                    finished.append((pid, usage))
+            for pid, usage in finished:
+                spec, proc, start, what = running.pop(pid)
+                if proc.returncode != 0:
+                    tail = (logs / f"{spec.name}.log").read_text(errors="replace").strip().splitlines()[-15:]
+                    raise RuntimeError(
+                        f"training {spec.name} exited with code {proc.returncode}; the end of its log "
+                        f"{logs / f'{spec.name}.log'}:\n  " + "\n  ".join(tail)
+                    )
+                times[spec.name] = {
+                    "status": what,
+                    "wall_s": time.perf_counter() - start,
+                    "cpu_s": usage.ru_utime + usage.ru_stime,
+                }
+                progress.done += 1
+                log(
+                    f"[{index[spec.name]}/{len(specs)}] {spec.name}: {what} ({_seconds(times[spec.name])}, {result_line(runs / spec.name)}; {show()})"
+                )
+            if running and not finished:
+                time.sleep(0.5)
+    except Interrupted as e:
+        stop(running, e.signum)
+        raise
+    finally:
+        stop(running, signal.SIGTERM)
+    return times
+
+
+def stop(running: dict, signum: int) -> None:
+    """Pass ``signum`` on to the training processes still running, give them GRACE_S to save, then kill."""
+    for _, proc, *_ in running.values():
+        if proc.returncode is None:
+            proc.send_signal(signum)
+    deadline = time.monotonic() + GRACE_S
+    for _, proc, *_ in running.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        except ChildProcessError:  # already reaped by os.wait4
+            pass
+    running.clear()
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    last = RunDir(run_dir).newest_checkpoint()
+    if last is None:
+        return None
+    try:
+        return int(read_checkpoint(last).get("global_step", 0))
+    except CheckpointError:  # a checkpoint cut short by the stop: that run trains again from its last good one
+        return None
+
+
+def continue_command(overrides: Sequence[str], out: Path) -> str:
+    """The command that continues this job from anywhere: the same overrides, the output folder made absolute,
+    and no retrain (which would throw away the runs it is meant to continue)."""
+    keep = [o for o in overrides if not o.startswith(("ablate.out=", "ablate.retrain="))]
+    return "posenc-lab ablate " + shlex.join([*keep, f"ablate.out={hydra_value(str(out))}"])
+
+
+def interrupted_message(signum: int, progress: Progress, specs: Sequence[RunSpec], out: Path, overrides) -> str:
+    runs = out / "runs"
+    finished = [s.name for s in specs if RunDir(runs / s.name).finished]
+    name = signal.Signals(signum).name + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    lines = [
+        f"posenc-lab ablate: stopped by {name} during {progress.stage}"
+        + (f" of {', '.join(progress.running)}" if progress.running else "")
+        + "."
+    ]
+    lines.append(
+        f"Kept: {len(finished)} of {len(specs)} runs finished in {runs}"
+        + (" (each reused when you continue)." if finished else ".")
+    )
+    for name in progress.running:
+        if progress.stage == "training" and name not in finished:
+            step = checkpoint_step(runs / name)
+            lines.append(
+                f"  {name}: "
+                + (
+                    f"continues from its checkpoint at step {step}."
+                    if step is not None
+                    else "no checkpoint yet; it trains again from the start."
+                )
+            )
+    if progress.stage.startswith("analysis"):
+        lines.append(f"The report in {out / 'report'} is not complete; it is written again when you continue.")
+    lines.append(f"Continue with: {continue_command(overrides, out)}")
+    return "\n".join(lines)
+
+
+def record_times(path: Path, times: dict[str, dict], log) -> None:
+    """Add this invocation's training times to ``ablate_times.json`` (a damaged file is named and replaced)."""
+    recorded = {}
+    if path.is_file():
+        try:
+            recorded = read_json(path)
+        except CorruptFileError as e:
+            log(f"{e.args[0].split(';')[0]}: starting it afresh")
+        recorded = recorded if isinstance(recorded, dict) else {}
+    recorded.update({k: v for k, v in times.items() if v["status"] != "reused"})
+    write_json(path, recorded)

@@ -1,0 +1,179 @@
+"""The ``posenc-lab ablate`` command (see the package docstring): plan, train, analyse, report."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning.pytorch
+import torch
+from omegaconf import OmegaConf
+
+from posenc_lab.compose import compose
+from posenc_lab.errors import PosencLabError
+
+from ..report import ReportSettings, build_report
+from ..runs import RunError, load_run, sort_runs
+from .jobs import (
+    Interrupted,
+    Progress,
+    continue_command,
+    interrupted_message,
+    raise_interrupted,
+    record_times,
+    run_jobs,
+)
+from .plan import check_grid, experiment_of, plan, seeds_by_cell, status
+
+FLAGS = ("--cfg", "--plan", "--train-only")
+
+
+def _quiet() -> None:
+    """Keep the progress readable: Lightning's banners (accelerator, tips) off."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "posenc_lab.train"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for msg in (
+        ".*IterableDataset.*has `__len__` defined.*",
+        ".*isinstance\\(treespec, LeafSpec\\).*",
+        ".*does not have many workers.*",
+    ):
+        warnings.filterwarnings("ignore", message=msg)
+    assert lightning.pytorch  # imported first: it sets its loggers' levels on import, overridden above
+
+
+def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
+    """(specs, statuses, jobs): everything checked before anything is trained or written."""
+    specs = plan(cfg, overrides)
+    a = cfg.ablate
+    jobs = a.get("jobs")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"ablate.jobs must be an integer >= 1 (training processes at once), got {jobs!r}")
+    threads = a.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"ablate.threads must be null or an integer >= 1, got {threads!r}")
+    if "--train-only" not in flags:  # the analysis settings are checked before any training too
+        ReportSettings.from_dict(OmegaConf.to_container(a.analysis, resolve=True))
+    runs = Path(a.out).resolve() / "runs"
+    configs = check_grid(specs, runs)
+    if jobs > 1 and any("ddp" in str(c.trainer.get("strategy") or "") for c in configs.values()):
+        raise ValueError(
+            f"ablate.jobs={jobs} with a DDP trainer: each run already takes every device; set ablate.jobs=1"
+        )
+    if a.retrain:
+        return specs, {s.name: "trained" for s in specs}, jobs
+    return specs, {s.name: status(s, configs[s.name], runs / s.name) for s in specs}, jobs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flags = [x for x in argv if x.startswith("--")]
+    overrides = [x for x in argv if not x.startswith("--")]
+    if "--help" in flags or "-h" in argv:
+        print(sys.modules["posenc_lab_analysis.ablate"].__doc__)
+        return 0
+    if unknown := [f for f in flags if f not in FLAGS]:
+        print(
+            f"posenc-lab ablate: unknown option(s) {unknown}; options: {', '.join(FLAGS)}, --help; the rest are "
+            f"Hydra overrides (experiment=NAME, ablate.KEY=VALUE, any training key)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        cfg = compose("ablate", overrides)
+        specs, statuses, jobs = _prepare(cfg, overrides, flags)
+    except (ValueError, PosencLabError, RunError) as e:
+        print(f"posenc-lab ablate: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - Hydra raises several kinds for bad overrides: one line each
+        print(f"posenc-lab ablate: error: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    out = Path(cfg.ablate.out).resolve()
+    if "--cfg" in flags or "--plan" in flags:
+        if "--cfg" in flags:
+            print(OmegaConf.to_yaml(cfg))
+        print(f"# {len(specs)} runs into {out}/runs ({jobs} at a time):")
+        for sp in specs:
+            print(f"#   {sp.name} ({statuses[sp.name]}): posenc-lab train {' '.join(sp.overrides)}")
+        return 0
+    progress = Progress(len(specs))
+    previous = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(cfg, specs, statuses, overrides, out, jobs, "--train-only" in flags, progress)
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        print("\n" + interrupted_message(signum, progress, specs, out, overrides), file=sys.stderr, flush=True)
+        return 128 + signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool, progress: Progress) -> int:
+    a = cfg.ablate
+    _quiet()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
+
+    log(
+        f"ablate {a.name}: {len(specs)} runs -> {out}/runs; report -> {out}/report ({jobs} at a time, {a.get('threads') or 'all'} torch thread(s) each)"
+    )
+    runs = out / "runs"
+    if a.retrain:
+        for spec in specs:
+            shutil.rmtree(runs / spec.name, ignore_errors=True)
+    progress.stage = "training"
+    try:
+        times = run_jobs(specs, statuses, runs, jobs, a.get("threads"), progress, log)
+    except RuntimeError as e:
+        finished = sum(1 for s in specs if (runs / s.name / "results.json").is_file())
+        log(f"training FAILED: {e}")
+        kept = f"{finished} finished run(s) are kept in {runs}; " if finished else "no run finished; "
+        log(f"{kept}continue with: {continue_command(overrides, out)}")
+        return 1
+    record_times(out / "ablate_times.json", times, log)
+    fresh = [t for t in times.values() if t["status"] != "reused"]
+    train_note = (
+        f"{sum(t['wall_s'] for t in fresh):.0f} s wall / {sum(t['cpu_s'] or 0 for t in fresh):.0f} s CPU of training "
+        f"in this invocation ({jobs} at a time), {len(specs) - len(fresh)} finished runs reused"
+    )
+    log(f"training done: {train_note}")
+    if train_only:
+        log(f"--train-only: no report; `{continue_command(overrides, out)}` writes it")
+        return 0
+    progress.stage, progress.running = "analysis and report", ()
+    if a.get("threads"):  # the analyses run alone: they get the cores the training runs had
+        torch.set_num_threads(int(a.threads) * jobs)
+    loaded = sort_runs([load_run(runs / sp.name) for sp in specs])
+    settings = ReportSettings.from_dict(OmegaConf.to_container(a.analysis, resolve=True))
+    multi = [c for c, s in seeds_by_cell(specs).items() if len(s) > 1]
+    notes = [
+        f"Preset `{experiment_of(overrides)}` ({len(specs)} runs: {train_note}).",
+        f"Seeds: {', '.join(map(str, sorted({s.seed for s in specs})))}; cells with several seeds: {', '.join(multi) or 'none'}.",
+    ]
+    command = "posenc-lab ablate" + ("" if not overrides else " " + " ".join(overrides))
+    path = build_report(
+        loaded,
+        out / "report",
+        settings,
+        title=f"posenc-lab ablation report: {a.name}",
+        meta={"command": f"Command: `{command}`.", "notes": notes, "smoke": bool(a.get("smoke"))},
+        log=log,
+    )
+    if a.get("wandb_project"):
+        from ..wandb_upload import upload  # wandb loads only when asked for
+
+        progress.stage = "wandb upload"
+        upload(path.parent, [runs], project=str(a.wandb_project), group=f"ablate-{a.name}")
+        log(f"logged the report to wandb project {a.wandb_project}")
+    log(
+        f"done in {(time.perf_counter() - t0) / 60:.1f} min (this process: {(time.process_time() - cpu0) / 60:.1f} CPU min): {path}"
+    )
+    return 0

@@ -1,0 +1,219 @@
+"""The grid of an ablation preset: which runs, with which overrides, and what each needs (reuse, resume, train).
+
+Every run is composed exactly as
+``posenc-lab train experiment=NAME <your overrides> posenc=S model.mem_len=M model.loss_recent_frac=F seed=S``
+into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/``; its cell is ``runs.cell_name`` of those settings.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from posenc_lab.build import build_datamodule
+from posenc_lab.checks import problems
+from posenc_lab.compose import compose
+from posenc_lab.data import check_corpus_options
+from posenc_lab.io import CorruptFileError
+from posenc_lab.positional import scheme_names
+from posenc_lab.rundir import RunDir, corpus_identity, differences, run_identity
+
+from ..runs import cell_name, loss_label
+
+
+@dataclass
+class RunSpec:
+    name: str
+    group: str | None  # None: the main corpus; "recall": the recall probe
+    scheme: str
+    mem_len: int
+    loss_frac: float
+    overrides: list[str]
+    seed: int = 0
+
+    @property
+    def cell(self) -> str:
+        return cell_name(self.scheme, self.mem_len, self.loss_frac, self.group)
+
+    @property
+    def label(self) -> str:
+        return f"{self.cell}, seed {self.seed}"
+
+
+def experiment_of(overrides: Sequence[str]) -> str:
+    for o in overrides:
+        if o.startswith("experiment="):
+            return o.split("=", 1)[1]
+    return "ablation"
+
+
+def train_overrides(overrides: Sequence[str]) -> list[str]:
+    """The user's overrides that concern training (not the ablate block)."""
+    return [o for o in overrides if not o.lstrip("+~").startswith("ablate.") and not o.startswith("experiment=")]
+
+
+def _int_list(value, key: str) -> list[int]:
+    items = list(value or [])
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in items) or len(set(items)) != len(items):
+        raise ValueError(f"ablate: {key} must be a list of distinct integer seeds, got {items}")
+    return items
+
+
+def _resolve_in(cfg: DictConfig, text: str) -> str:
+    """Resolve the ${...} interpolations of ``text`` against ``cfg``."""
+    if "${" not in text:
+        return text
+    node = OmegaConf.create(
+        {"root": OmegaConf.to_container(cfg, resolve=False), "value": text.replace("${", "${root.")}
+    )
+    return str(node.value)
+
+
+def _extra(cell: str, patterns: list[str]) -> bool:
+    """``ablate.extra_seed_cells`` entries are cell names, or patterns (``xl:mem*`` or ``xl:mem``: any memory)."""
+    return any(
+        fnmatch.fnmatchcase(cell, p) or fnmatch.fnmatchcase(cell, p.replace(":mem", ":mem*", 1)) for p in patterns
+    )
+
+
+def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
+    """The grid: schemes x recurrence (full loss), the half-loss variants, the recall grid; each cell once per
+    seed of ``ablate.seeds``, and the cells of ``ablate.extra_seed_cells`` also once per seed of
+    ``ablate.extra_seeds``, ordered seed by seed (an interrupted job has first finished every cell once).
+    Without memory: only the schemes of ``ablate.no_memory_schemes`` (null: all). Bad settings raise ValueError
+    before any training."""
+    a = cfg.ablate
+    base = [f"experiment={experiment_of(user)}", *train_overrides(user)]
+    seeds = _int_list(a.get("seeds") if a.get("seeds") is not None else [int(cfg.seed)], "ablate.seeds")
+    if not seeds:
+        raise ValueError("ablate: ablate.seeds is empty; give at least one seed, e.g. ablate.seeds=[0]")
+    extra_seeds = _int_list(a.get("extra_seeds"), "ablate.extra_seeds")
+    extra_cells = [str(c) for c in a.get("extra_seed_cells") or []]
+    no_memory = a.get("no_memory_schemes")
+    valid = scheme_names()
+    named = {
+        "ablate.schemes": list(a.schemes),
+        "ablate.no_memory_schemes": list(no_memory or []),
+        "ablate.half_loss.schemes": list((a.get("half_loss") or {}).get("schemes") or []),
+        "ablate.recall.schemes": list((a.get("recall") or {}).get("schemes") or []),
+    }
+    for key, names in named.items():
+        bad = [n for n in names if n not in valid]
+        if bad:
+            raise ValueError(f"ablate: {key} names unknown scheme(s) {bad}; valid: {', '.join(valid)}")
+    raw_overrides = OmegaConf.to_container(a.scheme_overrides, resolve=False) if a.get("scheme_overrides") else {}
+    specs: list[RunSpec] = []
+
+    def add(group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig):
+        M = mem if recurrent else 0
+        cell = cell_name(scheme, M, frac, group)
+        per_scheme = [_resolve_in(group_cfg, o) for o in raw_overrides.get(scheme) or []]
+        for seed in dict.fromkeys([*seeds, *(extra_seeds if _extra(cell, extra_cells) else [])]):
+            overrides = [
+                *head,
+                f"posenc={scheme}",
+                *per_scheme,
+                f"model.mem_len={M}",
+                f"model.loss_recent_frac={frac}",
+                f"seed={seed}",
+            ]
+            name = f"{'recall_' if group else ''}{scheme}_mem{M}_{loss_label(frac)}_seed{seed}"
+            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed))
+
+    mem = int(cfg.model.mem_len)
+    if mem < 1 and any(a.recurrence):
+        raise ValueError(
+            f"ablate: the runs with memory need model.mem_len >= 1 in the preset (got {mem}); set model.mem_len or "
+            f"ablate.recurrence=[false]"
+        )
+    check_corpus_options(cfg.data.name, cfg.data.get("corpus") or {})
+    for scheme in a.schemes:
+        for rec in a.recurrence:
+            if rec or no_memory is None or scheme in no_memory:
+                add(None, scheme, bool(rec), 1.0, base, mem, cfg)
+    half = a.get("half_loss") or {}
+    for scheme in half.get("schemes") or []:
+        for rec in half.get("recurrence") or [True]:
+            add(None, scheme, bool(rec), 0.5, base, mem, cfg)
+    recall = a.get("recall") or {}
+    if recall.get("schemes"):
+        # the recall grid is defined by its own data: the user's data overrides are for the main grid only
+        head = [
+            f"experiment={recall.get('experiment') or 'recall'}",
+            *[o for o in train_overrides(user) if not o.lstrip("+~").startswith("data")],
+            *(recall.get("overrides") or []),
+        ]
+        rcfg = compose("train", head)
+        check_corpus_options(rcfg.data.name, rcfg.data.get("corpus") or {})
+        for scheme in recall.schemes:
+            for rec in recall.get("recurrence") or [True, False]:
+                if rec or no_memory is None or scheme in no_memory:
+                    add("recall", scheme, bool(rec), 1.0, head, int(rcfg.model.mem_len), rcfg)
+    cells = list(dict.fromkeys(s.cell for s in specs))
+    unknown = [c for c in extra_cells if not any(_extra(x, [c]) for x in cells)]
+    if unknown:
+        raise ValueError(
+            f"ablate: ablate.extra_seed_cells names cells not in the grid: {unknown}; the grid's cells: {', '.join(cells)}"
+        )
+    rank = {seed: i for i, seed in enumerate(dict.fromkeys([*seeds, *extra_seeds]))}
+    specs.sort(key=lambda s: rank[s.seed])
+    names = [s.name for s in specs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"ablate: the grid names runs twice: {sorted({n for n in names if names.count(n) > 1})}")
+    return specs
+
+
+def seeds_by_cell(specs: Sequence[RunSpec]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for s in specs:
+        out.setdefault(s.cell, []).append(s.seed)
+    return out
+
+
+def run_config(spec: RunSpec, run_dir: Path) -> DictConfig:
+    """The run's training config, composed as its `posenc-lab train` command line would compose it."""
+    cfg = compose("train", [*spec.overrides, f"run_dir={run_dir}"])
+    with open_dict(cfg):
+        cfg.pop("ablate", None)
+    return cfg
+
+
+def check_grid(specs: Sequence[RunSpec], runs: Path) -> dict[str, DictConfig]:
+    """Every run's config, checked by the one validator before any training: ValueError listing the problems."""
+    configs, found = {}, []
+    for spec in specs:
+        cfg = configs[spec.name] = run_config(spec, runs / spec.name)
+        found += [f"{spec.name}: {p}" for p in problems(cfg, "train")]
+    if found:
+        raise ValueError("ablate: the grid's runs have problems:\n  - " + "\n  - ".join(found))
+    return configs
+
+
+_CORPUS_IDS: dict[str, dict] = {}
+
+
+def status(spec: RunSpec, cfg: DictConfig, run_dir: Path) -> str:
+    """ "reused" (finished with the same identity and steps), "resumed" (a checkpoint to continue, or a
+    finished run to extend) or "trained". A finished run with another identity is a ValueError naming the
+    differences (nothing is overwritten unless ablate.retrain); a damaged file is named, with its remedy."""
+    run = RunDir(run_dir)
+    if not run.finished:
+        return "resumed" if run.newest_checkpoint() is not None else "trained"
+    data_key = OmegaConf.to_yaml(cfg.data)
+    if data_key not in _CORPUS_IDS:
+        _CORPUS_IDS[data_key] = corpus_identity(build_datamodule(cfg.data).corpus)
+    try:
+        saved, results = run.identity(), run.results()
+    except CorruptFileError as e:
+        raise ValueError(f"ablate: {e}") from e
+    now = run_identity(OmegaConf.to_container(cfg, resolve=True), _CORPUS_IDS[data_key])
+    if saved is not None and (diff := differences(saved, now)):
+        raise ValueError(
+            f"ablate: {run_dir} holds a finished run with other settings ({'; '.join(diff[:6])}). Use another "
+            f"ablate.out, or ablate.retrain=true to train it again"
+        )
+    return "reused" if int(results.get("steps") or 0) >= int(cfg.trainer.max_steps) else "resumed"

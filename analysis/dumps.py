@@ -1,0 +1,227 @@
+"""Per-token losses of trained runs on held-out text: the data source of every verdict, of Table 6, of
+RECL and of the recall probe. Every run of a group is scored on the same tokens (the paired design of
+``stats.paired_difference``), and every token carries its document.
+
+Two evaluations:
+
+- ``as_trained``: the split cut into ``n_streams`` streams as the ordered iterator cuts it (stream b is the
+  b-th contiguous share of the split, starting an episode), the first ``n_tokens`` targets of each, every
+  run with its own segment length, memory and episodes. The streams span the whole split, so the scored
+  tokens come from every part of it: the comparison of the runs' own evaluation figures, on more text.
+- ``at_contexts``: every scored token sees exactly c previous tokens (``posenc_lab.context.context_losses``:
+  memory c with the same-length mask for runs trained with memory, a fresh window of c tokens otherwise),
+  for every c of a grid. Rows are evenly spaced over the split. A length the scheme cannot serve is NaN,
+  with the scheme's reason.
+
+Each dump is computed once per run and settings and kept as ``<dir>/<run>.npz`` (written atomically; a
+dump of other settings or of another checkpoint is computed again; a damaged one is named and recomputed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from posenc_lab.context import context_losses, stream_losses, stream_rows
+from posenc_lab.io import CorruptFileError, load_npz, save_npz
+
+from .runs import Run, RunError
+
+
+@dataclass(frozen=True)
+class AsTrained:
+    """Settings of the as-trained evaluation."""
+
+    split: str = "test"
+    n_streams: int = 64
+    n_tokens: int = 4096  # scored targets per stream
+
+
+@dataclass(frozen=True)
+class AtContexts:
+    """Settings of the controlled-context evaluation (c: the attention length, in previous tokens)."""
+
+    contexts: tuple[int, ...]
+    split: str = "test"
+    n_rows: int = 64
+    n_score: int = 256  # scored targets per row
+    window_max: int | None = None  # runs without memory: longer windows are not evaluated (None: all)
+    window_batch_tokens: int = 32768
+
+
+@dataclass
+class TokenLosses:
+    """One run's dump. loss, correct: [n_c, rows, n] (n_c = 1 as trained); documents, scored, distance:
+    [rows, n]; contexts: [n_c] (as trained: the run's own attention length); not_served: c -> the reason."""
+
+    loss: np.ndarray
+    correct: np.ndarray
+    documents: np.ndarray
+    scored: np.ndarray
+    distance: np.ndarray
+    contexts: list[int]
+    meta: dict
+    not_served: dict[int, str] = field(default_factory=dict)
+
+    def at(self, c: int | None = None) -> np.ndarray:
+        """[tokens] losses of the scored tokens (row by row) at context c (None: the only one)."""
+        k = 0 if c is None else self.contexts.index(c)
+        return self.loss[k][self.scored]
+
+    def correct_at(self, c: int | None = None) -> np.ndarray:
+        k = 0 if c is None else self.contexts.index(c)
+        return self.correct[k][self.scored]
+
+    @property
+    def token_documents(self) -> np.ndarray:
+        """[tokens] the document of each scored token (row by row)."""
+        return self.documents[self.scored]
+
+
+def _fingerprint(run: Run) -> dict:
+    st = run.checkpoint.stat()
+    return {"run": run.name, "checkpoint": str(run.checkpoint), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _reuse(path: Path, meta: dict, log) -> TokenLosses | None:
+    if not path.is_file():
+        return None
+    try:
+        d = read_dump(path)
+    except (RunError, CorruptFileError) as e:
+        log(f"  {path} cannot be read ({e}); computing it again")
+        return None
+    return d if d.meta == meta else None
+
+
+def _write(path: Path, d: TokenLosses) -> TokenLosses:
+    save_npz(
+        path,
+        loss=d.loss.astype(np.float32),
+        correct=d.correct,
+        documents=d.documents,
+        scored=d.scored,
+        distance=d.distance,
+        contexts=np.array(d.contexts),
+        meta=json.dumps(d.meta),
+        not_served=json.dumps({str(k): v for k, v in d.not_served.items()}),
+    )
+    return d
+
+
+def read_dump(path: Path) -> TokenLosses:
+    """A dump written by this module; RunError naming the file if it is not one."""
+    z = load_npz(path, remedy="delete it; the next analysis of its run computes it again")
+    missing = {"loss", "correct", "documents", "scored", "distance", "contexts", "meta"} - set(z)
+    if missing:
+        raise RunError(f"{path} is not a per-token loss dump (it lacks {sorted(missing)}); delete it")
+    not_served = {int(k): v for k, v in json.loads(str(z.get("not_served", "{}"))).items()}
+    return TokenLosses(
+        z["loss"],
+        z["correct"],
+        z["documents"],
+        z["scored"].astype(bool),
+        z["distance"],
+        z["contexts"].tolist(),
+        json.loads(str(z["meta"])),
+        not_served,
+    )
+
+
+def _side(side: dict, key: str, positions: np.ndarray, default) -> np.ndarray:
+    return np.asarray(side[key])[positions] if key in side else np.full(positions.shape, default)
+
+
+def as_trained(run: Run, s: AsTrained, path: Path, log=print) -> TokenLosses:
+    """The run evaluated as trained on ``s.n_streams`` x ``s.n_tokens`` targets of ``s.split`` (module doc)."""
+    meta = {**_fingerprint(run), "kind": "as_trained", **asdict(s)}
+    if (d := _reuse(path, meta, log)) is not None:
+        return d
+    data, side = run.split(s.split)
+    stride = (len(data) - 1) // s.n_streams
+    n = min(s.n_tokens, stride)
+    if n < 1:
+        raise RunError(f"the {s.split} split ({len(data):,} tokens) is too short for {s.n_streams} streams")
+    starts = np.arange(s.n_streams) * stride
+    rows = np.asarray(data)[starts[:, None] + np.arange(n + 1)].astype(np.int64)
+    res = stream_losses(
+        run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len, episode_len=run.episode_len
+    )
+    targets = starts[:, None] + 1 + np.arange(n)
+    d = TokenLosses(
+        loss=res.loss.numpy()[None],
+        correct=res.correct.numpy()[None],
+        documents=run.corpus().documents(s.split)[targets],
+        scored=_side(side, "loss_mask", targets, True).astype(bool),
+        distance=_side(side, "distance", targets, -1).astype(np.int64),
+        contexts=[run.train_attention_length],
+        meta=meta,
+    )
+    return _write(path, d)
+
+
+def at_contexts(run: Run, s: AtContexts, path: Path, log=print) -> TokenLosses:
+    """Per-token losses of ``run`` at every context length of ``s.contexts`` (module doc)."""
+    mode = "memory" if run.recurrence else "window"
+    meta = {**_fingerprint(run), "kind": "at_contexts", "mode": mode, **asdict(s), "contexts": list(s.contexts)}
+    if (d := _reuse(path, meta, log)) is not None:
+        return d
+    data, side = run.split(s.split)
+    start = max(s.contexts)
+    rows = stream_rows(data, s.n_rows, start + s.n_score)
+    stride = (len(data) - 1) // s.n_rows
+    targets = (np.arange(s.n_rows) * stride)[:, None] + start + 1 + np.arange(s.n_score)
+    shape = (s.n_rows, s.n_score)
+    loss, correct, not_served = [], [], {}
+    model = run.model()
+    for c in s.contexts:
+        try:
+            if mode == "window" and s.window_max is not None and c > s.window_max:
+                raise ValueError(f"windows longer than {s.window_max} tokens are not evaluated (window_max)")
+            res = context_losses(
+                model,
+                rows,
+                c,
+                score_start=start,
+                n_score=s.n_score,
+                mode=mode,
+                segment_len=run.segment_len,
+                window_batch_tokens=s.window_batch_tokens,
+            )
+            loss.append(res.loss.numpy())
+            correct.append(res.correct.numpy())
+        except ValueError as e:  # the scheme cannot serve this context: NaN, and its reason
+            not_served[c] = str(e)
+            loss.append(np.full(shape, np.nan, dtype=np.float32))
+            correct.append(np.zeros(shape, dtype=bool))
+    d = TokenLosses(
+        loss=np.stack(loss),
+        correct=np.stack(correct),
+        documents=run.corpus().documents(s.split)[targets],
+        scored=_side(side, "loss_mask", targets, True).astype(bool),
+        distance=_side(side, "distance", targets, -1).astype(np.int64),
+        contexts=list(s.contexts),
+        meta=meta,
+        not_served=not_served,
+    )
+    return _write(path, d)
+
+
+def same_tokens(dumps: dict[str, TokenLosses]) -> np.ndarray:
+    """The documents of the scored tokens shared by every dump of a group; RunError if the dumps score
+    different tokens (they cannot be paired)."""
+    first = next(iter(dumps.values()))
+    for name, d in dumps.items():
+        if d.scored.shape != first.scored.shape or not np.array_equal(d.scored, first.scored):
+            raise RunError(f"dump of {name} scores other tokens than the rest of its group: evaluate the group alike")
+        if not np.array_equal(d.documents, first.documents):
+            raise RunError(f"dump of {name} has other documents than the rest of its group: evaluate the group alike")
+    return first.token_documents
+
+
+def stack(dumps: list[TokenLosses], c: int | None = None, correct: bool = False) -> np.ndarray:
+    """[n_seeds, tokens] of a cell's runs at context c (``correct``: 0/1 argmax hits instead of losses)."""
+    return np.stack([(d.correct_at(c).astype(np.float64) if correct else d.at(c).astype(np.float64)) for d in dumps])

@@ -1,0 +1,83 @@
+"""Per-cell, per-seed values on shared tokens, one ``verdicts.Evidence`` per measure of conf/paper.yaml.
+
+The measures: ``as_trained`` (the test loss of each run evaluated as trained), ``attention_gain`` (the loss at
+the longest evaluated attention length minus at the training one, seed by seed), ``recall_beyond`` (0/1
+accuracy of the recall answers beyond one segment) and ``horizon_past`` (the change past the training
+episodes). A cell that cannot be measured is named with its reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dumps import TokenLosses, same_tokens, stack
+from .recall import beyond_segment
+from .runs import Run
+from .verdicts import CellKey, Evidence
+
+
+def key_of(run: Run) -> CellKey:
+    return CellKey(run.scheme, run.recurrence, "half" if run.loss == "half" else run.loss, run.group or "")
+
+
+def as_trained(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -> Evidence:
+    documents = same_tokens({r.name: dumps[r.name] for g in cells.values() for r in g})
+    return Evidence(
+        {c: stack([dumps[r.name] for r in g]) for c, g in cells.items()},
+        {c: key_of(g[0]) for c, g in cells.items()},
+        documents,
+    )
+
+
+def attention_gain(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -> Evidence:
+    """Loss at the longest context of the dumps minus at each run's training attention length (memory cells)."""
+    documents = same_tokens({r.name: dumps[r.name] for g in cells.values() for r in g})
+    out, keys, unavailable = {}, {}, {}
+    for c, g in cells.items():
+        if not g[0].recurrence:
+            continue
+        keys[c] = key_of(g[0])
+        d = [dumps[r.name] for r in g]
+        longest, init = max(d[0].contexts), g[0].train_attention_length
+        if init not in d[0].contexts:
+            unavailable[c] = f"its training attention length {init} was not evaluated"
+        elif (why := d[0].not_served.get(longest)) is not None:
+            unavailable[c] = f"cannot serve attention length {longest}: {why}"
+        else:
+            out[c] = stack(d, longest) - stack(d, init)
+    return Evidence(out, keys, documents, unavailable)
+
+
+def recall_beyond(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -> Evidence | None:
+    """0/1 hits of the answers beyond one segment; None if the cells' segment lengths differ (other answers)."""
+    lengths = {g[0].segment_len for g in cells.values()}
+    if len(lengths) != 1:
+        return None
+    first = next(iter(cells.values()))[0]
+    d0 = dumps[first.name]
+    beyond = beyond_segment(first, d0)
+    answered = d0.scored & (d0.distance >= 0)
+    documents = d0.documents[answered][beyond]
+    values = {
+        c: np.stack([dumps[r.name].correct[0][answered][beyond].astype(np.float64) for r in g])
+        for c, g in cells.items()
+    }
+    return Evidence(values, {c: key_of(g[0]) for c, g in cells.items()}, documents)
+
+
+def horizon_past(cells: dict[str, list[Run]], tokens: dict) -> Evidence | None:
+    """The per-token change past the training episodes (extrapolation's horizon axis), cells trained with
+    episodes; None if no cell was."""
+    out, keys, unavailable, documents = {}, {}, {}, None
+    for c, g in cells.items():
+        keys[c] = key_of(g[0])
+        parts = [tokens.get((r.name, "horizon_past", r.episode_len)) for r in g]
+        if any(p is None for p in parts):
+            unavailable[c] = "not trained with episodes (data.episode_len), or the horizon axis could not run"
+            continue
+        if documents is not None and not np.array_equal(parts[0][1], documents):
+            unavailable[c] = "other training episodes than the rest of the group: other tokens"
+            continue
+        documents = parts[0][1]
+        out[c] = np.stack([p[0] for p in parts]).astype(np.float64)
+    return None if documents is None else Evidence(out, keys, documents, unavailable)

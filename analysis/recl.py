@@ -1,0 +1,237 @@
+"""Relative effective context length (RECL, Transformer-XL appendix C), estimated so that noise cannot
+fake a gain. Pure numpy on per-token losses; no model here.
+
+The paper's definition, for the models m of a group, per-token losses l_m(c, t) at context length c
+(every scored token sees exactly c previous tokens) and c' = c + delta:
+
+    b(c, t)     = min_m l_m(c, t)                                the group's best
+    T_r         = the top r fraction of tokens by b(c, t)         the hard tokens
+    f_m(c, c')  = mean_{t in T_r} min(b(c, t), l_m(c', t))
+    g_m(c, c')  = (exp f_m(c, c) - exp f_m(c, c')) / exp f_m(c, c)
+    RECL_m      = the first c with g_m(c, c') < threshold (0.01)
+
+Two biases, and what is done instead.
+
+- The baseline contains the model itself. min(b, l_m(c')) credits every token where l_m(c') happens to dip
+  below l_m(c) (= b where m is best), so a model whose losses at c and c' are exchangeable still "gains",
+  and a noisier model gains more. Here the baseline is leave-one-out: b_{-m}(c, t) = min over the OTHER
+  models, and f_m(c, c) = mean min(b_{-m}(c, t), l_m(c, t)) is taken like f_m(c, c'). A model that gains
+  nothing then gains nothing in expectation, and the hard tokens, chosen by b_{-m}, do not depend on m's
+  own noise. The relative meaning stays: a far-worse model is capped by the others on every token and
+  gains nothing from its own noise.
+- "The first c below 1%" on a noisy curve stops early at the first dip. The gain curve is first fitted by a
+  non-increasing function of c (isotonic regression: gains fall with context), then thresholded.
+
+Uncertainty: a cluster bootstrap, documents resampled with replacement (the same documents for every
+model: the baseline is recomputed on each replicate) and each cell's seeds resampled; percentile intervals
+of RECL, gain curves with bands, and the paired difference of two cells' RECL on the same replicates.
+With 3 seeds a cell the seed part of a bootstrap is too narrow (a bootstrap of three values): the report
+says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import isotonic_regression
+
+R_VALUES = (0.1, 0.5, 1.0)
+THRESHOLD = 0.01
+
+
+def _stack(losses: dict[str, np.ndarray], contexts: Sequence[int]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(names, [n_m, n_c, n_t] losses, [n_m, n_c] served) or ValueError."""
+    names = list(losses)
+    if not names:
+        raise ValueError("RECL needs at least one model")
+    if list(contexts) != sorted(set(contexts)):
+        raise ValueError(f"contexts must be strictly increasing, got {list(contexts)}")
+    stack = np.stack([np.asarray(losses[m], dtype=np.float64) for m in names])
+    if stack.ndim != 3 or stack.shape[1] != len(contexts):
+        raise ValueError(
+            f"each model's losses must be [len(contexts)={len(contexts)}, n_tokens]; got "
+            + ", ".join(f"{m}: {np.shape(losses[m])}" for m in names)
+        )
+    nan = np.isnan(stack)
+    partial = nan.any(2) & ~nan.all(2)
+    if partial.any():
+        m, k = np.argwhere(partial)[0]
+        raise ValueError(f"model {names[m]} has NaN losses for some tokens at c = {contexts[k]} (all or none)")
+    return names, stack, ~nan[:, :, 0]
+
+
+def gains(stack: np.ndarray, served: np.ndarray, pairs, r_values=R_VALUES) -> np.ndarray:
+    """[n_pairs, n_r, n_m] leave-one-out gains g_m(c, c + delta); NaN where m cannot serve c or c', or
+    where no other model serves c (one model alone has no baseline)."""
+    n_m, _, n_t = stack.shape
+    out = np.full((len(pairs), len(r_values), n_m), np.nan)
+    for i, (k, k2) in enumerate(pairs):
+        for m in range(n_m):
+            others = served[:, k].copy()
+            others[m] = False
+            if not (served[m, k] and served[m, k2] and others.any()):
+                continue
+            b = stack[others, k].min(0)  # b_{-m}(c, t)
+            order = np.argsort(-b, kind="stable")  # hardest first
+            for j, r in enumerate(r_values):
+                hard = order[: max(1, int(round(r * n_t)))]
+                f_cc = np.minimum(b[hard], stack[m, k, hard]).mean()
+                f_cc2 = np.minimum(b[hard], stack[m, k2, hard]).mean()
+                out[i, j, m] = 1.0 - np.exp(f_cc2 - f_cc)
+    return out
+
+
+def monotone(gain: np.ndarray) -> np.ndarray:
+    """The non-increasing least-squares fit of each gain curve [n_pairs, ...] along its first axis; NaN
+    entries (contexts not served) are left out of the fit and stay NaN."""
+    out = np.full_like(gain, np.nan)
+    flat, fit = gain.reshape(len(gain), -1), out.reshape(len(gain), -1)
+    for col in range(flat.shape[1]):
+        ok = np.isfinite(flat[:, col])
+        if ok.any():
+            fit[ok, col] = isotonic_regression(flat[ok, col], increasing=False).x
+    return out
+
+
+def first_below(curve: np.ndarray, served: np.ndarray, contexts, pairs, threshold: float):
+    """(RECL [n_r, n_m], censored [n_r, n_m]): the first served c whose fitted gain is below the threshold;
+    censored: none was, RECL is then the last c tested (the truth is larger). NaN: serves no pair."""
+    c_of = np.array([contexts[k] for k, _ in pairs], dtype=np.float64)
+    finite = np.isfinite(curve)
+    stop = finite & (curve < threshold)
+    any_stop, any_finite = stop.any(0), finite.any(0)
+    first = np.where(any_stop, stop.argmax(0), -1)
+    last = np.where(any_finite, len(pairs) - 1 - finite[::-1].argmax(0), -1)
+    idx = np.where(any_stop, first, last)
+    value = np.where(idx >= 0, c_of[np.clip(idx, 0, None)], np.nan)
+    return value, ~any_stop & any_finite
+
+
+def _pairs(contexts: Sequence[int], delta: int | None) -> list[tuple[int, int]]:
+    contexts = list(contexts)
+    if delta is None:
+        steps = set(np.diff(contexts).tolist())
+        if len(steps) != 1:
+            raise ValueError(f"contexts {contexts} are not evenly spaced: pass delta explicitly")
+        delta = steps.pop()
+    index = {c: k for k, c in enumerate(contexts)}
+    pairs = [(index[c], index[c + delta]) for c in contexts if c + delta in index]
+    if not pairs:
+        raise ValueError(f"no context c in {contexts} has c + delta = c + {delta} in the grid")
+    return pairs
+
+
+@dataclass
+class ReclResult:
+    """``table``: one row per (model, r): recl, censored, recl_low, recl_high; ``curves``: one row per
+    (model, r, c): gain, fitted, band low/high; ``replicates``: [n_boot, n_r, n_m] RECL of each replicate
+    (for paired differences); names, r_values: their axes."""
+
+    table: pd.DataFrame
+    curves: pd.DataFrame
+    replicates: np.ndarray
+    names: list[str]
+    r_values: tuple[float, ...]
+
+    def difference(self, a: str, b: str, r: float, level: float = 0.95) -> tuple[float, float, float]:
+        """RECL(a) - RECL(b) at r: the point value and the percentile interval of the same replicates."""
+        j, ia, ib = self.r_values.index(r), self.names.index(a), self.names.index(b)
+        point = self.table.set_index(["model", "r"]).loc
+        est = float(point[(a, r), "recl"] - point[(b, r), "recl"])
+        with warnings.catch_warnings():  # replicates where one side serves nothing are NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lo, hi = np.nanquantile(
+                self.replicates[:, j, ia] - self.replicates[:, j, ib], [(1 - level) / 2, (1 + level) / 2]
+            )
+        return est, float(lo), float(hi)
+
+
+def _per_token(per_seed: dict[str, np.ndarray], seed_draw: dict[str, np.ndarray] | None, take) -> dict:
+    """Cell losses [n_c, tokens] averaged over (drawn) seeds, at token positions ``take``."""
+    out = {}
+    for m, x in per_seed.items():
+        seeds = x if seed_draw is None else x[seed_draw[m]]
+        out[m] = seeds.mean(0)[:, take] if take is not None else seeds.mean(0)
+    return out
+
+
+def recl(
+    per_seed: dict[str, np.ndarray],
+    contexts: Sequence[int],
+    documents: np.ndarray,
+    *,
+    delta: int | None = None,
+    r_values: Sequence[float] = R_VALUES,
+    threshold: float = THRESHOLD,
+    n_boot: int = 200,
+    level: float = 0.95,
+    seed: int = 0,
+) -> ReclResult:
+    """RECL of every cell of a group (module docstring).
+
+    per_seed: cell -> [n_seeds, n_c, n_tokens] per-token losses (nats), the same tokens for every cell and
+    context (NaN over a whole [c] slice: the cell cannot serve c); documents: [n_tokens] ints; contexts:
+    increasing, c + delta on the grid for the gain at c to exist (delta default: the grid step)."""
+    r_values = tuple(r_values)
+    pairs = _pairs(contexts, delta)
+    names, stack, served = _stack(_per_token(per_seed, None, None), contexts)
+    g = gains(stack, served, pairs, r_values)
+    fitted = monotone(g)
+    value, censored = first_below(fitted, served, contexts, pairs, threshold)
+    rng = np.random.default_rng(seed)
+    _, doc_index = np.unique(np.asarray(documents), return_inverse=True)
+    members = [np.flatnonzero(doc_index == k) for k in range(doc_index.max() + 1)]
+    reps, rep_fits = [], []
+    for _ in range(n_boot):
+        take = np.concatenate([members[k] for k in rng.integers(0, len(members), len(members))])
+        draw = {m: rng.integers(0, len(x), len(x)) for m, x in per_seed.items()}
+        _, s_stack, _ = _stack(_per_token(per_seed, draw, take), contexts)
+        fit = monotone(gains(s_stack, served, pairs, r_values))
+        rep_fits.append(fit)
+        reps.append(first_below(fit, served, contexts, pairs, threshold)[0])
+    reps, rep_fits = np.stack(reps), np.stack(rep_fits)  # [B, n_r, n_m], [B, n_pairs, n_r, n_m]
+    a = (1 - level) / 2
+    with warnings.catch_warnings():  # cells that serve nothing have only NaN replicates
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo = np.nanquantile(reps, a, axis=0, method="lower")
+        hi = np.nanquantile(reps, 1 - a, axis=0, method="higher")
+        band_lo, band_hi = np.nanquantile(rep_fits, [a, 1 - a], axis=0)
+    rows = [
+        {
+            "model": m,
+            "r": r,
+            "recl": value[j, i],
+            "censored": bool(censored[j, i]),
+            "recl_low": lo[j, i],
+            "recl_high": hi[j, i],
+            "level": level,
+        }
+        for i, m in enumerate(names)
+        for j, r in enumerate(r_values)
+    ]
+    curves = [
+        {
+            "model": m,
+            "r": r,
+            "c": contexts[k],
+            "gain": g[p, j, i],
+            "fitted": fitted[p, j, i],
+            "band_low": band_lo[p, j, i],
+            "band_high": band_hi[p, j, i],
+        }
+        for p, (k, _) in enumerate(pairs)
+        for i, m in enumerate(names)
+        for j, r in enumerate(r_values)
+    ]
+    return ReclResult(pd.DataFrame(rows), pd.DataFrame(curves), reps, names, r_values)
+
+
+def recl_text(value, censored: bool) -> str:
+    """'128', '>256' (above the grid: the gain stayed above the threshold), 'n/a'."""
+    if value is None or not np.isfinite(value):
+        return "n/a"
+    return f">{int(value)}" if censored else str(int(value))

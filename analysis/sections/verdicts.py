@@ -1,0 +1,83 @@
+"""The report's first section: the preregistered verdicts (conf/paper.yaml) and, apart, the sanity checks."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..verdicts import Verdict
+from . import Section, Table
+
+
+def _row(v: Verdict, scale: float, unit_name: str) -> dict:
+    tested = [c for c in v.comparisons if not c.note]
+    return {
+        "verdict": v.id,
+        "claim": v.claim,
+        "status": v.status,
+        "p_one_sided": v.p,
+        "p_holm": v.p_adjusted,
+        "interval_level": v.level,
+        "comparisons": "; ".join(
+            f"{c.text}: {c.difference.scaled(scale if v.measure != 'recall_beyond' else 1.0).text(3)}" for c in tested
+        )
+        + (f" ({unit_name if v.measure != 'recall_beyond' else 'accuracy'})" if tested else ""),
+        "seeds": "; ".join(sorted({f"{c.difference.n_a}v{c.difference.n_b}" for c in tested})),
+        "documents": min((c.difference.documents for c in tested), default=0),
+        "not_tested": v.note,
+        "paper": v.paper,
+    }
+
+
+def _sentence(v: Verdict, scale: float, unit_name: str) -> str:
+    if not v.comparisons or all(c.note for c in v.comparisons):
+        return f"**{v.claim}**: not tested ({v.note or 'no comparison could be made'})."
+    parts = []
+    for c in v.comparisons:
+        if c.note:
+            parts.append(f"{c.text}: not measured ({c.note})")
+            continue
+        d = c.difference.scaled(scale if v.measure != "recall_beyond" else 1.0)
+        seeds = "" if d.covers_seeds else ", one seed: the text only"
+        parts.append(f"{c.text} {d.text(3)}{seeds}")
+    unit = unit_name if v.measure != "recall_beyond" else "accuracy"
+    level = f"{v.level:.1%}" if v.level == v.level else "n/a"
+    return (
+        f"**{v.claim}**: **{v.status}** (predicted {v.predict}; {unit}, {level} intervals: "
+        + "; ".join(parts)
+        + f"; one-sided p {v.p:.2g}"
+        + (f", Holm {v.p_adjusted:.2g}" if not v.sanity else "")
+        + ")"
+        + (f". Paper: {v.paper}." if v.paper else ".")
+    )
+
+
+def section(
+    verdicts: list[Verdict], sanity: list[Verdict], scale: float, unit_name: str, smoke: bool, notes
+) -> Section:
+    text = (
+        "The findings this report judges were fixed in advance in `conf/paper.yaml`, each with the sign it "
+        "predicts and the comparison that decides it, and they are judged on the **test** split. Every comparison "
+        "is the difference of two cells' mean per-token loss (or accuracy) on the same tokens, with an interval "
+        "whose units are the training seed and the document (`posenc_lab_analysis.stats.paired_difference`). A "
+        "verdict made of several comparisons is reproduced only if each of them is. Holm's correction runs over "
+        "the verdicts (one-sided, family-wise alpha in `conf/paper.yaml`); each verdict's intervals are shown at "
+        "the level Holm tested it at, so that *reproduced* means every interval lies on the predicted side. "
+        "*Contradicted* is judged the same way in the opposite direction; *inconclusive*: neither; *not tested*: "
+        "a cell it needs was not trained. Every other interval in this report is descriptive."
+    )
+    findings = [_sentence(v, scale, unit_name) for v in verdicts]
+    if sanity:
+        findings.append(
+            "Sanity checks (true by construction, not counted as reproductions): "
+            + " ".join(_sentence(v, scale, unit_name) for v in sanity)
+        )
+    df = pd.DataFrame([_row(v, scale, unit_name) for v in verdicts + sanity])
+    if len(df):
+        df.insert(1, "kind", ["verdict"] * len(verdicts) + ["sanity check"] * len(sanity))
+    return Section(
+        "Verdicts (preregistered, test split, Holm-corrected)",
+        text,
+        [Table("table_verdicts", df, "every verdict and sanity check", show=False)],
+        findings=findings,
+        notes=list(notes),
+    )
