@@ -83,7 +83,15 @@ class TokenLosses:
 
 def _fingerprint(run: Run) -> dict:
     st = run.checkpoint.stat()
-    return {"run": run.name, "checkpoint": str(run.checkpoint), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {
+        "run": run.name,
+        "cell": run.cell,
+        "seed": run.seed,
+        "corpus": run.corpus_key,
+        "checkpoint": str(run.checkpoint),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
 
 
 def _reuse(path: Path, meta: dict, log) -> TokenLosses | None:

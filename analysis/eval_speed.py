@@ -7,97 +7,34 @@ attention lengths A (Transformer-XL Table 9: 363x at A = 800 up to 1,874x at A =
   previous tokens, recomputed from scratch: a forward pass of A + 1 tokens predicts one token.
 
 Both run B parallel streams and give the same context to every token; weights do not matter for
-speed, so a fresh model of the given size (or a run's) is timed. posenc_lab.bench's
-``measure_eval_speed`` (median of 3) does the timing where it exists; the local timer otherwise.
+speed, so a fresh model of the given size (or a run's) is timed, by the benchmark's
+``posenc_lab.bench.measure_eval_speed`` (median of 3 calls).
 
-    python -m posenc_lab_analysis.eval_speed --out DIR --attn-lens 64,128,256,512 [--posenc xl --d-model 128 ...]
+    python -m posenc_lab_analysis.eval_speed --out DIR --attn-lens 64,128,256,512 [--posenc NAME --d-model 128 ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from posenc_lab.bench import measure_eval_speed
+from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.tables import write_csv
 
 from . import plots
-from .runs import add_threads_argument, apply_threads
+from .runs import add_threads_argument, apply_threads, load_run
+from .verdicts import paper
 
 
-def _timed(fn, min_seconds: float, max_calls: int) -> tuple[float, int]:
-    fn()  # warm-up (allocations, kernels)
-    calls, start = 0, time.perf_counter()
-    while calls < max_calls and (calls == 0 or time.perf_counter() - start < min_seconds):
-        fn()
-        calls += 1
-    return time.perf_counter() - start, calls
-
-
-@torch.inference_mode()
-def measure(
-    model, attn_len: int, segment_len: int, batch: int = 4, min_seconds: float = 0.5, max_calls: int = 50
-) -> list[dict]:
-    """Tokens/s of both methods at one attention length (rows: method, attn_len, tokens_per_s, ...)."""
-    from posenc_lab.context import evaluating
-
-    V = model.cfg.vocab_size
-    L = segment_len
-    device = next(model.parameters()).device
-    out = []
-    lengths = {"mem_len": attn_len, "same_length": True}
-    with evaluating(model):
-        model.validate_lengths(L, attn_len)
-        x = torch.randint(V, (batch, L), device=device)
-        mems = None
-        for _ in range(-(-attn_len // L)):  # fill the memory
-            mems = model(x, mems=mems, **lengths).mems
-        state = {"mems": mems}
-
-        def step():
-            state["mems"] = model(x, mems=state["mems"], **lengths).mems
-
-        seconds, calls = _timed(step, min_seconds, max_calls)
-        out.append(
-            {
-                "method": "memory",
-                "attn_len": attn_len,
-                "segment_len": L,
-                "batch": batch,
-                "tokens_per_s": calls * batch * L / seconds,
-                "seconds": seconds,
-                "calls": calls,
-            }
-        )
-    with evaluating(model):
-        model.validate_lengths(attn_len + 1, 0)
-        w = torch.randint(V, (batch, attn_len + 1), device=device)
-        seconds, calls = _timed(lambda: model(w, mem_len=0, same_length=False), min_seconds, max_calls)
-        out.append(
-            {
-                "method": "sliding window",
-                "attn_len": attn_len,
-                "segment_len": attn_len + 1,
-                "batch": batch,
-                "tokens_per_s": calls * batch / seconds,
-                "seconds": seconds,
-                "calls": calls,
-            }
-        )
-    return out
-
-
-def measure_with_bench(model, attn_len: int, segment_len: int, batch: int, reps: int = 3) -> list[dict] | None:
-    """posenc_lab.bench.measure_eval_speed (the performance engineer's timer), if this install has it."""
-    try:
-        from posenc_lab.bench import measure_eval_speed
-    except ImportError:
-        return None
+def measure(model, attn_len: int, segment_len: int, batch: int, reps: int = 3) -> list[dict]:
+    """Tokens/s of both methods at one attention length, timed by ``posenc_lab.bench.measure_eval_speed``
+    (median of ``reps``): rows of method, attn_len, tokens_per_s, seconds, ..."""
     r = measure_eval_speed(model=model, attention_len=attn_len, segment_len=segment_len, batch_size=batch, reps=reps)
     common = {"attn_len": attn_len, "batch": batch, "calls": reps, "timer": "posenc_lab.bench"}
     return [
@@ -119,15 +56,13 @@ def measure_with_bench(model, attn_len: int, segment_len: int, batch: int, reps:
 
 
 def analyze(
-    model, attn_lens: Sequence[int], out: Path, segment_len: int, batch: int = 4, min_seconds: float = 0.5, log=print
+    model, attn_lens: Sequence[int], out: Path, segment_len: int, batch: int = 4, reps: int = 3, log=print
 ) -> tuple[pd.DataFrame, dict[str, Path]]:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for A in attn_lens:
         log(f"  eval speed: attention length {A}")
-        rows += measure_with_bench(model, A, segment_len, batch) or [
-            {**r, "timer": "analysis.eval_speed"} for r in measure(model, A, segment_len, batch, min_seconds)
-        ]
+        rows += measure(model, A, segment_len, batch, reps)
     df = pd.DataFrame(rows)
     df["ms_per_token"] = 1000 / df["tokens_per_s"]
     wide = df.pivot_table(index="attn_len", columns="method", values="tokens_per_s")
@@ -139,8 +74,6 @@ def analyze(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from posenc_lab.model import MemoryTransformer, ModelConfig
-
     p = argparse.ArgumentParser(
         prog="python -m posenc_lab_analysis.eval_speed",
         description=__doc__,
@@ -151,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--attn-lens", default="64,128,256,512", help="comma-separated attention lengths")
     p.add_argument("--segment-len", type=int, default=64)
     p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--min-seconds", type=float, default=0.5)
+    p.add_argument("--reps", type=int, default=3, help="timed calls per point (the median is kept)")
     p.add_argument(
         "--posenc", default=None, help="scheme of the fresh model (default: the paper's XL encoding, conf/paper.yaml)"
     )
@@ -161,13 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_threads_argument(p)
     a = p.parse_args(argv)
     if a.posenc is None:
-        from .ablation_table import paper
-
         a.posenc = paper()["proposed"]
     apply_threads(a.threads)
     if a.run:
-        from .runs import load_run
-
         model = load_run(a.run).model()
     else:
         model = MemoryTransformer(
@@ -181,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         ).eval()
     try:
-        df, _ = analyze(model, [int(x) for x in a.attn_lens.split(",")], a.out, a.segment_len, a.batch, a.min_seconds)
+        df, _ = analyze(model, [int(x) for x in a.attn_lens.split(",")], a.out, a.segment_len, a.batch, a.reps)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

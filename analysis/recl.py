@@ -34,6 +34,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -193,6 +194,8 @@ def recl(
         fit = monotone(gains(s_stack, served, pairs, r_values))
         rep_fits.append(fit)
         reps.append(first_below(fit, served, contexts, pairs, threshold)[0])
+    if not reps:  # n_boot = 0: point values only
+        reps, rep_fits = np.full((1, *value.shape), np.nan), np.full((1, *fitted.shape), np.nan)
     reps, rep_fits = np.stack(reps), np.stack(rep_fits)  # [B, n_r, n_m], [B, n_pairs, n_r, n_m]
     a = (1 - level) / 2
     with warnings.catch_warnings():  # cells that serve nothing have only NaN replicates
@@ -235,3 +238,56 @@ def recl_text(value, censored: bool) -> str:
     if value is None or not np.isfinite(value):
         return "n/a"
     return f">{int(value)}" if censored else str(int(value))
+
+
+def from_dumps(paths, n_boot: int = 200, level: float = 0.95, delta: int | None = None) -> ReclResult:
+    """RECL of the cells of controlled-context dumps (``dumps.at_contexts`` files): one group, one grid."""
+    from .dumps import read_dump, same_tokens  # the dumps' format is theirs; RECL itself is pure numpy
+
+    loaded = {Path(p).stem: read_dump(Path(p)) for p in paths}
+    if not loaded:
+        raise ValueError("no per-token loss dumps to compute RECL from")
+    corpora = {d.meta.get("corpus") for d in loaded.values()}
+    if len(corpora) > 1:
+        raise ValueError(f"a RECL group is one corpus; these dumps mix {sorted(map(str, corpora))}")
+    grids = {tuple(d.contexts) for d in loaded.values()}
+    if len(grids) > 1:
+        raise ValueError(f"the dumps have different context grids {sorted(grids)}: dump the group with one grid")
+    documents = same_tokens(loaded)
+    cells: dict[str, list] = {}
+    for d in loaded.values():
+        cells.setdefault(d.meta["cell"], []).append(d.loss[:, d.scored])
+    contexts = list(next(iter(grids)))
+    step = delta or int(np.gcd.reduce(np.diff(contexts)))
+    grid = [c for c in contexts if c % step == contexts[0] % step]
+    k = [contexts.index(c) for c in grid]
+    per_seed = {c: np.stack(v)[:, k] for c, v in cells.items()}
+    return recl(per_seed, grid, documents, delta=step, n_boot=n_boot, level=level)
+
+
+def main(argv=None) -> int:
+    """python -m posenc_lab_analysis.recl DUMP_DIR --out DIR: RECL of a folder of controlled-context dumps (a
+    report's dumps/contexts/), without loading any model."""
+    import argparse
+    import sys
+
+    from posenc_lab.tables import write_csv
+
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.recl", description=main.__doc__)
+    p.add_argument("dumps", type=Path, help="a folder of <run>.npz controlled-context dumps")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--n-boot", type=int, default=200)
+    a = p.parse_args(argv)
+    try:
+        res = from_dumps(sorted(a.dumps.glob("*.npz")), n_boot=a.n_boot)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_csv(res.table, a.out / "recl.csv")
+    write_csv(res.curves, a.out / "recl_curves.csv")
+    print(res.table.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -73,7 +73,7 @@ class ReportSettings:
     attention: attention_span.AttentionSettings = field(default_factory=attention_span.AttentionSettings)
     speed_attn_lens: tuple[int, ...] = (64, 128, 256, 512)
     speed_batch: int = 4
-    speed_min_seconds: float = 0.5
+    speed_reps: int = 3
     recall: dumps.AsTrained = field(default_factory=lambda: dumps.AsTrained(n_streams=16, n_tokens=4096))
     device: str = "cpu"  # where the analyses run the models: cpu, cuda, auto
     level: float = 0.95  # of every descriptive interval
@@ -112,7 +112,7 @@ class ReportSettings:
             attention=make(attention_span.AttentionSettings, d.pop("attention", None), split=split),
             speed_attn_lens=tuple(speed.get("attn_lens", cls.speed_attn_lens)),
             speed_batch=int(speed.get("batch", cls.speed_batch)),
-            speed_min_seconds=float(speed.get("min_seconds", cls.speed_min_seconds)),
+            speed_reps=int(speed.get("reps", cls.speed_reps)),
             recall=make(dumps.AsTrained, d.pop("recall", None), split=split),
             device=str(d.pop("device", None) or "cpu"),
             level=float(d.pop("level", cls.level)),
@@ -294,7 +294,7 @@ def build_report(
             out / "eval_speed",
             timed[0].segment_len,
             s.speed_batch,
-            s.speed_min_seconds,
+            s.speed_reps,
             log=log,
         )
         sections.append(

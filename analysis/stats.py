@@ -76,6 +76,8 @@ class Difference:
             raise ValueError(f"predicted must be '<0' or '>0', got {predicted!r}")
         if not np.isfinite(self.estimate):
             return float("nan")
+        if self.identical:  # rounding decides no sign
+            return 1.0
         if self.se == 0:
             side = self.estimate < 0 if predicted == "<0" else self.estimate > 0
             return 0.0 if side and abs(self.estimate) > EPS else 1.0

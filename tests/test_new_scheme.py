@@ -94,7 +94,9 @@ def test_the_registry_and_the_benchmark_take_it(scheme, tmp_path):
 
 
 def test_ablate_grid_trains_it_and_the_report_orders_it(scheme, tmp_path):
-    from posenc_lab_analysis import ablate
+    from posenc_lab.compose import compose
+    from posenc_lab.train import train
+    from posenc_lab_analysis.ablate.plan import plan
     from posenc_lab_analysis.runs import load_run, scheme_order
 
     cache = tmp_path / "cache"
@@ -111,12 +113,10 @@ def test_ablate_grid_trains_it_and_the_report_orders_it(scheme, tmp_path):
         "trainer.max_steps=2",
         "final_eval.limit_batches=1",
     ]
-    cfg = ablate.compose("ablate", user)
-    specs = ablate.plan(cfg, user)
+    specs = plan(compose("ablate", user), user)
     assert [s.scheme for s in specs] == [NAME]
-    run_dir = tmp_path / "run"
-    status, _ = ablate.train_one(specs[0], run_dir, retrain=False, log=print)
-    assert status == "trained"
+    run_dir = tmp_path / "run"  # what ablate's training process runs: the spec's overrides, composed
+    train(compose("train", [*specs[0].overrides, f"run_dir={run_dir}"]))
     run = load_run(run_dir)
     assert run.scheme == NAME and math.isfinite(run.results["test"]["loss"])
     assert run.model().scheme.slope == 0.25  # the yaml's option reached the model

@@ -7,7 +7,7 @@ into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/``; its cell is ``runs.c
 
 from __future__ import annotations
 
-import fnmatch
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,10 +74,14 @@ def _resolve_in(cfg: DictConfig, text: str) -> str:
 
 
 def _extra(cell: str, patterns: list[str]) -> bool:
-    """``ablate.extra_seed_cells`` entries are cell names, or patterns (``xl:mem*`` or ``xl:mem``: any memory)."""
-    return any(
-        fnmatch.fnmatchcase(cell, p) or fnmatch.fnmatchcase(cell, p.replace(":mem", ":mem*", 1)) for p in patterns
-    )
+    """``ablate.extra_seed_cells`` entries are cell names; ``xl:mem`` (no length) means xl with any memory length,
+    and ``*`` any text."""
+    for pattern in patterns:
+        rx = re.escape(pattern).replace(r"\*", ".*")
+        rx = re.sub(r":mem(?!\d)", lambda m: r":mem\d+", rx)
+        if re.fullmatch(rx, cell):
+            return True
+    return False
 
 
 def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:

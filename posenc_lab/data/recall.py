@@ -128,4 +128,8 @@ def load_recall(
     key = {"version": 1, **settings}
     arrays, itos, _ = cached(key_dir(root / "recall", key), key, build)
     side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
-    return Corpus("recall", *(arrays[s] for s in SPLITS), vocab_size=len(itos), itos=itos, side=side)
+    # the items are drawn independently: a chunk of a few items is a unit of the report's statistics
+    chunk = 4 * (max(max_distance, eval_max) + max_gap + 2)
+    return Corpus(
+        "recall", *(arrays[s] for s in SPLITS), vocab_size=len(itos), itos=itos, side=side, document_chunk=chunk
+    )

@@ -32,7 +32,7 @@ class Corpus:
     unit: "byte" | "char" | "word", as registered (``register_corpus``); itos: id -> symbol (None for bytes,
     where id = byte value); side: per split, optional side arrays {"loss_mask": [N] bool, "distance": [N]
     int} (recall); document_separator: the token that ends every document (pystdlib's file separator),
-    None where the corpus has no natural documents.
+    None where the corpus has no natural documents: they are then cut into chunks of ``document_chunk`` tokens.
     """
 
     name: str
@@ -44,6 +44,7 @@ class Corpus:
     itos: list[str] | None = None
     side: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     document_separator: int | None = None
+    document_chunk: int = DOCUMENT_CHUNK
 
     def split(self, split: str) -> np.ndarray:
         return getattr(self, check_split(split))
@@ -56,11 +57,11 @@ class Corpus:
         """[n_tokens] int64: the document of every token of ``split``, numbered from 0 in text order.
 
         With a ``document_separator`` a document ends with its separator (so a target separator belongs
-        to the document it closes); otherwise the documents are consecutive chunks of DOCUMENT_CHUNK tokens.
+        to the document it closes); otherwise the documents are consecutive chunks of ``document_chunk`` tokens.
         """
         tokens = self.split(split)
         if self.document_separator is None:
-            return np.arange(len(tokens), dtype=np.int64) // DOCUMENT_CHUNK
+            return np.arange(len(tokens), dtype=np.int64) // self.document_chunk
         ends = np.asarray(tokens) == self.document_separator
         return np.concatenate([[0], np.cumsum(ends[:-1], dtype=np.int64)])
 

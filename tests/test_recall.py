@@ -10,14 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posenc_lab_analysis.ablate import _quiet, compose
-from posenc_lab_analysis.effective_context import recall_accuracy
+from posenc_lab.compose import compose
+from posenc_lab.train import train
+from posenc_lab_analysis.dumps import AsTrained, as_trained
+from posenc_lab_analysis.recall import accuracy_by_distance
 from posenc_lab_analysis.runs import load_run
 
 
 def accuracy_beyond_segment(run_dir, n_tokens: int = 2048) -> tuple[float, float, int]:
     run = load_run(run_dir)
-    acc = recall_accuracy(run, n_rows=16, n_tokens=n_tokens)
+    dump = as_trained(run, AsTrained("test", 16, n_tokens), run_dir / "dump.npz")
+    acc = accuracy_by_distance(run, dump)
     beyond = acc[acc["bin_lo"] >= run.segment_len]
     return (
         float(np.average(beyond["accuracy"], weights=beyond["answers"])),
@@ -27,9 +30,6 @@ def accuracy_beyond_segment(run_dir, n_tokens: int = 2048) -> tuple[float, float
 
 
 def train_recall(tmp_path, name: str, preset: str, *overrides: str):
-    _quiet()
-    from posenc_lab.train import train
-
     cfg = compose(
         "train",
         [f"experiment={preset}", "logger=none", "final_eval.limit_batches=2", *overrides, f"run_dir={tmp_path / name}"],

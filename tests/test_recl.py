@@ -1,0 +1,132 @@
+"""RECL (posenc_lab_analysis.recl) on simulated groups with a known answer: the leave-one-out baseline and
+the monotone fit recover a planted effective context, and noise cannot fake a gain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from posenc_lab_analysis.recl import first_below, gains, monotone, recl, recl_text
+
+CONTEXTS = list(range(8, 129, 8))  # c = 8..128, delta 8
+N_TOKENS, DOC_LEN = 4096, 256
+
+
+def model(rng, base, knee: int | None, drop: float = 0.1, noise: float = 0.05, offset: float = 0.0) -> np.ndarray:
+    """[1 seed, n_c, n_tokens] losses that fall by ``drop`` nats per step of c up to ``knee`` (None: never), then
+    stay flat; ``noise``: per-token noise, independent across c (what differs between two evaluations)."""
+    steps = np.array([min(c, knee) if knee else CONTEXTS[0] for c in CONTEXTS]) - CONTEXTS[0]
+    level = offset - drop * steps / 8
+    return (base[None] + level[:, None] + rng.normal(0, noise, (len(CONTEXTS), N_TOKENS)))[None]
+
+
+def group(rng, knees=(48, 96, 24), **kw) -> dict[str, np.ndarray]:
+    base = rng.gamma(2.0, 1.0, N_TOKENS)  # per-token difficulty shared by every model
+    return {f"m{i}": model(rng, base, k, **kw) for i, k in enumerate(knees)}
+
+
+DOCS = np.arange(N_TOKENS) // DOC_LEN
+
+
+def point(per_seed: dict) -> dict:
+    res = recl(per_seed, CONTEXTS, DOCS, n_boot=0, r_values=(0.5,))
+    return dict(zip(res.table["model"], res.table["recl"]))
+
+
+def test_a_planted_recl_is_recovered_within_one_grid_step():
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(40):
+        found = point(group(rng))
+        hits += all(abs(found[m] - k) <= 8 for m, k in zip(("m0", "m1", "m2"), (48, 96, 24)))
+    assert hits / 40 >= 0.8
+
+
+def _paper_gain_of(stack: np.ndarray, m: int, k: int, k2: int, r: float = 0.5) -> float:
+    """The paper's gain (its baseline includes the model itself), for contrast."""
+    b = stack[:, k].min(0)
+    hard = np.argsort(-b, kind="stable")[: int(r * stack.shape[-1])]
+    return 1 - np.exp(np.minimum(b[hard], stack[m, k2, hard]).mean() - b[hard].mean())
+
+
+def test_noise_added_to_a_model_that_gains_nothing_gives_it_no_gain():
+    """A model whose loss does not fall with context, made noisier: RECL stays at the first c; the paper's
+    baseline, which contains the model itself, credits its noise with a gain at every c."""
+    rng = np.random.default_rng(1)
+    found, paper = [], []
+    for _ in range(20):
+        g = group(rng, knees=(64, 96, None))
+        base_noisy = g["m2"] + rng.normal(0, 0.4, g["m2"].shape)  # much noisier, still no gain
+        g["m2"] = base_noisy
+        found.append(point(g)["m2"])
+        stack = np.stack([x[0] for x in g.values()])
+        paper.append(_paper_gain_of(stack, 2, 4, 5))
+    assert np.mean([f == CONTEXTS[0] for f in found]) >= 0.9
+    assert np.mean(paper) > 0.01  # what the paper's estimator would have credited
+
+
+def test_a_far_worse_model_gains_nothing_from_its_noise():
+    rng = np.random.default_rng(2)
+    g = group(rng, knees=(64, 96))
+    base = rng.gamma(2.0, 1.0, N_TOKENS)
+    g["far"] = model(rng, base, None, noise=0.6, offset=1.5)  # far worse, flat, noisy
+    assert point(g)["far"] == CONTEXTS[0]
+
+
+def test_the_monotone_fit_ignores_a_dip_in_a_noisy_curve():
+    """A gain curve 5% 5% 0.5% 5% 5% 0% ...: read raw, it stops at the dip; fitted non-increasing, later."""
+    raw = np.array([0.05, 0.05, 0.005, 0.05, 0.05, 0.0, 0.0])[:, None, None]
+    pairs = [(k, k + 1) for k in range(7)]
+    served = np.ones((1, 8), bool)
+    stop_raw, _ = first_below(raw, served, list(range(8, 72, 8)), pairs, 0.01)
+    stop_fit, _ = first_below(monotone(raw), served, list(range(8, 72, 8)), pairs, 0.01)
+    assert stop_raw[0, 0] == 24 and stop_fit[0, 0] == 48
+
+
+def test_a_model_alone_has_no_baseline_and_unserved_contexts_are_nan():
+    rng = np.random.default_rng(3)
+    stack = np.stack([x[0] for x in group(rng).values()])
+    served = np.ones(stack.shape[:2], bool)
+    served[2, 5:] = False  # m2 cannot serve c >= 48
+    stack[2, 5:] = np.nan
+    g = gains(stack, served, [(4, 5), (5, 6)], (0.5,))
+    assert np.isnan(g[:, 0, 2]).all() and np.isfinite(g[:, 0, :2]).all()
+    alone = gains(stack[:1], served[:1], [(4, 5)], (0.5,))
+    assert np.isnan(alone).all()
+
+
+def test_bootstrap_intervals_and_the_paired_difference_of_two_cells():
+    rng = np.random.default_rng(4)
+    g = group(rng)
+    g = {
+        m: np.concatenate([x, x + rng.normal(0, 0.02, x.shape), x + rng.normal(0, 0.02, x.shape)]) for m, x in g.items()
+    }
+    res = recl(g, CONTEXTS, DOCS, n_boot=60, r_values=(0.5,))
+    t = res.table.set_index("model")
+    for m in ("m0", "m1", "m2"):
+        assert t.loc[m, "recl_low"] <= t.loc[m, "recl"] <= t.loc[m, "recl_high"]
+    est, lo, hi = res.difference("m1", "m2", 0.5)
+    assert est == t.loc["m1", "recl"] - t.loc["m2", "recl"] and lo <= est <= hi and lo > 0
+    curves = res.curves
+    assert {"gain", "fitted", "band_low", "band_high"} <= set(curves) and (
+        curves["band_low"] <= curves["band_high"] + 1e-12
+    ).all()
+
+
+def test_censored_and_text():
+    assert recl_text(float("nan"), False) == "n/a" and recl_text(128.0, True) == ">128" and recl_text(64, False) == "64"
+    rng = np.random.default_rng(5)
+    res = recl(group(rng, knees=(None, None, 200)), CONTEXTS, DOCS, n_boot=0, r_values=(0.5,))
+    row = res.table.set_index("model").loc["m2"]
+    assert bool(row["censored"]) and row["recl"] == CONTEXTS[-2]
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        recl({"a": np.zeros((1, 2, 10))}, [16, 8], np.zeros(10, int))
+    with pytest.raises(ValueError, match=r"must be \[len\(contexts\)=3, n_tokens\]"):
+        recl({"a": np.zeros((1, 2, 10))}, [8, 16, 24], np.zeros(10, int))
+    with pytest.raises(ValueError, match="NaN losses for some tokens at c = 16"):
+        x = np.zeros((1, 3, 10))
+        x[0, 1, 3] = np.nan
+        recl({"a": x, "b": np.zeros((1, 3, 10))}, [8, 16, 24], np.arange(10))

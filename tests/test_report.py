@@ -1,0 +1,262 @@
+"""The main job end to end: `posenc-lab ablate experiment=tiny` trains the grid, runs every analysis and writes
+a report whose tables equal the CSVs beside it and whose figures exist; every analysis file recovers from
+damage or names what to delete. The `quick` preset (the one users run first) is the slow variant."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from posenc_lab_analysis import ablate, report
+from posenc_lab_analysis.dumps import read_dump
+from posenc_lab_analysis.runs import RunError, find_runs, load_run
+
+SECTIONS = [
+    "Verdicts",
+    "Ablation table",
+    "Relative effective context length",
+    "Extrapolation",
+    "Attention spans",
+    "Recall probe",
+    "Evaluation speed",
+]
+TABLES = [
+    "table_ablation",
+    "table_recl",
+    "table_extrapolation",
+    "table_not_applicable",
+    "table_attention",
+    "table_eval_speed",
+    "table_recall",
+]
+FIGURES = [
+    "recl_gain_curves.png",
+    "extrapolation/extrapolation_segment.png",
+    "extrapolation/extrapolation_memory.png",
+    "extrapolation/extrapolation_horizon.png",
+    "attention/attention_heatmap.png",
+    "eval_speed/eval_speed.png",
+    "recall/recall_accuracy.png",
+]
+
+
+def run_ablate(preset: str, out: Path, *extra: str) -> float:
+    start = time.perf_counter()
+    assert ablate.main([f"experiment={preset}", f"ablate.out={out}", *extra]) == 0
+    return time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ablate") / "tiny"
+    print(f"ablate experiment=tiny: {run_ablate('tiny', out, 'ablate.jobs=2'):.1f} s")
+    return out
+
+
+def md_tables(text: str) -> dict[str, pd.DataFrame]:
+    """Tables of the report by the CSV their caption links to, as strings."""
+    tables = {}
+    for m in re.finditer(r"\(\[(\w+)\.csv\]\(\1\.csv\)\)\n\n((?:\|.*\|\n?)+)", text):
+        lines = m.group(2).strip().split("\n")
+        head = [c.strip() for c in lines[0].strip("|").split(" | ")]
+        rows = [[c.strip() for c in re.split(r"(?<!\\)\|", ln.strip()[1:-1])] for ln in lines[2:]]
+        tables[m.group(1)] = pd.DataFrame(rows, columns=head)
+    return tables
+
+
+def assert_cell_equals(md: str, csv_value, where: str) -> None:
+    if md == "n/a":
+        missing = csv_value is None or (isinstance(csv_value, float) and math.isnan(csv_value))
+        assert missing or csv_value == "n/a", where
+    elif re.fullmatch(r"-?\d+\.\d+", md):
+        assert abs(float(md) - float(csv_value)) <= 0.5 * 10 ** -len(md.split(".")[1]) + 1e-12, (
+            f"{where}: {md} vs {csv_value}"
+        )
+    elif re.fullmatch(r"-?\d+", md):
+        assert float(md) == float(csv_value), f"{where}: {md} vs {csv_value}"
+    elif md in ("yes", "no"):
+        assert str(csv_value).lower() in (("true", "yes") if md == "yes" else ("false", "no")), where
+    else:
+        assert md == str(csv_value).replace("|", "\\|"), f"{where}: {md!r} vs {csv_value!r}"
+
+
+def check_report(out: Path, sections=SECTIONS, tables=TABLES, figures=FIGURES) -> str:
+    rep = out / "report" / "report.md"
+    text = rep.read_text()
+    for s in sections:
+        assert re.search(rf"^## \d+\. {s}", text, re.M), f"section {s!r} missing"
+    for f in figures:
+        assert f"]({f})" in text and (rep.parent / f).stat().st_size > 5000, f"figure {f}"
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (rep.parent / link).is_file(), link
+    found = md_tables(text)
+    for name in tables:
+        assert name in found, f"table {name} missing"
+        md, csv = found[name], pd.read_csv(rep.parent / f"{name}.csv", keep_default_na=False, na_values=[""])
+        assert list(md.columns) == list(csv.columns) and len(md) == len(csv), name
+        for i in range(len(md)):
+            for col in md.columns:
+                assert_cell_equals(md.at[i, col], csv.at[i, col], f"{name}[{i}].{col}")
+    return text
+
+
+def test_tiny_ablation_report_has_every_section_table_and_figure(tiny):
+    text = check_report(tiny)
+    assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 7
+    assert "## Held-out text" in text and "test split" in text
+    verdicts = pd.read_csv(tiny / "report" / "table_verdicts.csv")
+    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 8
+    na = pd.read_csv(tiny / "report" / "table_not_applicable.csv")
+    assert set(na["cell"]) == {"learned:mem16", "learned:nomem"} and na["reason"].str.contains("max_positions").all()
+    t6 = pd.read_csv(tiny / "report" / "table_ablation.csv")
+    for scheme in ("sinusoid", "learned", "global_sinusoid", "shaw", "xl"):
+        assert {f"{scheme}:mem16", f"{scheme}:nomem"} <= set(t6["cell"])
+    assert {"sinusoid:mem16:half", "xl:mem16:half"} <= set(t6["cell"])
+    assert (t6["vs_lowest"] == "0 (the lowest)").sum() == 1
+
+
+def test_every_run_is_scored_on_the_same_test_tokens_with_their_documents(tiny):
+    dumps = [read_dump(p) for p in sorted((tiny / "report" / "dumps" / "as_trained").glob("*.npz"))]
+    assert len(dumps) == 12 and all(d.meta["split"] == "test" for d in dumps)
+    assert all(np.array_equal(d.documents, dumps[0].documents) for d in dumps)
+    assert len(np.unique(dumps[0].documents)) >= 4  # 8 streams spread over the split
+
+
+def test_ablate_reuses_finished_runs_and_refuses_other_settings(tiny, capsys):
+    ckpt = tiny / "runs" / "xl_mem16_full_seed0" / "checkpoints" / "last.ckpt"
+    before = ckpt.stat().st_mtime_ns
+    assert ablate.main(["experiment=tiny", f"ablate.out={tiny}", "--train-only"]) == 0
+    assert "14 finished runs reused" in capsys.readouterr().out and ckpt.stat().st_mtime_ns == before
+    assert ablate.main(["experiment=tiny", f"ablate.out={tiny}", "optim.lr=0.5", "--train-only"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run with other settings" in err and "optim.lr: run" in err
+
+
+def test_bad_inputs_are_clear_errors(tiny, tmp_path):
+    runs = find_runs([tiny / "runs"])
+    assert len(runs) == 14
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny / "runs" / "xl_mem16_full_seed0", broken, ignore=shutil.ignore_patterns("checkpoints"))
+    with pytest.raises(RunError, match="no checkpoint"):
+        load_run(broken)
+    with pytest.raises(RunError, match="not a posenc-lab run directory"):
+        load_run(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match="no posenc-lab runs"):
+        find_runs([tmp_path / "empty"])
+    config = tmp_path / "config_broken"
+    shutil.copytree(tiny / "runs" / "xl_mem16_full_seed0", config)
+    (config / "config.yaml").write_text("posenc: [unclosed\n")
+    with pytest.raises(RunError, match=re.escape(str(config / "config.yaml")) + " is corrupt"):
+        load_run(config)
+
+
+def test_report_reads_a_multirun_folder(tiny, tmp_path):
+    """A Hydra multirun folder: numbered job folders with .hydra/ inside."""
+    multi = tmp_path / "multirun" / "2026-01-01" / "00-00-00"
+    for i, name in enumerate(["xl_mem16_full_seed0", "xl_mem0_full_seed0"]):
+        job = multi / f"{i}_xl_pystdlib"
+        shutil.copytree(tiny / "runs" / name, job, ignore=shutil.ignore_patterns("dumps"))
+        (job / ".hydra").mkdir(exist_ok=True)
+        (job / ".hydra" / "config.yaml").write_text("not: a run\n")
+    assert (
+        report.main([str(tmp_path / "multirun"), "--out", str(tmp_path / "rep"), "--no-speed", "--experiment", "tiny"])
+        == 0
+    )
+    t6 = pd.read_csv(tmp_path / "rep" / "table_ablation.csv")
+    assert sorted(t6["cell"]) == ["xl:mem16", "xl:nomem"]
+
+
+@pytest.mark.slow
+def test_quick_preset_report(tmp_path):
+    """The `quick` preset as users run it: every table and figure; numbers equal the CSVs."""
+    print(f"ablate experiment=quick: {run_ablate('quick', tmp_path / 'quick'):.1f} s")
+    check_report(tmp_path / "quick", sections=SECTIONS[:5] + SECTIONS[6:], tables=TABLES[:-1], figures=FIGURES[:-1])
+
+
+def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
+    """pyproject registers `ablate` in the entry-point group that posenc_lab.cli discovers."""
+    from importlib.metadata import EntryPoint
+
+    import tomllib
+
+    from posenc_lab import cli
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    value = pyproject["project"]["entry-points"][cli.ENTRY_POINT_GROUP]["ablate"]
+    assert value == "posenc_lab_analysis.ablate:main"
+    ep = EntryPoint(name="ablate", value=value, group=cli.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(cli, "entry_points", lambda group: [ep] if group == cli.ENTRY_POINT_GROUP else [])
+    assert cli.main(["ablate", "--plan", "experiment=quick", f"ablate.out={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "12 runs" in out and "posenc-lab train experiment=quick posenc=xl model.mem_len=0" in out
+    assert cli.main(["ablate", "experiment=no_such_preset"]) == 2
+
+
+def test_report_logs_to_wandb_offline(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from posenc_lab_analysis.wandb_upload import upload
+
+    upload(tiny / "report", [tiny / "runs"], project="posenc-lab-test", group="tiny")
+    runs = list(tmp_path.glob("wandb/offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_each_script_runs_on_its_own(tiny, tmp_path):
+    """The plain scripts (python -m posenc_lab_analysis.X) on two runs, and RECL from dumps alone."""
+    from posenc_lab_analysis import attention_span, eval_speed, extrapolation, recl
+
+    runs = [str(tiny / "runs" / "xl_mem16_full_seed0"), str(tiny / "runs" / "learned_mem0_full_seed0")]
+    args = ["--out", str(tmp_path / "ext"), "--n-rows", "2", "--segment-factors", "1,4", "--memory-factors", "1,2"]
+    assert extrapolation.main([*runs, *args, "--horizon-factor", "2"]) == 0
+    ext = pd.read_csv(tmp_path / "ext" / "extrapolation.csv")
+    assert (ext[ext["status"] != "ok"]["scheme"] == "learned").all() and (ext["status"] != "ok").any()
+    assert attention_span.main([*runs, "--out", str(tmp_path / "att"), "--n-rows", "1", "--n-segments", "1"]) == 0
+    assert (tmp_path / "att" / "attention_heatmap.png").is_file()
+    speed = ["--out", str(tmp_path / "speed"), "--run", runs[0], "--attn-lens", "16,32", "--segment-len", "16"]
+    assert eval_speed.main(speed) == 0
+    assert len(pd.read_csv(tmp_path / "speed" / "eval_speed.csv")) == 4
+    dumps = tiny / "report" / "dumps" / "contexts"
+    assert recl.main([str(dumps), "--out", str(tmp_path / "recl"), "--n-boot", "0"]) == 0
+    again = pd.read_csv(tmp_path / "recl" / "recl.csv")
+    shown = pd.read_csv(tiny / "report" / "table_recl.csv")
+    assert set(again["model"]) == set(shown["cell"])
+
+
+def test_damaged_analysis_files_recover_or_name_what_to_delete(tiny, tmp_path, capsys):
+    """Each kind of file the analysis writes or reads, damaged: a per-token dump is named and recomputed (the
+    same result), CSVs, PNGs and report.md are rewritten whole, a broken results.json is named with what to
+    delete; temporary files a killed report left are removed."""
+    runs = [str(tiny / "runs" / "xl_mem16_full_seed0"), str(tiny / "runs" / "xl_mem0_full_seed0")]
+    rep = tmp_path / "rep"
+    args = [*runs, "--out", str(rep), "--no-speed", "--experiment", "tiny"]
+    assert report.main(args) == 0
+    text, table = (rep / "report.md").read_text(), pd.read_csv(rep / "table_ablation.csv")
+    dump = rep / "dumps" / "as_trained" / "xl_mem16_full_seed0.npz"
+    dump.write_bytes(dump.read_bytes()[:200])
+    for path in (rep / "report.md", rep / "table_ablation.csv", rep / "recl_gain_curves.png"):
+        path.write_bytes(path.read_bytes()[:40])
+    (rep / ".report.md.abc123.tmp.md").write_text("left by a kill")
+    capsys.readouterr()
+    assert report.main(args) == 0
+    assert f"{dump} cannot be read" in capsys.readouterr().out
+    assert (rep / "report.md").read_text().split("\n", 3)[3] == text.split("\n", 3)[3]  # all but the time stamp
+    pd.testing.assert_frame_equal(pd.read_csv(rep / "table_ablation.csv"), table)
+    assert (rep / "recl_gain_curves.png").stat().st_size > 5000
+    assert not [p for p in rep.rglob("*") if ".tmp" in p.name]
+    broken = tmp_path / "broken"
+    shutil.copytree(runs[0], broken)
+    (broken / "results.json").write_text('{"val": {"loss": 1.')
+    with pytest.raises(RunError, match=re.escape(str(broken / "results.json")) + r" is corrupt.*delete it"):
+        load_run(broken)
+    assert report.main([str(broken), "--out", str(tmp_path / "rep2"), "--no-speed"]) == 2
+    assert str(broken / "results.json") in capsys.readouterr().err

@@ -1,0 +1,154 @@
+"""The preregistered verdicts (posenc_lab_analysis.verdicts, conf/paper.yaml): intersection-union within a
+verdict, Holm across verdicts, contradiction judged the same way, sanity checks apart, nothing silent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from posenc_lab.positional import SCHEMES, schemes_of_kind
+from posenc_lab_analysis.verdicts import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_TESTED,
+    REPRODUCED,
+    SMOKE,
+    CellKey,
+    Evidence,
+    judge,
+    paper,
+)
+from tests.schemes import SHAW, SINUSOID, XL
+
+N_DOCS, DOC_LEN = 40, 100
+DOCS = np.repeat(np.arange(N_DOCS), DOC_LEN)
+
+
+def cell(rng, mean: float, seeds: int = 3, seed_sd: float = 0.01) -> np.ndarray:
+    doc = rng.normal(0, 0.03, N_DOCS)[DOCS]
+    return mean + doc + rng.normal(0, 0.3, (seeds, len(DOCS))) + rng.normal(0, seed_sd, (seeds, 1))
+
+
+def evidence(rng, means: dict[str, float], **kw) -> Evidence:
+    keys = {name: CellKey.parse(name) for name in means}
+    return Evidence({n: cell(rng, m, **kw) for n, m in means.items()}, keys, DOCS)
+
+
+def config(*verdicts, sanity=(), alpha=0.05) -> dict:
+    return {"alpha": alpha, "verdicts": list(verdicts), "sanity": list(sanity)}
+
+
+def v(id_, compare, predict="<0", measure="as_trained"):
+    return {"id": id_, "claim": id_, "measure": measure, "compare": compare, "predict": predict}
+
+
+def test_a_planted_ordering_is_reproduced_noise_is_inconclusive_and_the_reverse_contradicted():
+    rng = np.random.default_rng(0)
+    ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2, f"{SINUSOID}:mem": 1.0})}
+    out, _ = judge(
+        config(
+            v("planted", [f"{XL}:mem - {SHAW}:mem"]),
+            v("noise", [f"{XL}:mem - {SINUSOID}:mem"]),
+            v("reverse", [f"{SHAW}:mem - {XL}:mem"]),
+        ),
+        ev,
+    )
+    status = {x.id: x.status for x in out}
+    assert status == {"planted": REPRODUCED, "noise": INCONCLUSIVE, "reverse": CONTRADICTED}
+    planted = out[0]
+    c = planted.comparisons[0].difference
+    assert c.high < 0 and planted.level == pytest.approx(1 - 2 * 0.05 / 3)  # the first Holm step of three
+
+
+def test_a_verdict_of_several_comparisons_needs_every_one():
+    rng = np.random.default_rng(1)
+    ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.3, f"{SINUSOID}:mem": 1.0})}
+    (out,), _ = judge(config(v("all", [f"{XL}:mem - *"])), ev)
+    assert out.status == INCONCLUSIVE and len(out.comparisons) == 2
+    assert out.p == pytest.approx(max(c.p("<0") for c in out.comparisons), rel=1e-6)
+
+
+def test_holm_corrects_across_verdicts():
+    """A difference decided alone (one-sided p = 0.02) is not decided among eight verdicts of that p."""
+    from scipy import stats
+
+    rng = np.random.default_rng(2)
+    e = evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.0}, seed_sd=0.0)
+    (base,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
+    d = base.comparisons[0].difference
+    shift = d.estimate - stats.t.ppf(0.02, d.df) * d.se  # the estimate moved so that p = 0.02
+    e.cells[f"{XL}:mem"] = e.cells[f"{XL}:mem"] - shift
+    (alone,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
+    many, _ = judge(config(*[v(f"v{i}", [f"{XL}:mem - {SHAW}:mem"]) for i in range(8)]), {"as_trained": e})
+    assert alone.p == pytest.approx(0.02) and alone.status == REPRODUCED
+    assert all(x.status == INCONCLUSIVE and x.p_adjusted == pytest.approx(0.16) for x in many)
+
+
+def test_a_missing_cell_leaves_the_verdict_untested_and_says_which():
+    rng = np.random.default_rng(3)
+    ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0})}
+    out, _ = judge(
+        config(
+            v("needs_shaw", [f"{XL}:mem - {SHAW}:mem"]),
+            v("recall", ["recall/xl:mem - recall/xl:nomem"], measure="recall_beyond"),
+        ),
+        ev,
+    )
+    assert out[0].status == NOT_TESTED and "no such cell was trained" in out[0].note
+    assert out[1].status == NOT_TESTED and "no recall_beyond measurements" in out[1].note
+
+
+def test_an_unserved_cell_is_listed_with_its_reason_and_the_rest_is_judged():
+    rng = np.random.default_rng(4)
+    e = evidence(rng, {f"{XL}:mem": 0.8, f"{SHAW}:mem": 1.0, f"{SINUSOID}:mem": 1.0})
+    e.unavailable[f"{SINUSOID}:mem"] = "cannot serve attention length 128: position 127 is past the table"
+    (out,), _ = judge(config(v("only_xl", [f"{XL}:mem - *:mem"])), {"as_trained": e})
+    noted = [c for c in out.comparisons if c.note]
+    assert out.status == REPRODUCED and len(noted) == 1 and "past the table" in noted[0].note
+
+
+def test_absolute_means_every_absolute_scheme_of_the_registry():
+    rng = np.random.default_rng(5)
+    absolute = schemes_of_kind("absolute")
+    ev = {"as_trained": evidence(rng, {f"{SHAW}:mem": 1.0, **{f"{s}:mem": 1.3 for s in absolute}})}
+    (out,), _ = judge(config(v("shaw_abs", [f"{SHAW}:mem - absolute:mem"])), ev)
+    assert {c.text.split(" - ")[1].split(":")[0] for c in out.comparisons} == set(absolute)
+    assert out.status == REPRODUCED
+
+
+def test_sanity_checks_do_not_count_and_a_smoke_run_judges_nothing():
+    rng = np.random.default_rng(6)
+    ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2})}
+    one, sanity = judge(
+        config(v("x", [f"{XL}:mem - {SHAW}:mem"]), sanity=[v("s", [f"{SHAW}:mem - {XL}:mem"], ">0")]), ev
+    )
+    rng = np.random.default_rng(6)
+    ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2})}
+    alone, _ = judge(config(v("x", [f"{XL}:mem - {SHAW}:mem"])), ev)
+    assert one[0].p_adjusted == alone[0].p_adjusted and sanity[0].sanity and sanity[0].status == REPRODUCED
+    smoke, _ = judge(config(v("x", [f"{XL}:mem - {SHAW}:mem"])), ev, smoke=True)
+    assert smoke[0].status == SMOKE
+
+
+def test_the_preregistered_file_parses_and_names_registered_schemes_only():
+    cfg = paper()
+    assert 0 < cfg["alpha"] < 0.5 and len(cfg["verdicts"]) >= 5
+    for item in cfg["verdicts"] + cfg["sanity"]:
+        assert item["predict"] in ("<0", ">0") and item["measure"] in (
+            "as_trained",
+            "attention_gain",
+            "recall_beyond",
+            "horizon_past",
+        )
+        for comparison in item["compare"]:
+            for side in comparison.split(" - "):
+                if side.startswith(("*", "absolute")):
+                    continue
+                assert CellKey.parse(side).scheme in SCHEMES, side
+    memory = next(x for x in cfg["verdicts"] if x["id"] == "memory_helps_xl")
+    assert memory["measure"] == "as_trained" and "why_as_trained" in memory  # decided one way, and why
+
+
+def test_bad_cells_in_the_file_are_named():
+    with pytest.raises(ValueError, match=r"'xl:memory' is not a cell"):
+        CellKey.parse("xl:memory")
