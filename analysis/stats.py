@@ -18,7 +18,7 @@ cell and paired with cell b's through the text; W_sk: what a seed does on a docu
 seed-by-document interaction). The estimate is theta = mean_s m_a[s] - mean_s m_b[s], m_a[s] = sum_k
 A[s, k] / N, and
 
-    Var(theta) = sigma_a^2 / n_a + sigma_b^2 / n_b + Var(sum_k (U_k - V_k)) / N^2 + sum_k (w_ak / n_a + w_bk / n_b) / N^2
+    Var(theta) = sigma_a^2/n_a + sigma_b^2/n_b + Var(sum_k (U_k - V_k))/N^2 + sum_k (w_ak/n_a + w_bk/n_b)/N^2
 
 estimated from three moment sums (no resampling):
 

@@ -103,7 +103,8 @@ def run_jobs(
                     )
                 running[proc.pid] = (spec, proc, time.perf_counter(), status[spec.name])
                 log(
-                    f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status[spec.name].replace('ed', 'ing')} (pid {proc.pid}; {show()})"
+                    f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status[spec.name].replace('ed', 'ing')} "
+                    f"(pid {proc.pid}; {show()})"
                 )
             finished = []
             for pid, (_, proc, *_) in running.items():
@@ -126,7 +127,8 @@ def run_jobs(
                 }
                 progress.done += 1
                 log(
-                    f"[{index[spec.name]}/{len(specs)}] {spec.name}: {what} ({_seconds(times[spec.name])}, {result_line(runs / spec.name)}; {show()})"
+                    f"[{index[spec.name]}/{len(specs)}] {spec.name}: {what} ({_seconds(times[spec.name])}, "
+                    f"{result_line(runs / spec.name)}; {show()})"
                 )
             if running and not finished:
                 time.sleep(0.5)

@@ -123,7 +123,8 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
     log(
-        f"ablate {a.name}: {len(specs)} runs -> {out}/runs; report -> {out}/report ({jobs} at a time, {a.get('threads') or 'all'} torch thread(s) each)"
+        f"ablate {a.name}: {len(specs)} runs -> {out}/runs; report -> {out}/report ({jobs} at a time, "
+        f"{a.get('threads') or 'all'} torch thread(s) each)"
     )
     runs = out / "runs"
     if a.retrain:
@@ -156,7 +157,8 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
     multi = [c for c, s in seeds_by_cell(specs).items() if len(s) > 1]
     notes = [
         f"Preset `{experiment_of(overrides)}` ({len(specs)} runs: {train_note}).",
-        f"Seeds: {', '.join(map(str, sorted({s.seed for s in specs})))}; cells with several seeds: {', '.join(multi) or 'none'}.",
+        f"Seeds: {', '.join(map(str, sorted({s.seed for s in specs})))}; cells with several seeds: "
+        f"{', '.join(multi) or 'none'}.",
     ]
     command = "posenc-lab ablate" + ("" if not overrides else " " + " ".join(overrides))
     path = build_report(
@@ -174,6 +176,7 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
         upload(path.parent, [runs], project=str(a.wandb_project), group=f"ablate-{a.name}")
         log(f"logged the report to wandb project {a.wandb_project}")
     log(
-        f"done in {(time.perf_counter() - t0) / 60:.1f} min (this process: {(time.process_time() - cpu0) / 60:.1f} CPU min): {path}"
+        f"done in {(time.perf_counter() - t0) / 60:.1f} min (this process: "
+        f"{(time.process_time() - cpu0) / 60:.1f} CPU min): {path}"
     )
     return 0

@@ -161,7 +161,8 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     unknown = [c for c in extra_cells if not any(_extra(x, [c]) for x in cells)]
     if unknown:
         raise ValueError(
-            f"ablate: ablate.extra_seed_cells names cells not in the grid: {unknown}; the grid's cells: {', '.join(cells)}"
+            f"ablate: ablate.extra_seed_cells names cells not in the grid: {unknown}; the grid's cells: "
+            f"{', '.join(cells)}"
         )
     rank = {seed: i for i, seed in enumerate(dict.fromkeys([*seeds, *extra_seeds]))}
     specs.sort(key=lambda s: rank[s.seed])

@@ -33,7 +33,8 @@ def section(acc: pd.DataFrame, t: pd.DataFrame, figure, settings_line: str, rows
         f"Settings: {settings_line}. A value is planted and must be answered D tokens later; only answers are "
         f"scored. Accuracy by distance (bins of 8), each run evaluated as trained over {rows} streams x {tokens} "
         f"tokens of the test split; beyond one segment (D >= L) an answer can come only from the memory. "
-        f"`beyond_interval`: 95%, seeds and chunks of a few items (independent draws) as units. Per bin: `recall/recall_accuracy.csv`."
+        f"`beyond_interval`: 95%, seeds and chunks of a few items (independent draws) as units. Per bin: "
+        f"`recall/recall_accuracy.csv`."
     )
     return Section(
         "Recall probe",
