@@ -75,6 +75,7 @@ class ReportSettings:
     speed_batch: int = 4
     speed_reps: int = 3
     recall: dumps.AsTrained = field(default_factory=lambda: dumps.AsTrained(n_streams=16, n_tokens=4096))
+    descriptive_seeds: int | None = 1  # extrapolation and attention spans: the first seeds of each cell (None: all)
     device: str = "cpu"  # where the analyses run the models: cpu, cuda, auto
     level: float = 0.95  # of every descriptive interval
     smoke: bool = False  # a smoke run (ablate.smoke): the report judges nothing
@@ -114,6 +115,7 @@ class ReportSettings:
             speed_batch=int(speed.get("batch", cls.speed_batch)),
             speed_reps=int(speed.get("reps", cls.speed_reps)),
             recall=make(dumps.AsTrained, d.pop("recall", None), split=split),
+            descriptive_seeds=d.pop("descriptive_seeds", cls.descriptive_seeds),
             device=str(d.pop("device", None) or "cpu"),
             level=float(d.pop("level", cls.level)),
             smoke=bool(d.pop("smoke", False)),
@@ -153,15 +155,27 @@ def _language_group(group: list[Run], s: ReportSettings, out: Path, log) -> dict
     per_seed = {c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in g]) for c, g in cell_runs.items()}
     ctx_docs = dumps.same_tokens(at_c)
     recl_res = recl(per_seed, grid, ctx_docs, n_boot=s.context.n_boot, level=s.level)
-    ext = extrapolation.analyze(group, out / "extrapolation", s.extrapolation, log=log)
-    att = attention_span.analyze(group, out / "attention", s.attention, log=log)
+    few = [r for g in cell_runs.values() for r in g[: s.descriptive_seeds or len(g)]]  # descriptive: fewer seeds
+    ext = extrapolation.analyze(few, out / "extrapolation", s.extrapolation, log=log)
+    att = attention_span.analyze(few, out / "attention", s.attention, log=log)
     ev = {
         "as_trained": evidence.as_trained(cell_runs, trained),
         "attention_gain": evidence.attention_gain(cell_runs, at_c),
     }
-    if (hz := evidence.horizon_past(cell_runs, ext.tokens)) is not None:
+    few_cells = {c: g[: s.descriptive_seeds or len(g)] for c, g in cell_runs.items()}
+    if (hz := evidence.horizon_past(few_cells, ext.tokens)) is not None:
         ev["horizon_past"] = hz
-    return dict(cells=cell_runs, trained=trained, at_c=at_c, grid=grid, recl=recl_res, ext=ext, att=att, evidence=ev)
+    return dict(
+        cells=cell_runs,
+        few_cells=few_cells,
+        trained=trained,
+        at_c=at_c,
+        grid=grid,
+        recl=recl_res,
+        ext=ext,
+        att=att,
+        evidence=ev,
+    )
 
 
 def _recall_group(group: list[Run], s: ReportSettings, out: Path, log) -> tuple[Section, dict]:
@@ -275,7 +289,7 @@ def build_report(
         )
         sections.append(
             extrapolation_section.section(
-                m["ext"], m["cells"], s.extrapolation, scale, fig, unit_name, sub / "extrapolation", suffix
+                m["ext"], m["few_cells"], s.extrapolation, scale, fig, unit_name, sub / "extrapolation", suffix
             )
         )
         sections.append(attention_section.section(m["att"], s.attention, suffix))

@@ -66,7 +66,8 @@ def section(
         f"{s.horizon_factor} x its training episode T, never reset; `past_episodes_change`: past T, the loss "
         f"minus that of the same tokens with resets every T as in training. `*_change`: the loss at the longest "
         f"applicable length minus at the training length, {unit_name}, 95% intervals (seeds and documents; the "
-        f"same runs at two lengths, seeds paired). Test split, {s.n_rows} rows. Descriptive. Every evaluation, "
+        f"same runs at two lengths, seeds paired; `seeds`: how many of the cell's runs were evaluated). Test split, "
+        f"{s.n_rows} rows. Descriptive. Every evaluation, "
         f"with the reason where a scheme cannot serve a length: `extrapolation/extrapolation.csv`."
     )
     table = res.table.copy()
