@@ -21,6 +21,7 @@ import torch
 
 from posenc_lab.bench import BenchConfig, autocast, environment_line, make_optimizer, pick_device
 from posenc_lab.bench.cli import parse_assignments
+from posenc_lab.data import load_corpus
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.tables import text_table, write_csv, write_table
 
@@ -42,7 +43,6 @@ def loss_curves(
 ) -> dict:
     """Training loss per step of each (precision, seed) run. Returns {"runs": {"fp32/seed0": [losses], ...},
     "steps", "config", "scheme"}; ``scheme`` defaults to ModelConfig's."""
-    from posenc_lab.data import load_corpus
 
     bc = BenchConfig.preset(bench_cfg) if isinstance(bench_cfg, str) else bench_cfg
     scheme = scheme or ModelConfig.posenc

@@ -31,6 +31,8 @@ says so.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy.optimize import isotonic_regression
+
+from posenc_lab.tables import write_csv
 
 R_VALUES = (0.1, 0.5, 1.0)
 THRESHOLD = 0.01
@@ -268,11 +272,6 @@ def from_dumps(paths, n_boot: int = 200, level: float = 0.95, delta: int | None 
 def main(argv=None) -> int:
     """python -m posenc_lab_analysis.recl DUMP_DIR --out DIR: RECL of a folder of controlled-context dumps (a
     report's dumps/contexts/), without loading any model."""
-    import argparse
-    import sys
-
-    from posenc_lab.tables import write_csv
-
     p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.recl", description=main.__doc__)
     p.add_argument("dumps", type=Path, help="a folder of <run>.npz controlled-context dumps")
     p.add_argument("--out", required=True, type=Path)

@@ -52,10 +52,8 @@ def __getattr__(name: str):
 
 
 def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) -> int:
-    """The command line (``cli.main``)."""
-    from .cli import main as cli_main
-
-    return cli_main(argv, omp_policy_applies=omp_policy_applies)
+    """The command line (``cli.main``; loaded when called: importing this package loads no module, see above)."""
+    return importlib.import_module(".cli", __name__).main(argv, omp_policy_applies=omp_policy_applies)
 
 
 __all__ = ["main", *_HOMES]

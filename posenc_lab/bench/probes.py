@@ -8,10 +8,13 @@ pages touched, so it includes allocator caching: a process-level figure, not a t
 
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
+import gc
 import math
 import os
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -53,12 +56,8 @@ def _read_status_kb(key: str) -> int | None:
 
 def _release_free_heap() -> None:
     """Return freed heap pages to the OS (glibc malloc_trim), so RSS growth shows new allocations."""
-    import gc
-
     gc.collect()
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -91,8 +90,6 @@ class PeakMemory:
             self._base = _read_status_kb("VmRSS")
             self.method = "VmHWM - VmRSS at start (clear_refs)"
         else:
-            import resource
-
             self._base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
             self.method = "ru_maxrss delta"
         return self
@@ -104,8 +101,6 @@ class PeakMemory:
         elif self._reset_ok:
             self.peak_mb = max(0.0, (_read_status_kb("VmHWM") - self._base) / 1024)
         else:
-            import resource
-
             self.peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - self._base) / 1024
         return False
 
