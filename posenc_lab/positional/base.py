@@ -112,7 +112,8 @@ class PositionalScheme(nn.Module):
 
     name: str = "base"
     #: "absolute": positions are token indices added at the input (sinusoid, learned, global_sinusoid);
-    #: "relative": positions enter the attention as distances i - j (shaw, xl, rope, alibi, t5);
+    #: "relative": positions enter the attention, as distances i - j (shaw, xl, rope, xpos, alibi, t5, kerple_log,
+    #: kerple_power, sandwich, fire) or as counts over the keys between (cope);
     #: "none": no positional signal (nope). Analysis and reports group schemes by this, never by name.
     kind: str = "none"
     #: auto | fused | unfused: the attention path of the relative schemes (``fused.py``); set by the model

@@ -46,7 +46,9 @@ class _CountedScores(torch.autograd.Function):
     def forward(ctx, content: Tensor, z: Tensor) -> Tensor:
         dtypes, content, P = (content.dtype, z.dtype), content.float(), z.shape[-1] - 1
         gates = torch.sigmoid(content)  # g_it, 0 where t is not visible
-        count = gates.flip(-1).cumsum(-1).flip(-1).clamp_(max=P)  # p_ij = sum over t >= j (t > i: not visible)
+        count = gates.flip(-1).cumsum(-1).flip(-1)  # p_ij = sum over t >= j (t > i: not visible)
+        if P < count.shape[-1]:  # a count may pass P (at most N keys are counted)
+            count.clamp_(max=P)
         index = count.long()  # floor p (p >= 0)
         w = count.sub_(index)  # p - floor p
         slope = torch.empty_like(z, dtype=torch.float32)  # z_i[n + 1] - z_i[n]; 0 at n = P, where w = 0
