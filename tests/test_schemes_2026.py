@@ -139,6 +139,18 @@ def test_bias_schemes_fused_path_equals_naive(reference, name, L, M, same_length
     assert_equals_naive(name, scheme, q, k, v, make_positions(L, M, same_length))
 
 
+@pytest.mark.slow  # compiles flex_attention for the CPU: 15-60 s per scheme on 2 shared cores
+@pytest.mark.parametrize("name", BIAS)
+def test_compiled_cpu_forward_equals_naive(name):
+    """What attention_impl=fused runs in CPU evaluation: the compiled kernel of each score_mod, no gradient."""
+    scheme, (L, M) = new_scheme(name), (5, 9)
+    scheme.attention_impl = "fused"
+    pos, (q, k, v) = make_positions(L, M, same_length=True), qkv(L, M)
+    with torch.no_grad():
+        want = naive_attend(name, scheme, 1, q, k, v, pos)
+        torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", BIAS)
 def test_bias_schemes_auto_rule_is_alibis_or_t5s(name, monkeypatch):
     """auto: never on CPU; on CUDA a learned bias fuses from any key count (as t5), a fixed one never (as alibi)."""
