@@ -360,3 +360,17 @@ def test_every_new_scheme_trains_with_memory_and_episode_resets():
         assert torch.isfinite(loss), name
         for pname, p in model.scheme.named_parameters():
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.any(), (name, pname)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_each_new_scheme_trains_and_evaluates_past_its_training_memory(name, tmp_path):
+    """The entry points with no other edit: Hydra's posenc=<name> trains (lengths sized by the scheme), and the
+    checkpoint evaluates at three times the training memory (CoPE's counts clamped at max_position, FIRE's
+    queries past their threshold)."""
+    from posenc_lab.evaluate import evaluate_checkpoint
+    from posenc_lab.train import train
+    from tests.helpers_train import compose_config, tiny
+
+    results = train(compose_config("train", tiny(tmp_path / "run", tmp_path / "cache", f"posenc={name}", steps=2)))
+    longer = evaluate_checkpoint(results["checkpoint"], mem_len=48, max_batches=2)
+    assert math.isfinite(longer["loss"]) and longer["mem_len"] == 48
