@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .adaptive_softmax import AdaptiveSoftmax
-from .positional import Dims, PositionalScheme, Positions, build_scheme
+from .positional import SCHEMES, Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
 from .positional.fused import IMPLS
 from .positional.xl import XLRelative
@@ -74,6 +74,10 @@ class ModelConfig:
     init: str = "gpt2"  # gpt2 | published (see MemoryTransformer.__init__)
     posenc: str = XLRelative.name  # the default scheme
     posenc_kwargs: dict = field(default_factory=dict)
+    # Randomized positions (Ruoss et al. 2023): P makes each segment's M + L keys take an ordered random subset of
+    # [0, P), drawn anew every forward, training and evaluation alike (as the authors' code), the queries the last L
+    # of them; null: the token indices -M..L-1. A scheme that reads no position index refuses it, saying why.
+    random_positions: int | None = None
     attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
 
     def __post_init__(self) -> None:
@@ -123,6 +127,14 @@ class ModelConfig:
                 out.append(
                     f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
                     f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)"
+                )
+        if self.random_positions is not None:
+            if (problem := int_problem("model.random_positions", self.random_positions, 1)) is not None:
+                out.append(problem)
+            elif self.posenc in SCHEMES and (refused := SCHEMES[self.posenc].random_positions_refused):
+                out.append(
+                    f"model.random_positions={self.random_positions} does not apply to posenc={self.posenc}: "
+                    f"{refused}; set model.random_positions=null"
                 )
         return [p for p in out if p]
 
@@ -274,6 +286,20 @@ class MemoryTransformer(nn.Module):
         _check_int("mem_len", mem_len, 0)
         _check_int("max_offset", max_offset, 0)
         self.scheme.validate(segment_len, mem_len, max_offset)
+        if self.cfg.random_positions is not None:
+            self._check_random_positions(segment_len + mem_len)
+            try:  # positions reach P - 1, as those of a segment of P tokens do
+                self.scheme.validate(self.cfg.random_positions, 0, max_offset)
+            except ValueError as e:
+                raise ValueError(f"with model.random_positions={self.cfg.random_positions}: {e}") from e
+
+    def _check_random_positions(self, keys: int) -> None:
+        if keys > self.cfg.random_positions:
+            raise ValueError(
+                f"model.random_positions={self.cfg.random_positions} is fewer than the {keys} keys of a segment "
+                f"(mem_len + segment_len), each of which takes its own position in [0, random_positions); "
+                f"raise it to at least {keys}"
+            )
 
     def positions(
         self,
@@ -286,7 +312,11 @@ class MemoryTransformer(nn.Module):
     ) -> Positions:
         """Queries at i = 0..L-1, keys at j = -M..L-1; key j visible to query i iff j <= i and, with
         same_length, i - j < W: W = mem_len + 1 keys ("mem_len+1") or W = mem_len ("mem_len", published).
-        mem_len, same_length: None is the config's."""
+        mem_len, same_length: None is the config's.
+
+        With ``random_positions`` P the keys instead take M + L distinct positions drawn from [0, P), sorted
+        (one draw per segment, shared by the streams and the layers): the memory keys the smallest M, so they stay
+        before the queries and in order, the queries the largest L. Visibility still counts keys, not positions."""
         mem_len = self.cfg.mem_len if mem_len is None else mem_len
         q = torch.arange(L, device=device)
         k = torch.arange(-M, L, device=device)
@@ -294,7 +324,11 @@ class MemoryTransformer(nn.Module):
         if self.cfg.same_length if same_length is None else same_length:
             window = mem_len + (self.cfg.same_length_keys == "mem_len+1")
             visible &= k[None, :] > q[:, None] - window
-        return Positions(q=q, k=k, offset=offset, visible=visible)
+        if self.cfg.random_positions is None:
+            return Positions(q=q, k=k, offset=offset, visible=visible)
+        self._check_random_positions(M + L)
+        k = torch.randperm(self.cfg.random_positions, device=device)[: M + L].sort().values  # ordered subset of [0, P)
+        return Positions(q=k[M:], k=k, offset=offset, visible=visible, consecutive=False)
 
     def init_mems(self) -> list[Tensor]:
         return []

@@ -10,12 +10,19 @@ import torch.nn.functional as F
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
-from tests.schemes import GLOBAL_SINUSOID, LEARNED, ROPE, SHAW, SINUSOID, T5, XL
+from tests.schemes import COPE, FIRE, GLOBAL_SINUSOID, LEARNED, ROPE, SHAW, SINUSOID, T5, XL
 
 ALL = SCHEME_NAMES
 RELATIVE = schemes_of_kind("relative")
-# Options that make the interesting branches reachable at test sizes (clipping, log buckets).
-OPTIONS = {SHAW: {"K": 3}, T5: {"n_buckets": 8, "max_distance": 20}, LEARNED: {"max_positions": 64}}
+# Options that make the interesting branches reachable at test sizes (clipping, log buckets, FIRE's
+# interpolation past its threshold, CoPE's counts clamped at its maximum position).
+OPTIONS = {
+    SHAW: {"K": 3},
+    T5: {"n_buckets": 8, "max_distance": 20},
+    LEARNED: {"max_positions": 64},
+    FIRE: {"init_threshold": 3.0},
+    COPE: {"max_position": 6},
+}
 V, B = 23, 2
 
 

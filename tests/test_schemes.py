@@ -1,4 +1,4 @@
-"""The positional schemes, one at a time, against the math of SCHEMES.md.
+"""The positional schemes, one at a time, against the math of docs/SCHEMES.md.
 
 Tests may materialise per-pair quantities the implementation must not: every naive reference here
 loops over (query, key) pairs on small sizes and builds the sinusoid from its formula.
@@ -28,14 +28,21 @@ from posenc_lab.positional import (
     sized_options,
 )
 from posenc_lab.positional.xl import relative_shift
-from tests.schemes import ALIBI, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, T5, XL
+from tests.schemes import ALIBI, COPE, FIRE, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, T5, XL
 
 ALL = SCHEME_NAMES
 RELATIVE = schemes_of_kind("relative")
 ABSOLUTE = schemes_of_kind("absolute")
 CONF = Path(__file__).resolve().parent.parent / "conf" / "posenc"
-# Options that make the interesting branches reachable at test sizes (clipping, log buckets).
-OPTIONS = {SHAW: {"K": 2}, T5: {"n_buckets": 8, "max_distance": 20}, LEARNED: {"max_positions": 64}}
+# Options that make the interesting branches reachable at test sizes (clipping, log buckets, FIRE's
+# interpolation past its threshold, CoPE's counts clamped at its maximum position).
+OPTIONS = {
+    SHAW: {"K": 2},
+    T5: {"n_buckets": 8, "max_distance": 20},
+    LEARNED: {"max_positions": 64},
+    FIRE: {"init_threshold": 3.0},
+    COPE: {"max_position": 6},
+}
 
 B, H, D = 2, 4, 16
 DH = D // H
@@ -59,7 +66,7 @@ def make_scheme(name: str, n_layer: int = 2, **options) -> torch.nn.Module:
 
 
 def make_positions(L: int, M: int, same_length: bool = False, offset: int = 0) -> Positions:
-    """Built from the notation of SCHEMES.md, independently of the model."""
+    """Built from the notation of docs/SCHEMES.md, independently of the model."""
     q, k = torch.arange(L), torch.arange(-M, L)
     visible = k[None, :] <= q[:, None]
     if same_length:
@@ -145,7 +152,7 @@ def test_documented_options_exist():
     assert set(scheme_options(SHAW)) == {"K"}
     assert set(scheme_options(LEARNED)) == {"max_positions", "overflow"}
     assert set(scheme_options(T5)) == {"n_buckets", "max_distance"}
-    assert set(scheme_options(ROPE)) == {"base"}
+    assert set(scheme_options(ROPE)) == {"base", "scaling", "factor", "original_len"}
 
 
 @pytest.mark.parametrize(

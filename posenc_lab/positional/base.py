@@ -44,12 +44,16 @@ class Positions:
     q: [L] query positions i = 0..L-1.  k: [N] key positions j = -M..L-1, N = M + L.
     offset: [B] stream offset s of each stream's first token (tokens since its episode began).
     visible: [L, N] bool, True where key j may be attended by query i (causal, optional same-length).
+    consecutive: True when the keys sit one position apart (k = -M..L-1, q = its last L), the layout the
+    relative shift and the per-distance tables of ``fused.py`` index by; False under ``model.random_positions``
+    (an ordered random subset with gaps: k[0] < k[1] < ... < k[N-1], q = k[M:]).
     """
 
     q: Tensor
     k: Tensor
     offset: Tensor
     visible: Tensor
+    consecutive: bool = True
 
     @property
     def distance(self) -> Tensor:
@@ -58,7 +62,13 @@ class Positions:
 
     def shifted(self, by: int) -> Positions:
         """The same segment with every position moved by ``by`` (for invariance tests)."""
-        return Positions(self.q + by, self.k + by, self.offset + by, self.visible)
+        return Positions(self.q + by, self.k + by, self.offset + by, self.visible, self.consecutive)
+
+    @property
+    def max_distance(self) -> int:
+        """The largest distance of the segment, q[-1] - k[0]: N - 1 when consecutive (read from the shapes), else
+        read from the device (one sync), the length a per-distance table must cover."""
+        return self.k.shape[0] - 1 if self.consecutive else int(self.q[-1] - self.k[0])
 
 
 class PositionDropout(nn.Dropout):
@@ -67,6 +77,15 @@ class PositionDropout(nn.Dropout):
 
     def __init__(self):
         super().__init__(0.0)
+
+
+def project_(param: Tensor, low: float, high: float | None = None) -> Tensor:
+    """Keep a constrained parameter inside [low, high] (projected gradient descent, as KERPLE's authors do):
+    clamped in place before each use, so that an optimiser step that left the range is undone before the
+    next forward. Through ``.data``, so autograd's version counter is untouched and a graph still waiting for
+    its backward stays valid: the value only changes right after an optimiser step."""
+    param.data.clamp_(min=low, max=high)
+    return param
 
 
 def mask_to_bias(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -93,7 +112,8 @@ class PositionalScheme(nn.Module):
 
     name: str = "base"
     #: "absolute": positions are token indices added at the input (sinusoid, learned, global_sinusoid);
-    #: "relative": positions enter the attention as distances i - j (shaw, xl, rope, alibi, t5);
+    #: "relative": positions enter the attention, as distances i - j (shaw, xl, rope, xpos, alibi, t5, kerple_log,
+    #: kerple_power, sandwich, fire) or as counts over the keys between (cope);
     #: "none": no positional signal (nope). Analysis and reports group schemes by this, never by name.
     kind: str = "none"
     #: auto | fused | unfused: the attention path of the relative schemes (``fused.py``); set by the model
@@ -102,6 +122,12 @@ class PositionalScheme(nn.Module):
     #: auto's choice on CUDA: the fused path once the attention has at least this many keys (M + L);
     #: None: auto keeps the unfused path. Set per scheme from the H200 measurements in docs/PERFORMANCE.md.
     fused_from_keys: int | None = None
+    #: Why ``model.random_positions`` (Ruoss et al. 2023: positions an ordered random subset of [0, P), with
+    #: gaps) does not apply to this scheme; None: it applies. The model refuses the option naming this reason.
+    random_positions_refused: str | None = None
+    #: Relative schemes: None if a score depends on its pair's content and distance i - j alone, so that the
+    #: same content at the same distance scores the same wherever it sits (tests pin it); else why not.
+    not_translation_invariant: str | None = None
 
     @property
     def absolute(self) -> bool:

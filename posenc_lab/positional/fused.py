@@ -7,9 +7,14 @@ scheme here is a score_mod over the distance d = i - j + M (query i in [0, L), k
 
     alibi  s + table[h, d]                  table = -m_h d                    [H, N]
     t5     s + table[h, d]                  table = b_h(bucket(d))            [H, N]
+    kerple_log, kerple_power, sandwich      the same, their kernel of d       [H, N]
+    fire   s + bias[h, i, j]                bias = f(psi(d) / psi(max(L, i)))  [H, L, N]
     xl     (q_i + u) . k_j / sqrt(d_h) + bd[b, h, i, d],
                                             bd = (q_i + v) . W_{k,R} R_d / sqrt(d_h)   [B, H, L, N]
     shaw   s + qa[b, h, i, min(d, K)],      qa = q_i . a^K_{K-d} / sqrt(d_h)           [B, H, L, K+1]
+
+With ``model.random_positions`` the positions have gaps: the tables then cover every distance up to the
+largest (D + 1 columns instead of N) and the column of a pair is read from its positions.
 
 xl's per-distance table is as large as one probability matrix, but it is read once and never
 normalised, stored for the softmax or written back per pair. Shaw's value term needs the
@@ -23,7 +28,9 @@ it on CUDA only, and only where it was measured faster (an H200, bf16, docs/PERF
 scheme's ``fused_from_keys`` says from how many keys (M + L) on: t5 always (its bias gradient makes
 the unfused step 2.2x slower), xl from 1024 (below, reading the [B, H, L, N] table in the kernel costs
 more than the softmax it saves), alibi and shaw never (SDPA with a fixed bias, and Shaw's per-distance
-correction, beat it). On CPU training cannot use it, and for evaluation compiling costs 30-140 s per
+correction, beat it). The schemes added later were not measured on a GPU; they follow the measured scheme
+they resemble: kerple_log, kerple_power and fire (a learned bias, whose gradient SDPA cannot give) as t5,
+sandwich (a fixed bias) as alibi. On CPU training cannot use it, and for evaluation compiling costs 30-140 s per
 shape on 2 cores for a kernel that was no faster (docs/PERFORMANCE.md, table D).
 ``fused`` forces it (CPU: evaluation of xl, t5, alibi), failing with the
 reason where it cannot run; ``unfused`` keeps the schemes' own explicit attention. Attention
@@ -126,35 +133,55 @@ def block_mask(pos: Positions):
 
 
 def distances(pos: Positions) -> Tensor:
-    """[N] distances of the last query to every key, N-1 .. 0: column c of every per-distance table
-    holds distance N-1-c."""
-    return pos.q[-1] - pos.k
+    """[D + 1] the distances D .. 0 a per-distance table covers, D = ``pos.max_distance``: column c of every
+    per-distance table holds distance D - c. Consecutive positions: the last query's distance to every key
+    (D = N - 1); with gaps (``model.random_positions``): every distance up to the largest."""
+    if pos.consecutive:
+        return pos.q[-1] - pos.k
+    return torch.arange(pos.max_distance, -1, -1, device=pos.q.device)
 
 
-def _column(L: int, N: int, i: Tensor, j: Tensor) -> Tensor:
-    """Table column of the pair (i, j): distance M + i - j sits at column L-1-i+j; future keys
-    (masked anyway) read the distance-0 column, so that every read is in bounds."""
-    return torch.clamp(L - 1 - i + j, max=N - 1)
+def _column(pos: Positions):
+    """(i, j) -> the table column of the pair, D - (q_i - k_j); future keys (masked anyway) read the distance-0
+    column, so that every read is in bounds. Consecutive positions: L-1-i+j from the indices alone; with gaps
+    the positions are read from q and k."""
+    L, N = pos.visible.shape
+    if pos.consecutive:
+        return lambda i, j: torch.clamp(L - 1 - i + j, max=N - 1)
+    D = torch.tensor(pos.max_distance, device=pos.q.device)
+    q, k = pos.q, pos.k
+    return lambda i, j: torch.minimum(D - (q[i] - k[j]), D)
 
 
 def attend_distance_bias(q: Tensor, k: Tensor, v: Tensor, pos: Positions, table: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d_h) + table[h, col(i, j)]) v.  table: [H, N], column c: distance N-1-c."""
-    L, N = pos.visible.shape
-    table = table.to(q.dtype)
+    """softmax(q k^T / sqrt(d_h) + table[h, col(i, j)]) v.  table: [H, D + 1], column c: distance D-c
+    (``distances``)."""
+    column, table = _column(pos), table.to(q.dtype)
 
     def score_mod(s, b, h, i, j):
-        return s + table[h, _column(L, N, i, j)]
+        return s + table[h, column(i, j)]
+
+    return _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask(pos))
+
+
+def attend_pair_bias(q: Tensor, k: Tensor, v: Tensor, pos: Positions, bias: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d_h) + bias[h, i, j]) v.  bias: [H, L, N], one scalar per head and pair (a bias
+    that is no function of the distance alone: FIRE's)."""
+    bias = bias.to(q.dtype)
+
+    def score_mod(s, b, h, i, j):
+        return s + bias[h, i, j]
 
     return _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask(pos))
 
 
 def attend_xl(q_u: Tensor, k: Tensor, v: Tensor, pos: Positions, bd: Tensor) -> Tensor:
     """softmax((q_i + u) . k_j / sqrt(d_h) + bd[b, h, i, col(i, j)]) v.  q_u: q + u;
-    bd: [B, H, L, N] (b)+(d) already scaled, column c: distance N-1-c."""
-    L, N = pos.visible.shape
+    bd: [B, H, L, D + 1] (b)+(d) already scaled, column c: distance D-c (``distances``)."""
+    column = _column(pos)
 
     def score_mod(s, b, h, i, j):
-        return s + bd[b, h, i, _column(L, N, i, j)]
+        return s + bd[b, h, i, column(i, j)]
 
     return _flex()(q_u, k, v, score_mod=score_mod, block_mask=block_mask(pos))
 
@@ -162,6 +189,11 @@ def attend_xl(q_u: Tensor, k: Tensor, v: Tensor, pos: Positions, bd: Tensor) -> 
 def attend_shaw(q: Tensor, k: Tensor, v: Tensor, pos: Positions, qa: Tensor, a_value: Tensor) -> Tensor:
     """Shaw's attention (see the module docstring). qa: [B, H, L, K+1], column d: q_i . a^K_{K-d} / sqrt(d_h)
     (d = K: every distance >= K); a_value: [2K+1, d_h] this layer's a^V."""
+    if not pos.consecutive:
+        raise RuntimeError(
+            "model.attention_impl=fused: shaw's fused path reads its K nearest keys as diagonals, which needs "
+            "consecutive positions, not model.random_positions; use attention_impl=auto or unfused"
+        )
     B, H, L, d_h = q.shape
     N, K = k.shape[2], qa.shape[-1] - 1
     M, n = N - L, min(K, N)

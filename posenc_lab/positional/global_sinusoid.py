@@ -15,6 +15,11 @@ from .registry import register
 class GlobalSinusoid(PositionalScheme):
     name = "global_sinusoid"
     kind = "absolute"
+    random_positions_refused = (
+        "its positions are the stream offset s + i, counted across segments: a random subset drawn per segment "
+        "would not keep a stream's positions increasing from one segment to the next, and the unbounded count "
+        "is what this scheme exists to measure (the horizon axis)"
+    )
 
     def embed(self, h: Tensor, pos: Positions) -> Tensor:
         global_pos = pos.offset[:, None] + pos.q[None, :]  # [B, L]: s + i

@@ -7,3 +7,4 @@ from .registry import register
 @register
 class NoPE(PositionalScheme):
     name = "nope"
+    random_positions_refused = "it reads no position: there is no positional signal to randomise"

@@ -15,7 +15,9 @@ diagonals of the [L, N] block, since a causal decoder only sees j - i <= 0:
 
 (row 0 of the tables is clip(j - i) = -K, the far row). The scores are one GEMM, as for plain
 attention (k + a^K_0 is a [N, d_h] add), plus K diagonals of [L] entries; the values one GEMM plus the
-K diagonals of the probabilities (a strided view) times [K, d_h].
+K diagonals of the probabilities (a strided view) times [K, d_h]. With ``model.random_positions`` (positions
+with gaps) the near distances are no diagonals: each pair gathers its row's score term, and the values sum
+the probabilities per row (a scatter), then times a^V.
 """
 
 import torch
@@ -152,6 +154,9 @@ class Shaw(PositionalScheme):
         n = min(K, N)
         a_key = self.a_key[layer].to(q.dtype)
         q = q * scale  # 1/sqrt(d_h) applied to [L, d_h], not to [L, N]
+        if not pos.consecutive:  # gaps (model.random_positions): each pair gathers q_i . (a^K_b - a^K_0), b its row
+            rows = (q @ (a_key - a_key[0]).T).gather(-1, self.buckets(pos).expand(*q.shape[:-1], N))
+            return q @ (k + a_key[0]).transpose(-1, -2) + rows + mask_to_bias(pos.visible, q.dtype)
         # distance d < K reads a^K_{K-d} instead of the far row: q_i . (a^K_{K-d} - a^K_0) / sqrt(d_h) onto
         # diagonal d; near column t: distance n-1-t, row K-n+1+t (as for the values below)
         near = q @ (a_key[K + 1 - n : K + 1] - a_key[0]).T  # [B, H, L, n]
@@ -175,6 +180,9 @@ class Shaw(PositionalScheme):
         # CUDA autocast keeps the softmax in fp32; the product with v runs in v's dtype anyway, and the
         # hand-written backward needs all three in one dtype
         probs, a_value = probs.to(v.dtype), self.a_value[layer].to(v.dtype)
+        if not pos.consecutive:  # gaps: sum the probabilities per row b, then z_i = sum_j p_ij v_j + sum_b P_ib a^V_b
+            per_row = probs.new_zeros(*probs.shape[:-1], 2 * K + 1)
+            return probs @ v + per_row.scatter_add_(-1, self.buckets(pos).expand_as(probs), probs) @ a_value
         # z_i = sum_j p_ij v_j + sum_b P_ib a^V_b, with the bucket sums P_ib written as
         #     sum_b P_ib a^V_b = (sum_j p_ij) a^V_0 + sum_{d < n} p_{i, i-d} (a^V_{K-d} - a^V_0):
         # every key gets the far row a^V_0, the n nearest distances are corrected (diagonals of p).

@@ -16,7 +16,8 @@ than these few lines. No [L, N, D] tensor of R vectors is ever built.
 ``clamp_len``: distances past it use R_{clamp_len}; null means no clamp (the published code's
 ``clamp_len <= 0``). 0 is refused: the published code reads it as "no clamp", a plain reading as
 "every distance is 0". With the model's ``pos_dropout``, R is dropped out once per segment and every
-layer sees the same dropped R, as in the published code.
+layer sees the same dropped R, as in the published code. With ``model.random_positions`` (positions with gaps)
+(b)+(d) is computed for every distance up to the largest and each pair gathers its own, in place of the shift.
 """
 
 import math
@@ -99,9 +100,10 @@ class XLRelative(PositionalScheme):
         return u[None, :, None, :], v[None, :, None, :]  # [1, H, 1, d_h]
 
     def distances(self, pos: Positions, future: int = 0) -> Tensor:
-        """[N + future] distances of the last query to every key, N-1 .. 0 (then -1 .. -future for
-        ``future`` keys past the segment, masked anyway), capped at clamp_len."""
-        d = pos.q[-1] - torch.cat([pos.k, pos.k[-1] + torch.arange(1, future + 1, device=pos.k.device)])
+        """[D + 1 + future] the distances D .. 0 (``fused.distances``: the last query's to every key, D = N - 1,
+        unless positions have gaps), then -1 .. -future for ``future`` keys past the segment (masked anyway),
+        capped at clamp_len."""
+        d = torch.cat([fused.distances(pos), -torch.arange(1, future + 1, device=pos.k.device)])
         return d if self.clamp_len is None else d.clamp(max=self.clamp_len)
 
     def position_vectors(self, layer: int, pos: Positions, dtype: torch.dtype, future: int = 0) -> Tensor:
@@ -110,7 +112,7 @@ class XLRelative(PositionalScheme):
         if self.training and self.pos_drop.p > 0:  # one dropout mask per segment, shared by all layers
             if self._dropped_R is None or self._dropped_R[0] is not pos:
                 self._dropped_R = (pos, self.pos_drop(sinusoid_table(self.distances(pos, 1), self.dims.d_model)))
-            R = self._dropped_R[1][: pos.k.shape[0] + future].to(dtype)
+            R = self._dropped_R[1][: pos.max_distance + 1 + future].to(dtype)
         else:
             R = sinusoid_table(self.distances(pos, future), self.dims.d_model).to(dtype)  # [N, D]
         return self.w_kr[layer](R).view(-1, H, d_h).transpose(0, 1)  # W_{k,R} R
@@ -123,17 +125,24 @@ class XLRelative(PositionalScheme):
     def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
         """[B, H, L, N] masked scores A_ij / sqrt(d_h), -inf where key j is not visible to query i."""
         B, H, L, d_h = q.shape
-        N, W, scale = k.shape[2], k.shape[2] + 1, 1.0 / math.sqrt(d_h)
+        N, scale = k.shape[2], 1.0 / math.sqrt(d_h)
         u, v = self._uv(layer)
         q = q.contiguous() * scale  # 1/sqrt(d_h) applied to [L, d_h] here, not to [L, N] later
         qu = (q + u.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + u) / sqrt(d_h)
         qv = (q + v.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + v) / sqrt(d_h)
         # (b)+(d) for the distances N-1 .. -1 (one future column keeps the shifted view free of overlap): [B*H, L, W]
         r = self.position_vectors(layer, pos, q.dtype, future=1)  # [H, W, d_h]
+        W = r.shape[1]
         bd = torch.bmm(qv, r.transpose(1, 2).expand(B, H, d_h, W).reshape(B * H, d_h, W))
         # (a)+(c): [B*H, L, N]; then A_ij / sqrt(d_h) = (a)+(c) + shifted (b)+(d), where (i, j) holds distance
         # M + i - j. bmm and adds, not baddbmm: on the EPYC baddbmm took twice a bmm's time.
-        a = _AddShifted.apply(torch.bmm(qu, k.reshape(B * H, N, d_h).transpose(1, 2)), bd)
+        ac = torch.bmm(qu, k.reshape(B * H, N, d_h).transpose(1, 2))
+        if pos.consecutive:
+            a = _AddShifted.apply(ac, bd)
+        else:  # positions with gaps (model.random_positions): no shift lines (i, j) up, each pair reads its column
+            D = pos.max_distance
+            column = (D - pos.distance).clamp(max=D)  # distance q_i - k_j sits at column D - it; future keys: D
+            a = ac + bd.gather(-1, column.expand(B * H, L, N))
         # the mask as an additive -inf: its backward is the identity (a masked_fill's costs a pass)
         return a.add_(mask_to_bias(pos.visible, q.dtype)).view(B, H, L, N)
 
