@@ -260,3 +260,36 @@ def test_damaged_analysis_files_recover_or_name_what_to_delete(tiny, tmp_path, c
         load_run(broken)
     assert report.main([str(broken), "--out", str(tmp_path / "rep2"), "--no-speed"]) == 2
     assert str(broken / "results.json") in capsys.readouterr().err
+
+
+def test_compare_two_runs_and_refuse_what_cannot_be_compared(tiny, tmp_path, capsys):
+    """`posenc-lab compare A B`: the difference with its interval beside each side's figure; a side of another
+    corpus, and a folder of runs that differ by more than their seed, are refused before any evaluation."""
+    from posenc_lab_analysis import compare
+
+    runs = tiny / "runs"
+    assert (
+        compare.main(
+            [
+                str(runs / "xl_mem16_full_seed0"),
+                str(runs / "xl_mem0_full_seed0"),
+                "--n-streams",
+                "8",
+                "--n-tokens",
+                "256",
+                "--out",
+                str(tmp_path / "dumps"),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    a = float(re.search(r"A: .* test bpb (\d+\.\d+)", out).group(1))
+    b = float(re.search(r"B: .* test bpb (\d+\.\d+)", out).group(1))
+    diff = float(re.search(r"A - B: ([-+]\d+\.\d+) \[", out).group(1))
+    assert diff == pytest.approx(a - b, abs=2e-4) and "one seed" in out
+    assert len(list((tmp_path / "dumps").glob("*.npz"))) == 2
+    assert compare.main([str(runs / "xl_mem16_full_seed0"), str(runs / "recall_xl_mem16_full_seed0")]) == 2
+    assert "other corpora or tokenizers" in capsys.readouterr().err
+    assert compare.main([str(runs), str(runs / "xl_mem0_full_seed0")]) == 2
+    assert "differ by more than their seed" in capsys.readouterr().err

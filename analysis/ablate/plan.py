@@ -99,8 +99,9 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     extra_cells = [str(c) for c in a.get("extra_seed_cells") or []]
     no_memory = a.get("no_memory_schemes")
     valid = scheme_names()
+    schemes = list(valid) if a.schemes == "all" else list(a.schemes)  # "all": every registered scheme
     named = {
-        "ablate.schemes": list(a.schemes),
+        "ablate.schemes": schemes,
         "ablate.no_memory_schemes": list(no_memory or []),
         "ablate.half_loss.schemes": list((a.get("half_loss") or {}).get("schemes") or []),
         "ablate.recall.schemes": list((a.get("recall") or {}).get("schemes") or []),
@@ -135,7 +136,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
             f"ablate.recurrence=[false]"
         )
     check_corpus_options(cfg.data.name, cfg.data.get("corpus") or {})
-    for scheme in a.schemes:
+    for scheme in schemes:
         for rec in a.recurrence:
             if rec or no_memory is None or scheme in no_memory:
                 add(None, scheme, bool(rec), 1.0, base, mem, cfg)

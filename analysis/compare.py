@@ -1,0 +1,118 @@
+"""``posenc-lab compare A B``: is my variant better than the baseline? Each side is a run directory, or a folder
+of runs equal but for their seed (a cell). Every run is evaluated as trained on the same test tokens
+(``dumps.as_trained``) and the difference of the two sides' mean loss is given with its interval, seeds and
+documents as the units (``stats.paired_difference``), beside each side's own figure.
+
+    posenc-lab compare runs/my_variant runs/baseline
+    posenc-lab compare runs/ablate/ablation/runs/xl_mem32_full_seed0 runs/ablate/ablation/runs/xl_mem0_full_seed0
+
+Refused, with the reason, before any evaluation: sides of different corpora or tokenizers (vocabulary, unit,
+the corpus's SHA-256 in run.json), and a folder whose runs differ by more than their seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from posenc_lab.metrics import figure_name, figure_scale
+from posenc_lab.rundir import RunDir, differences
+
+from .dumps import AsTrained, as_trained, same_tokens, stack
+from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
+from .stats import mean_interval, paired_difference
+
+
+def side(path: Path) -> list[Run]:
+    """The runs of one side: one run, or a folder of runs equal but for their seed."""
+    runs = find_runs([path])
+    if len(runs) > 1:
+        first = RunDir(runs[0].path).identity() or {}
+        for r in runs[1:]:
+            now = RunDir(r.path).identity() or {}
+            diff = [d for d in differences({**first, "seed": None}, {**now, "seed": None}) if d]
+            if diff:
+                raise RunError(
+                    f"{path} holds runs that differ by more than their seed ({runs[0].name} vs {r.name}: "
+                    f"{'; '.join(diff[:4])}); give one run or a folder of one cell's seeds"
+                )
+    return runs
+
+
+def comparable(a: list[Run], b: list[Run]) -> None:
+    """RunError unless both sides score the same text with the same tokenizer."""
+    ca, cb = ((RunDir(x[0].path).identity() or {}).get("corpus") or {} for x in (a, b))
+    for key in ("name", "unit", "vocab_size", "sha256"):
+        if ca.get(key) != cb.get(key):
+            raise RunError(
+                f"the sides were trained on other corpora or tokenizers: {key} {ca.get(key)!r} (A) vs "
+                f"{cb.get(key)!r} (B); compare runs of one corpus"
+            )
+    if a[0].corpus_key != b[0].corpus_key:
+        raise RunError(f"the sides use other corpus options: {a[0].corpus_key} (A) vs {b[0].corpus_key} (B)")
+
+
+def compare(a: list[Run], b: list[Run], settings: AsTrained, work: Path, level: float = 0.95, log=print) -> dict:
+    comparable(a, b)
+    dumps = {}
+    for name, runs in (("A", a), ("B", b)):
+        for r in runs:
+            log(f"  evaluating {name}: {r.label} ({r.path})")
+            dumps[str(r.path)] = as_trained(r, settings, work / f"{name}_{r.name}.npz", log)
+    documents = same_tokens(dumps)
+    xa, xb = stack([dumps[str(r.path)] for r in a]), stack([dumps[str(r.path)] for r in b])
+    unit = a[0].unit
+    unit_name, scale = figure_scale(unit)
+    return {
+        "figure": figure_name(unit),
+        "unit": unit_name,
+        "a": mean_interval(xa, documents, level).scaled(scale),
+        "b": mean_interval(xb, documents, level).scaled(scale),
+        "difference": paired_difference(xa, xb, documents, level).scaled(scale),
+        "tokens": len(documents),
+        "documents": len(np.unique(documents)),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="posenc-lab compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("a", type=Path, help="a run directory, or a folder of one cell's seeds")
+    p.add_argument("b", type=Path, help="the baseline: a run directory, or a folder of one cell's seeds")
+    p.add_argument("--split", default="test", choices=("val", "test"), help="the held-out text (default: test)")
+    p.add_argument("--n-streams", type=int, default=64, help="streams spread over the split")
+    p.add_argument("--n-tokens", type=int, default=4096, help="scored tokens per stream")
+    p.add_argument("--level", type=float, default=0.95)
+    p.add_argument("--out", type=Path, help="keep the per-token dumps here (default: a temporary folder)")
+    add_threads_argument(p)
+    args = p.parse_args(argv)
+    apply_threads(args.threads)
+    try:
+        a, b = side(args.a), side(args.b)
+        settings = AsTrained(args.split, args.n_streams, args.n_tokens)
+        with tempfile.TemporaryDirectory() as tmp:
+            r = compare(a, b, settings, args.out or Path(tmp), args.level)
+    except (RunError, ValueError) as e:
+        print(f"posenc-lab compare: error: {e}", file=sys.stderr)
+        return 2
+    d = r["difference"]
+    print(f"A: {args.a} ({len(a)} seed(s)): {args.split} {r['figure']} {r['a'].text(4, signed=False)}")
+    print(f"B: {args.b} ({len(b)} seed(s)): {args.split} {r['figure']} {r['b'].text(4, signed=False)}")
+    print(
+        f"A - B: {d.text(4)} {r['unit']} ({d.level:.0%} interval over seeds and {r['documents']} documents, "
+        f"{r['tokens']:,} tokens; t with {d.df:.1f} df); one-sided p that A is lower: {d.p_value('<0'):.3g}, "
+        f"higher: {d.p_value('>0'):.3g}"
+    )
+    if not d.covers_seeds:
+        print("note: a side has one seed: the interval covers the evaluation text only, not the training seed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
