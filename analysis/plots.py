@@ -119,7 +119,8 @@ def gain_curves(curves: pd.DataFrame, path: Path, threshold: float = 0.01) -> Pa
             ax.scatter(c["c"], c["gain"], color=colours[r], s=6)
         ax.axhline(threshold, color="grey", ls="--", lw=0.8)
         ax.set_title(cell, fontsize=9)
-    g.add_legend()
+    handles = [matplotlib.lines.Line2D([], [], color=c, label=f"r = {r:g}") for r, c in colours.items()]
+    g.figure.legend(handles=handles, loc="upper right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     g.set_axis_labels("context c (tokens)", "gain g(c, c + delta)")
     g.figure.suptitle("RECL gain curves (leave-one-out baseline, monotone fit, bootstrap band)", y=1.02)
     return _save(g, path)

@@ -41,12 +41,20 @@ def summary(res: ExtrapolationResult, cells: dict[str, list[Run]], scale: float)
             base = int(a[a["factor"] == 1.0]["length"].min())
             longest = int(a.groupby("run")["length"].max().min())
             row[f"{axis}_longest"] = longest
-            row[f"{axis}_change"] = _contrast(res, group, axis, longest, base).scaled(scale).text(3)
+            row[f"{axis}_change"] = (
+                _contrast(res, group, axis, longest, base).scaled(scale).text(3)
+                if longest > base
+                else "n/a (no longer length served)"
+            )
         T = group[0].episode_len
         if T:
             row["past_episodes_change"] = _contrast(res, group, "horizon_past", T, None).scaled(scale).text(3)
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    for c in ("segment_na_from", "memory_na_from", "segment_longest", "memory_longest"):
+        if c in df:
+            df[c] = df[c].astype("Int64")
+    return df
 
 
 def section(
