@@ -4,13 +4,18 @@
 setting and what would be valid): the ``train`` / ``eval`` commands print it as one line and exit
 with status 1; ``HYDRA_FULL_ERROR=1`` re-raises it for the full traceback. Subclasses also derive
 from the builtin they refine (``ConfigError(ValueError)``), so ``except ValueError`` still works.
+
+A stop signal (SIGTERM from a scheduler, SIGINT from Ctrl-C) becomes ``Interrupted``: one line and
+exit status 128 + the signal's number (143, 130), never 0, which a scheduler would record as success.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +36,49 @@ class ConfigError(PosencLabError, ValueError):
 _USER_FACING = (ValueError, FileNotFoundError, ImportError)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(PosencLabError):
+    """A stop signal ended the command; ``reported`` prints the message and exits with 128 + the signal number.
+    ``saved``: the checkpoint saved on the way out, if any; ``quiet``: print nothing (a DDP rank other than 0:
+    rank 0 tells the story)."""
+
+    def __init__(self, signum: int, message: str, saved: str | None = None, quiet: bool = False):
+        super().__init__(message)
+        self.signum, self.saved, self.quiet = int(signum), saved, quiet
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def stop_at_once(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """While the body runs, each of ``signals`` raises Interrupted where the program is, as Ctrl-C raises
+    KeyboardInterrupt (files are written atomically, io.py: nothing is left half-written). Training replaces
+    this with a stop at the end of the step (checkpoints.Checkpointing)."""
+
+    def stop(signum, frame):
+        for s in signals:  # the cleanup on the way out is not interrupted again (as Lightning does for Ctrl-C)
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum, f"stopped by {signal_name(signum)}")
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {s: signal.signal(s, stop) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def deliberate(error: BaseException) -> bool:
     """True if ``error`` was raised on purpose by posenc-lab (its message is enough)."""
     if isinstance(error, PosencLabError):
@@ -43,9 +91,14 @@ def deliberate(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def reported(command: str) -> Iterator[None]:
-    """Run a command's body; turn a deliberate error into one line on stderr and exit status 1."""
+    """Run a command's body; turn a deliberate error into one line on stderr and exit status 1 (a stop signal:
+    128 + its number)."""
     try:
         yield
+    except Interrupted as e:
+        if not e.quiet:
+            print(f"posenc-lab {command}: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except Exception as e:
         if not deliberate(e) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

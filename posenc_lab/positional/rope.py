@@ -4,6 +4,8 @@ Pairs of channels (c, c + d_h/2) turn by angle p * theta_c, theta_c = base^{-2c/
 q_i . k_j depends on i - j only. Memory keys sit at negative positions -M..-1.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -25,6 +27,9 @@ class RoPE(PositionalScheme):
         super().__init__(dims)
         if dims.d_head % 2:
             raise ValueError(f"rope: the head size d_model/n_head = {dims.d_head} is odd; rope needs an even head size")
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
+            # base <= 0 gives NaN angles (the loss diverges at step 0), 1 the same angle for every channel pair
+            raise ValueError(f"rope: posenc.base must be a number > 1 (10000 in Su et al. 2021), got {base!r}")
         self.base = base
         self.register_buffer(
             "inv_freq", base ** (-torch.arange(0, dims.d_head, 2, dtype=torch.float32) / dims.d_head), persistent=False
