@@ -235,6 +235,12 @@ class Checkpointing(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._stop_if_asked(trainer, pl_module)
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        launcher = trainer.strategy.launcher
+        if isinstance(exception, Interrupted) and exception.saved is None and hasattr(launcher, "kill"):
+            launcher.kill(exception.signum)  # stopped at once: so are the DDP ranks this process started
+
     def _request_stop(self, signum: int, frame: Any) -> None:
         if self._stop is not None:
             raise Interrupted(signum, f"stopped by {signal_name(signum)} (sent twice) during a training step")

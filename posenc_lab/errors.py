@@ -41,8 +41,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 class Interrupted(PosencLabError):
     """A stop signal ended the command; ``reported`` prints the message and exits with 128 + the signal number.
-    ``saved``: the checkpoint saved on the way out, if any; ``quiet``: print nothing (a DDP rank other than 0:
-    rank 0 tells the story)."""
+    ``saved``: the checkpoint saved on the way out, if any. ``quiet``: a DDP rank other than 0, which prints
+    nothing and exits 0: rank 0 tells the story and its status is the job's (Lightning's local launcher would
+    SIGKILL rank 0 on seeing another rank exit non-zero first; srun and torchrun fail the job on rank 0's)."""
 
     def __init__(self, signum: int, message: str, saved: str | None = None, quiet: bool = False):
         super().__init__(message)
@@ -96,8 +97,9 @@ def reported(command: str) -> Iterator[None]:
     try:
         yield
     except Interrupted as e:
-        if not e.quiet:
-            print(f"posenc-lab {command}: {e}", file=sys.stderr)
+        if e.quiet:
+            sys.exit(0)
+        print(f"posenc-lab {command}: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except Exception as e:
         if not deliberate(e) or os.environ.get("HYDRA_FULL_ERROR") == "1":

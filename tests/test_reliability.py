@@ -4,6 +4,7 @@ leaves the previous checkpoints; a stop signal saves, says how to continue and e
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import shlex
@@ -298,3 +299,83 @@ def test_a_signal_before_training_stops_at_once_and_leaves_no_new_run_dir(tmp_pa
     assert "posenc-lab train: stopped by SIGTERM; newest checkpoint: none yet. Continue with: posenc-lab train " in err
     assert not run.exists()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# ---- real signals from outside: one process, DDP ranks, a multirun --------------------------------------
+
+
+def _start(args, **env) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "posenc_lab.train", *map(str, args)],
+        cwd=REPO,
+        env=subprocess_env(**env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_training(checkpoint: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Until training runs (a first checkpoint is there), then 1 s more."""
+    deadline = time.monotonic() + timeout
+    while not checkpoint.is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    time.sleep(1)
+
+
+def _stopped(proc: subprocess.Popen, signum) -> tuple[str, int, str]:
+    """Send ``signum``; (the one stop line, the step it names, stderr)."""
+    proc.send_signal(signum)
+    err = proc.communicate(timeout=300)[1]
+    lines = [line for line in err.splitlines() if line.startswith("posenc-lab train:")]
+    assert proc.returncode == 128 + signum and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0], int(lines[0].split(" at step ")[1].split(";")[0]), err
+
+
+@pytest.mark.slow
+def test_sigterm_from_outside_saves_and_the_printed_command_continues_the_run(tmp_path):
+    run = tmp_path / "run"
+    proc = _start(tiny(run, tmp_path / "cache", "checkpoint_every=5", steps=100000))
+    _wait_for_training(run / "checkpoints" / "last.ckpt", proc)
+    line, step, _ = _stopped(proc, signal.SIGTERM)
+    assert line.startswith(f"posenc-lab train: stopped by SIGTERM at step {step}; saved {run}/checkpoints/last.ckpt.")
+    assert step > 0 and step_of(run / "checkpoints" / "last.ckpt") == step
+    command = shlex.split(line.split(". Continue with: ")[1])
+    assert command[:2] == ["posenc-lab", "train"] and f"run_dir={run}" in command
+    command = [a if a != "trainer.max_steps=100000" else f"trainer.max_steps={step + 3}" for a in command]
+    done = subprocess.run(
+        [sys.executable, "-m", "posenc_lab.cli", *command[1:]],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == step + 3 and results["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_ddp_run_stops_every_rank_at_one_step_with_one_checkpoint_and_one_line(tmp_path):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    ddp = ("trainer=ddp_cpu", "trainer.devices=2", "checkpoint_every=5")
+    args = [a for a in tiny(run, cache, *ddp, steps=100000) if not a.startswith("run_dir=")]
+    proc = _start([*args, f"hydra.run.dir={run}"])  # as test_ddp.py: rank 1 is Lightning's re-launch of this
+    _wait_for_training(run / "checkpoints" / "last.ckpt", proc)
+    _, step, err = _stopped(proc, signal.SIGTERM)  # to rank 0 only: it tells rank 1 at the end of the step
+    ckpt = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == step and ckpt["posenc_lab"]["train_mems"][0].shape[0] == 4  # both ranks' streams
+    again = run_module("posenc_lab.train", *[a.replace("=100000", f"={step + 2}") for a in args],
+                       f"hydra.run.dir={run}", timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run / "results.json").read_text())["steps"] == step + 2
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_multirun_stops_the_sweep_and_names_the_job_to_continue(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _start(["-m", "seed=0,1", *tiny(sweep, tmp_path / "cache", "checkpoint_every=5", steps=100000)])
+    job = sweep / "0_xl_recall"
+    _wait_for_training(job / "checkpoints" / "last.ckpt", proc)
+    line, step, _ = _stopped(proc, signal.SIGTERM)
+    assert step_of(job / "checkpoints" / "last.ckpt") == step
+    assert "seed=0" in line and line.endswith(f"run_dir={job}") and "-m" not in shlex.split(line)
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_xl_recall"]  # the next job never started
