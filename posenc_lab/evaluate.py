@@ -6,11 +6,11 @@ CLI (Hydra, conf/eval.yaml):
         model.same_length=true dump_losses=true
 
 writes ``<name>.json`` (the figures and settings) and, with ``dump_losses=true``, ``.npz`` of per-token
-arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically, into the run's own ``<run dir>/eval``, or
-with ``out_dir=DIR`` into ``DIR/<run folder>-<hash of its path>/`` (``output_dir``): a folder per run. The
-name carries the checkpoint and every setting that changes the figures (``output_name``:
-``last_test_step6_L256_M512_same_Tnone_B16_all``), so evaluations never overwrite each other. out_dir is
-checked before anything is computed.
+arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically, into a folder of the run and checkpoint
+(``output_dir``): ``<run dir>/eval/<checkpoint>/``, or with ``out_dir=DIR`` ``DIR/<run folder>-<hash of its
+path>/<checkpoint>/``. The name carries every setting that changes the figures (``output_name``:
+``test_step6_L256_M512_same_Tnone_B16_all``), so evaluations never overwrite each other. out_dir is checked
+before anything is computed.
 
 The corpus is compared with the one the run was trained on (the SHA-256 in its run.json): a changed
 corpus (an edited text file, a rebuilt cache) is refused, naming both hashes, unless ``allow_other_corpus=
@@ -223,12 +223,11 @@ def _check_corpus(ckpt_path: str | os.PathLike, datamodule, on_purpose: bool) ->
 
 
 def output_name(result: dict[str, Any]) -> str:
-    """A name that differs whenever the figures may: the checkpoint (its file name), split, its step, segment (L),
-    memory (M), window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options,
-    precision (unless 32-true), a hash of any other data setting and ``other-corpus`` when the corpus is not
-    the run's. ``last_test_step6_L32_M32_same_Tnone_B4_all``."""
-    name = f"{Path(result['checkpoint']).stem}_{result['split']}_step{result['train_steps']}"
-    name += f"_L{result['segment_len']}_M{result['mem_len']}"
+    """A name that differs whenever the figures of one checkpoint may: split, its step, segment (L), memory (M),
+    window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options, precision
+    (unless 32-true), a hash of any other data setting and ``other-corpus`` when the corpus is not the run's.
+    ``test_step6_L32_M32_same_Tnone_B4_all``."""
+    name = f"{result['split']}_step{result['train_steps']}_L{result['segment_len']}_M{result['mem_len']}"
     if result["same_length"]:
         name += "_same" + ("-published" if result.get("same_length_keys") == "mem_len" else "")
     episode, max_batches = result.get("episode_len"), result.get("max_batches")
@@ -246,13 +245,14 @@ def output_name(result: dict[str, Any]) -> str:
 
 
 def output_dir(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike | None) -> Path:
-    """Where the outputs of an evaluation of ``ckpt_path`` go: the run's eval/ folder; with ``out_dir``, a
-    folder per run in it, ``<run folder>-<hash of its absolute path>`` (two runs may share a folder name)."""
-    run = RunDir.of_checkpoint(ckpt_path)
+    """The folder of the outputs of evaluating ``ckpt_path``: ``<run dir>/eval/<checkpoint>``; with ``out_dir``,
+    ``<out_dir>/<run folder>-<hash of its absolute path>/<checkpoint>`` (two runs may share a folder name).
+    <checkpoint>: the file name without .ckpt (last, good, good.prev, step0000500)."""
+    run, name = RunDir.of_checkpoint(ckpt_path), Path(ckpt_path).name.removesuffix(".ckpt")
     if out_dir is None:
-        return run.eval_dir
+        return run.eval_dir / name
     tag = hashlib.sha1(str(run.path.resolve()).encode()).hexdigest()[:8]
-    return Path(out_dir) / f"{run.path.resolve().name}-{tag}"
+    return Path(out_dir) / f"{run.path.resolve().name}-{tag}" / name
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")

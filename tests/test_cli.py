@@ -159,7 +159,7 @@ def test_console_eval(trained, tmp_path):
         "progress_bar=false",
         f"out_dir={tmp_path}",
     )
-    written = output_dir(run / "checkpoints" / "last.ckpt", tmp_path) / "last_test_step6_L32_M32_same_Tnone_B4_first4"
+    written = output_dir(run / "checkpoints" / "last.ckpt", tmp_path) / "test_step6_L32_M32_same_Tnone_B4_first4"
     out = json.loads(written.with_suffix(".json").read_text())
     assert out["segment_len"] == 32 and out["same_length"] is True and "loss" in out
     assert np.load(written.with_suffix(".npz"))["token_loss"].shape == (4, 4 * 32)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from posenc_lab import train as train_module
 from posenc_lab.data import load_corpus
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, tiny
+from tests.test_reliability import cli, no_stale_log_handlers  # noqa: F401 - an autouse fixture
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ CASES = [
      r"checkpoint \S+/x\.ckpt cannot be read \(corrupt or not a checkpoint\)"),
     ("eval: out_dir is a file", "eval",
      lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", f"out_dir={_file(t, 'out', b'mine')}"],
-     r"out_dir=\S+/out/run-[0-9a-f]{8}: \S+/out is a file, not a folder; use another out_dir$"),
+     r"out_dir=\S+/out/run-[0-9a-f]{8}/last: \S+/out is a file, not a folder; use another out_dir$"),
 ]  # fmt: skip
 
 
@@ -91,22 +91,13 @@ def _tree(folder: Path) -> dict[str, bytes | str]:
 def test_every_bad_input_is_one_line_before_anything_is_written(
     tmp_path, cache, finished, monkeypatch, capsys, case, command, args, message
 ):
-    from hydra.core.global_hydra import GlobalHydra
-
     work = tmp_path / "work"
     work.mkdir()
     argv = args(work, cache, finished)
     before, finished_before = _tree(work), _tree(finished)
-    main = train_module.main if command == "train" else evaluate.main
-    monkeypatch.setattr(sys, "argv", [f"posenc-lab {command}", *argv])
-    try:
-        with pytest.raises(SystemExit) as info:
-            main()
-    finally:
-        GlobalHydra.instance().clear()
-    err = capsys.readouterr().err
+    code, err = cli(train_module.main if command == "train" else evaluate.main, argv, monkeypatch, capsys)
     lines = [line for line in err.splitlines() if line.startswith("posenc-lab ")]
-    assert info.value.code == 1 and "Traceback" not in err, err[-3000:]
+    assert code == 1 and "Traceback" not in err, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith(f"posenc-lab {command}: error: "), err[-3000:]
     assert err.strip().endswith("(set HYDRA_FULL_ERROR=1 for the full traceback)")
     assert re.search(message, lines[0].split(": error: ", 1)[1]), lines[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import random
 import shlex
@@ -31,6 +32,16 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("corpus-cache")
 
 
+@pytest.fixture(autouse=True)
+def no_stale_log_handlers():
+    """Log handlers an earlier in-process Hydra command left on the root logger, writing to a stream pytest has
+    closed since, would print "--- Logging error ---" tracebacks into this test's stderr: drop them."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(getattr(handler, "stream", None), "closed", False):
+            root.removeHandler(handler)
+
+
 def run_train(run_dir, cache, *extra, steps=4):
     return train(compose_config("train", tiny(run_dir, cache, *extra, steps=steps)))
 
@@ -44,15 +55,20 @@ def partial_files(folder: Path) -> list[str]:
 
 
 def cli(main, argv, monkeypatch, capsys) -> tuple[int, str]:
-    """Run a Hydra command's main() in this process as the console does: (exit status, stderr)."""
+    """Run a Hydra command's main() in this process as the console does: (exit status, stderr). The log
+    handlers Hydra adds (a file in the run directory, which the test may remove) are taken off again."""
     from hydra.core.global_hydra import GlobalHydra
 
+    root, handlers = logging.getLogger(), list(logging.getLogger().handlers)
     monkeypatch.setattr(sys, "argv", ["posenc-lab", *map(str, argv)])
     try:
         with pytest.raises(SystemExit) as info:
             main()
     finally:
         GlobalHydra.instance().clear()
+        for handler in set(root.handlers) - set(handlers):
+            handler.close()
+        root.handlers[:] = handlers
     return info.value.code, capsys.readouterr().err
 
 

@@ -334,24 +334,24 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
     evaluate("max_batches=3")
     evaluate("max_batches=2", "data.episode_len=32")
     evaluate("max_batches=2", "data.batch_size=2")
-    out = output_dir(finished / "checkpoints" / "last.ckpt", tmp_path)  # a folder per run
+    out = output_dir(finished / "checkpoints" / "last.ckpt", tmp_path)  # a folder per run and checkpoint
     names = sorted(p.stem for p in out.glob("*.json"))
     assert names == [
-        "last_test_step4_L16_M16_T32_B4_first2",
-        "last_test_step4_L16_M16_Tnone_B2_first2",
-        "last_test_step4_L16_M16_Tnone_B4_first2",
-        "last_test_step4_L16_M16_Tnone_B4_first3",
+        "test_step4_L16_M16_T32_B4_first2",
+        "test_step4_L16_M16_Tnone_B2_first2",
+        "test_step4_L16_M16_Tnone_B4_first2",
+        "test_step4_L16_M16_Tnone_B4_first3",
     ]
     with pytest.raises(ConfigError, match=r"max_batches must be an integer >= 1 .*null: all.*got 0"):
         evaluate("max_batches=0")
-    first = json.loads((out / "last_test_step4_L16_M16_Tnone_B4_first2.json").read_text())
-    assert output_name({**first, "precision": "bf16-mixed"}) == "last_test_step4_L16_M16_Tnone_B4_first2_bf16-mixed"
+    first = json.loads((out / "test_step4_L16_M16_Tnone_B4_first2.json").read_text())
+    assert output_name({**first, "precision": "bf16-mixed"}) == "test_step4_L16_M16_Tnone_B4_first2_bf16-mixed"
     assert output_name({**first, "data_overrides": {"corpus": {"eval_max_distance": 60}}}).startswith(
-        "last_test_step4_L16_M16_Tnone_B4_first2_data-"
+        "test_step4_L16_M16_Tnone_B4_first2_data-"
     )
 
     # A truncated output (e.g. a full disk under another tool) is written whole by the next eval.
-    target = out / "last_test_step4_L16_M16_Tnone_B4_first2"
+    target = out / "test_step4_L16_M16_Tnone_B4_first2"
     target.with_suffix(".json").write_text('{"loss": ')
     target.with_suffix(".npz").write_bytes(target.with_suffix(".npz").read_bytes()[:100])
     evaluate("max_batches=2")
