@@ -333,10 +333,20 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
 
 
 def stop_signals() -> tuple[int, ...]:
-    """SIGTERM, SIGINT and, inside a SLURM job, the signal Lightning's SLURM auto-requeue listens to (SIGUSR1,
-    ``#SBATCH --signal=SIGUSR1@90``): handled here, so that Lightning's handler (a save from inside the signal
-    handler, mid-step, into hpc_ckpt_N.ckpt) stays unset. See docs/CLUSTERS.md."""
-    return STOP_SIGNALS + ((signal.SIGUSR1,) if _in_slurm_job() else ())
+    """SIGTERM, SIGINT and, inside a SLURM job, the signals after which it is requeued: SIGUSR1 (Lightning's SLURM
+    auto-requeue signal, ``#SBATCH --signal=SIGUSR1@90``; handled here, so that Lightning's own handler, a save from
+    inside the signal handler, mid-step, into hpc_ckpt_N.ckpt, stays unset) and submitit's (hydra/launcher=slurm).
+    See docs/CLUSTERS.md."""
+    requeue = (signal.SIGUSR1,) if _in_slurm_job() else ()
+    return tuple(dict.fromkeys(STOP_SIGNALS + requeue + tuple(s for s in (_submitit_signal(),) if s)))
+
+
+def _submitit_signal() -> int | None:
+    """The signal the submitit launcher requeues its jobs on (USR2, or $SUBMITIT_PREEMPT_SIGNAL), in a job it
+    started; else None."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    return getattr(signal, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}", None)
 
 
 def _in_slurm_job() -> bool:
@@ -364,6 +374,8 @@ def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
     if e.quiet or rank_zero_only.rank != 0:
         return Interrupted(e.signum, str(e), quiet=True)
     kept = "" if e.saved else f"; newest checkpoint: {run.newest_checkpoint() or 'none yet'}"
+    if e.signum == _submitit_signal():
+        return Interrupted(e.signum, f"{e}{kept}; submitit requeues the job, which continues from there")
     if e.signum == signal.SIGUSR1 and _in_slurm_job():
         return Interrupted(e.signum, f"{e}{kept}; {_requeue()}")
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
@@ -386,14 +398,21 @@ def main() -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
+    submitit = _submitit_signal()
+    requeue_by_submitit = signal.getsignal(submitit) if submitit else None  # before stop_at_once replaces it
     with reported("train"), stop_at_once(stop_signals()):
         try:
             train(cfg)
         except Exception as e:
             _drop_if_never_started(cfg)
-            if isinstance(e, Interrupted):
-                raise _interrupted(e, cfg) from None
-            raise
+            if not isinstance(e, Interrupted):
+                raise
+            stop = _interrupted(e, cfg)
+            if e.signum == submitit and callable(requeue_by_submitit):  # saved at the end of the step: now its turn
+                if not stop.quiet:
+                    print(f"posenc-lab train: {stop}", file=sys.stderr, flush=True)
+                requeue_by_submitit(e.signum, None)  # on rank 0: pickles the job, requeues it and exits
+            raise stop from None
 
 
 if __name__ == "__main__":
