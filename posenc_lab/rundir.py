@@ -10,7 +10,9 @@ trajectory of the weights or the meaning of its figures,
 
 A later ``train`` into the same directory continues (or re-evaluates) that run only if its
 identity is the same; anything else is refused, naming each difference. ``trainer.max_steps`` is
-not part of it: a longer run may extend a finished one. A folder that holds files but no
+not part of it: a longer run may extend a finished one; nor is ``optim.total_steps``, the length of the
+learning-rate schedule, which an extension may set anew (results.json records the schedule of every
+stretch of steps). A folder that holds files but no
 ``run.json`` is not a run and is refused. A run directory from before run.json existed is
 recognised by its checkpoint's config (its corpus is then taken as it is now).
 

@@ -11,10 +11,15 @@
     results.json       final validation and test figures (see ``train``)
 
 Rerunning with the same run directory resumes from its last.ckpt (``resume=auto``) if the run is
-the same (rundir.py); a longer ``trainer.max_steps`` extends it. Every config value, the data, the
-run directory and the checkpoint are checked before anything is written; a second process
-writing the same run directory is refused (``.lock``). In a sweep (``-m``) every job gets its own
-run directory: ``run_dir/<job number>_<scheme>_<data>`` (hydra.sweep.subdir).
+the same (rundir.py); a longer ``trainer.max_steps`` extends it, keeping its learning-rate schedule
+(optim.py). Every config value, the data, the run directory and the checkpoint are checked before
+anything is written; a second process writing the same run directory is refused (``.lock``). In a
+sweep (``-m``) every job gets its own run directory: ``run_dir/<job number>_<scheme>_<data>``
+(hydra.sweep.subdir).
+
+SIGTERM and SIGINT (and, in a SLURM job, its requeue signal) stop training at the end of the step with
+last.ckpt saved (checkpoints.Checkpointing), print one line with the command that continues the run and
+exit 143 / 130; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
 """
 
 from __future__ import annotations
