@@ -99,7 +99,7 @@ def reported(command: str) -> Iterator[None]:
     except Interrupted as e:
         if e.quiet:
             sys.exit(0)
-        print(f"posenc-lab {command}: {e}", file=sys.stderr)
+        sys.stderr.write(f"posenc-lab {command}: {e}\n")  # one write: a log shared with others keeps it whole
         sys.exit(e.exit_code)
     except Exception as e:
         if not deliberate(e) or os.environ.get("HYDRA_FULL_ERROR") == "1":

@@ -89,15 +89,16 @@ def path_problem(path: str | os.PathLike, key: str) -> str | None:
     return None if os.access(path, os.W_OK | os.X_OK) else f"{key}={path}: cannot write in {path} (no permission)"
 
 
-# Temporary files of the writers below (``.<name>.<random>.tmp<suffix>``): left behind only by a killed process.
-PARTIAL_GLOB = ".*.tmp*"
+# Temporary files of the writers below (``.<name>.<random>.tmp<suffix>``, checkpoints._link's ``.<name>.tmp``):
+# left behind only by a killed process.
+PARTIAL_GLOBS = (".*.tmp", ".*.tmp.*")
 
 
 def remove_partial(directory: str | os.PathLike) -> list[Path]:
     """Delete the temporary files a killed writer left in ``directory`` (call it while no other process writes
     there, e.g. under the run's lock); returns them."""
     directory = Path(directory)
-    found = [p for p in directory.glob(PARTIAL_GLOB) if p.is_file()] if directory.is_dir() else []
+    found = [p for g in PARTIAL_GLOBS for p in directory.glob(g) if p.is_file()] if directory.is_dir() else []
     for p in found:
         p.unlink(missing_ok=True)
     return found

@@ -310,7 +310,7 @@ class LitLM(L.LightningModule):
         self.train_tokens = int(state["train_tokens"])
         self._wall_offset = float(state.get("wall_time_s", 0.0))
         self.loaded_health = state.get("health")
-        self.stretches, self._plan_from = optimizer.trained_under(checkpoint), int(checkpoint.get("global_step", 0))
+        self.stretches, self._plan_from = optimizer.stretches(checkpoint), int(checkpoint.get("global_step", 0))
         if self._trainer is not None and checkpoint.get("hyper_parameters", {}).get("optim") != self.hparams.optim:
             optimizer.use_settings(checkpoint, self.optim, self._schedule())
 

@@ -7,7 +7,7 @@ The schedule (``schedule``) is fixed when a run starts: its length is optim.tota
 trainer.max_steps. A run extended with a longer trainer.max_steps keeps it, and says so: the new steps
 train at the floor, lr x min_lr_ratio. Stretching the cosine instead would change the learning rate of
 steps already taken into a jump back up, silently. A new cosine is asked for with optim.total_steps.
-Checkpoints and results.json record the schedule of every stretch of steps (``Stretch``).
+Checkpoints and results.json record the schedule of every stretch of steps (``stretches``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 log = logging.getLogger("posenc_lab.optim")
-SCHEDULE_KEYS = ("lr", "warmup_steps", "total_steps", "min_lr_ratio")
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -60,7 +59,7 @@ def schedule(optim: dict[str, Any], trainer: L.Trainer | None, trained_under: di
     }
 
 
-def trained_under(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+def stretches(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
     """The stretches of steps a training checkpoint was trained under, oldest first: [{from_step, to_step, lr,
     warmup_steps, total_steps, min_lr_ratio}]. A checkpoint from before they were recorded: one stretch,
     from its own config (its schedule was that invocation's optim and trainer.max_steps)."""

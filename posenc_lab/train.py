@@ -302,20 +302,16 @@ def _fit_and_evaluate(
     return asdict(results)
 
 
-def _given_run_dir(argv: list[str]) -> str | None:
-    """The value of the command line's ``run_dir=`` argument, if any."""
-    given = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("run_dir=")]
+def _given(argv: list[str], key: str = "run_dir") -> str | None:
+    """The value of the command line's ``key=`` argument, if any."""
+    given = [a.split("=", 1)[1] for a in argv[1:] if a.startswith(f"{key}=")]
     return given[-1] if given else None
 
 
 def _named_run_dir_existed(argv: list[str]) -> bool | None:
-    """Whether the folder of a ``run_dir=`` argument existed before this command (None: none given; a path
-    that cannot be looked at counts as existing: never removed)."""
-    given = _given_run_dir(argv)
-    try:
-        return None if given is None else os.path.lexists(given)
-    except (OSError, ValueError):
-        return True
+    """Whether the folder of a ``run_dir=`` argument existed before this command (None: none given)."""
+    given = _given(argv)
+    return None if given is None else os.path.lexists(given)
 
 
 _RUN_DIR_EXISTED: bool | None = None  # set by main(), before Hydra creates the run directory
@@ -389,14 +385,14 @@ def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
 
 
 def main() -> None:
-    """``posenc-lab train``: a ``run_dir=`` that cannot be a folder is refused before Hydra tries to create it
-    (its error would be a traceback)."""
+    """``posenc-lab train``: a ``run_dir=`` (or ``hydra.run.dir=``, ``hydra.sweep.dir=``) that cannot be a folder
+    is refused before Hydra tries to create it (its error would be a traceback)."""
     global _RUN_DIR_EXISTED
-    given = _given_run_dir(sys.argv)
-    problem = path_problem(given, "run_dir") if given else None
+    keys = ("run_dir", "hydra.run.dir", "hydra.sweep.dir")
+    problems = [path_problem(given, key) for key in keys if (given := _given(sys.argv, key))]
     with reported("train"):
-        if problem:
-            raise RunDirError(problem)
+        if any(problems):
+            raise RunDirError(next(p for p in problems if p))
     _RUN_DIR_EXISTED = _named_run_dir_existed(sys.argv)
     _hydra_main()
 
@@ -412,6 +408,8 @@ def _hydra_main(cfg: DictConfig) -> None:
             _drop_if_never_started(cfg)
             if not isinstance(e, Interrupted):
                 raise
+            for s in stop_signals():  # on the way out (a requeue makes SLURM send SIGTERM): not stopped again
+                signal.signal(s, signal.SIG_IGN)
             stop = _interrupted(e, cfg)
             if e.signum == submitit and callable(requeue_by_submitit):  # saved at the end of the step: now its turn
                 if not stop.quiet:
