@@ -12,6 +12,7 @@ exit status 128 + the signal's number (143, 130), never 0, which a scheduler wou
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -80,6 +81,15 @@ def stop_at_once(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def no_space(e: BaseException | None) -> bool:
+    """True if ``e`` or an exception behind it is ENOSPC / EDQUOT (torch wraps it in a RuntimeError)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def deliberate(error: BaseException) -> bool:
     """True if ``error`` was raised on purpose by posenc-lab (its message is enough)."""
     if isinstance(error, PosencLabError):
@@ -92,8 +102,8 @@ def deliberate(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def reported(command: str) -> Iterator[None]:
-    """Run a command's body; turn a deliberate error into one line on stderr and exit status 1 (a stop signal:
-    128 + its number)."""
+    """Run a command's body; turn a deliberate error (or a full disk) into one line on stderr and exit status 1
+    (a stop signal: 128 + its number)."""
     try:
         yield
     except Interrupted as e:
@@ -102,7 +112,13 @@ def reported(command: str) -> Iterator[None]:
         sys.stderr.write(f"posenc-lab {command}: {e}\n")  # one write: a log shared with others keeps it whole
         sys.exit(e.exit_code)
     except Exception as e:
-        if not deliberate(e) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        full = not deliberate(e) and no_space(e)  # a full disk under a library's writer (a logger, say)
+        if not (deliberate(e) or full) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(f"posenc-lab {command}: error: {e}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr)
+        message = (
+            f"no space left on a disk ({type(e).__name__}: {e}); free space and rerun the same command" if full else e
+        )
+        print(
+            f"posenc-lab {command}: error: {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr
+        )
         sys.exit(1)

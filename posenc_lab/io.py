@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PosencLabError
+from .errors import PosencLabError, no_space
 
 
 def _umask() -> int:
@@ -37,15 +37,6 @@ class CorruptFileError(PosencLabError, ValueError):
 
 class DiskFullError(PosencLabError, OSError):
     """No space left (or the quota reached) while writing a file; the message names the file and its file system."""
-
-
-def _no_space(e: BaseException | None) -> bool:
-    """True if ``e`` or an exception behind it is ENOSPC / EDQUOT (torch wraps it in a RuntimeError)."""
-    while e is not None:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def disk_full(path: Path) -> DiskFullError:
@@ -127,7 +118,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException as e:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-        if isinstance(e, Exception) and not isinstance(e, DiskFullError) and _no_space(e):
+        if isinstance(e, Exception) and not isinstance(e, DiskFullError) and no_space(e):
             raise disk_full(path) from e
         raise
 

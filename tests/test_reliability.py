@@ -124,6 +124,21 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_
 # ---- a full disk: one line, the previous checkpoints intact ------------------------------------------
 
 
+def test_a_full_disk_under_a_library_writer_is_one_line_too(capsys):
+    from posenc_lab.errors import reported
+
+    with pytest.raises(SystemExit) as info, reported("train"):
+        raise OSError(errno.ENOSPC, "No space left on device", "/runs/x/metrics.csv")  # a logger's write
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == 1 and len(err) == 2
+    assert err[0] == (
+        "posenc-lab train: error: no space left on a disk (OSError: [Errno 28] No space left on device: "
+        "'/runs/x/metrics.csv'); free space and rerun the same command"
+    )
+    with pytest.raises(OSError), reported("train"):  # any other OSError of a library stays a traceback
+        raise OSError(errno.EIO, "Input/output error")
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MiB tmpfs mounted for the test (root only)."""
