@@ -12,6 +12,7 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from .checkpoints import AtomicCheckpointIO
 from .datamodule import SegmentDataModule
 from .errors import ConfigError
 from .lit import LitLM
@@ -52,6 +53,7 @@ def build_lit(cfg: DictConfig, datamodule: SegmentDataModule) -> LitLM:
 
 def check_splits(datamodule: SegmentDataModule) -> None:
     """Raise ConfigError naming the split that cannot be cut into the configured streams."""
+    _ = datamodule.corpus  # loaded first: a corpus that cannot load says why itself (a file too small, say)
     for split in ("train", "val", "test"):
         try:
             datamodule.make_stream(split)
@@ -69,4 +71,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
     callbacks = [
         hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c
     ]
-    return hydra.utils.instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
+    # every checkpoint is written beside its target and renamed into place, whatever $TMPDIR is (checkpoints.py)
+    plugins = [AtomicCheckpointIO(), *hydra.utils.instantiate(cfg.trainer.get("plugins") or [])]
+    return hydra.utils.instantiate(
+        cfg.trainer, logger=logger, callbacks=callbacks, plugins=plugins, default_root_dir=str(run_dir)
+    )

@@ -15,12 +15,15 @@ uniform guess, ln(vocab_size) (a model far worse than guessing is broken).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import pickle
 import pickletools
 import re
 import shutil
+import signal
+import threading
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,9 +32,13 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import Tensor
 
-from .errors import PosencLabError
+from .errors import STOP_SIGNALS, Interrupted, PosencLabError, signal_name
+from .io import atomic_path
+
+log = logging.getLogger("posenc_lab.checkpoints")
 
 
 class CheckpointError(PosencLabError, ValueError):
@@ -145,12 +152,28 @@ def checkpoint_health(
     }
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Every save is a new file: written beside its target, then renamed over it (io.atomic_path). Lightning's
+    own writes to $TMPDIR and moves the file; across file systems (a tmpfs /tmp, a node-local $TMPDIR) that move
+    copies *into* the existing last.ckpt, rewriting the inode good.ckpt and good.prev.ckpt are hard links to.
+    A full disk raises io.DiskFullError naming the file, with the previous checkpoint intact."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        # a file object, not a name: torch then reports a full disk as the OSError it is, not a bare RuntimeError
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+
+
 GOOD_CHECKPOINTS = ("good.ckpt", "good.prev.ckpt")  # the newest two good ones, newest first
 _CANDIDATE = ".candidate.ckpt"  # the newest healthy checkpoint, until the next step confirms it
 
 
 def _link(src: Path, dst: Path) -> None:
     """Atomically make ``dst`` a hard link to ``src`` (a copy where hard links do not exist)."""
+    if dst.exists() and os.path.samefile(src, dst):
+        return  # already; rename() of two links to one file does nothing and would leave tmp behind
     tmp = dst.with_name(f".{dst.name}.tmp")
     tmp.unlink(missing_ok=True)
     try:
@@ -162,10 +185,18 @@ def _link(src: Path, dst: Path) -> None:
 
 class Checkpointing(ModelCheckpoint):
     """Lightning's ModelCheckpoint that also keeps the newest two good checkpoints (see SANE_*) as
-    good.ckpt and good.prev.ckpt: hard links, so no copy while the file they were saved as lives.
-    A divergence that spans several checkpoints still leaves a good one, whatever was overwritten."""
+    good.ckpt and good.prev.ckpt: hard links, so no copy while the file they were saved as lives
+    (every save is a new file, AtomicCheckpointIO: a link keeps the weights it was made for).
+    A divergence that spans several checkpoints still leaves a good one, whatever was overwritten.
+
+    A stop signal during training (``stop_signals``) ends it at the end of the step: last.ckpt is saved
+    there, as a periodic checkpoint is (so it resumes exactly), and Interrupted is raised on every DDP rank
+    at the same step. A second signal stops at once. These handlers replace Lightning's SIGTERM handling,
+    whose SIGTERMException is a SystemExit that exits with status 0."""
 
     _candidate_step: int | None = None
+    stop_signals: tuple[int, ...] = STOP_SIGNALS  # + the SLURM requeue signal under SLURM (train.py)
+    _stop: int | None = None  # the stop signal received during training
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)
@@ -176,6 +207,11 @@ class Checkpointing(ModelCheckpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        # after Lightning set its own handlers (it restores what was there before at the end of fit)
+        self._stop = None
+        if threading.current_thread() is threading.main_thread():
+            for s in self.stop_signals:
+                signal.signal(s, self._request_stop)
         # The checkpoint this fit resumed from is a candidate too (a new run directory may have no other).
         health = getattr(pl_module, "loaded_health", None)
         if trainer.is_global_zero and trainer.ckpt_path and health and health["ok"]:
@@ -197,6 +233,40 @@ class Checkpointing(ModelCheckpoint):
                 os.replace(candidate, good)
             self._candidate_step = None
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._stop_if_asked(trainer, pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        launcher = trainer.strategy.launcher
+        if isinstance(exception, Interrupted) and exception.saved is None and hasattr(launcher, "kill"):
+            launcher.kill(exception.signum)  # stopped at once: so are the DDP ranks this process started
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        if self._stop is not None:
+            raise Interrupted(signum, f"stopped by {signal_name(signum)} (sent twice) during a training step")
+        self._stop = signum
+        log.warning(
+            "%s: stopping after this training step, with a checkpoint (send it again to stop at once)",
+            signal_name(signum),
+        )
+
+    def _stop_if_asked(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        signum = self._stop or 0
+        if trainer.world_size > 1:  # every rank stops at the same step: a save gathers the memory of all ranks
+            asked = torch.tensor(signum, device=pl_module.device)
+            signum = int(trainer.strategy.reduce(asked, reduce_op="max"))
+        if not signum:
+            return
+        if self._last_global_step_saved != trainer.global_step:
+            self._save_checkpoint(
+                trainer, str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+            )
+        raise Interrupted(
+            signum,
+            f"stopped by {signal_name(signum)} at step {trainer.global_step}; saved {self._last_checkpoint_saved}",
+            saved=self._last_checkpoint_saved,
+            quiet=not trainer.is_global_zero,
+        )
 
 
 def good_checkpoint(directory: str | os.PathLike) -> Path | None:

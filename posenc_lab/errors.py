@@ -4,13 +4,19 @@
 setting and what would be valid): the ``train`` / ``eval`` commands print it as one line and exit
 with status 1; ``HYDRA_FULL_ERROR=1`` re-raises it for the full traceback. Subclasses also derive
 from the builtin they refine (``ConfigError(ValueError)``), so ``except ValueError`` still works.
+
+A stop signal (SIGTERM from a scheduler, SIGINT from Ctrl-C) becomes ``Interrupted``: one line and
+exit status 128 + the signal's number (143, 130), never 0, which a scheduler would record as success.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +37,59 @@ class ConfigError(PosencLabError, ValueError):
 _USER_FACING = (ValueError, FileNotFoundError, ImportError)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(PosencLabError):
+    """A stop signal ended the command; ``reported`` prints the message and exits with 128 + the signal number.
+    ``saved``: the checkpoint saved on the way out, if any. ``quiet``: a DDP rank other than 0, which prints
+    nothing and exits 0: rank 0 tells the story and its status is the job's (Lightning's local launcher would
+    SIGKILL rank 0 on seeing another rank exit non-zero first; srun and torchrun fail the job on rank 0's)."""
+
+    def __init__(self, signum: int, message: str, saved: str | None = None, quiet: bool = False):
+        super().__init__(message)
+        self.signum, self.saved, self.quiet = int(signum), saved, quiet
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def stop_at_once(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """While the body runs, each of ``signals`` raises Interrupted where the program is, as Ctrl-C raises
+    KeyboardInterrupt (files are written atomically, io.py: nothing is left half-written). Training replaces
+    this with a stop at the end of the step (checkpoints.Checkpointing)."""
+
+    def stop(signum, frame):
+        for s in signals:  # the cleanup on the way out is not interrupted again (as Lightning does for Ctrl-C)
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum, f"stopped by {signal_name(signum)}")
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {s: signal.signal(s, stop) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def no_space(e: BaseException | None) -> bool:
+    """True if ``e`` or an exception behind it is ENOSPC / EDQUOT (torch wraps it in a RuntimeError)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def deliberate(error: BaseException) -> bool:
     """True if ``error`` was raised on purpose by posenc-lab (its message is enough)."""
     if isinstance(error, PosencLabError):
@@ -43,11 +102,23 @@ def deliberate(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def reported(command: str) -> Iterator[None]:
-    """Run a command's body; turn a deliberate error into one line on stderr and exit status 1."""
+    """Run a command's body; turn a deliberate error (or a full disk) into one line on stderr and exit status 1
+    (a stop signal: 128 + its number)."""
     try:
         yield
+    except Interrupted as e:
+        if e.quiet:
+            sys.exit(0)
+        sys.stderr.write(f"posenc-lab {command}: {e}\n")  # one write: a log shared with others keeps it whole
+        sys.exit(e.exit_code)
     except Exception as e:
-        if not deliberate(e) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        full = not deliberate(e) and no_space(e)  # a full disk under a library's writer (a logger, say)
+        if not (deliberate(e) or full) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(f"posenc-lab {command}: error: {e}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr)
+        message = (
+            f"no space left on a disk ({type(e).__name__}: {e}); free space and rerun the same command" if full else e
+        )
+        print(
+            f"posenc-lab {command}: error: {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr
+        )
         sys.exit(1)

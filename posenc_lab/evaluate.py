@@ -5,10 +5,17 @@ CLI (Hydra, conf/eval.yaml):
     posenc-lab eval ckpt=runs/X/checkpoints/last.ckpt data.segment_len=256 model.mem_len=512 \\
         model.same_length=true dump_losses=true
 
-writes ``<out_dir>/<name>.json`` (the figures and settings) and, with ``dump_losses=true``, ``.npz``
-of per-token arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically. The name carries every
-setting that changes the figures (``output_name``: ``test_step6_L256_M512_same_Tnone_B16_all``), so
-evaluations never overwrite each other. ``out_dir`` defaults to ``<run dir>/eval``.
+writes ``<name>.json`` (the figures and settings) and, with ``dump_losses=true``, ``.npz`` of per-token
+arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically, into a folder of the run and checkpoint
+(``output_dir``): ``<run dir>/eval/<checkpoint>/``, or with ``out_dir=DIR`` ``DIR/<run folder>-<hash of its
+path>/<checkpoint>/``. The name carries every setting that changes the figures (``output_name``:
+``test_step6_L256_M512_same_Tnone_B16_all``), so evaluations never overwrite each other. out_dir is checked
+before anything is computed.
+
+The corpus is compared with the one the run was trained on (the SHA-256 in its run.json): a changed
+corpus (an edited text file, a rebuilt cache) is refused, naming both hashes, unless ``allow_other_corpus=
+true``; the output records both hashes either way. Other corpus settings given on purpose (``+data.corpus.
+KEY=...``, ``data.name``) are another corpus by design: recorded, not refused.
 
 Python:
 
@@ -36,16 +43,21 @@ from . import config_dir, keep_freed_memory
 from .build import build_datamodule
 from .checkpoints import CheckpointError, read_checkpoint
 from .checks import check
-from .errors import reported
-from .io import save_npz, write_json
+from .errors import ConfigError, PosencLabError, reported
+from .io import path_problem, save_npz, write_json
 from .lit import load_lit
 from .metrics import TokenDump
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
+from .rundir import RunDir, corpus_identity
 
 CONF_DIR = config_dir()
 
 log = logging.getLogger("posenc_lab.evaluate")
+
+
+class OtherCorpusError(PosencLabError, ValueError):
+    """The corpus evaluated is not the one the run was trained on; the message names both hashes."""
 
 
 def load_model(ckpt_path: str | os.PathLike) -> MemoryTransformer:
@@ -78,6 +90,7 @@ def evaluate_checkpoint(
     episode_len: int | None = None,
     data_overrides: dict[str, Any] | None = None,
     max_batches: int | None = None,
+    allow_other_corpus: bool = False,
     return_token_losses: bool = False,
     accelerator: str = "cpu",
     precision: str = "32-true",
@@ -91,11 +104,13 @@ def evaluate_checkpoint(
     options that change no parameter); batch_size: parallel streams;
     episode_len: memory/offset reset period (longer than in training: horizon extrapolation);
     data_overrides: any other data config keys (e.g. {"root": ..., "corpus": {"path": ...}});
-    max_batches: only the first N segments of every stream.
+    max_batches: only the first N segments of every stream; allow_other_corpus: evaluate even if the corpus is
+    not the one recorded in the run's run.json (OtherCorpusError otherwise).
 
     Returns a dict: checkpoint, split, scheme, segment_len, mem_len, same_length, batch_size,
-    episode_len, train_steps, train_segment_len, train_mem_len, loss (nats per scored token),
-    bpt or ppl, tokens, wall_time_s, and for recall acc, answers, acc_by_distance {"lo-hi": acc}.
+    episode_len, train_steps, train_segment_len, train_mem_len, corpus_sha256, run_corpus_sha256 (None
+    without a run.json), other_corpus, loss (nats per scored token), bpt or ppl, tokens, wall_time_s, and
+    for recall acc, answers, acc_by_distance {"lo-hi": acc}.
     With return_token_losses, also "token_losses": {name: ndarray} with token_loss, targets,
     loss_mask, distance, correct (argmax == target), position (since episode start), all
     [n_streams, T] in stream order, and stream_start [n_streams] (index of each stream's first
@@ -123,6 +138,9 @@ def evaluate_checkpoint(
         overrides["batch_size"] = overrides["eval_batch_size"] = batch_size
     data_cfg = OmegaConf.merge(config.data, overrides)
     datamodule = build_datamodule(data_cfg)
+    corpus = _check_corpus(
+        ckpt_path, datamodule, on_purpose=bool({"name", "corpus"} & set(overrides)) or allow_other_corpus
+    )
 
     model = lit.model
     lit.evaluate_at(None if mem_len is None else int(mem_len), None if same_length is None else bool(same_length))
@@ -175,6 +193,7 @@ def evaluate_checkpoint(
         "train_segment_len": int(train_data.segment_len),
         "train_mem_len": model.cfg.mem_len,
         "train_episode_len": train_data.episode_len,
+        **corpus,
         **lit.eval_results[split],
         "wall_time_s": wall,
     }
@@ -186,10 +205,28 @@ def evaluate_checkpoint(
     return result
 
 
+def _check_corpus(ckpt_path: str | os.PathLike, datamodule, on_purpose: bool) -> dict[str, Any]:
+    """{corpus_sha256, run_corpus_sha256, other_corpus}; OtherCorpusError if the corpus is not the run's and
+    that is not on purpose (``on_purpose``: other corpus settings given, or allow_other_corpus)."""
+    run = RunDir.of_checkpoint(ckpt_path)
+    recorded = ((run.identity() or {}).get("corpus") or {}).get("sha256")
+    now = corpus_identity(datamodule.corpus)["sha256"]
+    if recorded is None:
+        log.warning("%s has no run.json: the corpus cannot be compared with the one it was trained on", run.path)
+    elif recorded != now and not on_purpose:
+        raise OtherCorpusError(
+            f"data.name={datamodule.name} is not the corpus run {run.path} was trained on: its run.json records "
+            f"sha256 {recorded}, the corpus now gives {now} (a changed text file or cache?). To evaluate on it "
+            f"anyway: allow_other_corpus=true (the output records it)"
+        )
+    return {"corpus_sha256": now, "run_corpus_sha256": recorded, "other_corpus": recorded not in (None, now)}
+
+
 def output_name(result: dict[str, Any]) -> str:
-    """A name that differs whenever the figures may: split, checkpoint step, segment (L), memory (M),
-    window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options,
-    precision (unless 32-true) and a hash of any other data setting. ``test_step6_L32_M32_same_Tnone_B4_all``."""
+    """A name that differs whenever the figures of one checkpoint may: split, its step, segment (L), memory (M),
+    window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options, precision
+    (unless 32-true), a hash of any other data setting and ``other-corpus`` when the corpus is not the run's.
+    ``test_step6_L32_M32_same_Tnone_B4_all``."""
     name = f"{result['split']}_step{result['train_steps']}_L{result['segment_len']}_M{result['mem_len']}"
     if result["same_length"]:
         name += "_same" + ("-published" if result.get("same_length_keys") == "mem_len" else "")
@@ -202,7 +239,20 @@ def output_name(result: dict[str, Any]) -> str:
     if result.get("data_overrides"):
         canonical = json.dumps(result["data_overrides"], sort_keys=True, default=str).encode()
         name += "_data-" + hashlib.sha1(canonical).hexdigest()[:8]  # the settings are in the .json itself
+    if result.get("other_corpus"):
+        name += "_other-corpus-" + str(result["corpus_sha256"])[:8]
     return name
+
+
+def output_dir(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike | None) -> Path:
+    """The folder of the outputs of evaluating ``ckpt_path``: ``<run dir>/eval/<checkpoint>``; with ``out_dir``,
+    ``<out_dir>/<run folder>-<hash of its absolute path>/<checkpoint>`` (two runs may share a folder name).
+    <checkpoint>: the file name without .ckpt (last, good, good.prev, step0000500)."""
+    run, name = RunDir.of_checkpoint(ckpt_path), Path(ckpt_path).name.removesuffix(".ckpt")
+    if out_dir is None:
+        return run.eval_dir / name
+    tag = hashlib.sha1(str(run.path.resolve()).encode()).hexdigest()[:8]
+    return Path(out_dir) / f"{run.path.resolve().name}-{tag}" / name
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
@@ -215,6 +265,10 @@ def evaluate_main(cfg: DictConfig) -> None:
     """``posenc-lab eval``: evaluate, then write <out_dir>/<output_name>.json (and .npz), atomically."""
     check(cfg, "eval")
     ckpt = Path(cfg.ckpt)
+    out_dir = output_dir(ckpt, cfg.out_dir)
+    problem = path_problem(out_dir, "out_dir")
+    if problem:  # before the compute, not after it
+        raise ConfigError(problem)
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if v is not None}
     result = evaluate_checkpoint(
         ckpt,
@@ -228,12 +282,12 @@ def evaluate_main(cfg: DictConfig) -> None:
         episode_len=data.pop("episode_len", None),
         data_overrides=data,
         max_batches=cfg.max_batches,
+        allow_other_corpus=bool(cfg.allow_other_corpus),
         return_token_losses=bool(cfg.dump_losses),
         accelerator=cfg.accelerator,
         precision=cfg.precision,
         progress_bar=bool(cfg.progress_bar),
     )
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.resolve().parent.parent / "eval"
     name = output_name(result)
     arrays = result.pop("token_losses", None)
     if arrays is not None:  # the .npz first: a .json present means its arrays are complete

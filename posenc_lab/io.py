@@ -2,15 +2,19 @@
 
 Every writer here writes to a temporary file in the target's directory, flushes it to disk and
 renames it over the target (``os.replace`` is atomic on POSIX and Windows): a reader sees the old
-file or the new one, never half of one, even after kill -9. Every reader raises
-``CorruptFileError`` naming the file and what to do, instead of a library's bare exception.
+file or the new one, never half of one, even after kill -9, and the target's name always points at a
+new file (never at a file that something else links to). A full disk raises ``DiskFullError`` naming
+the file and the file system, with the old file intact. Every reader raises ``CorruptFileError``
+naming the file and what to do, instead of a library's bare exception.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PosencLabError
+from .errors import PosencLabError, no_space
 
 
 def _umask() -> int:
@@ -31,26 +35,91 @@ class CorruptFileError(PosencLabError, ValueError):
     """A file the project wrote cannot be read back; the message names it and says what to do."""
 
 
+class DiskFullError(PosencLabError, OSError):
+    """No space left (or the quota reached) while writing a file; the message names the file and its file system."""
+
+
+def disk_full(path: Path) -> DiskFullError:
+    mount = path.parent.resolve()
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    free = shutil.disk_usage(mount).free
+    return DiskFullError(
+        f"no space left on the file system at {mount} ({free / 2**20:.1f} MiB free) to write {path}: it was not "
+        f"written, and the file it would replace (if any) is intact. Free space there, then rerun the same command"
+    )
+
+
+def path_problem(path: str | os.PathLike, key: str) -> str | None:
+    """Why ``path`` cannot be a folder a command creates and writes into, naming ``key`` (the setting that gave
+    it) and the fix; None if it can. Checked before anything is created, so that a bad path is one line, not
+    a traceback from the first mkdir."""
+    path = Path(os.path.abspath(path))
+    for part in path.parts:
+        if len(os.fsencode(part)) > 255:  # NAME_MAX of every common file system
+            n = len(os.fsencode(part))
+            return f"{key}: the name {part[:24]}... in it is {n} bytes long, a file system takes 255; use a shorter one"
+    for prefix in (*reversed(path.parents), path):
+        if os.path.islink(prefix) and not os.path.exists(prefix):
+            try:
+                os.stat(prefix)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    return f"{key}={path}: {prefix} is a loop of symbolic links; remove it or use another {key}"
+            return (
+                f"{key}={path}: {prefix} is a symbolic link to {os.readlink(prefix)}, which does not exist; "
+                f"create it or use another {key}"
+            )
+        if not os.path.exists(prefix):
+            parent = prefix.parent
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"{key}={path}: cannot create {prefix.name} in {parent} (no permission); use another {key}"
+            return None
+        if not os.path.isdir(prefix):
+            return f"{key}={path}: {prefix} is a file, not a folder; use another {key}"
+    return None if os.access(path, os.W_OK | os.X_OK) else f"{key}={path}: cannot write in {path} (no permission)"
+
+
+# Temporary files of the writers below (``.<name>.<random>.tmp<suffix>``, checkpoints._link's ``.<name>.tmp``):
+# left behind only by a killed process.
+PARTIAL_GLOBS = (".*.tmp", ".*.tmp.*")
+
+
+def remove_partial(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files a killed writer left in ``directory`` (call it while no other process writes
+    there, e.g. under the run's lock); returns them."""
+    directory = Path(directory)
+    found = [p for g in PARTIAL_GLOBS for p in directory.glob(g) if p.is_file()] if directory.is_dir() else []
+    for p in found:
+        p.unlink(missing_ok=True)
+    return found
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it over ``path``, else delete it.
+    A full disk raises DiskFullError naming ``path``.
 
     >>> with atomic_path("out/table.csv") as tmp:
     ...     df.to_csv(tmp)
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode a plain open() would give
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode a plain open() would give
         yield tmp
         with open(tmp, "rb+") as f:  # the data reaches the disk before the name points at it
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, Exception) and not isinstance(e, DiskFullError) and no_space(e):
+            raise disk_full(path) from e
         raise
 
 

@@ -91,6 +91,9 @@ class LitLM(L.LightningModule):
         self.train_tokens = 0  # global tokens consumed by training
         self._t_last: float | None = None
         self._wall_offset = 0.0  # fit seconds before this invocation (from the checkpoint)
+        self.stretches: list[dict[str, Any]] = []  # the schedules of the steps before this invocation (checkpoint)
+        self.plan: dict[str, Any] | None = None  # the schedule of this invocation (optim.schedule)
+        self._plan_from = 0  # the step this invocation started at
 
     # ---- checks before any step ------------------------------------------------------------
 
@@ -253,7 +256,17 @@ class LitLM(L.LightningModule):
     # ---- optimizer (optim.py) ----------------------------------------------------------------
 
     def configure_optimizers(self):
-        return optimizer.configure(self.model, self.optim, self._trainer)
+        return optimizer.configure(self.model, self.optim, self._trainer, self._schedule())
+
+    def _schedule(self) -> dict[str, Any]:
+        if self.plan is None:  # decided once, resuming: before the optimizer exists (on_load_checkpoint)
+            self.plan = optimizer.schedule(self.optim, self._trainer, self.stretches[-1] if self.stretches else None)
+        return self.plan
+
+    def schedule_stretches(self) -> list[dict[str, Any]]:
+        """The learning-rate schedule of every stretch of steps that led to the current weights (results.json)."""
+        now = [{"from_step": self._plan_from, "to_step": self.global_step, **self.plan}] if self.plan else []
+        return self.stretches + [s for s in now if s["to_step"] > s["from_step"]]
 
     # ---- checkpoints -----------------------------------------------------------------------
 
@@ -285,6 +298,7 @@ class LitLM(L.LightningModule):
             "train_tokens": self.train_tokens,
             "wall_time_s": self.wall_time_s(),
             "health": health,
+            "schedule": self.schedule_stretches(),
         }
         self.saved_health = health
 
@@ -296,8 +310,9 @@ class LitLM(L.LightningModule):
         self.train_tokens = int(state["train_tokens"])
         self._wall_offset = float(state.get("wall_time_s", 0.0))
         self.loaded_health = state.get("health")
+        self.stretches, self._plan_from = optimizer.stretches(checkpoint), int(checkpoint.get("global_step", 0))
         if self._trainer is not None and checkpoint.get("hyper_parameters", {}).get("optim") != self.hparams.optim:
-            optimizer.use_settings(checkpoint, self.optim, self.trainer)
+            optimizer.use_settings(checkpoint, self.optim, self._schedule())
 
     def _non_finite_message(self, loss: Tensor, batch_idx: int) -> str:
         directory = getattr(self.trainer.checkpoint_callback, "dirpath", None)

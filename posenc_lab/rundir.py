@@ -10,7 +10,9 @@ trajectory of the weights or the meaning of its figures,
 
 A later ``train`` into the same directory continues (or re-evaluates) that run only if its
 identity is the same; anything else is refused, naming each difference. ``trainer.max_steps`` is
-not part of it: a longer run may extend a finished one. A folder that holds files but no
+not part of it: a longer run may extend a finished one; nor is ``optim.total_steps``, the length of the
+learning-rate schedule, which an extension may set anew (results.json records the schedule of every
+stretch of steps). A folder that holds files but no
 ``run.json`` is not a run and is refused. A run directory from before run.json existed is
 recognised by its checkpoint's config (its corpus is then taken as it is now).
 
@@ -39,7 +41,7 @@ import yaml
 from .checkpoints import read_checkpoint
 from .data import SPLITS
 from .errors import PosencLabError
-from .io import CorruptFileError, read_json, write_json
+from .io import CorruptFileError, path_problem, read_json, write_json
 
 log = logging.getLogger("posenc_lab.rundir")
 
@@ -53,6 +55,9 @@ FORMAT = 1
 DATA_NOT_IDENTITY = ("root", "num_workers")
 # model settings of speed only, the same math: a run may resume with another (positional/fused.py)
 MODEL_NOT_IDENTITY = ("attention_impl",)
+# optim settings a run may change when it is extended: the schedule's length (results.json records the schedule
+# of every stretch of steps; optim.py)
+OPTIM_NOT_IDENTITY = ("total_steps",)
 # trainer settings that change the updates (devices may change: the global batch stays the same)
 TRAINER_IDENTITY = ("gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches", "precision")
 
@@ -92,16 +97,16 @@ def run_identity(config: dict[str, Any], corpus: dict[str, Any] | None) -> dict[
     return {
         "seed": config.get("seed"),
         "posenc": config.get("posenc"),
-        "model": _model_identity(config.get("model")),
+        "model": _without(config.get("model"), MODEL_NOT_IDENTITY),
         "data": {k: v for k, v in (config.get("data") or {}).items() if k not in DATA_NOT_IDENTITY},
         "corpus": corpus,
-        "optim": config.get("optim"),
+        "optim": _without(config.get("optim"), OPTIM_NOT_IDENTITY),
         "trainer": {k: trainer.get(k) for k in TRAINER_IDENTITY},
     }
 
 
-def _model_identity(model: Any) -> Any:
-    return {k: v for k, v in model.items() if k not in MODEL_NOT_IDENTITY} if isinstance(model, dict) else model
+def _without(section: Any, keys: tuple[str, ...]) -> Any:
+    return {k: v for k, v in section.items() if k not in keys} if isinstance(section, dict) else section
 
 
 def differences(saved: Any, now: Any, key: str = "") -> list[str]:
@@ -170,6 +175,12 @@ class RunDir:
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
+
+    @classmethod
+    def of_checkpoint(cls, ckpt: str | os.PathLike) -> RunDir:
+        """The run directory a checkpoint belongs to: the folder of its checkpoints/ folder (else its own)."""
+        folder = Path(os.path.abspath(ckpt)).parent
+        return cls(folder.parent if folder.name == cls.CHECKPOINTS else folder)
 
     # ---- its files ----
     @property
@@ -263,10 +274,11 @@ class RunDir:
         ``own_files``: names this very command may already have written there (its log), not counted as
         another's files."""
         run_dir = self.path
+        problem = path_problem(run_dir, "run_dir")
+        if problem:
+            raise RunDirError(problem)
         if not run_dir.exists():
             return None
-        if not run_dir.is_dir():
-            raise RunDirError(f"run_dir {run_dir} is a file, not a folder")
         if self.record_file.exists():
             record = read_json(
                 self.record_file,
@@ -291,8 +303,12 @@ class RunDir:
             config = read_checkpoint(ckpt)["hyper_parameters"].get("config") or {}
             saved = run_identity(config, identity["corpus"])
             record = {"format": FORMAT, "identity": saved, "adopted_from": str(ckpt)}
-        if isinstance(saved, dict):  # a record written before MODEL_NOT_IDENTITY held a key
-            saved = {**saved, "model": _model_identity(saved.get("model"))}
+        if isinstance(saved, dict):  # a record written before MODEL_ or OPTIM_NOT_IDENTITY held a key
+            saved = {
+                **saved,
+                "model": _without(saved.get("model"), MODEL_NOT_IDENTITY),
+                "optim": _without(saved.get("optim"), OPTIM_NOT_IDENTITY),
+            }
         diff = differences(saved, identity)
         if diff:
             raise RunDirError(

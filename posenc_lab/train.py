@@ -11,10 +11,15 @@
     results.json       final validation and test figures (see ``train``)
 
 Rerunning with the same run directory resumes from its last.ckpt (``resume=auto``) if the run is
-the same (rundir.py); a longer ``trainer.max_steps`` extends it. Every config value, the data, the
-run directory and the checkpoint are checked before anything is written; a second process
-writing the same run directory is refused (``.lock``). In a sweep (``-m``) every job gets its own
-run directory: ``run_dir/<job number>_<scheme>_<data>`` (hydra.sweep.subdir).
+the same (rundir.py); a longer ``trainer.max_steps`` extends it, keeping its learning-rate schedule
+(optim.py). Every config value, the data, the run directory and the checkpoint are checked before
+anything is written; a second process writing the same run directory is refused (``.lock``). In a
+sweep (``-m``) every job gets its own run directory: ``run_dir/<job number>_<scheme>_<data>``
+(hydra.sweep.subdir).
+
+SIGTERM and SIGINT (and, in a SLURM job, its requeue signal) stop training at the end of the step with
+last.ckpt saved (checkpoints.Checkpointing), print one line with the command that continues the run and
+exit 143 / 130; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import contextlib
 import json
 import logging
 import os
+import shlex
+import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -35,15 +43,17 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, keep_freed_memory
 from .build import build_datamodule, build_lit, build_trainer, check_splits
-from .checkpoints import CHECKPOINT_SAFE_GLOBALS, CheckpointError, CheckpointUnreadable, read_checkpoint
+from .checkpoints import CHECKPOINT_SAFE_GLOBALS, CheckpointError, Checkpointing, CheckpointUnreadable, read_checkpoint
 from .checks import check
 from .datamodule import SegmentDataModule
-from .errors import ConfigError, reported
-from .io import write_text
+from .errors import STOP_SIGNALS, ConfigError, Interrupted, reported, stop_at_once
+from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .precision import check_precision
 from .rundir import Results, RunDir, RunDirError, corpus_identity, run_identity
@@ -102,7 +112,8 @@ def _checkpoint_state(run: RunDir) -> tuple[str, int] | None:
 
 def _run_dir(cfg: DictConfig) -> Path:
     """run_dir; unset: Hydra's output directory (without Hydra: a fresh runs/ folder). In a sweep
-    always the job's own output directory (under run_dir when set, see hydra.sweep in train.yaml)."""
+    always the job's own output directory (under run_dir when set, see hydra.sweep in train.yaml).
+    RunDirError if it cannot be a folder (a file, a dangling link, a name too long)."""
     if _in_multirun():
         return Path(HydraConfig.get().runtime.output_dir).resolve()
     run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
@@ -112,6 +123,9 @@ def _run_dir(cfg: DictConfig) -> Path:
             if HydraConfig.initialized()
             else f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
         )
+    problem = path_problem(run_dir, "run_dir")
+    if problem:  # before resolve(), which fails on a loop of links
+        raise RunDirError(problem)
     return Path(run_dir).resolve()
 
 
@@ -210,6 +224,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
 
     trainer = build_trainer(cfg, run_dir)
+    if isinstance(trainer.checkpoint_callback, Checkpointing):
+        trainer.checkpoint_callback.stop_signals = stop_signals()
     check_precision(trainer.precision, trainer.strategy.root_device.type, cfg.get("bf16_check", "warn"))
     with run.lock() if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
@@ -219,6 +235,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     f"run_dir {run_dir} changed while this run was starting (another process saved "
                     f"a checkpoint); run the command again to continue from it"
                 )
+            for folder in (run.path, run.checkpoints):  # what a killed process was writing: never complete
+                remove_partial(folder)
             run.write_record(identity, record)
             _write_run_start(cfg, composed, run)
             _keep_old_log(run, resume_step)
@@ -268,6 +286,7 @@ def _fit_and_evaluate(
         run_dir=str(run.path),
         checkpoint=str(last) if last.exists() else None,
         resumed_from=str(resume) if resume else None,
+        schedule=lit.schedule_stretches(),
     )
     if cfg.final_eval.enabled:
         trainer.limit_val_batches = trainer.limit_test_batches = cfg.final_eval.limit_batches
@@ -283,14 +302,19 @@ def _fit_and_evaluate(
     return asdict(results)
 
 
+def _given(argv: list[str], key: str = "run_dir") -> str | None:
+    """The value of the command line's ``key=`` argument, if any."""
+    given = [a.split("=", 1)[1] for a in argv[1:] if a.startswith(f"{key}=")]
+    return given[-1] if given else None
+
+
 def _named_run_dir_existed(argv: list[str]) -> bool | None:
     """Whether the folder of a ``run_dir=`` argument existed before this command (None: none given)."""
-    given = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("run_dir=")]
-    return Path(given[-1]).exists() if given else None
+    given = _given(argv)
+    return None if given is None else os.path.lexists(given)
 
 
-# read before Hydra creates the run directory (it does so before main's body runs)
-_RUN_DIR_EXISTED = _named_run_dir_existed(sys.argv)
+_RUN_DIR_EXISTED: bool | None = None  # set by main(), before Hydra creates the run directory
 
 
 def _drop_if_never_started(cfg: DictConfig) -> None:
@@ -306,14 +330,92 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
     run_dir.rmdir()
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
-def main(cfg: DictConfig) -> None:
+# ---- stop signals ------------------------------------------------------------------------------
+
+
+def stop_signals() -> tuple[int, ...]:
+    """SIGTERM, SIGINT and, inside a SLURM job, the signals after which it is requeued: SIGUSR1 (Lightning's SLURM
+    auto-requeue signal, ``#SBATCH --signal=SIGUSR1@90``; handled here, so that Lightning's own handler, a save from
+    inside the signal handler, mid-step, into hpc_ckpt_N.ckpt, stays unset) and submitit's (hydra/launcher=slurm).
+    See docs/CLUSTERS.md."""
+    requeue = (signal.SIGUSR1,) if _in_slurm_job() else ()
+    return tuple(dict.fromkeys(STOP_SIGNALS + requeue + tuple(s for s in (_submitit_signal(),) if s)))
+
+
+def _submitit_signal() -> int | None:
+    """The signal the submitit launcher requeues its jobs on (USR2, or $SUBMITIT_PREEMPT_SIGNAL), in a job it
+    started; else None."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    return getattr(signal, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}", None)
+
+
+def _in_slurm_job() -> bool:
+    with warnings.catch_warnings():  # detect() warns when srun is installed but not used: Lightning says it later
+        warnings.simplefilter("ignore")
+        return SLURMEnvironment.detect()
+
+
+def _requeue() -> str:
+    """Requeue this SLURM job (``scontrol requeue``, as Lightning's auto-requeue does); what happened, in words."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ.get("SLURM_JOB_ID", "?")
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"requeueing SLURM job {job} failed ({e}): resubmit it"
+    if done.returncode:
+        return f"requeueing SLURM job {job} failed ({done.stderr.strip()}): resubmit it"
+    return f"SLURM job {job} is requeued and continues from there"
+
+
+def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
+    """The stop, with what was kept and how to continue (one line)."""
+    run = RunDir(_run_dir(cfg))
+    if e.quiet or rank_zero_only.rank != 0:
+        return Interrupted(e.signum, str(e), quiet=True)
+    kept = "" if e.saved else f"; newest checkpoint: {run.newest_checkpoint() or 'none yet'}"
+    if e.signum == _submitit_signal():
+        return Interrupted(e.signum, f"{e}{kept}; submitit requeues the job, which continues from there")
+    if e.signum == signal.SIGUSR1 and _in_slurm_job():
+        return Interrupted(e.signum, f"{e}{kept}; {_requeue()}")
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    command = shlex.join(["posenc-lab", "train", *[o for o in overrides if not o.startswith("run_dir=")]])
+    return Interrupted(e.signum, f"{e}{kept}. Continue with: {command} run_dir={shlex.quote(str(run.path))}")
+
+
+def main() -> None:
+    """``posenc-lab train``: a ``run_dir=`` (or ``hydra.run.dir=``, ``hydra.sweep.dir=``) that cannot be a folder
+    is refused before Hydra tries to create it (its error would be a traceback)."""
+    global _RUN_DIR_EXISTED
+    keys = ("run_dir", "hydra.run.dir", "hydra.sweep.dir")
+    problems = [path_problem(given, key) for key in keys if (given := _given(sys.argv, key))]
     with reported("train"):
+        if any(problems):
+            raise RunDirError(next(p for p in problems if p))
+    _RUN_DIR_EXISTED = _named_run_dir_existed(sys.argv)
+    _hydra_main()
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+def _hydra_main(cfg: DictConfig) -> None:
+    submitit = _submitit_signal()
+    requeue_by_submitit = signal.getsignal(submitit) if submitit else None  # before stop_at_once replaces it
+    with reported("train"), stop_at_once(stop_signals()):
         try:
             train(cfg)
-        except Exception:
+        except Exception as e:
             _drop_if_never_started(cfg)
-            raise
+            if not isinstance(e, Interrupted):
+                raise
+            for s in stop_signals():  # on the way out (a requeue makes SLURM send SIGTERM): not stopped again
+                signal.signal(s, signal.SIG_IGN)
+            stop = _interrupted(e, cfg)
+            if e.signum == submitit and callable(requeue_by_submitit):  # saved at the end of the step: now its turn
+                if not stop.quiet:
+                    print(f"posenc-lab train: {stop}", file=sys.stderr, flush=True)
+                requeue_by_submitit(e.signum, None)  # on rank 0: pickles the job, requeues it and exits
+            raise stop from None
 
 
 if __name__ == "__main__":

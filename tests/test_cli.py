@@ -12,7 +12,7 @@ import pytest
 
 from posenc_lab import cli
 from posenc_lab.checkpoints import CheckpointError
-from posenc_lab.evaluate import evaluate_checkpoint, load_config, load_model
+from posenc_lab.evaluate import evaluate_checkpoint, load_config, load_model, output_dir
 from posenc_lab.model import MemoryTransformer
 from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, run_module, subprocess_env, tiny
@@ -159,9 +159,10 @@ def test_console_eval(trained, tmp_path):
         "progress_bar=false",
         f"out_dir={tmp_path}",
     )
-    out = json.loads((tmp_path / "test_step6_L32_M32_same_Tnone_B4_first4.json").read_text())
+    written = output_dir(run / "checkpoints" / "last.ckpt", tmp_path) / "test_step6_L32_M32_same_Tnone_B4_first4"
+    out = json.loads(written.with_suffix(".json").read_text())
     assert out["segment_len"] == 32 and out["same_length"] is True and "loss" in out
-    assert np.load(tmp_path / "test_step6_L32_M32_same_Tnone_B4_first4.npz")["token_loss"].shape == (4, 4 * 32)
+    assert np.load(written.with_suffix(".npz"))["token_loss"].shape == (4, 4 * 32)
 
 
 def _hydra_app_fails(main, argv, monkeypatch, capsys) -> str:

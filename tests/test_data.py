@@ -221,7 +221,7 @@ def test_textfile_splits_by_position(tmp_path):
 
 def test_textfile_too_small_for_the_split(tmp_path):
     (tmp_path / "t.txt").write_bytes(b"0123456789")
-    with pytest.raises(ValueError, match=r"split sizes must be .*t.txt \(10 bytes\), got \(9, 0, 0\)"):
+    with pytest.raises(ValueError, match=r"t\.txt \(data\.corpus\.path\) is too small: 10 bytes cannot be split"):
         load_corpus("textfile", root=tmp_path, path=tmp_path / "t.txt")
 
 

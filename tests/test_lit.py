@@ -261,3 +261,42 @@ def test_corrupt_or_mismatched_checkpoint_is_named(tmp_path, cache):
         train(compose_config("train", tiny(tmp_path / "c", cache, f"resume={ckpt}", "model.d_model=32")))
     with pytest.raises(CheckpointError, match=r"last.ckpt was trained on other data settings.*n_streams"):
         train(compose_config("train", tiny(tmp_path / "c", cache, f"resume={ckpt}", "data.batch_size=8")))
+
+
+# ---- extending a run keeps its learning-rate schedule ------------------------------------------------
+
+
+def _lr(ckpt) -> float:
+    return read_checkpoint(ckpt)["optimizer_states"][0]["param_groups"][0]["lr"]
+
+
+def test_a_longer_max_steps_keeps_the_schedule_says_so_and_results_record_every_stretch(tmp_path, cache, caplog):
+    run, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
+    first = train(compose_config("train", tiny(run, cache, steps=4)))  # warm-up 2, cosine to step 4, lr 1e-3
+    assert first["schedule"] == [
+        {"from_step": 0, "to_step": 4, "lr": 1e-3, "warmup_steps": 2, "total_steps": 4, "min_lr_ratio": 0.1}
+    ]
+    with caplog.at_level("WARNING", logger="posenc_lab.optim"):
+        longer = train(compose_config("train", tiny(run, cache, steps=6)))
+    assert "trainer.max_steps=6 runs past the end of this run's learning-rate schedule, which is kept" in caplog.text
+    assert "For a new cosine to step 6 instead: optim.total_steps=6" in caplog.text
+    assert [(s["from_step"], s["to_step"], s["total_steps"]) for s in longer["schedule"]] == [(0, 4, 4), (4, 6, 4)]
+    assert _lr(last) == pytest.approx(1e-4)  # at the floor; a cosine stretched to step 6 would be at 3.25e-4
+
+    # a new cosine, asked for: optim.total_steps may change (it is not part of the run's identity)
+    newer = train(compose_config("train", tiny(run, cache, "optim.total_steps=12", steps=10)))
+    assert [(s["from_step"], s["to_step"], s["total_steps"]) for s in newer["schedule"]][-1] == (6, 10, 12)
+    assert _lr(last) == pytest.approx(1e-3 * warmup_cosine(10, 2, 12, 0.1))
+    assert json.loads((run / "results.json").read_text())["schedule"] == newer["schedule"]
+
+
+def test_a_checkpoint_saved_before_schedules_were_recorded_keeps_the_schedule_of_its_config(tmp_path, cache):
+    train(compose_config("train", tiny(tmp_path / "old", cache, steps=4)))
+    old = read_checkpoint(tmp_path / "old" / "checkpoints" / "last.ckpt")
+    del old["posenc_lab"]["schedule"]
+    torch.save(old, tmp_path / "old.ckpt")
+    results = train(compose_config("train", tiny(tmp_path / "new", cache, f"resume={tmp_path / 'old.ckpt'}", steps=6)))
+    derived, now = results["schedule"]
+    assert derived == {"from_step": 0, "to_step": 4, "lr": 1e-3, "warmup_steps": 2, "total_steps": 4,
+                       "min_lr_ratio": 0.1, "derived": True}  # fmt: skip
+    assert now["from_step"] == 4 and now["total_steps"] == 4

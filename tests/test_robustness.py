@@ -16,7 +16,7 @@ import torch
 
 from posenc_lab.checkpoints import SANE_LOSS_RATIO, SANE_WEIGHT_ABS, CheckpointError, read_checkpoint
 from posenc_lab.errors import ConfigError, PosencLabError, deliberate
-from posenc_lab.evaluate import evaluate_checkpoint, output_name
+from posenc_lab.evaluate import evaluate_checkpoint, output_dir, output_name
 from posenc_lab.io import CorruptFileError
 from posenc_lab.lit import NonFiniteLossError
 from posenc_lab.rundir import RunDirError
@@ -90,9 +90,10 @@ def test_after_a_divergence_the_named_checkpoint_resumes_and_trains_finitely(tmp
     with pytest.raises(NonFiniteLossError, match="No good checkpoint was saved before it"):
         run_train(tmp_path / "fresh", cache, "optim.lr=1e3", "checkpoint_every=1", steps=40)
 
-    start = finished / "checkpoints" / "last.ckpt"
+    start = finished / "checkpoints" / "last.ckpt"  # its schedule ends at step 4: a new one to step 40
     with pytest.raises(NonFiniteLossError) as info:
-        run_train(tmp_path / "diverged", cache, f"resume={start}", "optim.lr=1e3", "checkpoint_every=1", steps=40)
+        diverge = ("optim.lr=1e3", "optim.total_steps=40", "checkpoint_every=1")
+        run_train(tmp_path / "diverged", cache, f"resume={start}", *diverge, steps=40)
     message = str(info.value)
     assert "Last good checkpoint: " in message and "resume=" in message
     named = message.split("Last good checkpoint: ")[1].split(" ")[0]
@@ -154,7 +155,7 @@ def test_learned_overflow_advice_is_an_option_eval_takes(tmp_path, cache):
         ],
     )
     evaluate_main(cfg)
-    (written,) = (tmp_path / "eval").glob("*.json")
+    (written,) = output_dir(ckpt, tmp_path / "eval").glob("*.json")
     result = json.loads(written.read_text())
     assert result["scheme_options"] == {"overflow": "clamp"} and math.isfinite(result["loss"])
     assert "overflowclamp" in written.name
@@ -333,7 +334,8 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
     evaluate("max_batches=3")
     evaluate("max_batches=2", "data.episode_len=32")
     evaluate("max_batches=2", "data.batch_size=2")
-    names = sorted(p.stem for p in tmp_path.glob("*.json"))
+    out = output_dir(finished / "checkpoints" / "last.ckpt", tmp_path)  # a folder per run and checkpoint
+    names = sorted(p.stem for p in out.glob("*.json"))
     assert names == [
         "test_step4_L16_M16_T32_B4_first2",
         "test_step4_L16_M16_Tnone_B2_first2",
@@ -342,14 +344,14 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
     ]
     with pytest.raises(ConfigError, match=r"max_batches must be an integer >= 1 .*null: all.*got 0"):
         evaluate("max_batches=0")
-    first = json.loads((tmp_path / "test_step4_L16_M16_Tnone_B4_first2.json").read_text())
+    first = json.loads((out / "test_step4_L16_M16_Tnone_B4_first2.json").read_text())
     assert output_name({**first, "precision": "bf16-mixed"}) == "test_step4_L16_M16_Tnone_B4_first2_bf16-mixed"
     assert output_name({**first, "data_overrides": {"corpus": {"eval_max_distance": 60}}}).startswith(
         "test_step4_L16_M16_Tnone_B4_first2_data-"
     )
 
     # A truncated output (e.g. a full disk under another tool) is written whole by the next eval.
-    target = tmp_path / "test_step4_L16_M16_Tnone_B4_first2"
+    target = out / "test_step4_L16_M16_Tnone_B4_first2"
     target.with_suffix(".json").write_text('{"loss": ')
     target.with_suffix(".npz").write_bytes(target.with_suffix(".npz").read_bytes()[:100])
     evaluate("max_batches=2")
@@ -357,7 +359,7 @@ def test_eval_outputs_are_named_by_every_setting_and_rewritten_whole(tmp_path, f
     from posenc_lab.io import load_npz
 
     assert load_npz(target.with_suffix(".npz"))["token_loss"].shape == (4, 2 * 16)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left
 
 
 def test_a_checkpoint_saved_by_another_process_while_starting_is_not_overwritten(tmp_path, cache, monkeypatch):

@@ -47,11 +47,11 @@ def _legacy(name: str) -> str:
 def _read(directory: Path, key: dict):
     """(arrays, itos, info) of a complete cache entry, None if there is none or it is from other settings;
     ValueError naming the file if the entry is damaged."""
-    manifest_path = directory / "manifest.json"
-    if not manifest_path.exists():
+    path = directory / "manifest.json"
+    if not path.exists():
         return None
-    try:
-        manifest = json.loads(manifest_path.read_text())
+    try:  # ``path``: the file being read, named in the error
+        manifest = json.loads(path.read_text())
         if manifest.get("key") != key:
             return None
         arrays = {}
@@ -59,14 +59,16 @@ def _read(directory: Path, key: dict):
             path = directory / f"{name}.npy"
             array = np.load(path, mmap_mode="r")
             if len(array) != n:
-                raise ValueError(f"{path} holds {len(array):,} tokens, its manifest says {n:,}")
+                raise ValueError(f"it holds {len(array):,} tokens, its manifest says {n:,}")
             arrays[_legacy(name)] = array
         itos = None
-        if (directory / "vocab.txt").exists():
-            itos = (directory / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        path = directory / "vocab.txt"
+        if path.exists():
+            itos = path.read_text(encoding="utf-8").split("\n")[:-1]
+        path = directory / "manifest.json"
         return arrays, itos, manifest["info"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{e}") from e
+        raise ValueError(f"{path.name}: {type(e).__name__}: {e}") from e
 
 
 def cached(directory: Path, key: dict, build: Callable[[], tuple[dict, list | None, dict]]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -23,5 +24,13 @@ def load_textfile(
     if len(split) != 3 or min(split) <= 0 or sum(split) > 1 + 1e-9:
         raise ValueError(f"textfile corpus: split must be 3 positive fractions summing to <= 1, got {split}")
     size = path.stat().st_size
-    regions = split_file("textfile corpus", path, [int(f * size) for f in split])
+    sizes = [int(f * size) for f in split]
+    if min(sizes) < 2:  # each part needs a token and its target
+        need = math.ceil(2 / min(split))
+        raise ValueError(
+            f"textfile corpus: {path} (data.corpus.path) is too small: {size:,} bytes cannot be split into "
+            f"train/val/test by data.corpus.split={list(split)} with 2 bytes or more in each (it takes {need:,}); "
+            f"use a larger file"
+        )
+    regions = split_file("textfile corpus", path, sizes)
     return Corpus("textfile", **regions, vocab_size=256)

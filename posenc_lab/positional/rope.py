@@ -67,6 +67,9 @@ class RoPE(PositionalScheme):
         super().__init__(dims)
         if dims.d_head % 2:
             raise ValueError(f"rope: the head size d_model/n_head = {dims.d_head} is odd; rope needs an even head size")
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
+            # base <= 0 gives NaN angles (the loss diverges at step 0), 1 the same angle for every channel pair
+            raise ValueError(f"rope: posenc.base must be a number > 1 (10000 in Su et al. 2021), got {base!r}")
         if scaling not in SCALINGS:
             raise ValueError(f"rope: scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:

@@ -1,0 +1,126 @@
+"""The long tail (issue 23): every bad input is one line naming the key or the file and the fix, before
+anything is written, through the real command entry points (in this process, as the console runs them)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from posenc_lab import evaluate
+from posenc_lab import train as train_module
+from posenc_lab.data import load_corpus
+from posenc_lab.train import train
+from tests.helpers_train import compose_config, tiny
+from tests.test_reliability import cli, no_stale_log_handlers  # noqa: F401 - an autouse fixture
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("corpus-cache")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, cache):
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train(compose_config("train", tiny(run, cache, steps=2)))
+    return run
+
+
+def _file(tmp, name, content: bytes) -> Path:
+    (tmp / name).write_bytes(content)
+    return tmp / name
+
+
+def _link(tmp, name, target) -> Path:
+    os.symlink(target, tmp / name)
+    return tmp / name
+
+
+# (id, command, arguments from (tmp_path, cache, finished run), expected message after "error: ")
+CASES = [
+    ("unknown model option", "train", lambda t, c, f: tiny(t / "run", c, "+model.foo=1"),
+     r"model\.foo is not a model option; the options are: "),
+    ("negative seed", "train", lambda t, c, f: tiny(t / "run", c, "seed=-5"),
+     r"seed must be an integer >= 0 and <= 4294967295 \(numpy and Lightning take 32-bit seeds\), got -5$"),
+    ("seed past 32 bits", "train", lambda t, c, f: tiny(t / "run", c, "seed=99999999999"),
+     r"seed must be an integer >= 0 and <= 4294967295 .*got 99999999999$"),
+    ("episode shorter than a segment", "train", lambda t, c, f: tiny(t / "run", c, "data.episode_len=8"),
+     r"data\.episode_len=8 is shorter than data\.segment_len=16: .* set data\.episode_len >= 16 or null$"),
+    ("rope base below 1", "train", lambda t, c, f: tiny(t / "run", c, "posenc=rope", "posenc.base=-1"),
+     r"posenc: rope: posenc\.base must be a number > 1 \(10000 in Su et al\. 2021\), got -1"),
+    ("run_dir is a file", "train", lambda t, c, f: tiny(_file(t, "run", b"mine"), c),
+     r"run_dir=\S+/run: \S+/run is a file, not a folder; use another run_dir$"),
+    ("run_dir is a dangling link", "train", lambda t, c, f: tiny(_link(t, "run", t / "gone"), c),
+     r"run_dir=\S+/run: \S+/run is a symbolic link to \S+/gone, which does not exist; create it or use another"),
+    ("run_dir is a loop of links", "train", lambda t, c, f: tiny(_link(t, "run", t / "run"), c),
+     r"run_dir=\S+/run: \S+/run is a loop of symbolic links; remove it or use another run_dir$"),
+    ("hydra.run.dir is a file", "train",
+     lambda t, c, f: [*tiny(t / "run", c)[1:], f"hydra.run.dir={_file(t, 'run', b'mine')}"],
+     r"hydra\.run\.dir=\S+/run: \S+/run is a file, not a folder; use another hydra\.run\.dir$"),
+    ("a 300-character name in run_dir", "train", lambda t, c, f: tiny(t / ("x" * 300) / "run", c),
+     r"run_dir: the name x{24}\.\.\. in it is 300 bytes long, a file system takes 255; use a shorter one$"),
+    ("an empty text file", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_file(t, 'empty.txt', b'')}", data="textfile"),
+     r"textfile corpus: \S+/empty\.txt \(data\.corpus\.path\) is too small: 0 bytes cannot be split .*larger file$"),
+    ("a 10-byte text file", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_file(t, 'ten.txt', b'0123456789')}", data="textfile"),
+     r"textfile corpus: \S+/ten\.txt \(data\.corpus\.path\) is too small: 10 bytes cannot be split .*it takes 40\)"),
+    ("random bytes as a checkpoint", "train",
+     lambda t, c, f: tiny(t / "run", c, f"resume={_file(t, 'x.ckpt', os.urandom(5000))}"),
+     r"checkpoint \S+/x\.ckpt cannot be read \(corrupt or not a checkpoint\)"),
+    ("eval: random bytes as a checkpoint", "eval", lambda t, c, f: [f"ckpt={_file(t, 'x.ckpt', os.urandom(5000))}"],
+     r"checkpoint \S+/x\.ckpt cannot be read \(corrupt or not a checkpoint\)"),
+    ("eval: out_dir is a file", "eval",
+     lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", f"out_dir={_file(t, 'out', b'mine')}"],
+     r"out_dir=\S+/out/run-[0-9a-f]{8}/last: \S+/out is a file, not a folder; use another out_dir$"),
+]  # fmt: skip
+
+
+def _tree(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under ``folder``: file contents, link targets, folders (what a failed command may not change)."""
+    out: dict[str, bytes | str] = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = Path(root) / name
+            key = str(p.relative_to(folder))
+            out[key] = f"-> {os.readlink(p)}" if p.is_symlink() else p.read_bytes() if p.is_file() else "dir"
+    return out
+
+
+@pytest.mark.parametrize("case, command, args, message", CASES, ids=[c[0] for c in CASES])
+def test_every_bad_input_is_one_line_before_anything_is_written(
+    tmp_path, cache, finished, monkeypatch, capsys, case, command, args, message
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = args(work, cache, finished)
+    before, finished_before = _tree(work), _tree(finished)
+    code, err = cli(train_module.main if command == "train" else evaluate.main, argv, monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.startswith("posenc-lab ")]
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(f"posenc-lab {command}: error: "), err[-3000:]
+    assert err.strip().endswith("(set HYDRA_FULL_ERROR=1 for the full traceback)")
+    assert re.search(message, lines[0].split(": error: ", 1)[1]), lines[0]
+    assert "Nothing in it was run" not in lines[0]  # damage is not called code
+    assert _tree(work) == before and _tree(finished) == finished_before  # nothing written, nothing changed
+
+
+# ---- the corpus cache recovers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["manifest.json", "train.npy"])
+def test_a_damaged_corpus_cache_is_named_and_rebuilt(tmp_path, caplog, damage):
+    options = {"train_tokens": 5000, "eval_tokens": 1000, "max_distance": 20}
+    first = load_corpus("recall", root=tmp_path, **options)
+    reference = {s: first.split(s).copy() for s in ("train", "val", "test")}
+    del first
+    (damaged,) = tmp_path.rglob(damage)
+    damaged.write_bytes(damaged.read_bytes()[: len(damaged.read_bytes()) // 3])
+    with caplog.at_level("WARNING", logger="posenc_lab.data"):
+        again = load_corpus("recall", root=tmp_path, **options)
+    assert f"corpus cache {damaged.parent} is damaged" in caplog.text and damage in caplog.text
+    assert all((again.split(s) == reference[s]).all() for s in reference)
+    assert len(damaged.read_bytes()) > 0 and not list(tmp_path.rglob(".*.tmp*"))
