@@ -38,3 +38,35 @@ def _stop_wandb_service():
     if "wandb" in sys.modules and os.environ.get("WANDB_SERVICE"):
         sys.modules["wandb"].teardown()
         os.environ.pop("WANDB_SERVICE", None)
+
+
+# ---- shared fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """One corpus cache for every test's tiny runs (the small corpora of tests/helpers_train.CORPUS)."""
+    return tmp_path_factory.mktemp("corpus-cache")
+
+
+@pytest.fixture(scope="session")
+def finished(tmp_path_factory, cache):
+    """A finished 4-step run (the recall probe, tiny model, checkpoints every 2 steps): its directory. Tests
+    copy it before changing anything in it."""
+    from posenc_lab.train import train  # torch and Lightning load when a test asks for a run, not at collection
+    from tests.helpers_train import compose_config, tiny
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train(compose_config("train", tiny(run, cache, "checkpoint_every=2", steps=4)))
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_ablation(tmp_path_factory):
+    """`posenc-lab ablate experiment=tiny` (two at a time): the grid's run directories under runs/ and the report
+    under report/. Tests copy what they change."""
+    from posenc_lab_analysis import ablate
+
+    out = tmp_path_factory.mktemp("ablate") / "tiny"
+    assert ablate.main(["experiment=tiny", f"ablate.out={out}", "ablate.jobs=2"]) == 0
+    return out

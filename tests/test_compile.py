@@ -14,11 +14,6 @@ from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, subprocess_env, tiny
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("corpus-cache")
-
-
 def test_compile_true_compiles_the_trained_model(monkeypatch, tmp_path, cache):
     compiled = []
     monkeypatch.setattr(MemoryTransformer, "compile", lambda self, *a, **k: compiled.append(self))

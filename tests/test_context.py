@@ -9,31 +9,15 @@ import pytest
 import torch
 
 from posenc_lab.context import context_losses, stream_losses, stream_rows
-from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.model import MemoryTransformer
+from tests import models
 from tests.schemes import GLOBAL_SINUSOID, LEARNED, SHAW, SINUSOID, XL
 
 V = 19
-OPTIONS = {SHAW: {"K": 3}, LEARNED: {"max_positions": 40}}
 
 
 def make_model(name: str, n_layer: int = 1, **cfg) -> MemoryTransformer:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=V,
-        n_layer=n_layer,
-        d_model=16,
-        n_head=2,
-        d_inner=32,
-        dropout=0.0,
-        posenc=name,
-        posenc_kwargs=OPTIONS.get(name, {}),
-        **cfg,
-    )
-    model = MemoryTransformer(config)
-    with torch.no_grad():  # large random weights: every visible token makes a clear difference
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
-    return model.eval()
+    return models.make_model(name, n_layer, randomize="all", vocab_size=V, **cfg)
 
 
 @pytest.mark.parametrize("name", [XL, SHAW, SINUSOID, GLOBAL_SINUSOID, LEARNED])
@@ -102,12 +86,12 @@ def test_episode_reset_restarts_offsets():
 
 
 def test_lengths_a_scheme_cannot_serve_fail_before_compute():
-    model = make_model(LEARNED)  # table of 40 positions
-    tokens = torch.randint(V, (1, 120))
+    model = make_model(LEARNED)  # table of 64 positions
+    tokens = torch.randint(V, (1, 200))
     with pytest.raises(ValueError, match="max_positions"):
-        stream_losses(model, tokens, segment_len=64, mem_len=0)
+        stream_losses(model, tokens, segment_len=80, mem_len=0)
     with pytest.raises(ValueError, match="max_positions"):
-        context_losses(model, tokens, 50, score_start=60, n_score=4, mode="window")
+        context_losses(model, tokens, 70, score_start=80, n_score=4, mode="window")
     with pytest.raises(ValueError, match="score_start"):
         context_losses(model, tokens, 50, score_start=10, n_score=4)
 

@@ -18,11 +18,6 @@ from tests.helpers_train import compose_config, record, recorded, tiny
 from tests.schemes import LEARNED, XL
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("corpus-cache")
-
-
 def test_warmup_cosine_schedule():
     f = [warmup_cosine(s, warmup_steps=10, total_steps=110, min_lr_ratio=0.1) for s in range(120)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)

@@ -10,44 +10,17 @@ import torch.nn.functional as F
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
-from tests.schemes import COPE, FIRE, GLOBAL_SINUSOID, LEARNED, ROPE, SHAW, SINUSOID, T5, XL
+from tests.models import make_model
+from tests.schemes import GLOBAL_SINUSOID, LEARNED, ROPE, SHAW, SINUSOID, XL
 
 ALL = SCHEME_NAMES
 RELATIVE = schemes_of_kind("relative")
-# Options that make the interesting branches reachable at test sizes (clipping, log buckets, FIRE's
-# interpolation past its threshold, CoPE's counts clamped at its maximum position).
-OPTIONS = {
-    SHAW: {"K": 3},
-    T5: {"n_buckets": 8, "max_distance": 20},
-    LEARNED: {"max_positions": 64},
-    FIRE: {"init_threshold": 3.0},
-    COPE: {"max_position": 6},
-}
 V, B = 23, 2
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def make_model(name: str, n_layer: int = 1, mem_len: int = 0, randomize: bool = True, **cfg) -> MemoryTransformer:
-    cfg = {
-        "vocab_size": V,
-        "d_model": 16,
-        "n_head": 2,
-        "d_inner": 32,
-        "dropout": 0.0,
-        "posenc_kwargs": OPTIONS.get(name, {}),
-        **cfg,
-    }
-    config = ModelConfig(n_layer=n_layer, mem_len=mem_len, posenc=name, **cfg)
-    model = MemoryTransformer(config)
-    if randomize:  # zero-initialised tables (t5 bias, xl u/v) would make tests vacuous
-        with torch.no_grad():
-            for p in model.scheme.parameters():
-                p.normal_(0.0, 0.5)
-    return model.eval()
 
 
 def tokens(*shape: int) -> torch.Tensor:

@@ -12,21 +12,8 @@ import pytest
 from posenc_lab import evaluate
 from posenc_lab import train as train_module
 from posenc_lab.data import load_corpus
-from posenc_lab.train import train
-from tests.helpers_train import compose_config, tiny
+from tests.helpers_train import tiny
 from tests.test_reliability import cli, no_stale_log_handlers  # noqa: F401 - an autouse fixture
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("corpus-cache")
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, cache):
-    run = tmp_path_factory.mktemp("finished") / "run"
-    train(compose_config("train", tiny(run, cache, steps=2)))
-    return run
 
 
 def _file(tmp, name, content: bytes) -> Path:

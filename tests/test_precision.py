@@ -14,11 +14,6 @@ from tests.helpers_train import compose_config, tiny
 AVX2 = {"fpu", "sse2", "avx", "avx2", "fma"}
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("corpus-cache")
-
-
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16 amx_tile\nbugs\t\t: spectre_v1\n")

@@ -27,11 +27,6 @@ from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, record, recorded, run_module, subprocess_env, tiny
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("corpus-cache")
-
-
 @pytest.fixture(autouse=True)
 def no_stale_log_handlers():
     """Log handlers an earlier in-process Hydra command left on the root logger, writing to a stream pytest has

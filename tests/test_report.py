@@ -53,11 +53,9 @@ def run_ablate(preset: str, out: Path, *extra: str) -> float:
     return time.perf_counter() - start
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ablate") / "tiny"
-    print(f"ablate experiment=tiny: {run_ablate('tiny', out, 'ablate.jobs=2'):.1f} s")
-    return out
+@pytest.fixture
+def tiny(tiny_ablation):
+    return tiny_ablation
 
 
 def md_tables(text: str) -> dict[str, pd.DataFrame]:

@@ -24,19 +24,6 @@ from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, run_module, subprocess_env, tiny
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("corpus-cache")
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, cache):
-    """A finished 4-step run: its directory."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    train(compose_config("train", tiny(run, cache, "checkpoint_every=2", steps=4)))
-    return run
-
-
 def run_train(run_dir, cache, *extra, steps=4, data="recall"):
     return train(compose_config("train", tiny(run_dir, cache, *extra, steps=steps, data=data)))
 
