@@ -96,17 +96,17 @@ def markdown(state: SweepState, frame: pd.DataFrame, figure: bool) -> str:
         "",
     ]
     top = best(frame, goal)
+    groups = seed_groups(frame, names)
     if top is not None:
         setting = " ".join(f"{n}={top[n]}" for n in names)
-        lines += [f"**Best trial** `{top['trial']}`: {metric} = {top['value']:.4g} with {setting} (`{top['run_dir']}`)"]
-        for g in seed_groups(frame, names):
+        line = f"**Best trial** `{top['trial']}`: {metric} = {top['value']:.4g} with {setting} (`{top['run_dir']}`)"
+        for g in groups:
             if all(str(top[k]) == v for k, v in g["setting"].items()):
-                lines += [
+                line += (
                     f"; over its {g['n']} seeds: mean {g['mean']:.4g}, 95% t-interval over seeds of the final "
                     f"metric [{g['low']:.4g}, {g['high']:.4g}]"
-                ]
-        lines += [""]
-    groups = seed_groups(frame, names)
+                )
+        lines += [line, ""]
     if groups:
         lines += ["## Settings with repeated seeds (mean and 95% t-interval of the final metric)", ""]
         lines += ["| setting | seeds | mean | interval |", "|---|---|---|---|"]
