@@ -293,7 +293,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_sweep_cleanly_and_the_rerun_continues(here, signum, code):
     """SIGTERM or Ctrl-C while two trials train: each stops, saves its step, the state says interrupted, one line
     names what was kept and the command that continues; that command resumes both from their checkpoints."""

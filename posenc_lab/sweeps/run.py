@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import math
 import os
 import shlex
 import shutil
@@ -57,6 +58,10 @@ class Runner:
         self.procs: dict[str, tuple[subprocess.Popen, Any]] = {}
         self.exhausted = False
         self.signal: int | None = None
+        self.stopping = False
+        # the trials this invocation may reach, for the progress lines
+        grid = math.prod(len(v) for v in sweep.parameters.values()) if sweep.method == "grid" else None
+        self.total = min(x for x in (count, grid) if x is not None) if count or grid else None
 
     # ---- the loop ---------------------------------------------------------------------------------------
 
@@ -75,9 +80,9 @@ class Runner:
                 if not self.procs:
                     break
                 time.sleep(self.poll)
-            if self.signal is not None:
-                self._shutdown()
         finally:
+            if self.procs:  # a signal, or an error of the runner itself: no trial outlives it
+                self._shutdown()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             self.state.save()
@@ -88,6 +93,8 @@ class Runner:
         if self.signal is None:
             self.signal = signum
             print(f"\nposenc-lab sweep: {signal.Signals(signum).name}: stopping the running trials ...", flush=True)
+        else:  # a second one: do not wait for them
+            self.kill_after = 0.0
 
     def _fill(self) -> None:
         """Start trials until --jobs run: interrupted ones first (they resume), then the engine's proposals."""
@@ -137,8 +144,7 @@ class Runner:
         trial.update(state="running", started=now(), ended=None, returncode=None, error=None)
         self.state.save()
         params = " ".join(f"{k}={v}" for k, v in trial["params"].items())
-        total = self.count or "?"
-        print(f"trial {trial['number'] + 1}/{total} {tid}: {params} -> {run_dir}", flush=True)
+        print(f"trial {trial['number'] + 1}/{self.total or '?'} {tid}: {params} -> {run_dir}", flush=True)
 
     def _stop_file(self, trial_id: str) -> Path:
         return self.state.out / "stop" / trial_id
@@ -162,7 +168,7 @@ class Runner:
             if trial["metric"] is None and trial["history"]:
                 trial["metric"] = trial["history"][-1][1]
             trial["state"] = "stopped" if trial["stopped_at"] is not None else "finished"
-        elif self.signal is not None:
+        elif self.stopping:
             trial["state"] = "interrupted"
         else:
             trial["state"] = "failed"
@@ -192,13 +198,14 @@ class Runner:
     def _shutdown(self) -> None:
         """SIGTERM to every trial (Lightning stops after the current step; SweepTrial saves last.ckpt), SIGKILL
         to those still running after kill_after seconds; a SLURM job is cancelled (scancel)."""
+        self.stopping = True
         for tid, (proc, _) in self.procs.items():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             if self.launcher:
                 self._cancel_jobs(tid)
-        deadline = time.monotonic() + self.kill_after
-        while self.procs and time.monotonic() < deadline:
+        start = time.monotonic()
+        while self.procs and time.monotonic() < start + self.kill_after:
             self._reap()
             time.sleep(0.2)
         for proc, _ in self.procs.values():
@@ -352,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SweepError as e:
         print(f"posenc-lab sweep: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # during the checks, before any trial started (the runner handles it after)
+        print("posenc-lab sweep: interrupted before any trial ran", file=sys.stderr)
+        return EXIT_CODES[signal.SIGINT]
 
 
 def _one_line(text: str) -> str:
