@@ -115,11 +115,17 @@ def test_extra_overrides_compose_where_the_command_sets_the_key():
         (["model=huge"], "do not compose"),
         (["trainer.max_steps=-3"], "trainer.max_steps"),
         (["posenc=rope"], "override 'posenc=rope' sets a swept parameter"),
+        (["model"], "'model' is not a Hydra override: expected key=value"),
+        (["--jobs", "two"], "argument --jobs: invalid int value: 'two'"),
     ],
 )
 def test_bad_input_is_one_line_before_any_compute(here, capsys, args, expected):
     out = here / "out"
-    assert main([str(REPO / "sweeps" / "ablation_recall.yaml"), "--out", str(out), *args]) == 2
+    try:
+        status = main([str(REPO / "sweeps" / "ablation_recall.yaml"), "--out", str(out), *args])
+    except SystemExit as e:  # argparse's own
+        status = e.code
+    assert status == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
     assert not out.exists() and not (here / "runs").exists()

@@ -74,19 +74,16 @@ def command_prefix(command: list[Any]) -> list[str]:
 
 
 def check_extra(sweep: Sweep, extra: list[str]) -> None:
-    """SweepError for an extra override the runner cannot take: a swept parameter, or a run_dir that every
-    trial would share is found later (run.py)."""
+    """SweepError for an extra override the runner cannot take: not an override, or a swept parameter."""
+    for o in extra:
+        if "=" not in o and not o.startswith("~"):
+            raise SweepError(f"{o!r} is not a Hydra override: expected key=value")
     swept = {name.lstrip("+~") for name in sweep.parameters}
     clash = [o for o in extra if override_key(o) in swept]
     if clash:
         raise SweepError(
             f"override {clash[0]!r} sets a swept parameter; the engine chooses it (edit the sweep file instead)"
         )
-    for o in extra:
-        if o.startswith("-"):
-            raise SweepError(f"{o!r} is not a Hydra override (key=value); options go before the sweep file")
-        if "=" not in o and not o.startswith("~"):
-            raise SweepError(f"{o!r} is not a Hydra override: expected key=value")
 
 
 def launcher(overrides: list[str]) -> str | None:

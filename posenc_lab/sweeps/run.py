@@ -59,9 +59,9 @@ class Runner:
         self.exhausted = False
         self.signal: int | None = None
         self.stopping = False
-        # the trials this invocation may reach, for the progress lines
+        # the sweep's size, for the progress lines (random and bayes need a count: check_inputs)
         grid = math.prod(len(v) for v in sweep.parameters.values()) if sweep.method == "grid" else None
-        self.total = min(x for x in (count, grid) if x is not None) if count or grid else None
+        self.total = min(x for x in (count, grid) if x is not None)
 
     # ---- the loop ---------------------------------------------------------------------------------------
 
@@ -144,7 +144,7 @@ class Runner:
         trial.update(state="running", started=now(), ended=None, returncode=None, error=None)
         self.state.save()
         params = " ".join(f"{k}={v}" for k, v in trial["params"].items())
-        print(f"trial {trial['number'] + 1}/{self.total or '?'} {tid}: {params} -> {run_dir}", flush=True)
+        print(f"trial {trial['number'] + 1}/{self.total} {tid}: {params} -> {run_dir}", flush=True)
 
     def _stop_file(self, trial_id: str) -> Path:
         return self.state.out / "stop" / trial_id
@@ -322,8 +322,13 @@ def check_inputs(sweep: Sweep, extra: list[str], count: int | None) -> None:
         raise SweepError(f"every trial would write the one run directory {dirs[0]}; let it name the run (drop run_dir)")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, like every other bad input
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="posenc-lab sweep",
         description="Run a wandb sweep file with wandb's sweep engine, no server needed (wandb logs offline).",
     )
