@@ -82,6 +82,11 @@ def seed_groups(frame: pd.DataFrame, names: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _fmt(value: Any) -> str:
+    """A parameter value for reading: floats to 4 significant digits (sweep.csv keeps them whole)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def markdown(state: SweepState, frame: pd.DataFrame, figure: bool) -> str:
     spec = state.data["sweep"]
     metric, goal = spec["metric"]["name"], spec["metric"].get("goal", "minimize")
@@ -98,7 +103,7 @@ def markdown(state: SweepState, frame: pd.DataFrame, figure: bool) -> str:
     top = best(frame, goal)
     groups = seed_groups(frame, names)
     if top is not None:
-        setting = " ".join(f"{n}={top[n]}" for n in names)
+        setting = " ".join(f"{n}={_fmt(top[n])}" for n in names)
         line = f"**Best trial** `{top['trial']}`: {metric} = {top['value']:.4g} with {setting} (`{top['run_dir']}`)"
         for g in groups:
             if all(str(top[k]) == v for k, v in g["setting"].items()):
@@ -119,33 +124,46 @@ def markdown(state: SweepState, frame: pd.DataFrame, figure: bool) -> str:
     for _, r in frame.iterrows():
         value = f"{r['value']:.4g}" if pd.notna(r["value"]) else (r["error"] or "")
         steps = "" if pd.isna(r["steps"]) else int(r["steps"])
-        cells = [r["trial"], r["state"], *[r[n] for n in names], value, steps, r["run_dir"] or ""]
+        cells = [r["trial"], r["state"], *[_fmt(r[n]) for n in names], value, steps, r["run_dir"] or ""]
         lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"]
     if figure:
         lines += ["", f"![{metric} against each parameter]({FIGURE})"]
     return "\n".join(lines) + "\n"
 
 
-def plot(frame: pd.DataFrame, names: list[str], metric: str, path) -> None:
-    """The metric against each swept parameter, one panel each; colour: the trial's state."""
+STATE_COLOURS = {"finished": "tab:blue", "stopped": "tab:orange", "interrupted": "tab:gray", "running": "tab:green"}
+
+
+def plot(frame: pd.DataFrame, parameters: dict[str, Any], metric: str, path) -> None:
+    """The metric against each swept parameter (``parameters``: the sweep file's), one panel each; colour: the
+    trial's state; a log axis for a parameter drawn from a log distribution."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     scored = frame[frame["value"].notna()].copy()
+    names = list(parameters)
+    palette = {s: c for s, c in STATE_COLOURS.items() if s in set(scored["state"])}
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False, sharey=True)
     for ax, name in zip(axes[0], names):
         numeric = pd.to_numeric(scored[name], errors="coerce")
+        common = dict(y="value", hue="state", palette=palette, hue_order=list(palette), ax=ax, legend=ax is axes[0][0])
         if numeric.notna().all() and numeric.nunique() > 1:
-            data = scored.assign(**{name: numeric})
-            sns.scatterplot(data=data, x=name, y="value", hue="state", ax=ax, legend=ax is axes[0][0])
-            if (numeric > 0).all() and numeric.max() / numeric.min() > 20:
+            sns.scatterplot(data=scored.assign(**{name: numeric}), x=name, **common)
+            if "log" in str((parameters[name] or {}).get("distribution", "")):
                 ax.set_xscale("log")
+                ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # labelled ticks within a decade too
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+                ax.xaxis.set_minor_formatter(NullFormatter())
         else:
+            shown = set(scored[name].astype(str))
+            order = [str(v) for v in (parameters[name] or {}).get("values", []) if str(v) in shown]
+            order += sorted(shown - set(order))
             data = scored.assign(**{name: scored[name].astype(str)})
-            sns.stripplot(data=data, x=name, y="value", hue="state", ax=ax, legend=ax is axes[0][0], size=7)
+            sns.stripplot(data=data, x=name, order=order, size=7, **common)
         ax.set_ylabel(metric)
     fig.tight_layout()
     write_with(path, lambda p: fig.savefig(p, format="png", dpi=110))
@@ -155,9 +173,8 @@ def plot(frame: pd.DataFrame, names: list[str], metric: str, path) -> None:
 def write_table(state: SweepState, figure: bool = True) -> None:
     """sweep.csv and sweep.md (and with ``figure``, sweep.png once a trial has a metric) under the sweep's --out."""
     frame = sweep_frame(state)
-    names = list(state.data["sweep"]["parameters"])
     write_with(state.out / CSV, lambda p: frame.to_csv(p, index=False))
     drawn = figure and frame["value"].notna().any()
     if drawn:
-        plot(frame, names, state.data["sweep"]["metric"]["name"], state.out / FIGURE)
+        plot(frame, state.data["sweep"]["parameters"], state.data["sweep"]["metric"]["name"], state.out / FIGURE)
     write_text(state.out / MD, markdown(state, frame, drawn or (state.out / FIGURE).exists()))
