@@ -205,11 +205,13 @@ def test_table_interval_over_seeds(tmp_path):
 
 
 def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys):
-    """Three trials of a grid, two at a time: the second one fails (a batch its corpus cannot hold, found only
-    when the corpus loads); the sweep goes on, and a rerun of the same command reuses what ran."""
+    """Three trials of a grid, two at a time, each job slot its device: the second one fails (a batch its
+    corpus cannot hold, found only when the corpus loads); the sweep goes on, and a rerun of the same command
+    reuses what ran."""
     path = sweep_file(here, parameters={"data.batch_size": {"values": [4, 100000, 2]}})
     out = here / "out"
-    args = [str(path), "--out", str(out), "--jobs", "2", *[o for o in tiny() if not o.startswith("data.batch_size")]]
+    args = [str(path), "--out", str(out), "--jobs", "2", "--devices", "5,7"]
+    args += [o for o in tiny() if not o.startswith("data.batch_size")]
     assert main([*args, "--count", "2"]) == 0
     first = state_of(out)
     assert [t["state"] for t in first["trials"]] == ["finished", "failed"]
@@ -221,8 +223,13 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     results = json.loads((Path(done["run_dir"]) / "results.json").read_text())
     assert results["steps"] == 6 and done["metric"] == results["val"]["acc"]
     assert [s for s, _ in done["history"]] == [2, 4, 6]
+    headers = [Path(t["log"]).read_text().splitlines()[0] for t in first["trials"]]  # env and command line
+    assert f"WANDB_SWEEP_ID={sweep_id} WANDB_RUN_ID={done['id']} " in headers[0]
+    assert {h.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for h in headers} == {"5", "7"}  # a device per job slot
+    assert "-m posenc_lab.train data.batch_size=4 data=recall logger=wandb" in headers[0]  # the file's command
+    assert "trainer.max_steps=2000" not in headers[0] and " trainer.max_steps=6 " in headers[0]  # replaced
     info = wandb_run_summary(Path(done["run_dir"]))  # wandb offline, the sweep in its config and tags
-    assert info["run_id"] == done["id"] and info["config"]["sweep"]["id"] == sweep_id
+    assert info["run_id"] == done["id"] and info["config"]["sweep"] == {"id": sweep_id, "name": "ablation-recall"}
     assert f"sweep-{sweep_id}" in info["tags"] and info["job_type"] == "ablation-recall"
 
     assert main(args) == 0  # the same command: the third grid point only

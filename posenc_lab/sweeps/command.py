@@ -98,7 +98,7 @@ def trial_overrides(sweep: Sweep, params: dict[str, Any], extra: list[str]) -> l
     return merge_overrides(sweep.before + swept + sweep.after, extra)
 
 
-def runner_overrides(run_dir: Path, metric: str, history: Path, stop: Path, sweep_label: str) -> list[str]:
+def runner_overrides(run_dir: Path, metric: str, history: Path, stop: Path, sweep_name: str) -> list[str]:
     """What the runner appends to every trial: its run directory and the SweepTrial callback."""
     cb = "+callbacks.sweep_trial"
     return [
@@ -107,7 +107,7 @@ def runner_overrides(run_dir: Path, metric: str, history: Path, stop: Path, swee
         f"{cb}.metric={hydra_value(metric)}",
         f"{cb}.history={hydra_value(str(history))}",
         f"{cb}.stop={hydra_value(str(stop))}",
-        f"{cb}.sweep={hydra_value(sweep_label)}",
+        f"{cb}.sweep={hydra_value(sweep_name)}",
     ]
 
 

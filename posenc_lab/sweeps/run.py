@@ -53,9 +53,10 @@ class Runner:
         self.sweep, self.state, self.extra, self.count, self.jobs = sweep, state, extra, count, jobs
         self.poll, self.kill_after = opts.get("poll", 0.5), opts.get("kill_after", 30.0)
         self.again = opts.get("again", "")  # the command that continues this sweep
+        self.devices = opts.get("devices")  # CUDA_VISIBLE_DEVICES of each job slot, round robin
         self.metric = sweep.metric["name"]
         self.launcher = command.launcher(extra)
-        self.procs: dict[str, tuple[subprocess.Popen, Any]] = {}
+        self.procs: dict[str, tuple[subprocess.Popen, Any, int]] = {}  # id -> (process, log, job slot)
         self.exhausted = False
         self.signal: int | None = None
         self.stopping = False
@@ -117,6 +118,9 @@ class Runner:
         out, tid = self.state.out, trial["id"]
         overrides = command.trial_overrides(self.sweep, trial["params"], self.extra)
         env = command.trial_env(self.sweep.spec, self.state.sweep_id, tid)
+        slot = min(set(range(self.jobs)) - {s for *_, s in self.procs.values()})
+        if self.devices:
+            env["CUDA_VISIBLE_DEVICES"] = self.devices[slot % len(self.devices)]
         if trial["run_dir"] is None:
             fixed = resolve_run_dir(overrides, env)
             trial["run_dir"] = str(fixed or (out / "trials" / tid).resolve())
@@ -124,23 +128,20 @@ class Runner:
         trial["log"] = str(out / "logs" / f"{tid}.log")
         stop = self._stop_file(tid)
         stop.unlink(missing_ok=True)
-        label = f"{self.sweep.spec.get('name') or self.sweep.path.stem} {self.state.sweep_id}"
+        label = str(self.sweep.spec.get("name") or self.sweep.path.stem)
         args = overrides + command.runner_overrides(run_dir, self.metric, run_dir / HISTORY_FILE, stop, label)
         if self.launcher:
             args = ["-m", *args, *command.launcher_overrides(run_dir, out / "launch" / tid)]
         Path(trial["log"]).parent.mkdir(parents=True, exist_ok=True)
         log = open(trial["log"], "a", encoding="utf-8")  # closed when the trial is reaped
-        log.write(f"# {now()}: {shlex.join(command.command_prefix(self.sweep.spec['command']) + args)}\n")
+        argv = command.command_prefix(self.sweep.spec["command"]) + args
+        # the header: the trial's own environment and command line, to rerun it by hand
+        own = [f"{k}={v}" for k, v in env.items() if os.environ.get(k) != v]
+        log.write(f"# {now()}: {shlex.join(['env', *own, *argv])}\n")
         log.flush()
         # a session of its own: a Ctrl-C in the terminal reaches the runner, which stops the trials itself
-        proc = subprocess.Popen(
-            command.command_prefix(self.sweep.spec["command"]) + args,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.procs[tid] = (proc, log)
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[tid] = (proc, log, slot)
         trial.update(state="running", started=now(), ended=None, returncode=None, error=None)
         self.state.save()
         params = " ".join(f"{k}={v}" for k, v in trial["params"].items())
@@ -150,12 +151,12 @@ class Runner:
         return self.state.out / "stop" / trial_id
 
     def _reap(self) -> None:
-        for tid, (proc, _) in list(self.procs.items()):
+        for tid, (proc, *_) in list(self.procs.items()):
             if proc.poll() is not None:
                 self._ended(tid)
 
     def _ended(self, tid: str) -> None:
-        proc, log = self.procs.pop(tid)
+        proc, log, _ = self.procs.pop(tid)
         log.close()
         trial = self.state.trial(tid)
         run = RunDir(trial["run_dir"])
@@ -199,7 +200,7 @@ class Runner:
         """SIGTERM to every trial (Lightning stops after the current step; SweepTrial saves last.ckpt), SIGKILL
         to those still running after kill_after seconds; a SLURM job is cancelled (scancel)."""
         self.stopping = True
-        for tid, (proc, _) in self.procs.items():
+        for tid, (proc, *_) in self.procs.items():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             if self.launcher:
@@ -208,10 +209,10 @@ class Runner:
         while self.procs and time.monotonic() < start + self.kill_after:
             self._reap()
             time.sleep(0.2)
-        for proc, _ in self.procs.values():
+        for proc, *_ in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-        for tid, (proc, _) in list(self.procs.items()):
+        for tid, (proc, *_) in list(self.procs.items()):
             proc.wait()
             self._ended(tid)
 
@@ -310,7 +311,7 @@ def check_inputs(sweep: Sweep, extra: list[str], count: int | None) -> None:
             try:
                 cfg = composer.compose_trial(overrides, command.merge_overrides(sweep.fixed, extra))
             except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's errors
-                text = " ".join(str(e).split())
+                text = " ".join(str(e).split()).split(" Config search path")[0]
                 raise SweepError(f"the overrides {' '.join(extra)} do not compose with {sweep.path}: {text}") from None
             problems = validate_launcher(cfg) + validate_config(cfg, sweep.metric, require_wandb=False)
             if problems:
@@ -319,7 +320,9 @@ def check_inputs(sweep: Sweep, extra: list[str], count: int | None) -> None:
     envs = [{"WANDB_SWEEP_ID": "s", "WANDB_RUN_ID": rid} for rid in ("trial1", "trial2")]
     dirs = [resolve_run_dir(first, env) for env in envs]
     if dirs[0] is not None and dirs[0] == dirs[1]:
-        raise SweepError(f"every trial would write the one run directory {dirs[0]}; let it name the run (drop run_dir)")
+        raise SweepError(
+            f"every trial would write the one run directory {dirs[0]}: drop run_dir=, each trial then gets its own"
+        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -336,6 +339,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--count", type=int, help="trials in the sweep in all (grid: default every grid point)")
     parser.add_argument("--jobs", type=int, default=1, help="trials running at once (default 1)")
     parser.add_argument("--out", help="the sweep's folder: sweep.json, the table, logs (default runs/sweep-NAME)")
+    parser.add_argument(
+        "--devices", help="GPUs for the job slots, e.g. 0,1,2,3: slot i runs with CUDA_VISIBLE_DEVICES=the i-th (mod)"
+    )
     parser.add_argument("--kill-after", type=float, default=30.0, help="seconds a trial gets to stop (default 30)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every trial, e.g. model=tiny trainer=cpu")
     return parser.parse_intermixed_args(argv)
@@ -356,9 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _locked(out):
             again = ["posenc-lab", "sweep", args.sweep, "--out", str(out)]
             again += [f"--count={args.count}"] * (args.count is not None) + [f"--jobs={args.jobs}"] * (args.jobs > 1)
+            again += [f"--devices={args.devices}"] * bool(args.devices)
             runner = Runner(
                 sweep, state, args.overrides, args.count, args.jobs,
                 kill_after=args.kill_after, again=shlex.join(again + args.overrides),
+                devices=args.devices.split(",") if args.devices else None,
             )  # fmt: skip
             return runner.run()
     except SweepError as e:

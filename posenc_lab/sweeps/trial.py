@@ -30,7 +30,7 @@ STOPPED_KEY = "stopped_at"
 class SweepTrial(L.Callback):
     def __init__(self, metric: str, history: str, stop: str, sweep: str | None = None, offline_sweep: bool = True):
         self.metric, self.history, self.stop = metric, Path(history), Path(stop)
-        self.sweep = sweep  # "<name> <id>" of the offline sweep, for wandb
+        self.sweep = sweep  # the sweep's name, for wandb
         self.sweep_id = os.environ.get("WANDB_SWEEP_ID")
         if offline_sweep and self.sweep_id:
             # the loggers are built before the callbacks, but wandb.init runs later (at fit): it reads this then
