@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import math
 import os
@@ -140,7 +141,9 @@ class Runner:
         log.write(f"# {now()}: {shlex.join(['env', *own, *argv])}\n")
         log.flush()
         # a session of its own: a Ctrl-C in the terminal reaches the runner, which stops the trials itself
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_runner
+        )
         self.procs[tid] = (proc, log, slot)
         trial.update(state="running", started=now(), ended=None, returncode=None, error=None)
         self.state.save()
@@ -238,6 +241,13 @@ class Runner:
             return EXIT_CODES[self.signal]
         print(f"posenc-lab sweep {self.state.sweep_id}: {kept}; table: {where}", flush=True)
         return 0
+
+
+def _die_with_runner() -> None:
+    """In the trial's process (Linux): SIGTERM when the runner dies, even by SIGKILL, so that no trial outlives
+    it (a rerun would find its run directory locked); the trial then saves its step and stops."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 # ---- reading a trial back ---------------------------------------------------------------------------------
