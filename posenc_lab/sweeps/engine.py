@@ -26,8 +26,8 @@ with warnings.catch_warnings():  # sweeps 0.2 declares pydantic v1-style models:
     from sweeps import RunState, SweepRun
 
 ENGINE_KEYS = ("method", "metric", "parameters", "early_terminate")
-# our trial states -> the engine's: a stopped trial is finished with what it reached (wandb's server does the
-# same for a run its agent stopped); an interrupted one is running (it continues on the next invocation)
+# our trial states -> the engine's: a stopped trial is finished with the metric it reached; an interrupted one
+# is running (it continues on the next invocation)
 RUN_STATES = {
     "finished": RunState.finished,
     "stopped": RunState.finished,

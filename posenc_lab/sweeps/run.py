@@ -35,6 +35,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..compose import Composer
+from ..io import CorruptFileError
 from ..rundir import RunDir
 from . import command, engine
 from .check import check_sweep, validate_config, validate_launcher
@@ -165,7 +166,10 @@ class Runner:
         run = RunDir(trial["run_dir"])
         trial["history"], trial["stopped_at"] = read_history(run.path / HISTORY_FILE)
         trial.update(returncode=proc.returncode, ended=now())
-        results = run.results() if proc.returncode == 0 and run.results_file.is_file() else None
+        try:
+            results = run.results() if proc.returncode == 0 and run.results_file.is_file() else None
+        except CorruptFileError as e:  # the trial failed after all; the sweep goes on
+            results, trial["error"] = None, str(e)
         if results is not None:
             trial["steps"] = results.get("steps")
             trial["metric"] = final_metric(results, self.metric)
@@ -176,7 +180,7 @@ class Runner:
             trial["state"] = "interrupted"
         else:
             trial["state"] = "failed"
-            trial["error"] = last_error(Path(trial["log"])) or f"exit status {proc.returncode}"
+            trial["error"] = trial["error"] or last_error(Path(trial["log"])) or f"exit status {proc.returncode}"
         self._stop_file(tid).unlink(missing_ok=True)
         self.state.save()
         write_table(self.state, figure=False)
