@@ -22,7 +22,7 @@ from posenc_lab.sweeps.state import SweepState
 from posenc_lab.sweeps.table import seed_interval, sweep_frame, write_table
 from tests.helpers_train import CORPUS
 from tests.test_slurm import slurm  # noqa: F401 - the real one-node SLURM fixture, for the slow SLURM test
-from tests.test_sweeps import wandb_run_summary
+from tests.test_sweeps import read_wandb_records, wandb_run_summary
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -228,6 +228,9 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     assert {h.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for h in headers} == {"5", "7"}  # a device per job slot
     assert "-m posenc_lab.train data.batch_size=4 data=recall logger=wandb" in headers[0]  # the file's command
     assert "trainer.max_steps=2000" not in headers[0] and " trainer.max_steps=6 " in headers[0]  # replaced
+    (wandb_file,) = Path(done["run_dir"]).rglob("run-*.wandb")  # no sweep id wandb's server would not know
+    runs = [r.run for r in read_wandb_records(wandb_file) if r.WhichOneof("record_type") == "run"]
+    assert runs and all(r.sweep_id == "" and r.project == "posenc-lab" for r in runs)
     info = wandb_run_summary(Path(done["run_dir"]))  # wandb offline, the sweep in its config and tags
     assert info["run_id"] == done["id"] and info["config"]["sweep"] == {"id": sweep_id, "name": "ablation-recall"}
     assert f"sweep-{sweep_id}" in info["tags"] and info["job_type"] == "ablation-recall"

@@ -108,6 +108,7 @@ def runner_overrides(run_dir: Path, metric: str, history: Path, stop: Path, swee
         f"{cb}.history={hydra_value(str(history))}",
         f"{cb}.stop={hydra_value(str(stop))}",
         f"{cb}.sweep={hydra_value(sweep_name)}",
+        f"{cb}.logger=${{oc.select:logger._target_,null}}",
     ]
 
 

@@ -10,8 +10,8 @@
   that the rerun continues from that very step.
 
 The offline sweep id is not one wandb's server knows: a run carrying it would not upload (`wandb sync` answers
-"sweep not found"). So the callback takes WANDB_SWEEP_ID out of the trial's environment before wandb starts
-(the run logs to the sweep file's project instead) and writes the sweep into the wandb run's config and tags.
+"sweep not found"). So the callback sets wandb up without WANDB_SWEEP_ID before wandb starts (the run logs to
+the sweep file's project instead) and writes the sweep into the wandb run's config and tags.
 """
 
 from __future__ import annotations
@@ -28,13 +28,22 @@ STOPPED_KEY = "stopped_at"
 
 
 class SweepTrial(L.Callback):
-    def __init__(self, metric: str, history: str, stop: str, sweep: str | None = None, offline_sweep: bool = True):
+    """``logger``: the run's logger class (``${oc.select:logger._target_,null}``)."""
+
+    def __init__(self, metric: str, history: str, stop: str, sweep: str | None = None, logger: str | None = None):
         self.metric, self.history, self.stop = metric, Path(history), Path(stop)
         self.sweep = sweep  # the sweep's name, for wandb
         self.sweep_id = os.environ.get("WANDB_SWEEP_ID")
-        if offline_sweep and self.sweep_id:
-            # the loggers are built before the callbacks, but wandb.init runs later (at fit): it reads this then
+        if self.sweep_id and str(logger).endswith("WandbLogger"):
+            # wandb reads its settings from the environment once, at setup; the loggers are built before the
+            # callbacks, but wandb.init runs later (at fit). The variable stays for the config (${oc.env:...}).
+            import wandb
+
             del os.environ["WANDB_SWEEP_ID"]
+            try:
+                wandb.setup()
+            finally:
+                os.environ["WANDB_SWEEP_ID"] = self.sweep_id
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or not self.sweep_id or not trainer.is_global_zero:
