@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posenc_lab.checkpoints import CheckpointError, read_checkpoint
+from posenc_lab.compose import quote
 from posenc_lab.io import CorruptFileError, read_json, write_json
+from posenc_lab.processes import spawn, stop
 from posenc_lab.rundir import RunDir
 
 from .plan import RunSpec
@@ -49,13 +51,8 @@ class Progress:
     done: int = 0
 
 
-def hydra_value(text: str) -> str:
-    """``text`` quoted for a Hydra override value, so that ``(``, ``$(``, spaces or quotes in a path survive."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def train_command(spec: RunSpec, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "posenc_lab.train", *spec.overrides, f"run_dir={hydra_value(str(run_dir))}"]
+    return [sys.executable, "-m", "posenc_lab.train", *spec.overrides, f"run_dir={quote(str(run_dir))}"]
 
 
 def result_line(run_dir: Path) -> str:
@@ -98,9 +95,7 @@ def run_jobs(
                     log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(runs / spec.name)})")
                     continue
                 with open(logs / f"{spec.name}.log", "ab") as out:
-                    proc = subprocess.Popen(
-                        train_command(spec, runs / spec.name), env=env, stdout=out, stderr=subprocess.STDOUT
-                    )
+                    proc = spawn(train_command(spec, runs / spec.name), env, out)
                 running[proc.pid] = (spec, proc, time.perf_counter(), status[spec.name])
                 log(
                     f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status[spec.name].replace('ed', 'ing')} "
@@ -133,27 +128,16 @@ def run_jobs(
             if running and not finished:
                 time.sleep(0.5)
     except Interrupted as e:
-        stop(running, e.signum)
+        stop_running(running, e.signum)
         raise
     finally:
-        stop(running, signal.SIGTERM)
+        stop_running(running, signal.SIGTERM)
     return times
 
 
-def stop(running: dict, signum: int) -> None:
+def stop_running(running: dict, signum: int) -> None:
     """Pass ``signum`` on to the training processes still running, give them GRACE_S to save, then kill."""
-    for _, proc, *_ in running.values():
-        if proc.returncode is None:
-            proc.send_signal(signum)
-    deadline = time.monotonic() + GRACE_S
-    for _, proc, *_ in running.values():
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        except ChildProcessError:  # already reaped by os.wait4
-            pass
+    stop([proc for _, proc, *_ in running.values()], signum, GRACE_S)
     running.clear()
 
 
@@ -171,7 +155,7 @@ def continue_command(overrides: Sequence[str], out: Path) -> str:
     """The command that continues this job from anywhere: the same overrides, the output folder made absolute,
     and no retrain (which would throw away the runs it is meant to continue)."""
     keep = [o for o in overrides if not o.startswith(("ablate.out=", "ablate.retrain="))]
-    return "posenc-lab ablate " + shlex.join([*keep, f"ablate.out={hydra_value(str(out))}"])
+    return "posenc-lab ablate " + shlex.join([*keep, f"ablate.out={quote(str(out))}"])
 
 
 def interrupted_message(signum: int, progress: Progress, specs: Sequence[RunSpec], out: Path, overrides) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import fcntl
 import math
 import os
@@ -36,6 +35,7 @@ from omegaconf import OmegaConf
 
 from ..compose import Composer
 from ..io import CorruptFileError
+from ..processes import spawn, stop
 from ..rundir import RunDir
 from . import command, engine
 from .check import check_sweep, validate_config, validate_launcher
@@ -141,10 +141,7 @@ class Runner:
         own = [f"{k}={v}" for k, v in env.items() if os.environ.get(k) != v]
         log.write(f"# {now()}: {shlex.join(['env', *own, *argv])}\n")
         log.flush()
-        # a session of its own: a Ctrl-C in the terminal reaches the runner, which stops the trials itself
-        proc = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_runner
-        )
+        proc = spawn(argv, env, log)  # its own session, dying with the runner (posenc_lab.processes)
         self.procs[tid] = (proc, log, slot)
         trial.update(state="running", started=now(), ended=None, returncode=None, error=None)
         self.state.save()
@@ -207,18 +204,10 @@ class Runner:
         """SIGTERM to every trial (Lightning stops after the current step; SweepTrial saves last.ckpt), SIGKILL
         to those still running after kill_after seconds; a SLURM job is cancelled (scancel)."""
         self.stopping = True
-        for tid, (proc, *_) in self.procs.items():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            if self.launcher:
+        if self.launcher:
+            for tid in self.procs:
                 self._cancel_jobs(tid)
-        start = time.monotonic()
-        while self.procs and time.monotonic() < start + self.kill_after:
-            self._reap()
-            time.sleep(0.2)
-        for proc, *_ in self.procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop([proc for proc, *_ in self.procs.values()], signal.SIGTERM, self.kill_after, poll=self._reap)
         for tid, (proc, *_) in list(self.procs.items()):
             proc.wait()
             self._ended(tid)
@@ -245,13 +234,6 @@ class Runner:
             return EXIT_CODES[self.signal]
         print(f"posenc-lab sweep {self.state.sweep_id}: {kept}; table: {where}", flush=True)
         return 0
-
-
-def _die_with_runner() -> None:
-    """In the trial's process (Linux): SIGTERM when the runner dies, even by SIGKILL, so that no trial outlives
-    it (a rerun would find its run directory locked); the trial then saves its step and stops."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 # ---- reading a trial back ---------------------------------------------------------------------------------
