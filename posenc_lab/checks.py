@@ -11,6 +11,7 @@ rest (optimizer, data, trainer, run settings) and collects the owners' answers.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import math
 import typing
@@ -236,6 +237,15 @@ def _data_problems(cfg: DictConfig) -> list[str]:
 
 def _trainer_problems(cfg: DictConfig) -> list[str]:
     out = []
+    trainer = _value(cfg, "trainer")
+    if isinstance(trainer, dict) and str(trainer.get("_target_", "")).endswith("Trainer"):
+        valid = set(inspect.signature(lightning.Trainer.__init__).parameters) - {"self"}
+        for key in sorted(set(trainer) - valid - {"_target_"}):
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            out.append(
+                f"trainer.{key} is not an argument of lightning.Trainer"
+                + (f" (did you mean trainer.{close[0]}?)" if close else "")
+            )
     precision = _value(cfg, "trainer.precision")
     if precision is not _MISSING:
         valid = lightning_precisions()

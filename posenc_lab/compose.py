@@ -31,6 +31,12 @@ from . import config_dir
 CONF_DIR = Path(config_dir())
 
 
+def quote(text: str) -> str:
+    """``text`` as a quoted Hydra override value, so that ``(``, ``$(``, ``=``, spaces or quotes in a path survive
+    the override grammar: ``f"run_dir={quote(path)}"``."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def compose(
     config_name: str = "train",
     overrides: Sequence[str] = (),

@@ -261,3 +261,38 @@ def test_a_signal_stops_cleanly_and_says_how_to_continue(jobs, signum, tmp_path)
     assert shlex.split(line)[-1] == f"ablate.out='{tmp_path}'"  # quoted for a shell, then for Hydra
     pids = [int(p) for p in re.findall(r"\(pid (\d+)", out)]  # the training processes were stopped too
     assert pids and not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+def test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work(tmp_path, capsys):
+    """An ablate.out with `(` and `$(` in it trains (run_dir= is quoted for Hydra); a damaged results.json or
+    config.yaml of a finished run, and a damaged ablate_times.json, are named in one line with what to do."""
+    out = tmp_path / "a (b) $(c)"
+    args = [*SMALL_GRID, "ablate.recurrence=[true]", "trainer.max_steps=2", f"ablate.out='{out}'", "--train-only"]
+    assert ablate.main(args) == 0
+    run = out / "runs" / "xl_mem16_full_seed0"
+    assert (run / "results.json").is_file() and json.loads((run / "results.json").read_text())["steps"] == 2
+    (out / "ablate_times.json").write_text('{"xl_mem16')
+    capsys.readouterr()
+    assert ablate.main(args) == 0
+    assert f"{out / 'ablate_times.json'} is corrupt" in capsys.readouterr().out
+    good = (run / "results.json").read_text()
+    (run / "results.json").write_text('{"val": {"loss": 1.')
+    assert ablate.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'results.json'} is corrupt" in err and "delete it" in err and len(err.strip().splitlines()) == 1
+    (run / "results.json").write_text(good)
+    (run / "config.yaml").write_text("posenc: [unclosed\n")
+    assert ablate.main(args) == 2
+    assert f"{run / 'config.yaml'} is corrupt" in capsys.readouterr().err
+
+
+def test_a_failed_run_says_no_run_finished_when_none_did(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = [*SMALL_GRID, "ablate.recurrence=[true]", "trainer.max_steps=2", f"ablate.out={out}", "--train-only"]
+    assert ablate.main([*args, "+trainer.no_such_argument=1"]) == 2  # refused by the validator before training
+    assert not (out / "runs").exists()
+    (out / "runs" / "xl_mem16_full_seed0").mkdir(parents=True)
+    (out / "runs" / "xl_mem16_full_seed0" / "notes.txt").write_text("not a run")  # train refuses this folder
+    assert ablate.main(args) == 1
+    log = capsys.readouterr().out
+    assert "no run finished" in log and "finished run(s) are kept" not in log

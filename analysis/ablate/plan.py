@@ -16,11 +16,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from posenc_lab.build import build_datamodule
 from posenc_lab.checks import problems
-from posenc_lab.compose import compose
+from posenc_lab.compose import compose, quote
 from posenc_lab.data import check_corpus_options
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import scheme_names
-from posenc_lab.rundir import RunDir, corpus_identity, differences, run_identity
+from posenc_lab.rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
 
 from ..runs import cell_name, loss_label
 
@@ -182,7 +182,7 @@ def seeds_by_cell(specs: Sequence[RunSpec]) -> dict[str, list[int]]:
 
 def run_config(spec: RunSpec, run_dir: Path) -> DictConfig:
     """The run's training config, composed as its `posenc-lab train` command line would compose it."""
-    cfg = compose("train", [*spec.overrides, f"run_dir={run_dir}"])
+    cfg = compose("train", [*spec.overrides, f"run_dir={quote(str(run_dir))}"])
     with open_dict(cfg):
         cfg.pop("ablate", None)
     return cfg
@@ -214,7 +214,8 @@ def status(spec: RunSpec, cfg: DictConfig, run_dir: Path) -> str:
         _CORPUS_IDS[data_key] = corpus_identity(build_datamodule(cfg.data).corpus)
     try:
         saved, results = run.identity(), run.results()
-    except CorruptFileError as e:
+        run.config()  # the analyses read it: a damaged one is named now, not after the training
+    except (CorruptFileError, RunDirError) as e:
         raise ValueError(f"ablate: {e}") from e
     now = run_identity(OmegaConf.to_container(cfg, resolve=True), _CORPUS_IDS[data_key])
     if saved is not None and (diff := differences(saved, now)):
