@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of docs/PERFORMANCE.md, prepared to run as it is on a machine with one CUDA GPU:
+# The GPU check of docs/perf/LOG.md, prepared to run as it is on a machine with one CUDA GPU:
 #
 #   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; about 12 minutes on one H200)
 #
@@ -13,7 +13,7 @@
 # 3. STEPS training steps per scheme (base, bf16-mixed, pystdlib bytes: local, no download), attention auto
 #    (fused on CUDA);
 # 4. the benchmark on the published sizes (txl_enwik8_base, txl_wt103_base) at their published batch;
-# 5. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/PERFORMANCE.md.
+# 5. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/perf/LOG.md.
 # A dry run of the script itself on a CPU (fused is NaN there: no flex backward on CPU):
 #   DEVICE=cpu TRAINER=cpu PRECISION=32-true CONFIGS=tiny PAPER_CONFIGS= MODEL=tiny STEPS=4 BATCH=2 \
 #     TRAIN_SCHEMES=xl bash scripts/gpu_check.sh /tmp/gpu_dry
