@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import fields
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from posenc_lab import bench
+from posenc_lab.bench import probes
 from posenc_lab.bench.configs import CONF_MODEL
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, sized_options
@@ -281,8 +283,21 @@ def test_unknown_names_are_rejected(capsys):
     assert "unknown ['huge']" in err and "'bogus'" in err and "'n_layerz'" in err and "small" in err
 
 
-def test_matmul_peak_positive():
-    assert bench.matmul_peak_flops(max_n=256, reps=1) > 0
+def test_matmul_peak_is_2n3_over_the_fastest_product_of_the_final_size(monkeypatch):
+    """The size doubles while a product is quicker than min_seconds, up to max_n; the peak is 2 n^3 FLOP
+    over the fastest of the timed products (torch.mm and F.linear, reps each)."""
+    durations = iter([0.001, 0.001, 0.5, 0.25, 0.4, 0.3])  # n=256, n=512, then mm x2 and linear x2
+
+    class Clock:  # advances by the next duration at every second call (start, end, start, end, ...)
+        now, ended = 0.0, True
+
+        def __call__(self):
+            self.ended = not self.ended
+            self.now += next(durations) if self.ended else 0.0
+            return self.now
+
+    monkeypatch.setattr(probes, "time", SimpleNamespace(perf_counter=Clock(), process_time=Clock()))
+    assert bench.matmul_peak_flops(max_n=512, reps=2) == pytest.approx(2 * 512**3 / 0.25)
 
 
 def test_loss_curve_experiment(tmp_path):

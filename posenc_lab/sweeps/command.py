@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .spec import ENTRY_MODULE, Sweep, SweepError, format_override, override_key
+from .spec import ENTRY_MODULE, Sweep, SweepError, format_override, override_key, overrides_start
 
 LAUNCHER_GROUP = "hydra/launcher"
 RUN_DIR_KEYS = ("run_dir", "hydra.run.dir")
@@ -57,12 +57,7 @@ def hydra_value(text: str) -> str:
 def command_prefix(command: list[Any]) -> list[str]:
     """What comes before the trainer's overrides in the sweep file's command, ready to run here."""
     command = [str(c) for c in command]
-    start = None
-    for i, c in enumerate(command):
-        if c == ENTRY_MODULE and i > 0 and command[i - 1] == "-m":
-            start = i + 1
-        elif c == "train" and i > 0 and os.path.basename(command[i - 1]) == "posenc-lab":
-            start = i + 1
+    start = overrides_start(command)
     if start is None:  # load_sweep has refused such a command already
         raise SweepError(f"command {command} does not run {ENTRY_MODULE}")
     out = []

@@ -140,6 +140,18 @@ def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) ->
     return []
 
 
+def overrides_start(command: list[str]) -> int | None:
+    """Where the Hydra overrides of a sweep command start: after ``-m posenc_lab.train`` or
+    ``posenc-lab train``; None if the command runs neither."""
+    start = None
+    for i, c in enumerate(command):
+        if c == ENTRY_MODULE and i > 0 and command[i - 1] == "-m":
+            start = i + 1
+        elif c == "train" and i > 0 and os.path.basename(command[i - 1]) == "posenc-lab":
+            start = i + 1
+    return start
+
+
 def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[str]]:
     """The fixed overrides before and after ${args_no_hyphens}; problems for a command that would
     not run posenc_lab.train with Hydra overrides."""
@@ -158,13 +170,7 @@ def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[s
         return [], []
     if command.count(ARGS_MACRO) > 1:
         problems.append(f"command: {ARGS_MACRO} appears more than once")
-    # Where do the overrides start? After `-m posenc_lab.train`, `posenc-lab train` or a train.py program.
-    start = None
-    for i, c in enumerate(command):
-        if c == ENTRY_MODULE and i > 0 and command[i - 1] == "-m":
-            start = i + 1
-        elif c == "train" and i > 0 and os.path.basename(command[i - 1]) == "posenc-lab":
-            start = i + 1
+    start = overrides_start(command)
     if "${program}" in command:
         problems.append(
             f"command: ${{program}} runs posenc_lab/train.py as a script, which cannot import its "
