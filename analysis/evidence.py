@@ -20,6 +20,12 @@ def key_of(run: Run) -> CellKey:
     return CellKey(run.scheme, run.recurrence, "half" if run.loss == "half" else run.loss, run.group or "")
 
 
+def restricted(evidence: Evidence, keep: np.ndarray) -> Evidence:
+    """The same evidence on the tokens where ``keep`` [tokens] is True."""
+    cells = {c: v[:, keep] for c, v in evidence.cells.items()}
+    return Evidence(cells, evidence.keys, evidence.documents[keep], evidence.unavailable)
+
+
 def as_trained(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -> Evidence:
     documents = same_tokens({r.name: dumps[r.name] for g in cells.values() for r in g})
     return Evidence(

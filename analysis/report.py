@@ -25,6 +25,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
+from posenc_lab.data.overlap import WINDOW
 from posenc_lab.metrics import figure_name, figure_scale
 from posenc_lab.tables import write_csv
 
@@ -323,7 +324,14 @@ def build_report(
         if len(lm_groups) > 1
         else []
     )
-    sections.insert(1 if first else 0, verdicts_section.section(judged, sanity, scale, unit_name, s.smoke, notes))
+    line = ""
+    if first and "as_trained" in all_evidence:  # the verdicts again without the tokens that could be recited
+        group, m = first[0], first[1]
+        shared = data_section.shared_scored(group[0], next(iter(m["trained"].values())), s.split)
+        kept = evidence.restricted(all_evidence["as_trained"], ~shared)
+        again = verdicts.recheck(config, judged, {"as_trained": kept})
+        line = verdicts_section.robustness(again, float((~shared).mean()), WINDOW, scale, unit_name)
+    sections.insert(1 if first else 0, verdicts_section.section(judged, sanity, scale, unit_name, s.smoke, notes, line))
     sections.append(
         Section(
             "!Files",

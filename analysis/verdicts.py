@@ -172,6 +172,27 @@ def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> t
     return out["verdicts"], out["sanity"]
 
 
+def recheck(
+    config: dict, judged: list[Verdict], evidence: dict[str, Evidence]
+) -> list[tuple[Verdict, list[Comparison]]]:
+    """The judged verdicts whose measure is in ``evidence``, their comparisons again on that evidence (e.g. fewer
+    tokens), each interval at the level its verdict was judged at: a descriptive robustness check, not a test."""
+    specs = {v["id"]: v for v in config.get("verdicts") or []}
+    out = []
+    for v in judged:
+        if v.measure not in evidence or not np.isfinite(v.level) or v.id not in specs:
+            continue
+        ev = evidence[v.measure]
+        found = comparisons(specs[v.id]["compare"], ev, _differences(ev))
+        out.append((v, [c if c.note else Comparison(c.text, c.difference.at(v.level)) for c in found]))
+    return out
+
+
+def on_predicted_side(difference: Difference, predict: str) -> bool:
+    """Whether the whole interval lies on the side ``predict`` ("<0" or ">0") names."""
+    return difference.high < 0 if predict == "<0" else difference.low > 0
+
+
 def _decide(verdicts: list[Verdict], alpha: float, smoke: bool, corrected: bool = True) -> None:
     tested = [v for v in verdicts if np.isfinite(v.p)]
     adjusted = holm([v.p for v in tested]) if corrected else [v.p for v in tested]

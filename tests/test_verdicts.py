@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from posenc_lab.positional import SCHEMES, schemes_of_kind
+from posenc_lab_analysis.evidence import restricted
+from posenc_lab_analysis.sections.verdicts import robustness
 from posenc_lab_analysis.verdicts import (
     CONTRADICTED,
     INCONCLUSIVE,
@@ -16,7 +18,9 @@ from posenc_lab_analysis.verdicts import (
     CellKey,
     Evidence,
     judge,
+    on_predicted_side,
     paper,
+    recheck,
 )
 from tests.schemes import SHAW, SINUSOID, XL
 
@@ -152,3 +156,24 @@ def test_the_preregistered_file_parses_and_names_registered_schemes_only():
 def test_bad_cells_in_the_file_are_named():
     with pytest.raises(ValueError, match=r"'xl:memory' is not a cell"):
         CellKey.parse("xl:memory")
+
+
+def test_recheck_judges_again_on_fewer_tokens_at_the_verdicts_levels():
+    """The robustness line of the report: the same comparisons without some tokens. A difference that lives
+    only in the dropped tokens disappears there, and the line says its intervals no longer hold."""
+    rng = np.random.default_rng(3)
+    ev = evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.0})
+    recited = DOCS < N_DOCS // 4  # a quarter of the documents carries the whole difference
+    ev.cells[f"{XL}:mem"][:, recited] -= 1.0
+    conf = config(v("xl_beats_shaw", [f"{XL}:mem - {SHAW}:mem"]))
+    judged, _ = judge(conf, {"as_trained": ev})
+    assert judged[0].status == REPRODUCED
+    again = recheck(conf, judged, {"as_trained": restricted(ev, ~recited)})
+    ((verdict, (comparison,)),) = again
+    assert verdict is judged[0] and comparison.difference.level == judged[0].level
+    assert comparison.difference.documents == N_DOCS - N_DOCS // 4
+    assert not on_predicted_side(comparison.difference, "<0") and abs(comparison.difference.estimate) < 0.1
+    line = robustness(again, 0.75, 32, 1.0, "nats")
+    assert "75.0%" in line and "not every interval on the predicted side" in line
+    kept = recheck(conf, judged, {"as_trained": restricted(ev, np.ones(len(DOCS), bool))})
+    assert "(every interval on the predicted side)" in robustness(kept, 1.0, 32, 1.0, "nats")

@@ -12,13 +12,19 @@ from ..runs import Run
 from . import Section
 
 
-def overlap_share(run: Run, dump: TokenLosses, split: str, window: int) -> float:
-    """The share of the dump's scored tokens whose preceding ``window`` tokens also occur in train."""
+def shared_scored(run: Run, dump: TokenLosses, split: str, window: int = WINDOW) -> np.ndarray:
+    """[tokens] bool, in the order of ``TokenLosses.at``: whether each scored token's preceding ``window``
+    tokens also occur in train."""
     data, _ = run.split(split)
     shared = shared_context(run.corpus().train, data, window)
     stride = (len(data) - 1) // dump.scored.shape[0]
     positions = (np.arange(dump.scored.shape[0]) * stride)[:, None] + 1 + np.arange(dump.scored.shape[1])
-    return float(shared[positions][dump.scored].mean())
+    return shared[positions][dump.scored]
+
+
+def overlap_share(run: Run, dump: TokenLosses, split: str, window: int) -> float:
+    """The share of the dump's scored tokens whose preceding ``window`` tokens also occur in train."""
+    return float(shared_scored(run, dump, split, window).mean())
 
 
 def section(run: Run, dump: TokenLosses, split: str, n_runs: int) -> Section:

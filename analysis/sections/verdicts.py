@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..verdicts import Verdict
+from ..verdicts import Comparison, Verdict, on_predicted_side
 from . import Section, Table
 
 
@@ -51,8 +51,35 @@ def _sentence(v: Verdict, scale: float, unit_name: str) -> str:
     )
 
 
+def robustness(
+    rechecked: list[tuple[Verdict, list[Comparison]]], kept: float, window: int, scale: float, unit_name: str
+) -> str:
+    """One line: the as-trained verdicts again without the tokens whose context occurs in train."""
+    parts = []
+    for v, comps in rechecked:
+        tested = [c for c in comps if not c.note]
+        if not tested:
+            continue
+        held = all(on_predicted_side(c.difference, v.predict) for c in tested)
+        shown = "; ".join(f"{c.text} {c.difference.scaled(scale).text(3)}" for c in tested)
+        side = "every interval on the predicted side" if held else "not every interval on the predicted side"
+        parts.append(f"*{v.claim}*: {shown} ({side})")
+    if not parts:
+        return ""
+    return (
+        f"Without what could be recited (descriptive): on the {kept:.1%} of the scored tokens whose preceding "
+        f"{window} tokens never occur in train, at each verdict's level ({unit_name}): " + "; ".join(parts) + "."
+    )
+
+
 def section(
-    verdicts: list[Verdict], sanity: list[Verdict], scale: float, unit_name: str, smoke: bool, notes
+    verdicts: list[Verdict],
+    sanity: list[Verdict],
+    scale: float,
+    unit_name: str,
+    smoke: bool,
+    notes,
+    robustness_line: str = "",
 ) -> Section:
     text = (
         "The findings this report judges were fixed in advance in `conf/paper.yaml`, each with the sign it "
@@ -71,6 +98,8 @@ def section(
             "Sanity checks (true by construction, not counted as reproductions): "
             + " ".join(_sentence(v, scale, unit_name) for v in sanity)
         )
+    if robustness_line and not smoke:
+        findings.append(robustness_line)
     df = pd.DataFrame([_row(v, scale, unit_name) for v in verdicts + sanity])
     if len(df):
         df.insert(1, "kind", ["verdict"] * len(verdicts) + ["sanity check"] * len(sanity))
