@@ -5,6 +5,11 @@ posenc_lab.conf, found by posenc_lab.config_dir) and posenc_lab_analysis. Everyt
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["posenc_lab", "posenc_lab.*"]), "posenc_lab.conf", "posenc_lab_analysis"],
+    packages=[
+        *find_packages(include=["posenc_lab", "posenc_lab.*"]),
+        "posenc_lab.conf",
+        "posenc_lab_analysis",
+        *(f"posenc_lab_analysis.{p}" for p in find_packages("analysis")),  # ablate, sections
+    ],
     package_dir={"posenc_lab.conf": "conf", "posenc_lab_analysis": "analysis"},
 )

@@ -55,7 +55,10 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     main = [s for s in specs if s.group is None]
     schemes = {s.scheme for s in main}  # the five: every absolute scheme, at least two relative ones
     assert schemes >= set(schemes_of_kind("absolute")) and len(schemes & set(schemes_of_kind("relative"))) >= 2
-    assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
+    if preset == "zoo":  # every registered scheme, with memory only (conf/experiment/zoo.yaml)
+        assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
+    else:
+        assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
     ReportSettings.from_dict(dict(cfg.ablate.analysis))  # the analysis block is valid
     for spec in specs if every_run else representative(specs):
         run = compose("train", [*spec.overrides, f"run_dir={tmp_path / spec.name}"])
