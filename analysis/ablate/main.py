@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
 from posenc_lab.errors import PosencLabError
+from posenc_lab.rundir import RunDir
 
 from ..report import ReportSettings, build_report
 from ..runs import RunError, load_run, sort_runs
@@ -134,7 +135,7 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
     try:
         times = run_jobs(specs, statuses, runs, jobs, a.get("threads"), progress, log)
     except RuntimeError as e:
-        finished = sum(1 for s in specs if (runs / s.name / "results.json").is_file())
+        finished = sum(1 for s in specs if RunDir(runs / s.name).finished)
         log(f"training FAILED: {e}")
         kept = f"{finished} finished run(s) are kept in {runs}; " if finished else "no run finished; "
         log(f"{kept}continue with: {continue_command(overrides, out)}")

@@ -28,9 +28,10 @@ def table(res: ReclResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float) -> list[str]:
-    """RECL with minus without memory, per scheme that has both, from the same replicates."""
-    lines = []
+def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float, step: int) -> list[str]:
+    """RECL with minus without memory, per scheme that has both, from the same replicates; where an interval
+    holds 0, what would separate them."""
+    lines, holds_zero = [], False
     for c, g in cells.items():
         r0 = g[0]
         if not r0.recurrence:
@@ -41,10 +42,17 @@ def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float)
                 parts = []
                 for r in res.r_values:
                     est, lo, hi = res.difference(c, o, r, level)
+                    holds_zero |= bool(np.isfinite(est) and lo <= 0 <= hi)
                     parts.append(
                         f"r = {r:g}: {est:+.0f} [{lo:+.0f}, {hi:+.0f}]" if np.isfinite(est) else f"r = {r:g}: n/a"
                     )
                 lines.append(f"RECL of {c} minus {o} (tokens, paired replicates): " + "; ".join(parts) + ".")
+    if holds_zero:
+        lines.append(
+            f"Where such an interval holds 0, this grid (a step of {step} tokens) and this sample do not tell the two "
+            "apart: they differ by less than a step, or not at all. A finer step (`ablate.analysis.context.delta`) "
+            "or more scored rows (`n_rows`) can separate them if they differ."
+        )
     return lines
 
 
@@ -76,7 +84,7 @@ def section(
     curves = res.curves[res.curves["r"].isin(R_VALUES)]
     figure = plots.gain_curves(curves, out / f"recl_gain_curves{suffix}.png")
     t = table(res)
-    findings = memory_contrasts(res, cells, level)
+    findings = memory_contrasts(res, cells, level, grid[1] - grid[0])
     findings.append(
         "RECL values are point estimates of a threshold crossing; compare cells by the intervals and the paired "
         "differences above, not by the values alone."

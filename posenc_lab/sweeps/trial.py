@@ -24,6 +24,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from ..rundir import RunDir
+
 STOPPED_KEY = "stopped_at"
 
 
@@ -71,7 +73,7 @@ class SweepTrial(L.Callback):
         if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and trainer.state.fn == "fit":
             ckpt = trainer.checkpoint_callback
             if ckpt is not None and getattr(ckpt, "dirpath", None):
-                trainer.save_checkpoint(Path(ckpt.dirpath) / "last.ckpt")
+                trainer.save_checkpoint(Path(ckpt.dirpath) / RunDir.LAST)
 
     def _append(self, row: dict[str, Any]) -> None:
         self.history.parent.mkdir(parents=True, exist_ok=True)
