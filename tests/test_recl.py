@@ -130,3 +130,12 @@ def test_bad_inputs_are_named():
         x = np.zeros((1, 3, 10))
         x[0, 1, 3] = np.nan
         recl({"a": x, "b": np.zeros((1, 3, 10))}, [8, 16, 24], np.arange(10))
+
+
+def test_the_recl_section_says_what_its_seeds_can_cover():
+    from posenc_lab_analysis.sections.recl import seed_caveat
+
+    one_seed = seed_caveat({"xl:mem32": ["run0"], "shaw:mem32": ["run0"]})
+    three_seeds = seed_caveat({"xl:mem32": ["a", "b", "c"], "shaw:mem32": ["a"]})
+    assert "text only" in one_seed and "too narrow" not in one_seed
+    assert "3 values" in three_seeds and "text only" not in three_seeds

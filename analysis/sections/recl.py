@@ -56,6 +56,14 @@ def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float,
     return lines
 
 
+def seed_caveat(cells: dict[str, list[Run]]) -> str:
+    """What the bootstrap's seed part can say with the seeds the cells have."""
+    most = max((len(runs) for runs in cells.values()), default=0)
+    if most <= 1:
+        return "one seed a cell: the intervals cover the text only, not the training seed"
+    return f"with at most {most} seeds a cell, the seed part is a bootstrap of {most} values: too narrow"
+
+
 def section(
     res: ReclResult,
     cells: dict[str, list[Run]],
@@ -77,8 +85,8 @@ def section(
         f"models (leave-one-out: a model that gains nothing then gains nothing in expectation), and the gain "
         f"curve is fitted by a non-increasing function of c before the first c below 1% is read. '>c': the "
         f"fitted gain stayed above 1% up to the last c tested. Brackets: {level:.0%} percentile intervals of a "
-        f"cluster bootstrap over documents and each cell's seeds ({n_boot} replicates; with 3 seeds a cell the "
-        f"seed part is too narrow). Gain curves: `recl_curves.csv`."
+        f"cluster bootstrap over documents and each cell's seeds ({n_boot} replicates; {seed_caveat(cells)}). "
+        f"Gain curves: `recl_curves.csv`."
         + (" Paper (WikiText-103, Table 8, r = 0.1/0.5/1.0): " + ", ".join(paper_recl) + "." if paper_recl else "")
     )
     curves = res.curves[res.curves["r"].isin(R_VALUES)]
