@@ -267,13 +267,29 @@ def _trainer_problems(cfg: DictConfig) -> list[str]:
     return out
 
 
+def _eval_problems(cfg: DictConfig) -> list[str]:
+    """A checkpoint to evaluate (where the config has the key: the Python API checks a part of it), and no other
+    scheme than the one it was trained with."""
+    out = []
+    if "ckpt" in cfg.keys() and (OmegaConf.is_missing(cfg, "ckpt") or _value(cfg, "ckpt") in (None, "")):
+        out.append(
+            "ckpt is required: posenc-lab eval ckpt=PATH (a checkpoint of posenc-lab train: RUN/checkpoints/last.ckpt)"
+        )
+    if _value(cfg, "posenc.name") is not _MISSING:
+        out.append(
+            f"posenc.name={_value(cfg, 'posenc.name')!r} cannot be set at evaluation: a checkpoint is evaluated with "
+            "the scheme it was trained with (its options, e.g. +posenc.scaling=yarn, can change)"
+        )
+    return out
+
+
 def problems(cfg: DictConfig, command: str = "train") -> list[str]:
     """Every problem of ``cfg`` for ``command``: "train" (conf/train.yaml: a run), "sweep" (the same, for a
     sweep trial: no data is loaded either way) or "eval" (conf/eval.yaml)."""
     if command not in COMMANDS:
         raise ValueError(f"command must be one of {COMMANDS}, got {command!r}")
     if command == "eval":
-        return _table_problems(cfg, EVAL_CHECKS)
+        return _eval_problems(cfg) + _table_problems(cfg, EVAL_CHECKS)
     out = _table_problems(cfg, TRAIN_CHECKS)
     resume = _value(cfg, "resume")
     if resume is not _MISSING and (resume is True or resume is not None and not isinstance(resume, (str, bool))):

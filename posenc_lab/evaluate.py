@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from . import config_dir, keep_freed_memory
 from .build import build_datamodule
 from .checkpoints import CheckpointError, read_checkpoint
 from .checks import check
+from .compose import override_problem
 from .errors import ConfigError, PosencLabError, reported
 from .io import path_problem, save_npz, write_json
 from .lit import load_lit
@@ -255,8 +257,17 @@ def output_dir(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike | None) 
     return Path(out_dir) / f"{run.path.resolve().name}-{tag}" / name
 
 
+def main() -> None:
+    """``posenc-lab eval``: the command line's overrides are checked before Hydra composes them (its messages name no
+    valid key), then the composed config before the compute."""
+    with reported("eval"):
+        if problem := override_problem("eval", sys.argv[1:], "eval"):
+            raise ConfigError(problem)
+    _hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     with reported("eval"):
         evaluate_main(cfg)
 

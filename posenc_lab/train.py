@@ -51,6 +51,7 @@ from . import config_dir, keep_freed_memory
 from .build import build_datamodule, build_lit, build_trainer, check_splits
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, CheckpointError, Checkpointing, CheckpointUnreadable, read_checkpoint
 from .checks import check
+from .compose import override_problem
 from .datamodule import SegmentDataModule
 from .errors import STOP_SIGNALS, ConfigError, Interrupted, reported, stop_at_once
 from .io import path_problem, remove_partial, write_text
@@ -393,6 +394,8 @@ def main() -> None:
     with reported("train"):
         if any(problems):
             raise RunDirError(next(p for p in problems if p))
+        if problem := override_problem("train", sys.argv[1:], "train"):
+            raise ConfigError(problem)
     _RUN_DIR_EXISTED = _named_run_dir_existed(sys.argv)
     _hydra_main()
 

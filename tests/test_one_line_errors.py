@@ -63,6 +63,27 @@ CASES = [
     ("eval: out_dir is a file", "eval",
      lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", f"out_dir={_file(t, 'out', b'mine')}"],
      r"out_dir=\S+/out/run-[0-9a-f]{8}/last: \S+/out is a file, not a folder; use another out_dir$"),
+    # command lines Hydra would refuse with a message that names no valid key (or suggests +key=): refused first
+    ("a misspelled model key", "train", lambda t, c, f: tiny(t / "run", c, "model.mem_lenn=32"),
+     r"^model\.mem_lenn is not a key of model; the keys are: .*\bmem_len, "),
+    ("a misspelled optim key", "train", lambda t, c, f: tiny(t / "run", c, "optim.lrr=0.1"),
+     r"^optim\.lrr is not a key of optim; the keys are: .*\blr, "),
+    ("a misspelled trainer key", "train", lambda t, c, f: tiny(t / "run", c, "trainer.max_stepz=5"),
+     r"^trainer\.max_stepz is not a key of trainer; the keys are: .*\bmax_steps\b"),
+    ("another scheme's option", "train", lambda t, c, f: tiny(t / "run", c, "posenc=rope", "posenc.K=4"),
+     r"^posenc\.K is not a key of posenc; the keys are: .*\bbase\b"),
+    ("an unknown scheme", "train", lambda t, c, f: tiny(t / "run", c, "posenc=xll"),
+     r"^posenc=xll is not an option of posenc; the options are: alibi, .*\bxl, xpos$"),
+    ("a group train does not take", "train", lambda t, c, f: tiny(t / "run", c, "preset=txl_wt103_base"),
+     r"^preset=txl_wt103_base: `posenc-lab train` takes no preset group \(its groups: data, .*trainer\)$"),
+    ("eval: no checkpoint", "eval", lambda t, c, f: [], r"^ckpt is required: posenc-lab eval ckpt=PATH"),
+    ("eval: an empty checkpoint path", "eval", lambda t, c, f: ["ckpt="], r"^ckpt is required"),
+    ("eval: a misspelled key", "eval", lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", "model.mem_lenn=3"],
+     r"^model\.mem_lenn is not a key of model; the keys are: mem_len, same_length, same_length_keys$"),
+    ("eval: a model group", "eval", lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", "model=tiny"],
+     r"^model=tiny: `posenc-lab eval` takes no model group .*; set its keys as model\.KEY=VALUE$"),
+    ("eval: another scheme", "eval", lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", "+posenc=rope"],
+     r"^posenc\.name='rope' cannot be set at evaluation: .*\+posenc\.scaling=yarn"),
 ]  # fmt: skip
 
 
