@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split", default="test", choices=("val", "test"), help="the held-out text (default: test)")
     p.add_argument("--n-streams", type=int, default=64, help="streams spread over the split")
     p.add_argument("--n-tokens", type=int, default=4096, help="scored tokens per stream")
-    p.add_argument("--level", type=float, default=0.95)
+    p.add_argument("--level", type=float, default=0.95, help="the interval's confidence level (default: 0.95)")
     p.add_argument("--out", type=Path, help="keep the per-token dumps here (default: a temporary folder)")
     add_threads_argument(p)
     args = p.parse_args(argv)

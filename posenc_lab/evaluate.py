@@ -305,7 +305,7 @@ def evaluate_main(cfg: DictConfig) -> None:
         save_npz(out_dir / f"{name}.npz", **arrays)
         result["token_losses_file"] = str(out_dir / f"{name}.npz")
     write_json(out_dir / f"{name}.json", result)
-    figures = {k: result[k] for k in ("loss", "bpt", "ppl", "acc") if k in result}
+    figures = {k: result[k] for k in ("loss", "bpb", "bpc", "bpt", "ppl", "acc") if k in result}  # the corpus's own
     print(f"{out_dir / (name + '.json')}: {json.dumps(figures)}")
 
 

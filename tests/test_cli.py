@@ -119,13 +119,15 @@ def test_learned_cannot_be_evaluated_past_its_table(tmp_path):
         evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", segment_len=32)
 
 
-def _console(*args: str) -> None:
+def _console(*args: str) -> str:
+    """Run ``posenc-lab ARGS`` as a user types it; its standard output."""
     import subprocess
 
     proc = subprocess.run(
         [*posenc_lab_command(), *args], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
 
 
 def test_console_train(tmp_path):
@@ -148,7 +150,7 @@ def test_console_train_bf16_mixed_with_clipping_in_a_fresh_run_dir(tmp_path):
 
 def test_console_eval(trained, tmp_path):
     run, _ = trained
-    _console(
+    printed = _console(
         "eval",
         f"ckpt={run / 'checkpoints' / 'last.ckpt'}",
         "data.segment_len=32",
@@ -162,6 +164,8 @@ def test_console_eval(trained, tmp_path):
     written = output_dir(run / "checkpoints" / "last.ckpt", tmp_path) / "test_step6_L32_M32_same_Tnone_B4_first4"
     out = json.loads(written.with_suffix(".json").read_text())
     assert out["segment_len"] == 32 and out["same_length"] is True and "loss" in out
+    (name,) = {"bpb", "bpc", "ppl"} & set(out)  # the corpus's own figure, which the console line gives too
+    assert f'"{name}": {json.dumps(out[name])}' in printed
     assert np.load(written.with_suffix(".npz"))["token_loss"].shape == (4, 4 * 32)
 
 
