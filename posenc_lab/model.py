@@ -134,7 +134,7 @@ class ModelConfig:
             elif self.posenc in SCHEMES and (refused := SCHEMES[self.posenc].random_positions_refused):
                 out.append(
                     f"model.random_positions={self.random_positions} does not apply to posenc={self.posenc}: "
-                    f"{refused}; set model.random_positions=null"
+                    f"{refused} (set model.random_positions=null)"  # no "; ": problems are joined by it
                 )
         return [p for p in out if p]
 

@@ -4,6 +4,7 @@ anything is written, through the real command entry points (in this process, as 
 from __future__ import annotations
 
 import os
+import random
 import re
 from pathlib import Path
 
@@ -25,6 +26,9 @@ def _link(tmp, name, target) -> Path:
     os.symlink(target, tmp / name)
     return tmp / name
 
+
+# fixed, so that a run cannot draw bytes that happen to begin like a pickle of another protocol (torch then warns)
+RANDOM_BYTES = random.Random(0).randbytes(5000)
 
 # (id, command, arguments from (tmp_path, cache, finished run), expected message after "error: ")
 CASES = [
@@ -56,9 +60,9 @@ CASES = [
      lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_file(t, 'ten.txt', b'0123456789')}", data="textfile"),
      r"textfile corpus: \S+/ten\.txt \(data\.corpus\.path\) is too small: 10 bytes cannot be split .*it takes 40\)"),
     ("random bytes as a checkpoint", "train",
-     lambda t, c, f: tiny(t / "run", c, f"resume={_file(t, 'x.ckpt', os.urandom(5000))}"),
+     lambda t, c, f: tiny(t / "run", c, f"resume={_file(t, 'x.ckpt', RANDOM_BYTES)}"),
      r"checkpoint \S+/x\.ckpt cannot be read \(corrupt or not a checkpoint\)"),
-    ("eval: random bytes as a checkpoint", "eval", lambda t, c, f: [f"ckpt={_file(t, 'x.ckpt', os.urandom(5000))}"],
+    ("eval: random bytes as a checkpoint", "eval", lambda t, c, f: [f"ckpt={_file(t, 'x.ckpt', RANDOM_BYTES)}"],
      r"checkpoint \S+/x\.ckpt cannot be read \(corrupt or not a checkpoint\)"),
     ("eval: out_dir is a file", "eval",
      lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", f"out_dir={_file(t, 'out', b'mine')}"],
@@ -72,6 +76,9 @@ CASES = [
      r"^trainer\.max_stepz is not a key of trainer; the keys are: .*\bmax_steps\b"),
     ("another scheme's option", "train", lambda t, c, f: tiny(t / "run", c, "posenc=rope", "posenc.K=4"),
      r"^posenc\.K is not a key of posenc; the keys are: .*\bbase\b"),
+    ("random positions for a scheme that reads none", "train",
+     lambda t, c, f: tiny(t / "run", c, "posenc=nope", "+model.random_positions=256"),
+     r"^model\.random_positions=256 does not apply to posenc=nope: .* \(set model\.random_positions=null\)$"),
     ("an unknown scheme", "train", lambda t, c, f: tiny(t / "run", c, "posenc=xll"),
      r"^posenc=xll is not an option of posenc; the options are: alibi, .*\bxl, xpos$"),
     ("a group train does not take", "train", lambda t, c, f: tiny(t / "run", c, "preset=txl_wt103_base"),
