@@ -109,7 +109,8 @@ def reported(command: str) -> Iterator[None]:
     except Interrupted as e:
         if e.quiet:
             sys.exit(0)
-        sys.stderr.write(f"posenc-lab {command}: {e}\n")  # one write: a log shared with others keeps it whole
+        fresh_line = "\n" if sys.stderr.isatty() else ""  # a progress bar may hold the terminal's line
+        sys.stderr.write(f"{fresh_line}posenc-lab {command}: {e}\n")  # one write: a shared log keeps it whole
         sys.exit(e.exit_code)
     except Exception as e:
         full = not deliberate(e) and no_space(e)  # a full disk under a library's writer (a logger, say)
