@@ -124,8 +124,8 @@ def override_problem(config_name: str, overrides: Sequence[str], command: str) -
     """Why Hydra would refuse a command line's plain overrides, in one line that names what is valid; None when
     nothing is found here. Hydra's own messages for these name no valid key, or suggest ``+key=`` for a misspelled
     one ("Key 'mem_lenn' is not in struct ... To append to your config use +model.mem_lenn=32"). A sweep (``-m``),
-    a flag, ``+``/``++``/``~`` overrides, ``hydra.*`` keys and unparsable lines are left to Hydra. Costs one or two
-    compositions (well under a second), before anything else is read or created.
+    a flag, ``+``/``++``/``~`` overrides, ``hydra.*`` keys and unparsable lines are left to Hydra. Costs one
+    composition (about 0.1 s), before anything else is read or created; a second one only to name a refused group.
 
     ``overrides``: the command line's arguments after the command; ``command``: ``train`` or ``eval``, for the text."""
     if any(o.startswith("-") for o in overrides):
@@ -143,29 +143,16 @@ def override_problem(config_name: str, overrides: Sequence[str], command: str) -
             if not (p.is_add() or p.is_force_add() or p.is_delete() or p.package is not None)
             and p.key_or_group.split(".")[0].split("/")[0] != "hydra"
         ]
-        base = composer.compose([], return_hydra_config=True)
-        chosen = {k for k in base.hydra.runtime.choices if not k.startswith("hydra/")}
-        groups = []
-        for p in filter(composer.is_group, plain):
-            group, value = p.key_or_group, p.value()
-            if group not in chosen:
-                node = OmegaConf.select(base, group.replace("/", "."))
-                keys = f"; set its keys as {group}.KEY=VALUE" if isinstance(node, DictConfig) else ""
-                return (
-                    f"{group}={value}: `posenc-lab {command}` takes no {group} group (its groups: "
-                    f"{', '.join(sorted(chosen))}){keys}"
-                )
-            options = composer.group_options(group)
-            if value is not None and value not in options:
-                return f"{group}={value} is not an option of {group}; the options are: {', '.join(options)}"
-            groups.append(p.input_line)
+        groups = [p for p in plain if composer.is_group(p)]
         keys = [p for p in plain if not composer.is_group(p)]
-        if not keys:
-            return None
+        for p in groups:  # the loader lists a group's options without composing
+            options = composer.group_options(p.key_or_group)
+            if p.value() is not None and p.value() not in options:
+                return f"{p.input_line} is not an option of {p.key_or_group}; the options are: {', '.join(options)}"
         try:
-            cfg = composer.compose(groups, return_hydra_config=False) if groups else base
-        except Exception:  # noqa: BLE001 - a choice Hydra refuses (e.g. a group set to null): its message says why
-            return None
+            cfg = composer.compose([p.input_line for p in groups], return_hydra_config=True)
+        except Exception:  # noqa: BLE001 - a group this command does not take, or a choice Hydra refuses
+            return _group_not_taken(composer, groups, command)
         for p in keys:
             parent, _, leaf = p.key_or_group.rpartition(".")
             node = OmegaConf.select(cfg, parent) if parent else cfg
@@ -174,4 +161,19 @@ def override_problem(config_name: str, overrides: Sequence[str], command: str) -
             valid = ", ".join(sorted(k for k in node.keys() if k != "hydra" and not k.startswith("_")))
             where = parent or f"`posenc-lab {command}`"
             return f"{p.key_or_group} is not a key of {where}; the keys are: {valid}"
+    return None
+
+
+def _group_not_taken(composer: Composer, groups: list, command: str) -> str | None:
+    """The first of ``groups`` (parsed group overrides) that is not in the command's defaults list, in words; None
+    if all are (then Hydra's own message explains the refusal)."""
+    base = composer.compose([], return_hydra_config=True)
+    chosen = {k for k in base.hydra.runtime.choices if not k.startswith("hydra/")}
+    for p in groups:
+        group = p.key_or_group
+        if group not in chosen:
+            node = OmegaConf.select(base, group.replace("/", "."))
+            keys = f"; set its keys as {group}.KEY=VALUE" if isinstance(node, DictConfig) else ""
+            takes = ", ".join(sorted(chosen))
+            return f"{p.input_line}: `posenc-lab {command}` takes no {group} group (its groups: {takes}){keys}"
     return None
