@@ -119,6 +119,16 @@ def _as_seeds(x, name: str, n_tokens: int | None) -> np.ndarray:
     return x
 
 
+def _documents(documents: np.ndarray, what: str) -> tuple[np.ndarray, int, np.ndarray, float]:
+    """The document index 0..K-1 of every token, K, the tokens of each document [K] and their total N."""
+    _, index = np.unique(documents, return_inverse=True)
+    K = int(index.max()) + 1
+    if K < 2:
+        raise ValueError(f"{what} needs tokens of at least 2 documents: score more text")
+    n_k = np.bincount(index, minlength=K).astype(np.float64)
+    return index, K, n_k, float(n_k.sum())
+
+
 def _document_sums(x: np.ndarray, index: np.ndarray, K: int) -> np.ndarray:
     """[n_seeds, K] sums of each seed's values over each document."""
     out = np.zeros((x.shape[0], K))
@@ -170,12 +180,7 @@ def paired_difference(a, b, documents, level: float = 0.95, paired_seeds: bool =
         if a.shape[0] != b.shape[0]:
             raise ValueError(f"paired_seeds needs the same seeds on both sides, got {a.shape[0]} and {b.shape[0]}")
         return mean_interval(a - b, documents, level)
-    _, index = np.unique(documents, return_inverse=True)
-    K = int(index.max()) + 1
-    if K < 2:
-        raise ValueError("a difference needs tokens of at least 2 documents: score more text")
-    n_k = np.bincount(index, minlength=K).astype(np.float64)
-    N = float(n_k.sum())
+    index, K, n_k, N = _documents(documents, "a difference")
     A, B = _document_sums(a, index, K), _document_sums(b, index, K)
     estimate = float(A.sum(1).mean() / N - B.sum(1).mean() / N)
     D = A.mean(0) - B.mean(0)
@@ -193,12 +198,7 @@ def mean_interval(a, documents, level: float = 0.95) -> Difference:
     a = _as_seeds(a, "a", len(documents))
     if not np.isfinite(a).all():
         return NOT_EVALUATED
-    _, index = np.unique(documents, return_inverse=True)
-    K = int(index.max()) + 1
-    if K < 2:
-        raise ValueError("an interval needs tokens of at least 2 documents: score more text")
-    n_k = np.bincount(index, minlength=K).astype(np.float64)
-    N = float(n_k.sum())
+    index, K, n_k, N = _documents(documents, "an interval")
     A = _document_sums(a, index, K)
     estimate = float(A.sum(1).mean() / N)
     v_text = K / (K - 1) * float(((A.mean(0) - estimate * n_k) ** 2).sum()) / N**2
