@@ -275,9 +275,9 @@ def _eval_problems(cfg: DictConfig) -> list[str]:
         out.append(
             "ckpt is required: posenc-lab eval ckpt=PATH (a checkpoint of posenc-lab train: RUN/checkpoints/last.ckpt)"
         )
-    if _value(cfg, "posenc.name") is not _MISSING:
+    if (scheme := _value(cfg, "posenc.name")) is not _MISSING:
         out.append(
-            f"posenc.name={_value(cfg, 'posenc.name')!r} cannot be set at evaluation: a checkpoint is evaluated with "
+            f"posenc.name={scheme!r} cannot be set at evaluation: a checkpoint is evaluated with "
             "the scheme it was trained with (its options, e.g. +posenc.scaling=yarn, can change)"
         )
     return out
