@@ -323,37 +323,6 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler of its own for ``signum`` (Linux: the SigCgt mask of /proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    return False
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads a process's signal handlers from /proc")
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
-def test_a_signal_during_the_start_up_is_one_line_and_its_exit_status(here, signum, code):
-    """SIGTERM (or Ctrl-C) while `posenc-lab sweep` checks the file's 20 trials, as soon as it handles them: one
-    line, 128 + the signal's number, nothing written (issue 27: rc -15 and no line; the checks and Hydra's compose
-    took the exception of a first fix for a trial that does not compose)."""
-    out = here / "out"
-    cmd = [sys.executable, "-m", "posenc_lab.cli", "sweep", str(REPO / "sweeps" / "ablation_recall.yaml")]
-    proc = subprocess.Popen(
-        [*cmd, "--out", str(out), *tiny()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        # SIGTERM's handler is the command's own (Python has one for SIGINT from its start): set with SIGINT's
-        _wait_for(lambda: proc.poll() is not None or _catches(proc.pid, signal.SIGTERM), 240, "the command's handler")
-        proc.send_signal(signum)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == code, stdout[-2000:] + stderr[-3000:]
-    assert stderr.strip() == f"posenc-lab sweep: stopped by {signal.Signals(signum).name} before any trial ran"
-    assert not stdout and not out.exists() and not (here / "runs").exists()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGKILL, -9)], ids=["TERM", "INT", "KILL"]
