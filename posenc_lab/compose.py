@@ -241,7 +241,10 @@ def job_problems(
         params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
         task = [p.input_line for p in parsed if not p.is_hydra_override()]
         parser = OverridesParser.create(config_loader=composer._loader)
-        jobs = [job for batch in split(parser.parse_overrides(params + task), None) for job in batch]
+        try:
+            jobs = [job for batch in split(parser.parse_overrides(params + task), None) for job in batch]
+        except Exception:  # noqa: BLE001 - a sweep the sweeper refuses (an interval), with its message
+            return None
         shared = [o for o in jobs[0] if all(o in job for job in jobs)]
         where: dict[str, list[int]] = {}  # problem -> the jobs that have it
         for number, job in enumerate(jobs):

@@ -142,6 +142,13 @@ def test_bad_key_is_rejected(tmp_path):
     assert "nothing was run" in msg and not (tmp_path / "runs").exists()
 
 
+def test_an_added_key_that_nothing_reads_is_rejected(tmp_path):
+    """+KEY only where its owner checks it (compose.ADDABLE), as on the command line: +optim.lrr would train unread."""
+    path = _write_sweep(tmp_path, "ablation.yaml", parameters={"+optim.lrr": {"values": [0.1]}})
+    with pytest.raises(SweepError, match=r"'optim\.lrr' does not exist: optim has no 'lrr' \(did you mean 'optim\.lr'"):
+        check_sweep(path)
+
+
 def test_bad_scheme_option_key_is_rejected(tmp_path):
     path = _write_sweep(tmp_path, "shaw_k.yaml", parameters={"posenc.clamp_len": {"values": [16]}})
     with pytest.raises(SweepError, match=r"posenc \(with posenc=shaw\) has no 'clamp_len'; keys there: K, name"):
