@@ -4,14 +4,16 @@ loaded or written (``optim.lr must be a number > 0, got -1.0``).
 ``problems(cfg, command)`` returns them all; ``check(cfg, command)`` raises one ``ConfigError`` that lists
 them. ``train``, ``eval``, the sweep check and ``ablate`` call it. Each fact has its owner: the model's
 fields are checked by ``ModelConfig.problems``, a scheme's options and lengths by the scheme, a corpus's
-options by the corpus registry, the trainer's precisions by Lightning's signature; this module checks the
-rest (optimizer, data, trainer, run settings) and collects the owners' answers.
+options by the corpus registry, the trainer's precisions by Lightning's signature and its strategies and
+accelerators by Lightning's registries, the logger's and every callback's keys by their class's signature; this
+module checks the rest (optimizer, data, trainer, run settings) and collects the owners' answers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import inspect
 import math
 import typing
@@ -19,6 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning
+from lightning.pytorch import Callback
+from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .build import model_config
@@ -254,17 +260,87 @@ def _trainer_problems(cfg: DictConfig) -> list[str]:
                 f"trainer.precision={precision!r} is not a Lightning precision; valid: "
                 f"{', '.join(str(p) for p in valid if isinstance(p, str) and '-' in p)}"
             )
+    for key, registered, kind in (
+        ("strategy", StrategyRegistry.available_strategies(), Strategy),
+        ("accelerator", ["gpu", *sorted(AcceleratorRegistry.available_accelerators())], Accelerator),
+    ):  # what Lightning's Trainer takes: "auto", a registered name (a strategy's in any case), or an instance
+        value = _value(cfg, f"trainer.{key}")
+        if value is _MISSING:
+            continue
+        if isinstance(value, dict):
+            out.append(_target_problem(f"trainer.{key}", _node(cfg, f"trainer.{key}"), kind))
+        elif not (isinstance(value, str) and (value.lower() if key == "strategy" else value) in ("auto", *registered)):
+            variants = "_find_unused_parameters_"  # each ddp strategy twice more: listed once
+            names = [n for n in registered if variants not in n]
+            more = f" (each ddp* also as *{variants}true|false)" if len(names) < len(registered) else ""
+            out.append(
+                f"trainer.{key}={value!r} is not a Lightning {key}; valid: auto, {', '.join(names)}{more}, or a "
+                f"Lightning {kind.__name__} by _target_"
+            )
     devices, nodes, batch = (_value(cfg, k) for k in ("trainer.devices", "trainer.num_nodes", "data.batch_size"))
     if devices is not _MISSING and not (
         devices in ("auto", -1) or (_is_int(devices) and devices >= 1) or isinstance(devices, (list, ListConfig))
     ):
         out.append(f"trainer.devices must be an integer >= 1, -1, a list or 'auto', got {devices!r}")
-    if _is_int(devices) and _is_int(nodes) and _is_int(batch) and batch % (devices * nodes):
+    if (
+        _is_int(devices)
+        and _is_int(nodes)
+        and _is_int(batch)
+        and min(devices, nodes) >= 1
+        and batch % (devices * nodes)
+    ):
         out.append(
             f"data.batch_size={batch} (the global batch) is not divisible by trainer.devices x trainer.num_nodes "
             f"= {devices * nodes}"
         )
-    return out
+    return [p for p in out if p]
+
+
+def _node(cfg: DictConfig, key: str) -> Any:
+    """The node at ``key`` unresolved (a logger's save_dir is ${run_dir}, which a sweep check leaves unset)."""
+    return OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+
+
+def _target_problem(key: str, node: DictConfig, kind: type) -> str | None:
+    """Why Hydra could not build ``node`` as a ``kind`` (its ``_target_``) with its keys, or None."""
+    target = OmegaConf.select(node, "_target_", default=None)
+    if not isinstance(target, str):
+        return f"{key} has no _target_: it is a {kind.__name__} by its class, e.g. {key}._target_=MODULE.CLASS"
+    module, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        return f"{key}._target_={target} cannot be imported: {e}"
+    if not (isinstance(cls, type) and issubclass(cls, kind)):
+        return f"{key}._target_={target} is not a {kind.__module__}.{kind.__name__}"
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    unknown = sorted(str(k) for k in set(node.keys()) - set(params) if not (k.startswith("_") and k.endswith("_")))
+    if unknown:
+        valid = ", ".join(k for k, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL)
+        return f"{key}.{unknown[0]} is not an argument of {target}; its arguments: {valid}"
+    return None
+
+
+def _built_problems(cfg: DictConfig) -> list[str]:
+    """The logger and the callbacks: each a Lightning Logger or Callback by ``_target_``, with keys its class takes
+    (a key added under them is checked here, before anything is built)."""
+    out = []
+    logger = _node(cfg, "logger")
+    if isinstance(logger, DictConfig) and len(logger):  # logger=none: no logger
+        out.append(_target_problem("logger", logger, Logger))
+    callbacks = _node(cfg, "callbacks")
+    for name in callbacks.keys() if isinstance(callbacks, DictConfig) else ():
+        node = callbacks.get(name)
+        if node is None:  # callbacks.NAME=null drops one
+            continue
+        out.append(
+            _target_problem(f"callbacks.{name}", node, Callback)
+            if isinstance(node, DictConfig)
+            else f"callbacks.{name} must be a Lightning Callback by _target_ (or null), got {node!r}"
+        )
+    return [p for p in out if p]
 
 
 def _eval_problems(cfg: DictConfig) -> list[str]:
@@ -294,7 +370,7 @@ def problems(cfg: DictConfig, command: str = "train") -> list[str]:
     resume = _value(cfg, "resume")
     if resume is not _MISSING and (resume is True or resume is not None and not isinstance(resume, (str, bool))):
         out.append(f"resume must be auto, null or a checkpoint path, got {resume!r}")
-    out += _data_problems(cfg) + _model_problems(cfg) + _trainer_problems(cfg)
+    out += _data_problems(cfg) + _model_problems(cfg) + _trainer_problems(cfg) + _built_problems(cfg)
     return list(dict.fromkeys(out))
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+import shlex
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import hydra.utils
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -120,48 +122,145 @@ class Composer:
         return self._groups_cfg[key]
 
 
-def override_problem(config_name: str, overrides: Sequence[str], command: str) -> str | None:
-    """Why Hydra would refuse a command line's plain overrides, in one line that names what is valid; None when
-    nothing is found here. Hydra's own messages for these name no valid key, or suggest ``+key=`` for a misspelled
-    one ("Key 'mem_lenn' is not in struct ... To append to your config use +model.mem_lenn=32"). A sweep (``-m``),
-    a flag, ``+``/``++``/``~`` overrides, ``hydra.*`` keys and unparsable lines are left to Hydra. Costs one
-    composition (about 0.1 s), before anything else is read or created; a second one only to name a refused group.
+# Where ``+KEY=VALUE`` may add a key that the config files lack: under a node whose keys an owner checks
+# (checks.py: ModelConfig's fields, the scheme's options, the data module's and the corpus's options,
+# lightning.Trainer's arguments, the logger's class) and a new callback by _target_. Anywhere else such a key
+# is read by nothing: a typo (+optim.lrr=0.1) that would train without a word.
+ADDABLE = {
+    "train": ("model", "posenc", "data", "trainer", "logger", "callbacks"),
+    "eval": ("posenc", "data"),  # the scheme's options and the data options of the run (conf/eval.yaml)
+}
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
-    ``overrides``: the command line's arguments after the command; ``command``: ``train`` or ``eval``, for the text."""
+
+def override_problem(config_name: str, overrides: Sequence[str], command: str) -> str | None:
+    """Why Hydra would refuse a command line's overrides, or train with one unread, in one line that names what is
+    valid; None when nothing is found here. Hydra's own messages for these name no valid key, or suggest ``+key=``
+    for a misspelled one ("Key 'mem_lenn' is not in struct ... To append to your config use +model.mem_lenn=32");
+    a ``+key`` it adds silently wherever ``ADDABLE`` does not declare it (``+optim.lrr=0.1``); a value its grammar
+    cannot read (a path with a space) gets the quoted form. A sweep (``-m``: ``job_problems``), a flag, ``++``/``~``
+    overrides and ``hydra.*`` keys are left to Hydra. Costs one composition (about 0.1 s), before anything else is
+    read or created; a second one only to name a refused group.
+
+    ``overrides``: the command line's arguments after the command; ``command``: ``train`` or ``eval``."""
     if any(o.startswith("-") for o in overrides):
         return None
     with Composer(CONF_DIR, config_name) as composer:
+        return _override_problem(composer, overrides, command)
+
+
+def _override_problem(composer: Composer, overrides: Sequence[str], command: str) -> str | None:
+    try:
+        parsed = [composer.parse(o) for o in overrides]
+    except Exception:  # noqa: BLE001 - Hydra's parse error names the line; a value that only needs quotes is ours
+        return next((p for o in overrides if (p := _unquoted_problem(composer, o))), None)
+    if any(p.is_sweep_override() for p in parsed):
+        return None
+    plain = [
+        p
+        for p in parsed
+        if not (p.is_force_add() or p.is_delete() or p.package is not None)
+        and p.key_or_group.split(".")[0].split("/")[0] != "hydra"
+    ]
+    groups = [p for p in plain if composer.is_group(p)]
+    keys = [p for p in plain if not composer.is_group(p)]
+    for p in groups:  # the loader lists a group's options without composing
+        options = composer.group_options(p.key_or_group)
+        if p.value() is not None and p.value() not in options:
+            return f"{p.input_line} is not an option of {p.key_or_group}; the options are: {', '.join(options)}"
+    try:
+        cfg = composer.groups_config([p.input_line for p in groups])
+    except Exception:  # noqa: BLE001 - a group this command does not take, or a choice Hydra refuses
+        return _group_not_taken(composer, groups, command)
+    addable = ADDABLE.get(command, ())
+    for p in keys:
+        if p.is_add() and p.key_or_group.split(".")[0] in addable:
+            continue  # its owner checks it (checks.py)
+        parts = p.key_or_group.split(".")
+        node, depth = cfg, 0
+        while depth < len(parts) - 1 and isinstance(node, DictConfig) and parts[depth] in node.keys():
+            node, depth = node._get_node(parts[depth]), depth + 1  # unresolved: interpolations may need run_dir
+        if not isinstance(node, DictConfig) or parts[depth] in node.keys():  # keys(): also those still ???
+            continue  # a key that exists (Hydra refuses +key there itself), or a value Hydra's own message explains
+        valid = ", ".join(sorted(k for k in node.keys() if k != "hydra" and not k.startswith("_")))
+        where = ".".join(parts[:depth]) or f"`posenc-lab {command}`"
+        added = f"; +KEY adds a key only under {', '.join(addable)}, where it is checked" if p.is_add() else ""
+        return f"{'.'.join(parts[: depth + 1])} is not a key of {where}; the keys are: {valid}{added}"
+    return None
+
+
+def _unquoted_problem(composer: Composer, override: str) -> str | None:
+    """For an override Hydra's grammar cannot read whose value it reads once quoted (a path with a space or a
+    parenthesis): the quoted form, to type in the shell; else None."""
+    try:
+        composer.parse(override)
+        return None
+    except Exception:  # noqa: BLE001 - the grammar's error
+        pass
+    key, sep, value = override.partition("=")
+    if not sep or not value or value.startswith(("[", "{", "'", '"')):
+        return None  # a list, a mapping or a quote gone wrong: Hydra's message says where
+    quoted = f"{key}={quote(value)}"
+    try:
+        composer.parse(quoted)
+    except Exception:  # noqa: BLE001 - not a matter of quoting
+        return None
+    typed = f'"{quoted}"' if not set(quoted) & set('"$`\\!') else shlex.quote(quoted)
+    return (
+        f"{override}: Hydra's override grammar cannot read this value (spaces, parentheses, quotes or = in it); "
+        f"quote it for Hydra, inside the shell's quotes: {typed}"
+    )
+
+
+def job_problems(
+    config_name: str, overrides: Sequence[str], command: str, validate: Callable[[DictConfig], list[str]]
+) -> list[str] | None:
+    """Every problem of every job of a multirun command line (``-m``), before the first job starts: the job list
+    is the configured sweeper's own (``split_arguments`` of Hydra's basic sweeper, with ``hydra.sweeper.params``);
+    each job's overrides are checked as ``override_problem`` checks one command line, and its config, composed
+    here, by ``validate`` (the one validator). None where the sweeper makes its jobs as it goes (it has no
+    ``split_arguments``, e.g. Optuna's): each job is then checked as it starts. Each problem reads
+    ``job N (its swept overrides): ...`` (once, with the other jobs that have it), N as in Hydra's job numbers and
+    the jobs' run directories.
+
+    ``overrides``: the command line's arguments after the command, without ``-m``."""
+    with Composer(CONF_DIR, config_name) as composer:
         try:
             parsed = [composer.parse(o) for o in overrides]
-        except Exception:  # noqa: BLE001 - Hydra's parse error names the line
-            return None
-        if any(p.is_sweep_override() for p in parsed):
-            return None
-        plain = [
-            p
-            for p in parsed
-            if not (p.is_add() or p.is_force_add() or p.is_delete() or p.package is not None)
-            and p.key_or_group.split(".")[0].split("/")[0] != "hydra"
-        ]
-        groups = [p for p in plain if composer.is_group(p)]
-        keys = [p for p in plain if not composer.is_group(p)]
-        for p in groups:  # the loader lists a group's options without composing
-            options = composer.group_options(p.key_or_group)
-            if p.value() is not None and p.value() not in options:
-                return f"{p.input_line} is not an option of {p.key_or_group}; the options are: {', '.join(options)}"
+        except Exception:  # noqa: BLE001 - Hydra's message, or ours for a value that needs quotes
+            problem = next((p for o in overrides if (p := _unquoted_problem(composer, o))), None)
+            return [problem] if problem else None
+        settings = [p.input_line for p in parsed if p.is_hydra_override() and not p.is_sweep_override()]
         try:
-            cfg = composer.compose([p.input_line for p in groups], return_hydra_config=True)
-        except Exception:  # noqa: BLE001 - a group this command does not take, or a choice Hydra refuses
-            return _group_not_taken(composer, groups, command)
-        for p in keys:
-            parent, _, leaf = p.key_or_group.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            if not isinstance(node, DictConfig) or leaf in node.keys():  # keys(): also those still ??? (missing)
-                continue  # a key that exists, or a value Hydra's own message explains
-            valid = ", ".join(sorted(k for k in node.keys() if k != "hydra" and not k.startswith("_")))
-            where = parent or f"`posenc-lab {command}`"
-            return f"{p.key_or_group} is not a key of {where}; the keys are: {valid}"
-    return None
+            sweeper = composer.compose(settings).hydra.sweeper
+            split = getattr(hydra.utils.get_class(sweeper._target_), "split_arguments", None)
+        except Exception:  # noqa: BLE001 - a Hydra setting Hydra itself refuses, with its message
+            return None
+        if split is None:
+            return None
+        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        task = [p.input_line for p in parsed if not p.is_hydra_override()]
+        parser = OverridesParser.create(config_loader=composer._loader)
+        try:
+            jobs = [job for batch in split(parser.parse_overrides(params + task), None) for job in batch]
+        except Exception:  # noqa: BLE001 - a sweep the sweeper refuses (an interval), with its message
+            return None
+        shared = [o for o in jobs[0] if all(o in job for job in jobs)]
+        where: dict[str, list[int]] = {}  # problem -> the jobs that have it
+        for number, job in enumerate(jobs):
+            problem = _override_problem(composer, job, command)
+            try:
+                found = [problem] if problem else validate(composer.compose_trial(job, shared))
+            except Exception as e:  # noqa: BLE001 - what Hydra refuses in this job, in its words
+                found = [f"does not compose: {str(e).strip().splitlines()[0]}"]
+            for p in found:
+                where.setdefault(p, []).append(number)
+        out = []
+        for problem, numbers in where.items():
+            swept = " ".join(o for o in jobs[numbers[0]] if o not in shared)
+            also = f" (also job{'s' * (len(numbers) > 2)} {', '.join(map(str, numbers[1:]))})" * (len(numbers) > 1)
+            out.append(f"job {numbers[0]} ({swept}){also}: {problem}")
+        return out
 
 
 def _group_not_taken(composer: Composer, groups: list, command: str) -> str | None:

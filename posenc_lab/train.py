@@ -50,8 +50,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from . import config_dir, keep_freed_memory
 from .build import build_datamodule, build_lit, build_trainer, check_splits
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, CheckpointError, Checkpointing, CheckpointUnreadable, read_checkpoint
-from .checks import check
-from .compose import override_problem
+from .checks import check, problems
+from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
 from .errors import STOP_SIGNALS, ConfigError, Interrupted, reported, stop_at_once
 from .io import path_problem, remove_partial, write_text
@@ -387,17 +387,32 @@ def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
 
 def main() -> None:
     """``posenc-lab train``: a ``run_dir=`` (or ``hydra.run.dir=``, ``hydra.sweep.dir=``) that cannot be a folder
-    is refused before Hydra tries to create it (its error would be a traceback)."""
+    is refused before Hydra tries to create it (its error would be a traceback); the overrides are checked before
+    Hydra composes them, and in a multirun (``-m``) every job's config before the first job starts."""
     global _RUN_DIR_EXISTED
     keys = ("run_dir", "hydra.run.dir", "hydra.sweep.dir")
-    problems = [path_problem(given, key) for key in keys if (given := _given(sys.argv, key))]
+    unusable = [path_problem(given, key) for key in keys if (given := _given(sys.argv, key))]
     with reported("train"):
-        if any(problems):
-            raise RunDirError(next(p for p in problems if p))
-        if problem := override_problem("train", sys.argv[1:], "train"):
+        if any(unusable):
+            raise RunDirError(next(p for p in unusable if p))
+        args = sys.argv[1:]
+        flags = [a for a in args if a.startswith("-")]
+        if flags and set(flags) <= set(MULTIRUN_FLAGS):
+            _check_jobs([a for a in args if a not in MULTIRUN_FLAGS])
+        elif problem := override_problem("train", args, "train"):
             raise ConfigError(problem)
     _RUN_DIR_EXISTED = _named_run_dir_existed(sys.argv)
     _hydra_main()
+
+
+def _check_jobs(overrides: list[str]) -> None:
+    """ConfigError naming every invalid job of a multirun (compose.job_problems), before the first one starts."""
+    found = job_problems("train", overrides, "train", lambda cfg: problems(cfg, "train"))
+    if found and len(found) == 1:
+        raise ConfigError(f"{found[0]}; no job was started")
+    if found:
+        listed = "\n".join(f"  - {p}" for p in found)
+        raise ConfigError(f"{len(found)} problems in the jobs of the sweep, no job was started:\n{listed}")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")

@@ -1,17 +1,24 @@
-"""The long tail (issue 23): every bad input is one line naming the key or the file and the fix, before
-anything is written, through the real command entry points (in this process, as the console runs them)."""
+"""The long tail (issues 23, 27): every bad input is one line naming the key or the file and the fix, before
+anything is written, through the real command entry points (in this process, as the console runs them); a stop
+signal during a command's start-up is one line and its exit status."""
 
 from __future__ import annotations
 
 import os
 import random
 import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from posenc_lab import evaluate
 from posenc_lab import train as train_module
+from posenc_lab.compose import compose
 from posenc_lab.data import load_corpus
 from tests.helpers_train import tiny
 from tests.test_reliability import cli, no_stale_log_handlers  # noqa: F401 - an autouse fixture
@@ -25,6 +32,10 @@ def _file(tmp, name, content: bytes) -> Path:
 def _link(tmp, name, target) -> Path:
     os.symlink(target, tmp / name)
     return tmp / name
+
+
+def _without(args: list[str], key: str) -> list[str]:
+    return [a for a in args if not a.startswith(f"{key}=")]
 
 
 # fixed, so that a run cannot draw bytes that happen to begin like a pickle of another protocol (torch then warns)
@@ -91,6 +102,46 @@ CASES = [
      r"^model=tiny: `posenc-lab eval` takes no model group .*; set its keys as model\.KEY=VALUE$"),
     ("eval: another scheme", "eval", lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", "+posenc=rope"],
      r"^posenc\.name='rope' cannot be set at evaluation: .*\+posenc\.scaling=yarn"),
+    # issue 27: found after compute, tracebacks, silent acceptance
+    ("an unknown strategy", "train", lambda t, c, f: tiny(t / "run", c, "trainer.strategy=foo"),
+     r"^trainer\.strategy='foo' is not a Lightning strategy; valid: auto, ddp, .*\bfsdp\b.*, or a Lightning Strategy "
+     r"by _target_$"),
+    ("an unknown accelerator", "train", lambda t, c, f: tiny(t / "run", c, "trainer.accelerator=foo"),
+     r"^trainer\.accelerator='foo' is not a Lightning accelerator; valid: auto, gpu, cpu, cuda, .*, or a Lightning "
+     r"Accelerator by _target_$"),
+    ("no devices", "train", lambda t, c, f: tiny(t / "run", c, "trainer.devices=0"),
+     r"^trainer\.devices must be an integer >= 1, -1, a list or 'auto', got 0$"),
+    ("no nodes", "train", lambda t, c, f: tiny(t / "run", c, "trainer.num_nodes=0"),
+     r"^trainer\.num_nodes must be an integer >= 1, got 0$"),
+    ("a memory of 1e11", "train", lambda t, c, f: tiny(t / "run", c, "model.mem_len=1e11"),
+     r"^model\.mem_len must be an integer >= 0, got 100000000000\.0$"),
+    ("a run_dir with a space and parentheses", "train", lambda t, c, f: tiny(t / "my run (1)", c),
+     r"""^run_dir=\S+/my run \(1\): Hydra's override grammar cannot read this value .*; quote it for Hydra, inside """
+     r"""the shell's quotes: "run_dir='\S+/my run \(1\)'"$"""),
+    ("an unknown +key of optim", "train", lambda t, c, f: tiny(t / "run", c, "+optim.lrr=0.1"),
+     r"^optim\.lrr is not a key of optim; the keys are: .*\blr, .*; \+KEY adds a key only under model, posenc, data, "
+     r"trainer, logger, callbacks, where it is checked$"),
+    ("an unknown top-level +key", "train", lambda t, c, f: tiny(t / "run", c, "+foo=1"),
+     r"^foo is not a key of `posenc-lab train`; the keys are: .*\bseed, .*; \+KEY adds a key only under model, "),
+    ("an unknown logger option", "train", lambda t, c, f: tiny(t / "run", c, "+logger.foo=1"),
+     r"^logger\.foo is not an argument of lightning\.pytorch\.loggers\.CSVLogger; its arguments: save_dir, name, "),
+    ("a callback without its class", "train", lambda t, c, f: tiny(t / "run", c, "+callbacks.x.a=1"),
+     r"^callbacks\.x has no _target_: it is a Callback by its class, e\.g\. callbacks\.x\._target_=MODULE\.CLASS$"),
+    ("a callback that is not a callback", "train",
+     lambda t, c, f: tiny(t / "run", c, "+callbacks.x._target_=subprocess.Popen",
+                          f"+callbacks.x.args=[touch,{t / 'MARKER'}]"),
+     r"^callbacks\.x\._target_=subprocess\.Popen is not a lightning\.pytorch\.callbacks\.callback\.Callback$"),
+    ("eval: an unknown +key", "eval", lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", "+foo=1"],
+     r"^foo is not a key of `posenc-lab eval`; the keys are: .*; \+KEY adds a key only under posenc, data, where it "
+     r"is checked$"),
+    ("a multirun job that would fail after job 0 trained", "train",
+     lambda t, c, f: ["-m", *_without(tiny(t / "run", c), "model.mem_len"), "model.mem_len=16,-1"],
+     r"^job 1 \(model\.mem_len=-1\): model\.mem_len must be an integer >= 0, got -1; no job was started$"),
+    ("multirun jobs with another scheme's option", "train",
+     lambda t, c, f: ["-m", *_without(tiny(t / "run", c), "model.mem_len"), "posenc=shaw,rope", "model.mem_len=8,16",
+                      "posenc.K=4"],
+     r"^job 2 \(posenc=rope model\.mem_len=8\) \(also job 3\): posenc\.K is not a key of posenc; the keys are: "
+     r"base, .*; no job was started$"),
 ]  # fmt: skip
 
 
@@ -121,6 +172,49 @@ def test_every_bad_input_is_one_line_before_anything_is_written(
     assert re.search(message, lines[0].split(": error: ", 1)[1]), lines[0]
     assert "Nothing in it was run" not in lines[0]  # damage is not called code
     assert _tree(work) == before and _tree(finished) == finished_before  # nothing written, nothing changed
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (Linux: the SigCgt mask of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads a process's signal handlers from /proc")
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
+def test_a_signal_during_the_sweeps_start_up_is_one_line_and_its_exit_status(tmp_path, signum, code):
+    """SIGTERM (or Ctrl-C) while `posenc-lab sweep` checks the file's 20 trials, as soon as it handles them: one
+    line, 128 + the signal's number, nothing written (issue 27: rc -15 and no line; the checks and Hydra's compose
+    took the exception of a first fix for a trial that does not compose)."""
+    out = tmp_path / "out"
+    sweep = Path(__file__).resolve().parents[1] / "sweeps" / "ablation_recall.yaml"
+    cmd = [sys.executable, "-m", "posenc_lab.cli", "sweep", str(sweep), "--out", str(out), "model=tiny"]
+    env = {**os.environ, "POSENC_LAB_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # SIGTERM's handler is the command's own (Python has one for SIGINT from its start): set with SIGINT's
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and not _catches(proc.pid, signal.SIGTERM):
+            assert time.monotonic() < deadline, "the command never handled SIGTERM"
+            time.sleep(0.1)
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stdout[-2000:] + stderr[-3000:]
+    assert stderr.strip() == f"posenc-lab sweep: stopped by {signal.Signals(signum).name} before any trial ran"
+    assert not stdout and not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_the_quoted_run_dir_that_the_message_gives_is_the_path(tmp_path, monkeypatch, capsys):
+    """The form the message tells to type reaches the trainer as the path itself (shell, then Hydra's grammar)."""
+    run_dir = tmp_path / "it's my run (1), $HOME"
+    code, err = cli(train_module.main, [f"run_dir={run_dir}", "trainer.max_steps=0"], monkeypatch, capsys)
+    typed = err.split("inside the shell's quotes: ", 1)[1].splitlines()[0]
+    (argument,) = shlex.split(typed)
+    assert code == 1 and compose("train", [argument]).run_dir == str(run_dir) and not run_dir.exists()
 
 
 # ---- the corpus cache recovers -----------------------------------------------------------------------

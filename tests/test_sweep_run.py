@@ -146,6 +146,21 @@ def test_bad_sweep_files_are_one_line(here, capsys):
     assert "wandb's sweep engine rejects it" in capsys.readouterr().err
 
 
+def test_a_sweep_file_that_runs_another_program_is_refused_before_anything_runs(here, capsys):
+    """The probe's file (issue 27): its command runs bash, which touches a marker, then the trainer. `posenc-lab
+    sweep` refuses it in one line naming the command (wandb agent runs such files), and nothing runs or is written.
+    """
+    command = ["bash", "-c", 'touch MARKER; exec "$0" "$@"', "posenc-lab", "train", "${args_no_hyphens}"]
+    recall = yaml.safe_load((REPO / "sweeps" / "ablation_recall.yaml").read_text())["command"]
+    path = sweep_file(here, command=command + recall[recall.index("${args_no_hyphens}") + 1 :])
+    out = here / "out"
+    assert main([str(path), "--out", str(out), *tiny()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "command ['bash', '-c', 'touch MARKER;" in err, err
+    assert "posenc-lab sweep runs nothing else" in err and "wandb agent remains the way" in err
+    assert not (here / "MARKER").exists() and not out.exists() and not (here / "runs").exists()
+
+
 def test_a_rerun_with_other_overrides_or_another_file_is_refused(here, capsys):
     path = REPO / "sweeps" / "ablation_recall.yaml"
     spec = yaml.safe_load(path.read_text())

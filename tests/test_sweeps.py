@@ -29,6 +29,8 @@ from posenc_lab.sweeps import (
     multirun_overrides,
     validate_launcher,
 )
+from posenc_lab.sweeps.command import command_prefix
+from posenc_lab.sweeps.spec import TRAIN_COMMANDS
 from tests.schemes import SHAW, SINUSOID, XL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,6 +142,13 @@ def test_bad_key_is_rejected(tmp_path):
     assert "nothing was run" in msg and not (tmp_path / "runs").exists()
 
 
+def test_an_added_key_that_nothing_reads_is_rejected(tmp_path):
+    """+KEY only where its owner checks it (compose.ADDABLE), as on the command line: +optim.lrr would train unread."""
+    path = _write_sweep(tmp_path, "ablation.yaml", parameters={"+optim.lrr": {"values": [0.1]}})
+    with pytest.raises(SweepError, match=r"'optim\.lrr' does not exist: optim has no 'lrr' \(did you mean 'optim\.lr'"):
+        check_sweep(path)
+
+
 def test_bad_scheme_option_key_is_rejected(tmp_path):
     path = _write_sweep(tmp_path, "shaw_k.yaml", parameters={"posenc.clamp_len": {"values": [16]}})
     with pytest.raises(SweepError, match=r"posenc \(with posenc=shaw\) has no 'clamp_len'; keys there: K, name"):
@@ -207,6 +216,58 @@ def test_metric_and_command_are_checked(tmp_path):
     path = _write_sweep(tmp_path, "ablation.yaml", command=spec["command"] + ["model.mem_len=64"])
     with pytest.raises(SweepError, match="also fixed in the command"):
         load_sweep(path)
+
+
+# The probe's way in (issue 27): a command that runs a program of its own, then the trainer.
+MARKER_COMMAND = ["bash", "-c", 'touch MARKER; exec "$0" "$@"', "posenc-lab", "train", "${args_no_hyphens}"]
+RECALL_COMMAND = yaml.safe_load((REPO / "sweeps" / "ablation_recall.yaml").read_text())["command"]
+RECALL_FIXED = RECALL_COMMAND[RECALL_COMMAND.index("${args_no_hyphens}") + 1 :]
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"command": MARKER_COMMAND + RECALL_FIXED}, "command ['bash', '-c', 'touch MARKER; exec"),
+        ({"command": ["/tmp/elsewhere/posenc-lab", "train", "${args_no_hyphens}", *RECALL_FIXED]}, "/tmp/elsewhere"),
+        ({"command": ["${env}", "python", "-c", "import os", "-m", "posenc_lab.train", "${args_no_hyphens}"]},
+         "'-c', 'import os'"),
+        ({"command": ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]}, "${program}"),
+        ({"program": "posenc_lab/train.py"}, "program: 'posenc_lab/train.py'"),
+        ({"command": RECALL_COMMAND + ["+callbacks.x._target_=subprocess.Popen"]}, "callbacks.x._target_"),
+        ({"command": RECALL_COMMAND + ["+callbacks.x=${oc.decode:'{a: 1}'}"]}, "(oc.decode)"),
+        ({"command": RECALL_COMMAND + ["hydra.job.env_set.LD_PRELOAD=/tmp/x.so"]}, "hydra.job.env_set"),
+        ({"command": RECALL_COMMAND + ["--config-dir=/tmp"]}, "'--config-dir=/tmp' is a flag"),
+        ({"parameters": {"+callbacks.y._target_": {"values": ["subprocess.Popen"]}}}, "parameter '+callbacks.y"),
+    ],
+    ids=["marker", "another posenc-lab", "python -c", "program macro", "program", "target", "decode", "hydra",
+         "flag", "target parameter"],
+)  # fmt: skip
+def test_a_sweep_file_runs_only_posenc_labs_trainer(tmp_path, monkeypatch, capsys, changes, named):
+    """Any other command, program or code is refused by sweep-check (and by `posenc-lab sweep`, which reads the
+    file the same way: tests/test_sweep_run.py), naming it and wandb agent as the way to run other programs."""
+    from posenc_lab import sweeps
+
+    monkeypatch.chdir(tmp_path)
+    path = _write_sweep(tmp_path, "ablation_recall.yaml", **changes)
+    assert sweeps.main([str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert named in err and "nothing was run" in err and "wandb agent" in err, err
+    assert not out and not (tmp_path / "MARKER").exists()
+
+
+@pytest.mark.parametrize("trainer", TRAIN_COMMANDS, ids=" ".join)
+def test_every_form_of_the_trainer_runs_this_pythons_posenc_lab(tmp_path, trainer):
+    """The forms wandb's agent accepts for posenc-lab's trainer all pass; the runner runs each with this Python's
+    posenc_lab, not whatever python or posenc-lab is first on PATH."""
+    path = _write_sweep(tmp_path, "ablation_recall.yaml", command=[*trainer, "${args_no_hyphens}", *RECALL_FIXED])
+    sweep = load_sweep(path)
+    assert sweep.after == RECALL_FIXED and sweep.before == []
+    console = trainer[-2:] == ("posenc-lab", "train")
+    assert command_prefix(sweep.spec["command"]) == [
+        sys.executable,
+        "-m",
+        *(["posenc_lab.cli", "train"] if console else ["posenc_lab.train"]),
+    ]
 
 
 def test_cli_reports_bad_sweep(tmp_path):

@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..checks import problems as config_problems
-from ..compose import CONF_DIR, Composer
+from ..compose import ADDABLE, CONF_DIR, Composer
 from ..data import ANSWER_CORPORA, CORPUS_UNITS
 from ..metrics import logged_metrics as lit_metrics
 from .spec import Sweep, SweepError, format_override, format_problems, load_sweep, multirun_overrides, override_key
@@ -187,8 +187,10 @@ def check_sweep(
             try:
                 raw = composer.groups_config([p.input_line for p in parsed if composer.is_group(p)])
                 for p in parsed:
-                    if composer.is_group(p) or p.is_add() or p.is_force_add() or p.is_delete():
+                    if composer.is_group(p) or p.is_force_add() or p.is_delete():
                         continue
+                    if p.is_add() and p.key_or_group.split(".")[0] in ADDABLE["train"]:
+                        continue  # its owner checks it (compose.ADDABLE)
                     msg = _missing_key_message(raw, p.key_or_group)
                     if msg:
                         src = (

@@ -1,10 +1,11 @@
 """A trial's command line and environment, as wandb's agent would build them, plus what the runner adds.
 
 The sweep file's ``command`` runs with ``${args_no_hyphens}`` replaced by the trial's ``key=value`` overrides
-(``format_override``), ``${env}`` dropped (the runner passes the environment itself) and ``python`` /
-``${interpreter}`` replaced by this Python. The user's extra overrides come after the command's own; Hydra
-refuses a key given twice, so an extra override *replaces* the command's override of the same key
-(``merge_overrides``). The runner then appends ``run_dir=`` and the SweepTrial callback (trial.py).
+(``format_override``), ``${env}`` dropped (the runner passes the environment itself) and the trainer run by this
+Python (``python``, ``${interpreter}`` and ``posenc-lab`` are not looked up on PATH; spec.TRAIN_COMMANDS). The
+user's extra overrides come after the command's own; Hydra refuses a key given twice, so an extra override
+*replaces* the command's override of the same key (``merge_overrides``). The runner then appends ``run_dir=`` and
+the SweepTrial callback (trial.py).
 """
 
 from __future__ import annotations
@@ -55,17 +56,15 @@ def hydra_value(text: str) -> str:
 
 
 def command_prefix(command: list[Any]) -> list[str]:
-    """What comes before the trainer's overrides in the sweep file's command, ready to run here."""
+    """What runs the trainer for the sweep file's command, here: this Python's ``-m posenc_lab.train`` (or ``-m
+    posenc_lab.cli train`` for ``posenc-lab train``), whatever ``python`` or ``posenc-lab`` is first on PATH."""
     command = [str(c) for c in command]
     start = overrides_start(command)
     if start is None:  # load_sweep has refused such a command already
-        raise SweepError(f"command {command} does not run {ENTRY_MODULE}")
-    out = []
-    for c in command[:start]:
-        if c == "${env}":
-            continue
-        out.append(sys.executable if c in ("${interpreter}", "python", "python3") else c)
-    return out
+        raise SweepError(f"command {command} does not run posenc-lab's trainer; posenc-lab sweep runs nothing else")
+    if command[start - 2 : start] == ["posenc-lab", "train"]:
+        return [sys.executable, "-m", "posenc_lab.cli", "train"]
+    return [sys.executable, "-m", ENTRY_MODULE]
 
 
 def check_extra(sweep: Sweep, extra: list[str]) -> None:

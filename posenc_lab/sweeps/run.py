@@ -11,7 +11,8 @@ environment wandb's agent gives (WANDB_SWEEP_ID, WANDB_RUN_ID; wandb offline); i
 a trial the engine stops ends at its next validation. When a trial ends its metric is read back from its run
 directory (results.json, else its last validation) and the state (state.py, ``<out>/sweep.json``) is saved;
 at the end the table (table.py) is written. Ctrl-C or SIGTERM stop the running trials cleanly (SIGTERM to
-each, SIGKILL after ``--kill-after`` s), save the state and name the command that continues the sweep.
+each, SIGKILL after ``--kill-after`` s), save the state and name the command that continues the sweep; before
+the first trial (the checks) they end the command at once, in one line (exit 130 / 143).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..compose import Composer
+from ..errors import signal_name
 from ..io import CorruptFileError
 from ..processes import spawn, stop
 from ..rundir import RunDir
@@ -346,31 +348,59 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out or f"runs/sweep-{Path(args.sweep).stem}").resolve()
+    with contextlib.ExitStack() as held:
+        try:
+            with _stopped_at_once():
+                if args.count is not None and args.count < 1:
+                    raise SweepError(f"--count {args.count}: a sweep runs at least one trial")
+                if args.jobs < 1:
+                    raise SweepError(f"--jobs {args.jobs}: at least one trial runs at a time")
+                check_sweep(args.sweep, require_wandb=False)
+                sweep = load_sweep(args.sweep)
+                check_inputs(sweep, args.overrides, args.count)
+                state = SweepState.open(out, sweep.path, sweep.spec, args.overrides)
+                held.enter_context(_locked(out))
+                again = ["posenc-lab", "sweep", args.sweep, "--out", str(out)]
+                again += [f"--count={args.count}"] * (args.count is not None)
+                again += [f"--jobs={args.jobs}"] * (args.jobs > 1) + [f"--devices={args.devices}"] * bool(args.devices)
+                runner = Runner(
+                    sweep, state, args.overrides, args.count, args.jobs,
+                    kill_after=args.kill_after, again=shlex.join(again + args.overrides),
+                    devices=args.devices.split(",") if args.devices else None,
+                )  # fmt: skip
+        except SweepError as e:
+            print(f"posenc-lab sweep: error: {_one_line(str(e))}", file=sys.stderr)
+            return 2
+        except _StoppedBeforeTrials as e:
+            print(f"posenc-lab sweep: stopped by {signal_name(e.signum)} before any trial ran", file=sys.stderr)
+            return EXIT_CODES[e.signum]
+        return runner.run()  # its own handlers from its first line: they stop the running trials
+
+
+class _StoppedBeforeTrials(BaseException):
+    """A stop signal during the checks. Not an Exception, as KeyboardInterrupt is not: the checks and Hydra's
+    compose take an Exception raised inside them for a config that does not compose."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_at_once() -> Iterator[None]:
+    """SIGINT and SIGTERM end the start-up where it is (the runner then installs its own handlers)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        for s in EXIT_CODES:  # the way out is not interrupted again
+            signal.signal(s, signal.SIG_IGN)
+        raise _StoppedBeforeTrials(signum)
+
+    previous = {s: signal.signal(s, stop) for s in EXIT_CODES}
     try:
-        if args.count is not None and args.count < 1:
-            raise SweepError(f"--count {args.count}: a sweep runs at least one trial")
-        if args.jobs < 1:
-            raise SweepError(f"--jobs {args.jobs}: at least one trial runs at a time")
-        check_sweep(args.sweep, require_wandb=False)
-        sweep = load_sweep(args.sweep)
-        check_inputs(sweep, args.overrides, args.count)
-        state = SweepState.open(out, sweep.path, sweep.spec, args.overrides)
-        with _locked(out):
-            again = ["posenc-lab", "sweep", args.sweep, "--out", str(out)]
-            again += [f"--count={args.count}"] * (args.count is not None) + [f"--jobs={args.jobs}"] * (args.jobs > 1)
-            again += [f"--devices={args.devices}"] * bool(args.devices)
-            runner = Runner(
-                sweep, state, args.overrides, args.count, args.jobs,
-                kill_after=args.kill_after, again=shlex.join(again + args.overrides),
-                devices=args.devices.split(",") if args.devices else None,
-            )  # fmt: skip
-            return runner.run()
-    except SweepError as e:
-        print(f"posenc-lab sweep: error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # during the checks, before any trial started (the runner handles it after)
-        print("posenc-lab sweep: interrupted before any trial ran", file=sys.stderr)
-        return EXIT_CODES[signal.SIGINT]
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _one_line(text: str) -> str:

@@ -3,6 +3,10 @@ runs ``python -m posenc_lab.train`` with ``${args_no_hyphens}`` (the agent's ``k
 plus fixed overrides. The agent formats every value with Python's ``str`` (``f"{key}={value}"``), so a YAML
 ``null`` reaches Hydra as the text ``None``; ``format_override`` formats values the same way.
 
+A sweep file runs posenc-lab's trainer and nothing else: its command is one of ``TRAIN_COMMANDS`` followed by
+Hydra overrides, it has no ``program``, and its overrides set values and the run directory, never a flag, a
+class for Hydra to build or another Hydra setting (``override_problem``). ``wandb agent`` runs anything else.
+
 ``load_sweep(path)`` parses a file and checks its structure (no Hydra yet), or raises ``SweepError`` listing
 every problem; ``check.py`` then checks every trial against the real config.
 """
@@ -53,6 +57,19 @@ OTHER_ARGS_MACROS = (
     "${args_override_hydra}",
 )
 MAX_COMBINATIONS = 5000
+# The commands a sweep file may run: posenc-lab's own trainer, as wandb's agent spells them (``${env}`` is
+# /usr/bin/env, ``${interpreter}`` python); the runner runs each with this Python (command.command_prefix).
+_INTERPRETERS = ("${interpreter}", "python", "python3")
+TRAIN_COMMANDS: tuple[tuple[str, ...], ...] = tuple(
+    (*env, *trainer)
+    for env in ((), ("${env}",))
+    for trainer in (*((python, "-m", ENTRY_MODULE) for python in _INTERPRETERS), ("posenc-lab", "train"))
+)
+TRAIN_COMMAND_FORMS = f"[${{env}}] {'|'.join(_INTERPRETERS)} -m {ENTRY_MODULE} or [${{env}}] posenc-lab train, then"
+# What a sweep file's overrides may not hold: a class for Hydra to instantiate, or text that becomes a node
+# (which could hold one); and the Hydra settings it may make (the run directory).
+CODE_MARKERS = ("_target_", "oc.decode", "oc.create")
+HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
 
 
 class SweepError(ValueError):
@@ -141,55 +158,66 @@ def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) ->
 
 
 def overrides_start(command: list[str]) -> int | None:
-    """Where the Hydra overrides of a sweep command start: after ``-m posenc_lab.train`` or
-    ``posenc-lab train``; None if the command runs neither."""
-    start = None
-    for i, c in enumerate(command):
-        if c == ENTRY_MODULE and i > 0 and command[i - 1] == "-m":
-            start = i + 1
-        elif c == "train" and i > 0 and os.path.basename(command[i - 1]) == "posenc-lab":
-            start = i + 1
-    return start
+    """Where the Hydra overrides start in a command that runs posenc-lab's own trainer (one of
+    ``TRAIN_COMMANDS``, from its first element); None for any other command."""
+    for prefix in TRAIN_COMMANDS:
+        if tuple(command[: len(prefix)]) == prefix:
+            return len(prefix)
+    return None
+
+
+def override_problem(override: str, where: str) -> str | None:
+    """Why a sweep file may not pass ``override`` to the trainer, or None: a sweep file sets config values and the
+    run directory; a flag, a Hydra setting or an object of the file's choosing is given on the command line."""
+    key = override_key(override)
+    if override.startswith("-"):
+        return (
+            f"{where} {override!r} is a flag, not a Hydra override: a sweep file passes key=value overrides only "
+            f"(wandb agent runs the file as written)"
+        )
+    if marker := next((m for m in CODE_MARKERS if m in override), None):
+        return (
+            f"{where} {override!r} could have Hydra build an object the file chooses ({marker}): a sweep file sets "
+            f"values, not code; give it on the posenc-lab sweep command line, or run the file with wandb agent"
+        )
+    if key.split(".")[0].split("/")[0] == "hydra" and key not in HYDRA_KEYS:
+        return (
+            f"{where} {override!r} sets Hydra itself; a sweep file may set only {', '.join(HYDRA_KEYS)} of it "
+            f"(hydra/launcher=slurm and the like go on the posenc-lab sweep command line; wandb agent runs the file "
+            f"as written)"
+        )
+    return None
 
 
 def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[str]]:
-    """The fixed overrides before and after ${args_no_hyphens}; problems for a command that would
-    not run posenc_lab.train with Hydra overrides."""
+    """The fixed overrides before and after ${args_no_hyphens}; problems for a command that would run anything
+    but posenc-lab's trainer with Hydra overrides (each one named)."""
     if not isinstance(command, list) or not all(isinstance(c, (str, int, float)) for c in command):
-        problems.append(
-            f"command: a list of strings that runs the trainer, e.g. "
-            f"[${{env}}, python, -m, {ENTRY_MODULE}, {ARGS_MACRO}], got {command!r}"
-        )
+        problems.append(f"command: a list of strings, {TRAIN_COMMAND_FORMS} {ARGS_MACRO} ..., got {command!r}")
         return [], []
     command = [str(c) for c in command]
     used = [m for m in OTHER_ARGS_MACROS if m in command]
     if used:
         problems.append(f"command: {used} pass arguments Hydra cannot read (e.g. --key=value); use {ARGS_MACRO}")
-    if ARGS_MACRO not in command:
+    start = overrides_start(command)
+    if start is None:
+        problems.append(
+            f"command {command} does not run posenc-lab's trainer, and posenc-lab sweep runs nothing else: "
+            f"write {TRAIN_COMMAND_FORMS} {ARGS_MACRO} [overrides] (wandb agent remains the way to run other "
+            f"programs)"
+        )
+        return [], []
+    if ARGS_MACRO not in command[start:]:
         problems.append(f"command: {ARGS_MACRO} is missing, so the swept parameters would never reach the trainer")
         return [], []
     if command.count(ARGS_MACRO) > 1:
         problems.append(f"command: {ARGS_MACRO} appears more than once")
-    start = overrides_start(command)
-    if "${program}" in command:
-        problems.append(
-            f"command: ${{program}} runs posenc_lab/train.py as a script, which cannot import its "
-            f"package; use [${{env}}, python, -m, {ENTRY_MODULE}, {ARGS_MACRO}]"
-        )
-    if start is None:
-        problems.append(
-            f"command: does not run the trainer; expected `-m {ENTRY_MODULE}` (or `posenc-lab train`) "
-            f"before {ARGS_MACRO}, got {command}"
-        )
-        return [], []
     idx = command.index(ARGS_MACRO)
-    if idx < start:
-        problems.append(f"command: {ARGS_MACRO} comes before the trainer module")
-        return [], []
-    rest = command[start:]
-    macros = [c for c in rest if c.startswith("${") and c.endswith("}") and c != ARGS_MACRO]
+    rest = [c for c in command[start:] if c != ARGS_MACRO]
+    macros = [c for c in rest if c.startswith("${") and c.endswith("}")]
     if macros:
         problems.append(f"command: unexpected macro(s) {macros} among the Hydra overrides")
+    problems += [p for c in rest if c not in macros and (p := override_problem(c, "command override"))]
     before = [c for c in command[start:idx] if c not in macros]
     after = [c for c in command[idx + 1 :] if c not in macros]
     return before, after
@@ -239,7 +267,14 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
                         f"parameter {name!r}: value {v!r} contains a comma, which Hydra reads as a "
                         f"multirun sweep; quote it inside the value or avoid the comma"
                     )
+                elif problem := override_problem(format_override(name, v), "parameter"):
+                    problems.append(problem)
             parameters[name] = [v for v in values if v is not None]
+    if "program" in spec:  # wandb's agent runs it through ${program}; posenc-lab sweep runs only the trainer
+        problems.append(
+            f"program: {spec['program']!r}: posenc-lab sweep runs only posenc-lab's own training command, never a "
+            f"program; remove program (the command runs {ENTRY_MODULE}); wandb agent remains the way to run others"
+        )
     before, after = _split_command(spec.get("command"), problems)
     sweep = Sweep(path=path, spec=spec, method=method, metric=metric, parameters=parameters, before=before, after=after)
     fixed_keys = {override_key(o): o for o in sweep.fixed}
