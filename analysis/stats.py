@@ -174,13 +174,17 @@ def cr2_weights(w: np.ndarray) -> np.ndarray:
 
 
 def _bell_mccaffrey(w: np.ndarray) -> float:
-    """Degrees of freedom of sum_g c_g r_g^2 under the working model (Bell and McCaffrey 2002, eq. in
-    Pustejovsky and Tipton 2018 section 3): (tr Q S)^2 / tr (Q S)^2 with r = P D, P = I - w 1', Q = P' C P,
-    S = Var(D) = diag(w^2) (unit means of equal variance)."""
-    G = len(w)
-    P = np.eye(G) - np.outer(w, np.ones(G))
-    QS = P.T @ np.diag(cr2_weights(w)) @ P @ np.diag(w**2)
-    return float(np.trace(QS) ** 2 / np.trace(QS @ QS))
+    """Degrees of freedom of sum_g c_g r_g^2 under the working model (Bell and McCaffrey 2002, as Pustejovsky and
+    Tipton 2018 write them, section 3): (tr C M)^2 / tr (C M C M), M = Var(r) = P S P', r = P D, P = I - w 1',
+    S = Var(D) = diag(w^2) (unit means of equal variance). M is diagonal plus rank 2 (M = diag(s) + U B U',
+    U = [w, s]), so both traces take O(G), for thousands of units too."""
+    c, sq = cr2_weights(w), w**2
+    U = np.stack([w, sq], axis=1)
+    B = np.array([[sq.sum(), -1.0], [-1.0, 0.0]])
+    diag_M = sq * (1 - 2 * w) + w**2 * sq.sum()
+    K1, K2 = U.T @ (U * (c**2 * sq)[:, None]), U.T @ (U * c[:, None])
+    tr_CMCM = float((c**2 * sq**2).sum() + 2 * np.trace(B @ K1) + np.trace(B @ K2 @ B @ K2))
+    return float((c * diag_M).sum() ** 2 / tr_CMCM)
 
 
 def _text_part(D: np.ndarray, noise: np.ndarray, n_g: np.ndarray, N: float) -> tuple[float, float]:
