@@ -4,9 +4,10 @@ seeds and units it had, or for a proposed number of seeds from the measured vari
 For a one-sided t test at level alpha with standard error se and df degrees of freedom, a true difference
 delta (in the predicted direction) is found with probability about
 
-    power = P(T_df > t_{1-alpha, df} - delta / se)    so    delta_80 = (t_{1-alpha, df} + t_{0.8, df}) se
+    power = P(T_{df, delta/se} > t_{1-alpha, df})      T_{df, ncp}: the noncentral t (scipy.stats.nct)
 
-(the usual approximation: the noncentral t replaced by a shifted one). A verdict of k comparisons needs every
+solved for delta (with few degrees of freedom the usual shortcut (t_{1-alpha} + t_{power}) se is too small:
+at 3 df and alpha 0.0036 it has power 0.72, not 0.8). A verdict of k comparisons needs every
 one: each is given power 1 - (1 - power) / k, so that all k are found with at least ``power`` (Bonferroni),
 and the verdict's detectable effect is the largest of theirs. ``alpha`` is the level the verdict is tested
 at (its Holm step; the first step, alpha / (2 m), is the strictest).
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats as scipy_stats
+from scipy.optimize import brentq
 
 from .stats import Difference, _bell_mccaffrey
 
@@ -30,7 +32,9 @@ def detectable(se: float, df: float, alpha: float, power: float = POWER) -> floa
         raise ValueError(f"alpha must be in (0, 0.5) and power in [0.5, 1), got {alpha} and {power}")
     if not (np.isfinite(se) and df > 0):
         return float("nan")
-    return float((scipy_stats.t.ppf(1 - alpha, df) + scipy_stats.t.ppf(power, df)) * se)
+    critical = scipy_stats.t.ppf(1 - alpha, df)
+    ncp = brentq(lambda d: scipy_stats.nct.sf(critical, df, d) - power, 0.0, 10 * critical + 50)
+    return float(ncp * se)
 
 
 def verdict_detectable(differences: Sequence[Difference], alpha: float, power: float = POWER) -> float:

@@ -27,6 +27,12 @@ model: the baseline is recomputed on each replicate) and each cell's seeds resam
 of RECL, gain curves with bands, and the paired difference of two cells' RECL on the same replicates.
 With 3 seeds a cell the seed part of a bootstrap is too narrow (a bootstrap of three values): the report
 says so.
+
+What can resolve memory (issue 29): ``seed_gains`` (a gain curve per seed, so the noise level does not move
+with the number of seeds), ``area_per_token`` (the area under the log-gain curve as per-token values per
+seed, judged with ``stats.paired_difference`` over seeds and units), ``crossing`` (RECL as the interpolated
+crossing of a fitted curve, descriptive) and ``interval_text`` (an interval narrower than the grid step says
+so, never "+0 [+0, +0]").
 """
 
 from __future__ import annotations
