@@ -153,16 +153,17 @@ def _items(spec: list) -> list[tuple[str, str, float]]:
     return out
 
 
+def _named(items: list[tuple[str, str, float]], evidence: Evidence) -> set[str]:
+    """The cells a verdict names explicitly on the left of its comparisons (a wildcard alone leaves them out)."""
+    lefts = (text.partition(" - ")[0].strip() for text, _, _ in items)
+    return {n for a in lefts if not _is_wildcard(a) for n in _expand(a, evidence.keys, None)}
+
+
 def comparisons(spec: list, evidence: Evidence, measure_of: Callable) -> list[Comparison]:
     """Every comparison a verdict's ``compare`` list names, each with its Difference (or why not). A wildcard
     alone (``*:mem``) is every cell it matches but those the verdict names explicitly, each against zero."""
     items = _items(spec)
-    named = {
-        n
-        for text, _, _ in items
-        if not _is_wildcard(a := text.partition(" - ")[0].strip())
-        for n in _expand(a, evidence.keys, None)
-    }
+    named = _named(items, evidence)
     out = []
     for text, predict, bound in items:
         a_text, _, b_text = (t.strip() for t in text.partition(" - "))
@@ -196,14 +197,15 @@ def comparisons(spec: list, evidence: Evidence, measure_of: Callable) -> list[Co
 def expansions(spec: list, evidence: Evidence) -> str:
     """What each wildcard of a verdict stood for, and which cells of the group it left out (another training
     loss, another memory setting): "`*` = shaw:mem32, sinusoid:mem32; left out: sinusoid:mem32:half"."""
-    parts = []
+    parts, named = [], _named(_items(spec), evidence)
     for text, _, _ in _items(spec):
         a_text, _, b_text = (t.strip() for t in text.partition(" - "))
         for is_b, side in ((False, a_text), (True, b_text)):
             if not side or not _is_wildcard(side):
                 continue
-            a_names = _expand(a_text, evidence.keys, None) if is_b else []
+            a_names = _expand(a_text, evidence.keys, None) if is_b else list(named)
             matched = _expand(side, evidence.keys, a_names[0] if len(a_names) == 1 else None)
+            matched = [n for n in matched if is_b or n not in named]
             others = [n for n, k in evidence.keys.items() if k.group == "" and n not in matched and n not in a_names]
             parts.append(
                 f"`{side}` = {', '.join(matched) or 'no cell'}" + (f"; left out: {', '.join(others)}" if others else "")

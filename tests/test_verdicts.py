@@ -295,6 +295,7 @@ def test_only_xl_gains_tests_that_the_others_do_not_gain():
         f"{SINUSOID}:mem",
     ]
     assert alone.comparisons[1].bound == -0.01 and alone.comparisons[1].predict == ">0"
+    assert alone.expands == f"`*:mem` = {SHAW}:mem, {SINUSOID}:mem"  # xl, named, is left out of its own wildcard
     (both,), _ = judge(conf, gains(-0.15))  # shaw gains too, a little less than xl: not "only xl"
     assert both.status == CONTRADICTED
 
