@@ -27,6 +27,12 @@ model: the baseline is recomputed on each replicate) and each cell's seeds resam
 of RECL, gain curves with bands, and the paired difference of two cells' RECL on the same replicates.
 With 3 seeds a cell the seed part of a bootstrap is too narrow (a bootstrap of three values): the report
 says so.
+
+What can resolve memory (issue 29): ``seed_gains`` (a gain curve per seed, so the noise level does not move
+with the number of seeds), ``area_per_token`` (the area under the log-gain curve as per-token values per
+seed, judged with ``stats.paired_difference`` over seeds and units), ``crossing`` (RECL as the interpolated
+crossing of a fitted curve, descriptive) and ``interval_text`` (an interval narrower than the grid step says
+so, never "+0 [+0, +0]").
 """
 
 from __future__ import annotations
@@ -242,6 +248,89 @@ def recl_text(value, censored: bool) -> str:
     if value is None or not np.isfinite(value):
         return "n/a"
     return f">{int(value)}" if censored else str(int(value))
+
+
+def _seed_of(x: np.ndarray, s: int) -> np.ndarray:
+    """Seed s of a cell [n_seeds, ...], cycling when it has fewer seeds."""
+    return x[s % len(x)]
+
+
+def seed_gains(per_seed: dict[str, np.ndarray], contexts, *, delta=None, r: float = 1.0) -> dict[str, np.ndarray]:
+    """Gain curves of every seed, cell -> [n_seeds, n_pairs] leave-one-out gains g(c, c + delta) at ``r``: seed s
+    of a cell against seed s of each other cell, so that every curve has the noise of one model whatever the
+    number of seeds (``min`` is not linear: averaging seeds first lowers the noise, and moves the estimate).
+    Shapes as ``recl``; NaN where the cell cannot serve c or c + delta."""
+    pairs = _pairs(contexts, delta)
+    most = max(len(x) for x in per_seed.values())
+    out = {m: np.full((len(x), len(pairs)), np.nan) for m, x in per_seed.items()}
+    for s in range(most):
+        names, stack, served = _stack({m: _seed_of(x, s) for m, x in per_seed.items()}, contexts)
+        g = gains(stack, served, pairs, (r,))[:, 0]  # [n_pairs, n_m]
+        for i, m in enumerate(names):
+            if s < len(per_seed[m]):
+                out[m][s] = g[:, i]
+    return out
+
+
+def area_per_token(
+    per_seed: dict[str, np.ndarray], contexts, *, delta=None, r: float = 1.0, c_max: int | None = None
+) -> dict[str, np.ndarray]:
+    """The smooth estimand of memory: for every seed and scored token, its share of the area under the
+    leave-one-out log-gain curve up to ``c_max``, cell -> [n_seeds, n_tokens], so that the mean over tokens is
+    sum_c (f(c, c) - f(c, c + delta)) (the area, in nats; about the sum of the gains). Compare two cells with
+    ``stats.paired_difference(area[a], area[b], units)``: seeds and units, no threshold, no grid step. NaN
+    (a whole seed) where a cell cannot serve a pair up to c_max: pass the range both cells serve."""
+    pairs = [(k, k2) for k, k2 in _pairs(contexts, delta) if c_max is None or list(contexts)[k2] <= c_max]
+    if not pairs:
+        raise ValueError(f"no pair (c, c + delta) of {list(contexts)} lies at or below c_max = {c_max}")
+    most = max(len(x) for x in per_seed.values())
+    out = {m: np.zeros((len(x), x.shape[-1])) for m, x in per_seed.items()}
+    for s in range(most):
+        names, stack, served = _stack({m: _seed_of(x, s) for m, x in per_seed.items()}, contexts)
+        n_t = stack.shape[-1]
+        for i, m in enumerate(names):
+            if s >= len(per_seed[m]):
+                continue
+            for k, k2 in pairs:
+                others = served[:, k].copy()
+                others[i] = False
+                if not (served[i, k] and served[i, k2] and others.any()):
+                    out[m][s] = np.nan
+                    break
+                b = stack[others, k].min(0)
+                hard = np.argsort(-b, kind="stable")[: max(1, int(round(r * n_t)))]
+                h = np.minimum(b[hard], stack[i, k, hard]) - np.minimum(b[hard], stack[i, k2, hard])
+                out[m][s, hard] += h * n_t / len(hard)
+    return out
+
+
+def crossing(curve: np.ndarray, c: Sequence[float], threshold: float = THRESHOLD) -> tuple[float, bool]:
+    """(c*, censored): where a fitted (non-increasing) gain curve [n_pairs] at contexts ``c`` first falls below
+    ``threshold``, interpolated linearly between the grid points around it: a descriptive RECL with no grid
+    step in it. censored: it never does (c* is then the last c). NaN if the curve has no finite point."""
+    c, curve = np.asarray(c, float), np.asarray(curve, float)
+    ok = np.isfinite(curve)
+    c, curve = c[ok], curve[ok]
+    if not len(c):
+        return float("nan"), False
+    below = np.flatnonzero(curve < threshold)
+    if not len(below):
+        return float(c[-1]), True
+    i = int(below[0])
+    if i == 0:
+        return float(c[0]), False
+    g0, g1 = curve[i - 1], curve[i]
+    return float(c[i - 1] + (g0 - threshold) / (g0 - g1) * (c[i] - c[i - 1])), False
+
+
+def interval_text(estimate: float, low: float, high: float, step: float) -> str:
+    """A RECL difference with its interval, in tokens. An interval narrower than the grid step is not
+    certainty but the grid's resolution, and says so: "+0 (within one step of 8 tokens)"."""
+    if not all(np.isfinite(x) for x in (estimate, low, high)):
+        return "n/a"
+    if high - low < step:
+        return f"{estimate:+.0f} (within one step of {step:g} tokens: the grid cannot resolve it)"
+    return f"{estimate:+.0f} [{low:+.0f}, {high:+.0f}]"
 
 
 def from_dumps(paths, n_boot: int = 200, level: float = 0.95, delta: int | None = None) -> ReclResult:

@@ -1,44 +1,47 @@
 """The one estimator of the report: a difference of mean per-token losses between two cells, with an
-interval whose units are the training seed and the evaluation document.
+interval whose units are the training seed and the unit of the text (on ``pystdlib`` the family, a package
+or files that share windows; on a corpus without families its documents or chunks).
 
 Why these units. A claim about a scheme is a claim over training seeds (another seed, another model) and
-over text (another document of the same kind). Tokens are not independent: neighbouring tokens share
-their context, and a document's tokens share its topic and style, so the losses of one document are
-correlated over hundreds of tokens. Resampling tokens, or short blocks of them, treats a few long
-documents as thousands of independent pieces and gives intervals far too narrow. Here the document is
-the unit of the text and the seed the unit of training.
+over text (another text of the same kind). Tokens are not independent: neighbouring tokens share their
+context, a document's tokens share its topic and style, and the files of one package share their code, so
+that a model's advantage on one file of ``asyncio/`` says much about the next one. The unit of the text
+is the largest group whose members can be correlated: the split's own unit (its family), within which
+nothing is assumed independent. The seed is the unit of training.
 
-The model. For cell a (runs equal but for their seed) with seeds s = 1..n_a and documents k = 1..K
-(n_k scored tokens each, N in all), write the per-seed document sums A[s, k] = sum_{t in k} a[s, t]:
+The model. For cell a (runs equal but for their seed) with seeds s = 1..n_a and units g = 1..G
+(n_g scored tokens each, N in all, w_g = n_g / N), write the per-seed unit sums A[s, g] = sum_{t in g} a[s, t]:
 
-    A[s, k] = n_k (mu_a + alpha_s) + U_k + W_sk
+    A[s, g] = n_g (mu_a + alpha_s) + U_g + W_sg
 
-alpha_s: the seed's effect (variance sigma_a^2); U_k: the document's effect, shared by every seed of the
-cell and paired with cell b's through the text; W_sk: what a seed does on a document (token noise,
-seed-by-document interaction). The estimate is theta = mean_s m_a[s] - mean_s m_b[s], m_a[s] = sum_k
-A[s, k] / N, and
-
-    Var(theta) = sigma_a^2/n_a + sigma_b^2/n_b + Var(sum_k (U_k - V_k))/N^2 + sum_k (w_ak/n_a + w_bk/n_b)/N^2
-
-estimated from three moment sums (no resampling):
+alpha_s: the seed's effect (variance sigma_a^2); U_g: the unit's effect, shared by every seed of the cell
+and paired with cell b's through the text; W_sg: what a seed does on a unit (token noise, seed-by-text
+interaction). The estimate is theta = mean_s m_a[s] - mean_s m_b[s], m_a[s] = sum_g A[s, g] / N. Its
+variance has three parts, estimated by moments (no resampling):
 
     V_seed_a = var_s(m_a) / n_a            seeds and their token noise    (df n_a - 1)
-    V_text   = K/(K-1) sum_k (D_k - theta n_k)^2 / N^2,  D_k = mean_s A[s,k] - mean_s B[s,k]
-               documents, and the token noise once more
-    V_noise  = sum_k sum_s (A[s,k] - mean_s A[s,k] - n_k (m_a[s] - mean m_a))^2 / ((n_a - 1) n_a N^2) + (b)
-               the token noise alone, so that it is not counted twice
+    V_text   = sum_g c_g r_g^2 / N^2       units (CR2), and the token noise once more
+               r_g = D_g - theta n_g,  D_g = mean_s A[s,g] - mean_s B[s,g]
+    V_noise  = what the token noise adds to V_text in expectation, from the seed-to-seed spread of each
+               unit's sums, so that it is not counted twice
     V        = V_seed_a + V_seed_b + max(0, V_text - V_noise)
 
-The interval is theta +- t_{df} sqrt(V), df by Welch-Satterthwaite over the three parts (seeds of a, of
-b: n - 1 each; documents: K - 1). With 3 seeds a side df is small and the interval wide: that is what 3
-seeds know. A cell with one seed has no seed variance to estimate: its interval covers the text only
-(``covers_seeds`` is False and the report says so).
+V_text is the CR2 cluster-robust variance (Bell and McCaffrey 2002; Pustejovsky and Tipton 2018) of a
+token-weighted mean under the working model "every unit's mean effect has the same variance" (Var D_g
+proportional to n_g^2): c_g = 1 / (1 - 2 w_g + sum_h w_h^2), which makes it unbiased under that model and is
+G / (G - 1) when the units are equal. Its degrees of freedom are Bell and McCaffrey's under the same model
+(``_bell_mccaffrey``): G - 1 for equal units, and about (sum w^2)^2 / sum w^4 when they are not, so a unit
+that holds half of the tokens leaves the text part with one or two degrees of freedom and a wide interval,
+as it should: one unit is one draw. The interval is theta +- t_{df} sqrt(V), df by Welch-Satterthwaite over
+the three parts (seeds of a, of b: n - 1 each; the text: Bell-McCaffrey). With 3 seeds a side df is small and
+the interval wide: that is what 3 seeds know. A cell with one seed has no seed variance to estimate: its
+interval covers the text only (``covers_seeds`` is False, and no verdict is judged on it).
 
-Assumptions: seeds are exchangeable and independent between cells; documents are independent and scored
-with the same tokens for every run (the paired design); every effect is additive on the loss scale; the
-mean of a cell over documents is token-weighted (a document counts by its scored tokens). The coverage
-of the 95% interval is checked by simulation in tests/test_stats.py under per-document effects, AR(1)
-token noise up to phi = 0.99 and seed SDs up to 0.05 nats (table in analysis/README.md).
+Assumptions: seeds are exchangeable and independent between cells; units are independent and scored with
+the same tokens for every run (the paired design); every effect is additive on the loss scale; the mean of
+a cell is token-weighted (a unit counts by its scored tokens). Coverage and the verdicts' error rates at the
+variance components measured on the default ablation: analysis/README.md (``python -m
+posenc_lab_analysis.coverage``).
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ EPS = 1e-5
 @dataclass(frozen=True)
 class Difference:
     """mean(a) - mean(b) with its interval at ``level``; ``se``, ``df``: of the t interval. ``n_a``, ``n_b``:
-    seeds; ``documents``: K. ``covers_seeds``: both cells had >= 2 seeds (else the text alone)."""
+    seeds; ``units``: G, the independent units of the text; ``largest_share``: the largest unit's share of
+    the scored tokens. ``covers_seeds``: both cells had >= 2 seeds (else the text alone)."""
 
     estimate: float
     low: float
@@ -67,21 +71,29 @@ class Difference:
     df: float
     n_a: int
     n_b: int
-    documents: int
+    units: int
     covers_seeds: bool
+    largest_share: float = float("nan")
 
-    def p_value(self, predicted: str) -> float:
-        """One-sided p of the null "not in the predicted direction" (predicted "<0" or ">0")."""
+    @property
+    def documents(self) -> int:
+        """The old name of ``units`` (callers that still pass documents as the units)."""
+        return self.units
+
+    def p_value(self, predicted: str, bound: float = 0.0) -> float:
+        """One-sided p of the null "not in the predicted direction of ``bound``" (predicted "<0" or ">0":
+        the difference below, or above, ``bound``)."""
         if predicted not in ("<0", ">0"):
             raise ValueError(f"predicted must be '<0' or '>0', got {predicted!r}")
         if not np.isfinite(self.estimate):
             return float("nan")
-        if self.identical:  # rounding decides no sign
+        if self.identical and bound == 0.0:  # rounding decides no sign
             return 1.0
+        shifted = self.estimate - bound
         if self.se == 0:
-            side = self.estimate < 0 if predicted == "<0" else self.estimate > 0
-            return 0.0 if side and abs(self.estimate) > EPS else 1.0
-        t = self.estimate / self.se
+            side = shifted < 0 if predicted == "<0" else shifted > 0
+            return 0.0 if side and abs(shifted) > EPS else 1.0
+        t = shifted / self.se
         return float(scipy_stats.t.cdf(t, self.df) if predicted == "<0" else scipy_stats.t.sf(t, self.df))
 
     def at(self, level: float) -> Difference:
@@ -109,44 +121,94 @@ class Difference:
 NOT_EVALUATED = Difference(float("nan"), float("nan"), float("nan"), float("nan"), float("nan"), 0.0, 0, 0, 0, False)
 
 
+def p_floor(df: float) -> float:
+    """The smallest p-value worth printing at ``df`` degrees of freedom: a t tail beyond 1e-3 with fewer than
+    30 degrees of freedom (a handful of seed means and text units) rests on the normality of those few values,
+    which no data here can check; 1e-4 with more."""
+    return 1e-3 if not df >= 30 else 1e-4
+
+
+def p_text(p: float, df: float) -> str:
+    """A p-value to two significant digits, or a bound below ``p_floor(df)`` ("< 1e-3"); "n/a" if not finite."""
+    if not np.isfinite(p):
+        return "n/a"
+    floor = p_floor(df)
+    return f"< {floor:.0e}".replace("e-0", "e-") if p < floor else f"{p:.2g}"
+
+
 def _as_seeds(x, name: str, n_tokens: int | None) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     x = x[None] if x.ndim == 1 else x
     if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1:
         raise ValueError(f"{name} must be [n_seeds, n_tokens] per-token values, got shape {x.shape}")
     if n_tokens is not None and x.shape[1] != n_tokens:
-        raise ValueError(f"{name} has {x.shape[1]} tokens, the documents array {n_tokens}: score the same tokens")
+        raise ValueError(f"{name} has {x.shape[1]} tokens, the units array {n_tokens}: score the same tokens")
     return x
 
 
-def _documents(documents: np.ndarray, what: str) -> tuple[np.ndarray, int, np.ndarray, float]:
-    """The document index 0..K-1 of every token, K, the tokens of each document [K] and their total N."""
-    _, index = np.unique(documents, return_inverse=True)
-    K = int(index.max()) + 1
-    if K < 2:
-        raise ValueError(f"{what} needs tokens of at least 2 documents: score more text")
-    n_k = np.bincount(index, minlength=K).astype(np.float64)
-    return index, K, n_k, float(n_k.sum())
+def _units(units, what: str) -> tuple[np.ndarray, int, np.ndarray, float]:
+    """The unit index 0..G-1 of every token, G, the tokens of each unit [G] and their total N."""
+    units = np.asarray(units)
+    if units.ndim != 1:
+        raise ValueError(f"units must be [n_tokens] ids (the family, or document, of each token), got {units.shape}")
+    _, index = np.unique(units, return_inverse=True)
+    G = int(index.max()) + 1 if len(index) else 0
+    if G < 2:
+        raise ValueError(f"{what} needs tokens of at least 2 independent units (families or documents): score more")
+    n_g = np.bincount(index, minlength=G).astype(np.float64)
+    return index, G, n_g, float(n_g.sum())
 
 
-def _document_sums(x: np.ndarray, index: np.ndarray, K: int) -> np.ndarray:
-    """[n_seeds, K] sums of each seed's values over each document."""
-    out = np.zeros((x.shape[0], K))
+def _unit_sums(x: np.ndarray, index: np.ndarray, G: int) -> np.ndarray:
+    """[n_seeds, G] sums of each seed's values over each unit."""
+    out = np.zeros((x.shape[0], G))
     for s in range(x.shape[0]):
-        out[s] = np.bincount(index, weights=x[s], minlength=K)
+        out[s] = np.bincount(index, weights=x[s], minlength=G)
     return out
 
 
-def _seed_parts(sums: np.ndarray, n_k: np.ndarray, N: float) -> tuple[float, float]:
-    """(V_seed, V_noise) of one cell from its [n_seeds, K] document sums (0, 0 with one seed)."""
+def cr2_weights(w: np.ndarray) -> np.ndarray:
+    """[G] CR2 factors c_g of the squared unit residuals of a token-weighted mean (module docstring), unit
+    shares ``w`` [G]: under the working model Var(D_g) ~ n_g^2, E[sum_g c_g r_g^2] = Var(sum_g D_g)."""
+    return 1.0 / (1.0 - 2.0 * w + float(np.sum(w**2)))
+
+
+def _bell_mccaffrey(w: np.ndarray) -> float:
+    """Degrees of freedom of sum_g c_g r_g^2 under the working model (Bell and McCaffrey 2002, as Pustejovsky and
+    Tipton 2018 write them, section 3): (tr C M)^2 / tr (C M C M), M = Var(r) = P S P', r = P D, P = I - w 1',
+    S = Var(D) = diag(w^2) (unit means of equal variance). M is diagonal plus rank 2 (M = diag(s) + U B U',
+    U = [w, s]), so both traces take O(G), for thousands of units too."""
+    c, sq = cr2_weights(w), w**2
+    U = np.stack([w, sq], axis=1)
+    B = np.array([[sq.sum(), -1.0], [-1.0, 0.0]])
+    diag_M = sq * (1 - 2 * w) + w**2 * sq.sum()
+    K1, K2 = U.T @ (U * (c**2 * sq)[:, None]), U.T @ (U * c[:, None])
+    tr_CMCM = float((c**2 * sq**2).sum() + 2 * np.trace(B @ K1) + np.trace(B @ K2 @ B @ K2))
+    return float((c * diag_M).sum() ** 2 / tr_CMCM)
+
+
+def _text_part(D: np.ndarray, noise: np.ndarray, n_g: np.ndarray, N: float) -> tuple[float, float]:
+    """(V_text - V_noise, df) of the text: D [G] the unit sums of the seed-averaged values, noise [G] the
+    variance of each unit's seed-averaged token noise (0 where not estimable)."""
+    w = n_g / N
+    theta = D.sum() / N
+    c = cr2_weights(w)
+    v_text = float((c * (D - theta * n_g) ** 2).sum()) / N**2
+    # E[r_g^2] of noise alone: noise_g (1 - 2 w_g) + w_g^2 sum_h noise_h
+    v_noise = float((c * (noise * (1 - 2 * w) + w**2 * noise.sum())).sum()) / N**2
+    return max(0.0, v_text - v_noise), _bell_mccaffrey(w)
+
+
+def _seed_parts(sums: np.ndarray, n_g: np.ndarray, N: float) -> tuple[float, np.ndarray]:
+    """(V_seed, noise [G]) of one cell from its [n_seeds, G] unit sums: the variance of its seed mean, and of
+    each unit's seed-averaged sum from seed to seed (the token noise; 0 with one seed)."""
     n = sums.shape[0]
     if n < 2:
-        return 0.0, 0.0
+        return 0.0, np.zeros(sums.shape[1])
     m = sums.sum(1) / N  # per-seed means
     v_seed = float(np.var(m, ddof=1) / n)
-    resid = sums - sums.mean(0) - np.outer(m - m.mean(), n_k)
-    v_noise = float((resid**2).sum() / ((n - 1) * n * N**2))
-    return v_seed, v_noise
+    resid = sums - sums.mean(0) - np.outer(m - m.mean(), n_g)
+    return v_seed, (resid**2).sum(0) / ((n - 1) * n)
 
 
 def _interval(estimate: float, parts: list[tuple[float, float]], level: float, **facts) -> Difference:
@@ -159,19 +221,20 @@ def _interval(estimate: float, parts: list[tuple[float, float]], level: float, *
     return Difference(estimate, estimate - half, estimate + half, level, float(np.sqrt(V)), float(df), **facts)
 
 
-def paired_difference(a, b, documents, level: float = 0.95, paired_seeds: bool = False) -> Difference:
+def paired_difference(a, b, units, level: float = 0.95, paired_seeds: bool = False) -> Difference:
     """mean(a) - mean(b) and its interval (module docstring), in the unit of the values (nats, or 0/1 for
     an accuracy).
 
     a: [n_seeds_a, n_tokens] per-token values of cell a; b: [n_seeds_b, n_tokens] of cell b, on the same
-    tokens; documents: [n_tokens] int, the document of each token. Different cells have independent seeds.
-    paired_seeds: a and b come from the same runs (seed s of a is seed s of b, e.g. one run evaluated at two
-    lengths); the difference is then taken seed by seed.
+    tokens; units: [n_tokens] ids, the independent unit of each token (its family on pystdlib, its document or
+    chunk elsewhere). Different cells have independent seeds. paired_seeds: a and b come from the same runs
+    (seed s of a is seed s of b, e.g. one run evaluated at two lengths); the difference is then taken seed by
+    seed.
     """
-    documents = np.asarray(documents)
-    if documents.ndim != 1:
-        raise ValueError(f"documents must be [n_tokens] ints, got shape {documents.shape}")
-    a, b = _as_seeds(a, "a", len(documents)), _as_seeds(b, "b", len(documents))
+    units = np.asarray(units)
+    if units.ndim != 1:
+        raise ValueError(f"units must be [n_tokens] ids (the family, or document, of each token), got {units.shape}")
+    a, b = _as_seeds(a, "a", len(units)), _as_seeds(b, "b", len(units))
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
@@ -179,32 +242,33 @@ def paired_difference(a, b, documents, level: float = 0.95, paired_seeds: bool =
     if paired_seeds:
         if a.shape[0] != b.shape[0]:
             raise ValueError(f"paired_seeds needs the same seeds on both sides, got {a.shape[0]} and {b.shape[0]}")
-        return mean_interval(a - b, documents, level)
-    index, K, n_k, N = _documents(documents, "a difference")
-    A, B = _document_sums(a, index, K), _document_sums(b, index, K)
+        return mean_interval(a - b, units, level)
+    index, G, n_g, N = _units(units, "a difference")
+    A, B = _unit_sums(a, index, G), _unit_sums(b, index, G)
     estimate = float(A.sum(1).mean() / N - B.sum(1).mean() / N)
-    D = A.mean(0) - B.mean(0)
-    v_text = K / (K - 1) * float(((D - estimate * n_k) ** 2).sum()) / N**2
-    seed_a, noise_a = _seed_parts(A, n_k, N)
-    seed_b, noise_b = _seed_parts(B, n_k, N)
-    parts = [(seed_a, a.shape[0] - 1), (seed_b, b.shape[0] - 1), (max(0.0, v_text - noise_a - noise_b), K - 1)]
-    facts = dict(n_a=a.shape[0], n_b=b.shape[0], documents=K, covers_seeds=min(a.shape[0], b.shape[0]) >= 2)
-    return _interval(estimate, parts, level, **facts)
+    seed_a, noise_a = _seed_parts(A, n_g, N)
+    seed_b, noise_b = _seed_parts(B, n_g, N)
+    text, df_text = _text_part(A.mean(0) - B.mean(0), noise_a + noise_b, n_g, N)
+    parts = [(seed_a, a.shape[0] - 1), (seed_b, b.shape[0] - 1), (text, df_text)]
+    facts = dict(n_a=a.shape[0], n_b=b.shape[0], units=G, covers_seeds=min(a.shape[0], b.shape[0]) >= 2)
+    return _interval(estimate, parts, level, largest_share=float(n_g.max() / N), **facts)
 
 
-def mean_interval(a, documents, level: float = 0.95) -> Difference:
+def mean_interval(a, units, level: float = 0.95) -> Difference:
     """The mean of one cell, [n_seeds, n_tokens], with its interval (the same units as paired_difference)."""
-    documents = np.asarray(documents)
-    a = _as_seeds(a, "a", len(documents))
+    units = np.asarray(units)
+    a = _as_seeds(a, "a", len(units))
     if not np.isfinite(a).all():
         return NOT_EVALUATED
-    index, K, n_k, N = _documents(documents, "an interval")
-    A = _document_sums(a, index, K)
+    index, G, n_g, N = _units(units, "an interval")
+    A = _unit_sums(a, index, G)
     estimate = float(A.sum(1).mean() / N)
-    v_text = K / (K - 1) * float(((A.mean(0) - estimate * n_k) ** 2).sum()) / N**2
-    seed, noise = _seed_parts(A, n_k, N)
-    facts = dict(n_a=a.shape[0], n_b=a.shape[0], documents=K, covers_seeds=a.shape[0] >= 2)
-    return _interval(estimate, [(seed, a.shape[0] - 1), (max(0.0, v_text - noise), K - 1)], level, **facts)
+    seed, noise = _seed_parts(A, n_g, N)
+    text, df_text = _text_part(A.mean(0), noise, n_g, N)
+    facts = dict(n_a=a.shape[0], n_b=a.shape[0], units=G, covers_seeds=a.shape[0] >= 2)
+    return _interval(
+        estimate, [(seed, a.shape[0] - 1), (text, df_text)], level, largest_share=float(n_g.max() / N), **facts
+    )
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

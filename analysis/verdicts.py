@@ -1,20 +1,33 @@
 """The preregistered verdicts of ``conf/paper.yaml``, judged on the test split with Holm's correction.
 
-Every verdict predicts the sign of one or more comparisons ``a - b`` of cells (or of ``a`` against zero).
-A comparison is ``stats.paired_difference`` of the cells' per-token values on the same tokens, with seeds
-and documents as the units. A verdict of several comparisons is reproduced only if each is (intersection-
-union: its one-sided p-value is the largest of theirs). Holm's step-down procedure over the verdicts
-decides "reproduced" at ``alpha``; over the verdicts left, the same in the opposite direction decides
-"contradicted" (a comparison's opposite p-value times the verdict's number of comparisons: any one of them
-contradicts it). The rest are "inconclusive". Each comparison's interval is shown at the level at which
-Holm tested its verdict (two-sided 1 - 2 alpha_i), so that an interval on the predicted side is exactly a
-reproduction. Sanity checks (true by construction) are computed alike and shown apart, never counted.
+Every verdict predicts the sign of one or more comparisons ``a - b`` of cells (or of ``a`` against zero; a
+comparison may carry its own prediction and bound, e.g. "above -0.01": does not gain more than 1%). A
+comparison is ``stats.paired_difference`` of the cells' per-token values on the same tokens, with seeds and
+the text's independent units (families, or documents) as the units. A verdict of several comparisons is
+reproduced only if each is (intersection-union: its one-sided p-value is the largest of theirs), and
+contradicted if any one is the other way (the smallest opposite p-value times the number of comparisons).
+
+What is controlled. Every verdict is two one-sided hypotheses, "reproduced" and "contradicted", and Holm's
+step-down procedure runs over all of them at once (2 m hypotheses for m verdicts) at ``alpha``: the chance of
+any false claim, reproduced or contradicted, in any verdict, is at most alpha whatever the dependence between
+verdicts. (Judging each direction at alpha, as before, lets the two add up to 2 alpha.) The rest are
+"inconclusive". A verdict is not judged when a cell it needs has one seed ("not judged: one seed": there is no
+seed spread to test against), when a cell was not trained ("not tested"), or when a comparison holds a
+non-finite value ("not tested", the comparison "not evaluated" with a note); such verdicts are left out of
+Holm's family, and the result does not depend on the order of the cells.
+
+The intervals. Each verdict's intervals are shown at the level of the Holm step that decided its reproduced
+hypothesis (two-sided 1 - 2 alpha_i), or, for a verdict Holm did not reach, of the step where it stopped: so a
+verdict is reproduced exactly when every one of its intervals lies on its predicted side. (Shown at the level
+of its own rank instead, an interval of a verdict Holm never reached can lie on the predicted side while the
+verdict is inconclusive: ``tests/test_verdicts.py`` has the case.) Sanity checks (true by construction) are
+computed alike, each direction at alpha with no correction, shown apart, never counted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +39,9 @@ from posenc_lab.positional import schemes_of_kind
 from .stats import NOT_EVALUATED, Difference, holm, paired_difference
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTED = "reproduced", "contradicted", "inconclusive", "not tested"
+ONE_SEED = "not judged: one seed"
 SMOKE = "not judged (smoke run)"
+OPPOSITE = {"<0": ">0", ">0": "<0"}
 
 
 def paper(path: str | Path | None = None) -> dict:
@@ -66,13 +81,19 @@ class Evidence:
 
 @dataclass
 class Comparison:
+    """One comparison of a verdict; ``predict``, ``bound``: what it predicts ("<0" or ">0": the difference
+    below or above ``bound``; "" takes the verdict's prediction, at 0)."""
+
     text: str
     difference: Difference
     note: str = ""  # why it was not tested
     blocks: bool = False  # a cell it names was not trained (or is ambiguous): the verdict cannot be tested
+    predict: str = ""
+    bound: float = 0.0
 
     def p(self, predict: str) -> float:
-        return self.difference.p_value(predict) if np.isfinite(self.difference.estimate) else float("nan")
+        """One-sided p that the difference is not on the ``predict`` side of its bound; NaN if not evaluated."""
+        return self.difference.p_value(predict, self.bound) if np.isfinite(self.difference.estimate) else float("nan")
 
 
 @dataclass
@@ -89,6 +110,9 @@ class Verdict:
     level: float = float("nan")  # of the intervals shown
     sanity: bool = False
     note: str = ""
+    p_contra: float = float("nan")  # one-sided p of "contradicted" (any one comparison the other way)
+    p_contra_adjusted: float = float("nan")
+    expands: str = ""  # what each wildcard of the verdict stood for, and what it left out
 
 
 def _expand(side: str, keys: dict[str, CellKey], exclude: str | None) -> list[str]:
@@ -111,30 +135,82 @@ def _expand(side: str, keys: dict[str, CellKey], exclude: str | None) -> list[st
     ]
 
 
-def comparisons(spec: list[str], evidence: Evidence, measure_of: Callable) -> list[Comparison]:
-    """Every comparison a verdict's ``compare`` list names, each with its Difference (or why not)."""
+def _is_wildcard(side: str) -> bool:
+    return side.startswith(("*", "absolute"))
+
+
+def _items(spec: list) -> list[tuple[str, str, float]]:
+    """(text, predict, bound) of each entry of a ``compare`` list: a string, or {compare, predict, bound}."""
     out = []
-    for text in spec:
+    for item in spec:
+        if isinstance(item, dict):
+            predict = str(item.get("predict", ""))
+            if predict not in ("", "<0", ">0"):
+                raise ValueError(f"conf/paper.yaml: predict of {item.get('compare')!r} must be '<0' or '>0'")
+            out.append((str(item["compare"]), predict, float(item.get("bound", 0.0))))
+        else:
+            out.append((str(item), "", 0.0))
+    return out
+
+
+def _named(items: list[tuple[str, str, float]], evidence: Evidence) -> set[str]:
+    """The cells a verdict names explicitly on the left of its comparisons (a wildcard alone leaves them out)."""
+    lefts = (text.partition(" - ")[0].strip() for text, _, _ in items)
+    return {n for a in lefts if not _is_wildcard(a) for n in _expand(a, evidence.keys, None)}
+
+
+def comparisons(spec: list, evidence: Evidence, measure_of: Callable) -> list[Comparison]:
+    """Every comparison a verdict's ``compare`` list names, each with its Difference (or why not). A wildcard
+    alone (``*:mem``) is every cell it matches but those the verdict names explicitly, each against zero."""
+    items = _items(spec)
+    named = _named(items, evidence)
+    out = []
+    for text, predict, bound in items:
         a_text, _, b_text = (t.strip() for t in text.partition(" - "))
         a_names = _expand(a_text, evidence.keys, None)
-        if len(a_names) != 1:
+        if _is_wildcard(a_text) and not b_text:
+            pairs = [(a, None) for a in a_names if a not in named]
+        elif len(a_names) != 1:
             why = "no such cell was trained" if not a_names else f"several cells match: {', '.join(a_names)}"
-            out.append(Comparison(text, NOT_EVALUATED, why, blocks=True))
+            out.append(Comparison(text, NOT_EVALUATED, why, blocks=True, predict=predict, bound=bound))
             continue
-        a = a_names[0]
-        b_names = _expand(b_text, evidence.keys, a) if b_text else [None]
-        if not b_names:
-            out.append(Comparison(text, NOT_EVALUATED, "no such cell was trained", blocks=True))
-        for b in b_names:
+        else:
+            pairs = [(a_names[0], b) for b in (_expand(b_text, evidence.keys, a_names[0]) if b_text else [None])]
+        if not pairs:
+            out.append(Comparison(text, NOT_EVALUATED, "no such cell was trained", True, predict, bound))
+        for a, b in pairs:
             label = f"{a} - {b}" if b else a
             missing = [n for n in (a, b) if n and n in evidence.unavailable]
             if missing:
-                out.append(
-                    Comparison(label, NOT_EVALUATED, "; ".join(f"{n}: {evidence.unavailable[n]}" for n in missing))
-                )
+                why = "; ".join(f"{n}: {evidence.unavailable[n]}" for n in missing)
+                out.append(Comparison(label, NOT_EVALUATED, why, predict=predict, bound=bound))
                 continue
-            out.append(Comparison(label, measure_of(a, b)))
+            bad = [n for n in (a, b) if n and not np.isfinite(evidence.cells[n]).all()]
+            if bad:  # a numerical failure, not a design choice: the verdict cannot be judged whole
+                why = f"not evaluated: a non-finite value in {' and '.join(bad)}"
+                out.append(Comparison(label, NOT_EVALUATED, why, True, predict, bound))
+                continue
+            out.append(Comparison(label, measure_of(a, b), predict=predict, bound=bound))
     return out
+
+
+def expansions(spec: list, evidence: Evidence) -> str:
+    """What each wildcard of a verdict stood for, and which cells of the group it left out (another training
+    loss, another memory setting): "`*` = shaw:mem32, sinusoid:mem32; left out: sinusoid:mem32:half"."""
+    parts, named = [], _named(_items(spec), evidence)
+    for text, _, _ in _items(spec):
+        a_text, _, b_text = (t.strip() for t in text.partition(" - "))
+        for is_b, side in ((False, a_text), (True, b_text)):
+            if not side or not _is_wildcard(side):
+                continue
+            a_names = _expand(a_text, evidence.keys, None) if is_b else list(named)
+            matched = _expand(side, evidence.keys, a_names[0] if len(a_names) == 1 else None)
+            matched = [n for n in matched if is_b or n not in named]
+            others = [n for n, k in evidence.keys.items() if k.group == "" and n not in matched and n not in a_names]
+            parts.append(
+                f"`{side}` = {', '.join(matched) or 'no cell'}" + (f"; left out: {', '.join(others)}" if others else "")
+            )
+    return "; ".join(parts)
 
 
 def _differences(evidence: Evidence) -> Callable:
@@ -144,6 +220,19 @@ def _differences(evidence: Evidence) -> Callable:
         return paired_difference(x, y, evidence.documents, paired_seeds=b is None)
 
     return measure
+
+
+def _predict(c: Comparison, verdict_predict: str) -> str:
+    return c.predict or verdict_predict
+
+
+def _p_values(v: Verdict) -> tuple[float, float]:
+    """(reproduced, contradicted) one-sided p of a verdict whose comparisons were all evaluated: the largest
+    p of its comparisons (every one must hold), and k times the smallest opposite p (any one contradicts)."""
+    tested = [c for c in v.comparisons if not c.note]
+    p = [c.p(_predict(c, v.predict)) for c in tested]
+    opposite = [c.p(OPPOSITE[_predict(c, v.predict)]) for c in tested]
+    return float(max(p)), float(min(1.0, len(tested) * min(opposite)))
 
 
 def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> tuple[list[Verdict], list[Verdict]]:
@@ -158,14 +247,22 @@ def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> t
             )
             if measure not in evidence:
                 verdict.note = f"this group has no {measure} measurements"
+                out[kind].append(verdict)
+                continue
+            verdict.comparisons = comparisons(v["compare"], evidence[measure], _differences(evidence[measure]))
+            verdict.expands = expansions(v["compare"], evidence[measure])
+            tested = [c for c in verdict.comparisons if not c.note]
+            verdict.note = "; ".join(f"{c.text}: {c.note}" for c in verdict.comparisons if c.note)
+            if not tested or any(c.blocks for c in verdict.comparisons):
+                pass  # a verdict is tested whole or not at all: not tested, p NaN
+            elif any(not c.difference.covers_seeds for c in tested):
+                one = sorted({c.text for c in tested if not c.difference.covers_seeds})
+                verdict.status = ONE_SEED
+                verdict.note = "; ".join(
+                    x for x in (verdict.note, f"a cell has one seed ({', '.join(one)}): descriptive only") if x
+                )
             else:
-                verdict.comparisons = comparisons(v["compare"], evidence[measure], _differences(evidence[measure]))
-                tested = [c for c in verdict.comparisons if not c.note]
-                if tested:
-                    verdict.p = max(c.p(verdict.predict) for c in tested)
-                verdict.note = "; ".join(f"{c.text}: {c.note}" for c in verdict.comparisons if c.note)
-                if not tested or any(c.blocks for c in verdict.comparisons):
-                    verdict.p = float("nan")  # a verdict is tested whole or not at all
+                verdict.p, verdict.p_contra = _p_values(verdict)
             out[kind].append(verdict)
     _decide(out["verdicts"], alpha, smoke)
     _decide(out["sanity"], alpha, smoke, corrected=False)
@@ -184,38 +281,51 @@ def recheck(
             continue
         ev = evidence[v.measure]
         found = comparisons(specs[v.id]["compare"], ev, _differences(ev))
-        out.append((v, [c if c.note else Comparison(c.text, c.difference.at(v.level)) for c in found]))
+        out.append((v, [c if c.note else replace(c, difference=c.difference.at(v.level)) for c in found]))
     return out
 
 
-def on_predicted_side(difference: Difference, predict: str) -> bool:
-    """Whether the whole interval lies on the side ``predict`` ("<0" or ">0") names."""
-    return difference.high < 0 if predict == "<0" else difference.low > 0
+def on_predicted_side(difference: Difference, predict: str, bound: float = 0.0) -> bool:
+    """Whether the whole interval lies on the side of ``bound`` that ``predict`` ("<0" or ">0") names (an
+    interval within float32 rounding of zero lies on neither)."""
+    if bound == 0.0 and difference.identical:
+        return False
+    return difference.high < bound if predict == "<0" else difference.low > bound
+
+
+def _holm_steps(p: list[float], alpha: float, corrected: bool) -> tuple[list[float], list[float]]:
+    """(adjusted p, level threshold) of each hypothesis: the Holm step that rejected it, or, for one Holm did
+    not reject, the step where it stopped (uncorrected: alpha for all)."""
+    if not corrected:
+        return list(p), [alpha] * len(p)
+    adjusted, order = holm(p), np.argsort(p, kind="stable")
+    m, step = len(p), [float("nan")] * len(p)
+    stop = alpha / max(1, m)
+    for rank, i in enumerate(order):
+        if p[i] > alpha / (m - rank):
+            stop = alpha / (m - rank)
+            break
+        step[i] = alpha / (m - rank)
+    else:
+        stop = alpha
+    return adjusted, [s if np.isfinite(s) else stop for s in step]
 
 
 def _decide(verdicts: list[Verdict], alpha: float, smoke: bool, corrected: bool = True) -> None:
-    tested = [v for v in verdicts if np.isfinite(v.p)]
-    adjusted = holm([v.p for v in tested]) if corrected else [v.p for v in tested]
-    order = np.argsort([v.p for v in tested], kind="stable")
-    for rank, i in enumerate(order):  # Holm tests the i-th smallest p at alpha / (m - rank)
-        v = tested[i]
-        v.p_adjusted = adjusted[i]
-        step = alpha / (len(tested) - rank) if corrected else alpha
-        v.level = 1 - 2 * step
-        v.status = REPRODUCED if v.p_adjusted <= alpha else INCONCLUSIVE
-    rest = [v for v in tested if v.status != REPRODUCED]
-    contra = [
-        min(
-            1.0, len(v.comparisons) * min(c.p(">0" if v.predict == "<0" else "<0") for c in v.comparisons if not c.note)
+    """Holm over both hypotheses of every judged verdict at once (module docstring)."""
+    tested = [v for v in verdicts if np.isfinite(v.p) and np.isfinite(v.p_contra)]
+    n = len(tested)
+    adjusted, steps = _holm_steps([v.p for v in tested] + [v.p_contra for v in tested], alpha, corrected)
+    for i, v in enumerate(tested):
+        v.p_adjusted, v.p_contra_adjusted = adjusted[i], adjusted[n + i]
+        v.level = 1 - 2 * steps[i]
+        v.status = (
+            REPRODUCED if v.p_adjusted <= alpha else CONTRADICTED if v.p_contra_adjusted <= alpha else INCONCLUSIVE
         )
-        for v in rest
-    ]
-    for v, p in zip(rest, holm(contra) if corrected else contra):
-        if p <= alpha:
-            v.status = CONTRADICTED
-    for v in tested:
-        v.comparisons = [
-            Comparison(c.text, c.difference.at(v.level), c.note) if not c.note else c for c in v.comparisons
-        ]
+        v.comparisons = [c if c.note else replace(c, difference=c.difference.at(v.level)) for c in v.comparisons]
         if smoke:
             v.status = SMOKE
+    if smoke:
+        for v in verdicts:
+            if v.status == ONE_SEED:
+                v.status = SMOKE

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from posenc_lab_analysis.stats import EPS, holm, mean_interval, paired_difference
+from posenc_lab_analysis.stats import EPS, _bell_mccaffrey, cr2_weights, holm, mean_interval, p_text, paired_difference
 
 # ---- the simulation ------------------------------------------------------------------------------
 
@@ -94,8 +94,8 @@ def test_seeds_are_the_unit_of_training():
     narrow = paired_difference(a - a.mean(1, keepdims=True) + a.mean(), b - b.mean(1, keepdims=True) + b.mean(), docs)
     assert wide.covers_seeds and wide.high - wide.low > 2 * (narrow.high - narrow.low)
     one = paired_difference(a[:1], b[:1], docs)
-    assert not one.covers_seeds and (one.n_a, one.n_b) == (1, 1) and one.documents == 48
-    assert one.df == pytest.approx(47)  # the text alone: documents - 1 degrees of freedom
+    assert not one.covers_seeds and (one.n_a, one.n_b) == (1, 1) and one.units == 48
+    assert 10 < one.df < 47  # the text alone: Bell-McCaffrey, below units - 1 for unequal units
 
 
 def test_a_planted_difference_is_found_and_its_p_value_is_one_sided():
@@ -130,9 +130,9 @@ def test_a_mean_and_its_interval():
 
 def test_bad_input_is_named():
     docs = np.repeat(np.arange(3), 4)
-    with pytest.raises(ValueError, match=r"b has 5 tokens, the documents array 12"):
+    with pytest.raises(ValueError, match=r"b has 5 tokens, the units array 12"):
         paired_difference(np.zeros((2, 12)), np.zeros((2, 5)), docs)
-    with pytest.raises(ValueError, match="at least 2 documents"):
+    with pytest.raises(ValueError, match="at least 2 independent units"):
         paired_difference(np.zeros((2, 12)), np.zeros((2, 12)), np.zeros(12, int))
     with pytest.raises(ValueError, match=r"level must be in \(0, 1\)"):
         paired_difference(np.zeros((2, 12)), np.zeros((2, 12)), docs, level=95)
@@ -153,6 +153,67 @@ def test_holm_adjusts_step_down_and_keeps_order():
     assert adjusted[0] == pytest.approx(0.04) and adjusted[2] == pytest.approx(0.09)
     assert adjusted[1] == pytest.approx(0.09)  # monotone: never below an earlier step
     assert adjusted[4] == pytest.approx(0.2) and np.isnan(adjusted[3])
+
+
+# ---- the family as the unit (issue 29, item 1) ---------------------------------------------------------------
+
+
+def _pustejovsky_tipton(y: np.ndarray, n: np.ndarray) -> tuple[float, float]:
+    """CR2 variance and Bell-McCaffrey df of a weighted mean, written as Pustejovsky and Tipton (2018) write
+    them for WLS (their eqs. 5-6 and 11), one observation per cluster: y [G] the unit means, weights W = n, the
+    working model Phi = I (unit means of equal variance), X = 1."""
+    G = len(y)
+    X, W = np.ones((G, 1)), np.diag(n)
+    M = np.linalg.inv(X.T @ W @ X)
+    H = X @ M @ X.T @ W
+    e = y - H @ y
+    IH = np.eye(G) - H
+    A = [1 / np.sqrt(IH[j] @ IH[j]) for j in range(G)]  # B_j = (I - H)_j Phi (I - H)_j', A_j = B_j^(-1/2)
+    V = float(sum((M @ X[j] * n[j] * A[j] * e[j]) ** 2 for j in range(G)).item())
+    P = np.stack([IH[j] * A[j] * n[j] * M[0, 0] for j in range(G)])  # p_j = (I - H)_j' A_j W_j X_j M
+    Omega = P @ P.T  # p_i' Phi p_j
+    return V, float(np.trace(Omega) ** 2 / np.sum(Omega**2))
+
+
+def test_the_text_part_is_cr2_with_bell_mccaffrey_df_as_published():
+    rng = np.random.default_rng(20)
+    n = rng.integers(1, 40, 9).astype(float)
+    units = np.repeat(np.arange(9), n.astype(int))
+    y = rng.normal(0, 1, 9)
+    a = (y[units] + rng.normal(0, 0.1, len(units)))[None]  # one seed a side: the text part alone
+    d = paired_difference(a, np.zeros_like(a), units)
+    ybar = np.bincount(units, weights=a[0]) / n
+    V, df = _pustejovsky_tipton(ybar, n)
+    assert d.se**2 == pytest.approx(V, rel=1e-9) and d.df == pytest.approx(df, rel=1e-9)
+    equal = np.full(12, 0.5 / 6)
+    assert _bell_mccaffrey(equal) == pytest.approx(11) and cr2_weights(equal) == pytest.approx(12 / 11)
+
+
+def test_one_family_holding_half_the_tokens_gives_a_wide_interval():
+    """The issue's layout (42 files, 14 families, asyncio 48% of the tokens), files of a family sharing half of
+    their effect: with the files as units the 95% interval covers far less than 95% and is confident; with the
+    families it covers, on one or two degrees of freedom, and is wide."""
+    from posenc_lab_analysis.coverage import MEASURED, TODAY, Components, Simulator
+
+    comps = Components(**{**MEASURED.__dict__, "icc": 0.5, "file_sd": 0.05})
+    sim, rng = Simulator(TODAY, comps), np.random.default_rng(21)
+    hits = {"file": 0, "family": 0}
+    width = {"file": [], "family": []}
+    for _ in range(200):
+        a, b = sim.cell(rng, "a"), sim.cell(rng, "b")
+        for name, units in (("file", sim.file), ("family", sim.family)):
+            d = paired_difference(a, b, units)
+            hits[name] += d.low <= 0 <= d.high
+            width[name].append(d.high - d.low)
+    assert d.units == 14 and d.largest_share == pytest.approx(0.484, abs=0.01) and d.df < 4
+    assert hits["file"] / 200 < 0.85 and hits["family"] / 200 >= 0.93
+    assert np.median(width["family"]) > 2 * np.median(width["file"])
+
+
+def test_p_values_below_what_the_df_support_print_as_a_bound():
+    assert p_text(4.3e-225, 4.0) == "< 1e-3" and p_text(7e-26, 60.0) == "< 1e-4"
+    assert p_text(0.0123, 4.0) == "0.012" and p_text(float("nan"), 4.0) == "n/a"
+    assert p_text(5e-4, 60.0) == "0.0005"
 
 
 if __name__ == "__main__":  # the table of analysis/README.md

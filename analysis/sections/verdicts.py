@@ -86,11 +86,14 @@ def section(
         "predicts and the comparison that decides it, and they are judged on the **test** split. Every comparison "
         "is the difference of two cells' mean per-token loss (or accuracy) on the same tokens, with an interval "
         "whose units are the training seed and the document (`posenc_lab_analysis.stats.paired_difference`). A "
-        "verdict made of several comparisons is reproduced only if each of them is. Holm's correction runs over "
-        "the verdicts (one-sided, family-wise alpha in `conf/paper.yaml`); each verdict's intervals are shown at "
-        "the level Holm tested it at, so that *reproduced* means every interval lies on the predicted side. "
-        "*Contradicted* is judged the same way in the opposite direction; *inconclusive*: neither; *not tested*: "
-        "a cell it needs was not trained. Every other interval in this report is descriptive."
+        "verdict made of several comparisons is reproduced only if each of them is, contradicted if any one is the "
+        "other way. Holm's correction runs over both directions of every verdict at once, so that the chance of any "
+        "false *reproduced* or *contradicted* is at most the alpha of `conf/paper.yaml`. Each verdict's intervals "
+        "are shown at the level of the Holm step that decided it (or, if Holm stopped before it, of the step where "
+        "it stopped), so that a verdict is *reproduced* exactly when every interval lies on its predicted side. "
+        "*Inconclusive*: neither; *not judged: one seed*: a cell it needs has one seed (descriptive only); *not "
+        "tested*: a cell it needs was not trained, or a value was not finite. Every other interval in this report "
+        "is descriptive."
     )
     findings = [_sentence(v, scale, unit_name) for v in verdicts]
     if sanity:

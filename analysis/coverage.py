@@ -1,0 +1,216 @@
+"""Coverage of the report's intervals and the error rates of its verdicts, simulated at the variance components
+measured on the default ablation (``variance.py``), for a layout of the test split: today's (42 scored files
+in 14 families, one of them 48% of the tokens) or a designed one (30 families or more, equal tokens each).
+
+The simulated losses of cell c, seed s, on the tokens of file k in family g (nats):
+
+    x[s, t] = f_c[g] + u_c[k] + alpha_cs + e_cst      Var f = rho tau^2 / 2, Var u = (1 - rho) tau^2 / 2,
+                                                      Var alpha = sigma_c^2, Var(mean_k e) = kappa n_k^-gamma
+
+so that a difference of two cells has file SD tau and intra-family correlation rho, as measured. Every cell
+has the same mean (the global null). The estimator reads the tokens only through their sums per unit and
+seed, so each file is simulated with one pseudo-token per ``TOKENS_PER_PSEUDO`` of its tokens, its noise
+scaled to the file's.
+
+``python -m posenc_lab_analysis.coverage [--reps N]``: the tables of analysis/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from posenc_lab.tables import markdown_table
+
+from .stats import paired_difference
+from .verdicts import CONTRADICTED, REPRODUCED, CellKey, Evidence, judge, paper
+
+TOKENS_PER_PSEUDO = 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The scored files of a test split: tokens of each file, family of each file."""
+
+    name: str
+    file_tokens: tuple[int, ...]
+    file_family: tuple[int, ...]
+
+    def shares(self) -> np.ndarray:
+        n = np.bincount(self.file_family, weights=self.file_tokens)
+        return n / n.sum()
+
+
+# The default ablation's as-trained tokens (64 streams x 4,096 of the pystdlib test split), measured with
+# ``python -m posenc_lab_analysis.variance`` on its dumps: 42 files, 14 families, the largest 48.4%.
+TODAY = Layout(
+    "today (14 families, largest 48%)",
+    (1188, 2908, 15898, 486, 2710, 5482, 4096, 4096, 8192, 3725, 371, 8192, 8192, 8192, 4096, 4891, 791, 2510, 1173,
+     11115, 8192, 4096, 4096, 4084, 12, 4096, 16384, 7505, 12975, 1602, 6590, 8192, 8192, 12288, 25964, 1, 2416, 8483,
+     20480, 876, 3220, 4096),
+    (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 11, 12, 12,
+     12, 12, 12, 12, 13),
+)  # fmt: skip
+
+
+def designed(families: int = 30, n_tokens: int = 262144, seed: int = 0) -> Layout:
+    """A split designed for inference: ``families`` families of equal scored tokens, each in 1-3 files."""
+    rng = np.random.default_rng(seed)
+    tokens, family = [], []
+    for g in range(families):
+        cuts = rng.dirichlet(np.ones(int(rng.integers(1, 4))))
+        sizes = np.maximum(1, np.round(cuts * n_tokens / families)).astype(int)
+        tokens += sizes.tolist()
+        family += [g] * len(sizes)
+    return Layout(f"designed ({families} families, equal tokens)", tuple(tokens), tuple(family))
+
+
+@dataclass(frozen=True)
+class Components:
+    """Measured components (nats): each cell's seed SD (``seed_sd``, or ``default_seed_sd``), the file SD of a
+    difference, its intra-family correlation, the token noise law of a file mean (kappa n^-gamma)."""
+
+    file_sd: float
+    icc: float
+    kappa: float
+    gamma: float
+    default_seed_sd: float
+    seed_sd: dict[str, float] = field(default_factory=dict)
+
+    def of(self, cell: str) -> float:
+        return self.seed_sd.get(cell, self.default_seed_sd)
+
+
+# Measured on the default ablation's dumps (analysis/README.md, "Variance components").
+# Measured on the default ablation's dumps (analysis/README.md, "Variance components"; 2-3 seeds a cell): the
+# verdicts' close pairs (xl:mem32 - shaw:mem32, xl:mem32 - xl:nomem) have file SDs of 0.007-0.021 nats and
+# intra-family correlations of -0.03 to 0.72; the cells' seed SDs are 0-0.006 nats.
+MEASURED = Components(
+    file_sd=0.021,
+    icc=0.1,
+    kappa=0.108,
+    gamma=0.95,
+    default_seed_sd=0.006,
+    seed_sd={
+        "sinusoid:mem32": 0.0061,
+        "learned:mem32": 0.0033,
+        "global_sinusoid:mem32": 0.0034,
+        "shaw:mem32": 0.0,
+        "xl:mem32": 0.0059,
+        "xl:nomem": 0.0042,
+    },
+)
+
+
+CELLS = ("sinusoid:mem32", "learned:mem32", "global_sinusoid:mem32", "shaw:mem32", "xl:mem32", "xl:nomem")
+
+
+def _key(name: str) -> CellKey:
+    scheme, mem = name.split(":")[:2]
+    return CellKey(scheme, mem != "nomem")
+
+
+class Simulator:
+    """Simulated per-token values of cells on one layout (module docstring)."""
+
+    def __init__(self, layout: Layout, comps: Components):
+        n_k = np.asarray(layout.file_tokens, dtype=float)
+        m_k = np.maximum(1, np.round(n_k / TOKENS_PER_PSEUDO)).astype(int)
+        self.file = np.repeat(np.arange(len(n_k)), m_k)
+        self.family = np.asarray(layout.file_family)[self.file]
+        self.G, self.K = int(self.family.max()) + 1, len(n_k)
+        # a pseudo-token's noise variance, so that a file's mean has the noise of its n_k tokens
+        self.noise_sd = np.sqrt(comps.kappa * n_k**-comps.gamma * m_k)[self.file]
+        self.comps = comps
+
+    def cell(self, rng, name: str, seeds: int = 3) -> np.ndarray:
+        """[seeds, pseudo-tokens] of one cell at the null."""
+        c = self.comps
+        f = rng.normal(0, np.sqrt(c.icc / 2) * c.file_sd, self.G)[self.family]
+        u = rng.normal(0, np.sqrt((1 - c.icc) / 2) * c.file_sd, self.K)[self.file]
+        alpha = rng.normal(0, c.of(name), (seeds, 1))
+        return f + u + alpha + rng.normal(0, 1, (seeds, len(self.file))) * self.noise_sd
+
+
+def coverage(layout: Layout, comps: Components, reps: int, seed: int = 0, units: str = "family") -> dict:
+    """One difference (3 seeds a side) at the null: the coverage of its 95% interval, the rate at which a
+    one-sided test at 5% rejects (either direction, each counted), and the median df."""
+    rng = np.random.default_rng(seed)
+    sim = Simulator(layout, comps)
+    by = sim.family if units == "family" else sim.file
+    hits, reject, dfs = 0, 0, []
+    for _ in range(reps):
+        d = paired_difference(sim.cell(rng, "xl:mem32"), sim.cell(rng, "shaw:mem32"), by)
+        hits += d.low <= 0 <= d.high
+        reject += d.p_value("<0") < 0.05
+        dfs.append(d.df)
+    return {"coverage": hits / reps, "one_sided_5pct": reject / reps, "median_df": float(np.median(dfs))}
+
+
+def error_rates(
+    layout: Layout, comps: Components, reps: int, seed: int = 0, config: dict | None = None
+) -> pd.DataFrame:
+    """Every verdict of ``config`` (default: conf/paper.yaml) judged at the global null ``reps`` times through
+    ``verdicts.judge``: the share of false "reproduced" and "contradicted", and of any false claim. The
+    as-trained cells and their attention gains (memory cells, simulated with the same components) are
+    simulated; recall_beyond is not (its units are the probe's own)."""
+    config = config or paper()
+    rng = np.random.default_rng(seed)
+    sim = Simulator(layout, comps)
+    keys = {c: _key(c) for c in CELLS}
+    rows = {v["id"]: {"verdict": v["id"], "reproduced": 0, "contradicted": 0, "judged": 0} for v in config["verdicts"]}
+    any_false = 0
+    for _ in range(reps):
+        trained = Evidence({c: sim.cell(rng, c) for c in CELLS}, keys, sim.family)
+        memory = [c for c in CELLS if keys[c].memory]
+        gain = Evidence({c: sim.cell(rng, c) for c in memory}, {c: keys[c] for c in memory}, sim.family)
+        verdicts, _ = judge(config, {"as_trained": trained, "attention_gain": gain})
+        false = False
+        for v in verdicts:
+            row = rows[v.id]
+            row["judged"] += np.isfinite(v.p)
+            row["reproduced"] += v.status == REPRODUCED
+            row["contradicted"] += v.status == CONTRADICTED
+            false |= v.status in (REPRODUCED, CONTRADICTED)
+        any_false += false
+    df = pd.DataFrame(rows.values())
+    for col in ("reproduced", "contradicted"):
+        df[col] = df[col] / reps
+    df["judged"] = df["judged"] / reps
+    df.attrs["any_false"] = any_false / reps
+    return df
+
+
+def main(argv=None) -> int:
+    """python -m posenc_lab_analysis.coverage [--reps N]: coverage and verdict error rates at the measured
+    components, for today's layout and a designed one (the tables of analysis/README.md)."""
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.coverage", description=main.__doc__)
+    p.add_argument("--reps", type=int, default=2000)
+    p.add_argument("--verdict-reps", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    layouts = (TODAY, designed())
+    print("| layout | units | ICC | coverage of the 95% interval | one-sided 5% test rejects | median df |")
+    print("|---|---|---|---|---|---|")
+    for lay in layouts:
+        for units in ("file", "family"):
+            for icc in (0.0, MEASURED.icc, 0.5, 0.72):
+                comps = Components(**{**MEASURED.__dict__, "icc": icc})
+                r = coverage(lay, comps, a.reps, a.seed, units)
+                print(
+                    f"| {lay.name} | {units} | {icc:.2f} | {r['coverage']:.3f} | {r['one_sided_5pct']:.3f} | "
+                    f"{r['median_df']:.1f} |",
+                    flush=True,
+                )
+    for lay in layouts:
+        df = error_rates(lay, MEASURED, a.verdict_reps, a.seed)
+        print(f"\n{lay.name}, global null, {a.verdict_reps} ablations; any false claim: {df.attrs['any_false']:.3f}")
+        print(markdown_table(df, default=3))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""The variance components of the as-trained losses, measured on per-token dumps: what the coverage simulation
+(``coverage.py``) and the power statement (``power.py``) take as given.
+
+For cells a, b with seeds s and files k (n_k scored tokens; family g(k)), the seed-averaged difference of
+file means is d_k = theta + f_g(k) + u_k + e_k: f the family's effect, u the file's own, e the token noise
+of the seeds (its variance v_k estimated from the seed-to-seed spread of the file sums, the seeds' global
+shift taken out). Moments, each unbiased under that model:
+
+    file SD        tau^2  = [sum_k w_k (d_k - dbar)^2 - sum_k w_k v_k (1 - w_k)] / (1 - sum_k w_k^2)
+                   (w_k = n_k / N: files weighted by their tokens, dbar = sum_k w_k d_k)
+    family part    tau_f^2 = sum over pairs k != l of one family of w_k w_l (d_k - dbar)(d_l - dbar) / sum w_k w_l
+    intra-family correlation  rho = tau_f^2 / tau^2
+    seed SD        sigma^2 = var_s(m[s]) - (token noise of one seed's mean)
+
+``python -m posenc_lab_analysis.variance DUMPS_DIR [--out FILE.json]``: DUMPS_DIR is a report's
+``dumps/as_trained/`` (or the report's ``dumps/``); pystdlib only, whose families are computed again from
+the standard library (about a minute). Pure numpy but for the family look-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PairComponents:
+    """The components of one difference a - b (nats): its estimate, the file SD, the family part, rho."""
+
+    a: str
+    b: str
+    estimate: float
+    file_sd: float
+    family_sd: float
+    icc: float
+
+
+def _file_sums(x: np.ndarray, files: np.ndarray, K: int) -> np.ndarray:
+    return np.stack([np.bincount(files, weights=row, minlength=K) for row in x])
+
+
+def _noise(sums: np.ndarray, n_k: np.ndarray) -> np.ndarray:
+    """[K] variance of the seed-averaged file sums from seed to seed, each seed's global shift taken out."""
+    n = sums.shape[0]
+    m = sums.sum(1) / n_k.sum()
+    resid = sums - sums.mean(0) - np.outer(m - m.mean(), n_k)
+    return (resid**2).sum(0) / ((n - 1) * n)
+
+
+def pair_components(a, b, files, family, names=("a", "b"), law: tuple[float, float] | None = None):
+    """The components of a - b. a, b: [n_seeds, tokens]; files: [tokens] file index 0..K-1; family: [K] the
+    family of each file. A side with one seed takes its token noise from ``law`` (``noise_law``)."""
+    K = int(files.max()) + 1
+    n_k = np.bincount(files, minlength=K).astype(float)
+    keep = n_k > 0
+
+    def noise(S):
+        if len(S) >= 2:
+            return _noise(S, n_k)
+        if law is None:
+            raise ValueError(f"{names}: a cell with one seed needs the noise law")
+        return law[0] * np.maximum(n_k, 1) ** (2 - law[1])
+
+    A, B = _file_sums(a, files, K), _file_sums(b, files, K)
+    d = ((A.mean(0) - B.mean(0))[keep] / n_k[keep]).astype(float)
+    v = ((noise(A) + noise(B))[keep] / n_k[keep] ** 2).astype(float)
+    fam, w = np.asarray(family)[keep], n_k[keep] / n_k[keep].sum()
+    centred = d - (w * d).sum()
+    # token-weighted moments (a file of 12 tokens counts as 12 tokens): E sum w (d - dbar)^2 = tau^2 (1 - sum w^2)
+    # + sum w v (1 - w)
+    tau2 = ((w * centred**2).sum() - (w * v * (1 - w)).sum()) / (1 - (w**2).sum())
+    pairs = [(i, j) for g in np.unique(fam) for i, j in combinations(np.flatnonzero(fam == g), 2)]
+    pw = np.array([w[i] * w[j] for i, j in pairs])
+    tau_f2 = float(sum(p * centred[i] * centred[j] for p, (i, j) in zip(pw, pairs)) / pw.sum()) if pairs else np.nan
+    theta = float((A.mean(0) - B.mean(0)).sum() / n_k.sum())
+    sd = float(np.sqrt(max(tau2, 0.0)))
+    icc = float(np.clip(tau_f2 / tau2, -1, 1)) if tau2 > 0 else float("nan")
+    return PairComponents(names[0], names[1], theta, sd, float(np.sqrt(max(tau_f2, 0.0))), icc)
+
+
+def seed_sd(x: np.ndarray, files: np.ndarray) -> tuple[float, float]:
+    """(SD of the per-seed means, SD of the seed effect with one seed's token noise taken out) of one cell
+    [n_seeds >= 2, tokens]."""
+    K = int(files.max()) + 1
+    n_k = np.bincount(files, minlength=K).astype(float)
+    sums = _file_sums(x, files, K)
+    n, N = sums.shape[0], n_k.sum()
+    m = sums.sum(1) / N
+    one_seed_noise = float(_noise(sums, n_k).sum() * n / N**2)
+    return float(np.std(m, ddof=1)), float(np.sqrt(max(0.0, np.var(m, ddof=1) - one_seed_noise)))
+
+
+def noise_law(cells: dict[str, np.ndarray], files: np.ndarray) -> tuple[float, float]:
+    """(kappa, gamma) of the per-seed token noise of a file mean, Var = kappa n_k^-gamma, fitted on the log
+    scale over files and cells."""
+    K = int(files.max()) + 1
+    n_k = np.bincount(files, minlength=K).astype(float)
+    logs, sizes = [], []
+    for x in cells.values():
+        if x.shape[0] < 2:
+            continue
+        v = _noise(_file_sums(x, files, K), n_k) * x.shape[0] / np.maximum(n_k, 1) ** 2
+        ok = (n_k > 0) & (v > 0)
+        logs.append(np.log(v[ok]))
+        sizes.append(np.log(n_k[ok]))
+    slope, intercept = np.polyfit(np.concatenate(sizes), np.concatenate(logs), 1)
+    return float(np.exp(intercept)), float(-slope)
+
+
+def layout(files: np.ndarray, family: np.ndarray) -> dict:
+    """Files, families, their scored tokens, the largest family's share and the effective number of families
+    (1 / sum of squared token shares)."""
+    K = int(files.max()) + 1
+    n_k = np.bincount(files, minlength=K)
+    keep = np.flatnonzero(n_k > 0)
+    fam = np.asarray(family)[keep]
+    ids, inverse = np.unique(fam, return_inverse=True)
+    tokens = np.bincount(inverse, weights=n_k[keep]).astype(int)
+    w = tokens / tokens.sum()
+    return {
+        "files": int(len(keep)),
+        "families": int(len(ids)),
+        "largest_share": float(w.max()),
+        "effective_families": float(1 / np.sum(w**2)),
+        "file_tokens": n_k[keep].astype(int).tolist(),
+        "file_family": inverse.astype(int).tolist(),
+    }
+
+
+def measure(cells: dict[str, np.ndarray], files: np.ndarray, family: np.ndarray) -> dict:
+    """Every component of a group of cells (name -> [n_seeds, tokens]) on shared tokens."""
+    seeded = {c: x for c, x in cells.items() if x.shape[0] >= 2}
+    kappa, gamma = noise_law(cells, files)
+    pairs = [
+        pair_components(cells[a], cells[b], files, family, (a, b), (kappa, gamma)) for a, b in combinations(cells, 2)
+    ]
+    return {
+        "layout": layout(files, family),
+        "seeds": {
+            c: dict(zip(("sd_of_means", "seed_sd"), seed_sd(x, files))) | {"n": x.shape[0]} for c, x in seeded.items()
+        },
+        "pairs": [asdict(p) for p in pairs],
+        "median_file_sd": float(np.median([p.file_sd for p in pairs])) if pairs else float("nan"),
+        "median_icc": float(np.nanmedian([p.icc for p in pairs])) if pairs else float("nan"),
+        "noise": {"kappa": kappa, "gamma": gamma},
+    }
+
+
+def pystdlib_families(split: str = "test") -> np.ndarray:
+    """[files of ``split``] the family of each file of the default pystdlib corpus, in split (text) order."""
+    import sysconfig
+
+    from posenc_lab.data.pystdlib import FILE_SEPARATOR, families, split_of_families, stdlib_files
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    rels = stdlib_files(stdlib)
+    texts = [(stdlib / r).read_bytes() + FILE_SEPARATOR for r in rels]
+    family = families(rels, texts)
+    split_of = split_of_families(rels, [len(t) for t in texts], family)
+    return np.array([f for r, f in zip(rels, family) if split_of[r] == split])
+
+
+def from_dumps(folder: Path, family: np.ndarray | None = None) -> dict:
+    """The components of the as-trained dumps in ``folder`` (a report's dumps/ or dumps/as_trained/)."""
+    from .dumps import read_dump, same_tokens
+
+    folder = folder / "as_trained" if (folder / "as_trained").is_dir() else folder
+    loaded = {p.stem: read_dump(p) for p in sorted(folder.glob("*.npz"))}
+    if not loaded:
+        raise ValueError(f"{folder} holds no as-trained dumps (<run>.npz)")
+    files = same_tokens(loaded)
+    cells: dict[str, list] = {}
+    for d in loaded.values():
+        cells.setdefault(d.meta["cell"], []).append(d.at().astype(np.float64))
+    family = pystdlib_families(next(iter(loaded.values())).meta.get("split", "test")) if family is None else family
+    return measure({c: np.stack(v) for c, v in cells.items()}, files, family)
+
+
+def main(argv=None) -> int:
+    """python -m posenc_lab_analysis.variance DUMPS_DIR [--out FILE]: the variance components of a report's
+    as-trained dumps (pystdlib), printed and written as JSON."""
+    p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.variance", description=main.__doc__)
+    p.add_argument("dumps", type=Path)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    try:
+        res = from_dumps(a.dumps)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    lay = res["layout"]
+    print(
+        f"{lay['files']} files in {lay['families']} families; largest family {lay['largest_share']:.1%} of the "
+        f"scored tokens; effective number of families {lay['effective_families']:.1f}"
+    )
+    for c, s in res["seeds"].items():
+        print(f"seed SD {c}: {s['seed_sd']:.4f} nats (SD of the seed means {s['sd_of_means']:.4f}, {s['n']} seeds)")
+    for q in res["pairs"]:
+        print(
+            f"{q['a']} - {q['b']}: {q['estimate']:+.4f}; file SD {q['file_sd']:.4f}, family SD {q['family_sd']:.4f}, "
+            f"intra-family correlation {q['icc']:.2f}"
+        )
+    print(f"median file SD {res['median_file_sd']:.4f}, median intra-family correlation {res['median_icc']:.2f}")
+    print(f"token noise of a file mean, one seed: {res['noise']['kappa']:.3g} n^-{res['noise']['gamma']:.2f}")
+    if a.out:
+        a.out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
