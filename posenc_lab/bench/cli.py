@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precisions", default="fp32", help=f"comma-separated, from {','.join(PRECISIONS)}")
     p.add_argument("--memory", default="both", choices=["both", "on", "off"], help="with memory, without, or both")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default or 0: torch's)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the median is quoted")
     p.add_argument(
@@ -180,7 +180,7 @@ def device_problem(device: str) -> str | None:
 COUNTS = {
     "segment_len": 1,
     "batch": 1,
-    "threads": 1,
+    "threads": 0,
     "warmup": 0,
     "reps": 1,
     "matmul_max_n": 1,
