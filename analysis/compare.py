@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc_lab.metrics import figure_name, figure_scale
+from posenc_lab.io import path_problem
+from posenc_lab.metrics import figure, figure_name, figure_scale
 from posenc_lab.rundir import RunDir, differences
 
 from .dumps import AsTrained, as_trained, same_tokens, stack
 from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
-from .stats import mean_interval, paired_difference
+from .stats import Difference, mean_interval, paired_difference
 
 
 def side(path: Path) -> list[Run]:
@@ -57,7 +58,32 @@ def comparable(a: list[Run], b: list[Run]) -> None:
         raise RunError(f"the sides use other corpus options: {a[0].corpus_key} (A) vs {b[0].corpus_key} (B)")
 
 
+def figure_text(mean: Difference, unit: str, digits: int = 4) -> str:
+    """A side's mean loss (nats) and its interval as the corpus's own figure (``metrics.figure``: bits per byte or
+    character, perplexity of words): each end mapped, the figure rising with the loss."""
+    if not np.isfinite(mean.estimate):
+        return "n/a"
+    estimate, low, high = (float(figure(x, unit)) for x in (mean.estimate, mean.low, mean.high))
+    return f"{estimate:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def option_problems(args: argparse.Namespace) -> list[str]:
+    """Why the command line's numbers or --out cannot be used, each naming the option and what is valid."""
+    out = [
+        f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}"
+        for name in ("n_streams", "n_tokens")
+        if getattr(args, name) < 1
+    ]
+    if not 0 < args.level < 1:
+        out.append(f"--level must be a confidence level in (0, 1), got {args.level}")
+    if args.out is not None and (problem := path_problem(args.out, "--out")):
+        out.append(problem)
+    return out
+
+
 def compare(a: list[Run], b: list[Run], settings: AsTrained, work: Path, level: float = 0.95, log=print) -> dict:
+    """The difference of the sides' mean loss (``difference``, in ``unit``: bits or nats per token) and each side's
+    mean loss in nats (``a``, ``b``; ``figure_text`` gives the corpus's figure)."""
     comparable(a, b)
     dumps = {}
     for name, runs in (("A", a), ("B", b)):
@@ -71,8 +97,9 @@ def compare(a: list[Run], b: list[Run], settings: AsTrained, work: Path, level: 
     return {
         "figure": figure_name(unit),
         "unit": unit_name,
-        "a": mean_interval(xa, documents, level).scaled(scale),
-        "b": mean_interval(xb, documents, level).scaled(scale),
+        "corpus_unit": unit,
+        "a": mean_interval(xa, documents, level),
+        "b": mean_interval(xb, documents, level),
         "difference": paired_difference(xa, xb, documents, level).scaled(scale),
         "tokens": len(documents),
         "documents": len(np.unique(documents)),
@@ -92,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="keep the per-token dumps here (default: a temporary folder)")
     add_threads_argument(p)
     args = p.parse_args(argv)
+    if problems := option_problems(args):
+        print(f"posenc-lab compare: error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
     apply_threads(args.threads)
     try:
         a, b = side(args.a), side(args.b)
@@ -102,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"posenc-lab compare: error: {e}", file=sys.stderr)
         return 2
     d = r["difference"]
-    print(f"A: {args.a} ({len(a)} seed(s)): {args.split} {r['figure']} {r['a'].text(4, signed=False)}")
-    print(f"B: {args.b} ({len(b)} seed(s)): {args.split} {r['figure']} {r['b'].text(4, signed=False)}")
+    for name, path, runs in (("A", args.a, a), ("B", args.b, b)):
+        shown = figure_text(r[name.lower()], r["corpus_unit"])
+        print(f"{name}: {path} ({len(runs)} seed(s)): {args.split} {r['figure']} {shown}")
     print(
         f"A - B: {d.text(4)} {r['unit']} ({d.level:.0%} interval over seeds and {r['documents']} documents, "
         f"{r['tokens']:,} tokens; t with {d.df:.1f} df); one-sided p that A is lower: {d.p_value('<0'):.3g}, "

@@ -3,6 +3,8 @@
 import itertools
 import json
 import pickle
+import re
+import shutil
 import sysconfig
 from pathlib import Path
 
@@ -12,7 +14,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from posenc_lab.data import CORPUS_NAMES, SegmentStream, load_corpus, make_recall, pystdlib
+from posenc_lab.data.cache import DIGEST, CacheContentError
 from posenc_lab.data.pystdlib import FILE_SEPARATOR, stdlib_files
+from posenc_lab.rundir import corpus_identity
 
 KEYS = {"tokens", "targets", "loss_mask", "offset", "reset", "distance"}
 
@@ -225,6 +229,20 @@ def test_textfile_too_small_for_the_split(tmp_path):
         load_corpus("textfile", root=tmp_path, path=tmp_path / "t.txt")
 
 
+def test_textfile_is_read_from_a_copy_that_follows_the_file(tmp_path):
+    """Runs map the cache's copy, never the user's file (one that shrinks under a memory map kills with SIGBUS); a
+    changed file is copied again into the same entry, and a corpus already loaded keeps its data."""
+    rng = np.random.default_rng(0)
+    first, second = (rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (10_240, 20_480))
+    (tmp_path / "t.txt").write_bytes(first)
+    before = load_corpus("textfile", root=tmp_path / "cache", path=tmp_path / "t.txt")
+    assert Path(before.train.filename).is_relative_to(tmp_path / "cache")
+    (tmp_path / "t.txt").write_bytes(second)
+    after = load_corpus("textfile", root=tmp_path / "cache", path=tmp_path / "t.txt")
+    assert bytes(after.train) == second[:18_432] and bytes(before.train) == first[:9216]
+    assert len(list((tmp_path / "cache" / "textfile").iterdir())) == 1  # the copy of that path replaced, not added
+
+
 def test_textfile_missing_file_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no file at .*missing.txt"):
         load_corpus("textfile", root=tmp_path, path=tmp_path / "missing.txt")
@@ -297,6 +315,42 @@ def test_pystdlib_real_stdlib_capped(tmp_path, monkeypatch):
     files = manifest(tmp_path / "env")["info"]["files"]
     assert not set(files["train"]) & set(files["val"])
     assert len(stdlib_files(Path(sysconfig.get_paths()["stdlib"]))) > 300
+
+
+# ---------------------------------------------------------------- the cache, checked by content
+
+RECALL_SMALL = dict(train_tokens=5000, eval_tokens=1000, max_distance=20)
+
+
+@pytest.mark.parametrize("name", ["train.npy", "val.distance.npy", "vocab.txt"])
+def test_a_cache_file_with_other_content_is_refused_naming_it_and_the_folder_to_delete(tmp_path, name):
+    first = load_corpus("recall", root=tmp_path, **RECALL_SMALL)
+    reference, itos = corpus_identity(first), first.itos  # before the edit below, which its memmaps would see
+    (path,) = tmp_path.rglob(name)
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 1  # one bit: the file still reads, at its length
+    path.write_bytes(bytes(content))
+    message = rf"corpus cache file {re.escape(str(path))} is not the file posenc-lab wrote there \({DIGEST} "
+    with pytest.raises(CacheContentError, match=message + rf".*Delete {re.escape(str(path.parent))} to prepare"):
+        load_corpus("recall", root=tmp_path, **RECALL_SMALL)
+    shutil.rmtree(path.parent)  # what the message says to do
+    again = load_corpus("recall", root=tmp_path, **RECALL_SMALL)
+    assert corpus_identity(again) == reference and again.itos == itos
+
+
+def test_a_cache_without_digests_is_prepared_again_to_the_same_tokens(tmp_path, fake_stdlib, caplog):
+    """An entry of an older posenc-lab cannot be vouched for: it is built again, never adopted, and its tokens (so
+    the corpus hash of run.json) are those of the same source."""
+    reference = corpus_identity(load_corpus("pystdlib", root=tmp_path, stdlib_dir=fake_stdlib))
+    (path,) = tmp_path.rglob("manifest.json")
+    old = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in old.items() if k != DIGEST}))
+    (train,) = tmp_path.rglob("train.npy")
+    np.save(train, np.load(train)[::-1])  # content that only a check would catch
+    with caplog.at_level("WARNING", logger="posenc_lab.data"):
+        again = load_corpus("pystdlib", root=tmp_path, stdlib_dir=fake_stdlib)
+    assert f"corpus cache {path.parent} has no content digests" in caplog.text
+    assert corpus_identity(again) == reference and json.loads(path.read_text()) == old
 
 
 # ---------------------------------------------------------------- recall

@@ -14,13 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
+import numpy as np
 import pytest
+import torch
 
-from posenc_lab import evaluate
+from posenc_lab import bench, evaluate
 from posenc_lab import train as train_module
 from posenc_lab.compose import compose
 from posenc_lab.data import load_corpus
-from tests.helpers_train import tiny
+from tests.helpers_train import CORPUS, run_module, tiny
 from tests.test_reliability import cli, no_stale_log_handlers  # noqa: F401 - an autouse fixture
 
 
@@ -36,12 +39,60 @@ def _link(tmp, name, target) -> Path:
 
 def _without(args: list[str], key: str) -> list[str]:
     return [a for a in args if not a.startswith(f"{key}=")]
+_MOUNTS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _unmount():
+    """Unmounts what a case mounted (``_tmpfs``)."""
+    yield
+    while _MOUNTS:
+        subprocess.run(["umount", "-l", str(_MOUNTS.pop())], check=False)
+
+
+def _tmpfs(folder: Path, options: str) -> Path:
+    """A tmpfs mounted at ``folder`` until the test ends (root only): ``size=64k`` is a disk that fills, ``ro`` a
+    file system that refuses every writer, root included."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    _MOUNTS.append(folder)
+    return folder
+
+
+def _read_only(folder: Path) -> Path:
+    """A folder this process cannot write in: mode 0555 refuses a user; root passes every mode, so for root a
+    read-only tmpfs (EROFS), which refuses root as it would any process."""
+    if os.geteuid() == 0:
+        return _tmpfs(folder, "ro,size=64k")
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+def _tampered_cache(tmp: Path) -> Path:
+    """A corpus cache (the tiny runs' recall corpus) whose train.npy was overwritten with as many other tokens:
+    a valid .npy file of the length the manifest says."""
+    root = tmp / "cache"
+    options = {o.split("=")[0].split(".")[-1]: int(o.split("=")[1]) for o in CORPUS["recall"]}
+    corpus = load_corpus("recall", root=root, **options)
+    (train,) = root.rglob("train.npy")
+    np.save(train, np.ascontiguousarray(corpus.train[::-1]))
+    return root
+
+
+def _no_cache_root(argv: list[str]) -> list[str]:
+    return [a for a in argv if not a.startswith("data.root=")]
 
 
 # fixed, so that a run cannot draw bytes that happen to begin like a pickle of another protocol (torch then warns)
 RANDOM_BYTES = random.Random(0).randbytes(5000)
 
-# (id, command, arguments from (tmp_path, cache, finished run), expected message after "error: ")
+# (id, command, arguments from (tmp_path, cache, finished run) -- or (arguments, environment) --, expected message
+# after "error: ")
 CASES = [
     ("unknown model option", "train", lambda t, c, f: tiny(t / "run", c, "+model.foo=1"),
      r"model\.foo is not a model option; the options are: "),
@@ -142,6 +193,30 @@ CASES = [
                       "posenc.K=4"],
      r"^job 2 \(posenc=rope model\.mem_len=8\) \(also job 3\): posenc\.K is not a key of posenc; the keys are: "
      r"base, .*; no job was started$"),
+    # the corpus cache
+    ("a cache file changed after it was written", "train", lambda t, c, f: tiny(t / "run", _tampered_cache(t)),
+     r"^corpus cache file \S+/recall/[0-9a-f]{12}/train\.npy is not the file posenc-lab wrote there \(blake2b "
+     r"[0-9a-f]{16}\.\.\., its manifest says [0-9a-f]{16}\.\.\.\): something changed it\. Delete \S+/recall/"
+     r"[0-9a-f]{12} to prepare the corpus again$"),
+    ("a full disk while the corpus cache is built", "train",
+     lambda t, c, f: tiny(t / "run", _tmpfs(t / "disk", "size=64k")),
+     r"^no space left on the file system at \S+/disk \([\d.]+ MiB free\) to write \S+/disk/recall/[0-9a-f]{12}/"
+     r"train\.npy: it was not written"),
+    ("data.root is a file", "train", lambda t, c, f: tiny(t / "run", _file(t, "root", b"mine")),
+     r"^data\.root=\S+/root: cannot write the corpus cache \S+/root/recall/[0-9a-f]{12}: \S+/root is a file, not a "
+     r"folder; corpus recall .* set data\.root \(or \$POSENC_LAB_CACHE\) to a folder this process can write$"),
+    ("a read-only POSENC_LAB_CACHE", "train",
+     lambda t, c, f: (_no_cache_root(tiny(t / "run", c)), {"POSENC_LAB_CACHE": str(_read_only(t / "ro"))}),
+     r"^\$POSENC_LAB_CACHE=\S+/ro: cannot write the corpus cache \S+/ro/recall/[0-9a-f]{12}: (\S+/ro is on a "
+     r"read-only file system|no permission to write in \S+/ro); .* set data\.root \(or \$POSENC_LAB_CACHE\) to"),
+    # corpus options name their data.corpus.* key
+    ("no recall training tokens", "train", lambda t, c, f: tiny(t / "run", c, "data.corpus.train_tokens=0"),
+     r"^recall corpus: data\.corpus\.train_tokens=0 is too short for one item: it takes >= max_distance \+ "
+     r"max_gap \+ 2 = 50 tokens$"),
+    ("recall min_distance above max_distance", "train",
+     lambda t, c, f: tiny(t / "run", c, "data.corpus.min_distance=50"),
+     r"^recall corpus: data\.corpus\.min_distance=50 is above data\.corpus\.max_distance=40: it must be <= "
+     r"max_distance$"),
 ]  # fmt: skip
 
 
@@ -162,7 +237,11 @@ def test_every_bad_input_is_one_line_before_anything_is_written(
 ):
     work = tmp_path / "work"
     work.mkdir()
-    argv = args(work, cache, finished)
+    argv, env = args(work, cache, finished), {}
+    if isinstance(argv, tuple):  # (arguments, environment)
+        argv, env = argv
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     before, finished_before = _tree(work), _tree(finished)
     code, err = cli(train_module.main if command == "train" else evaluate.main, argv, monkeypatch, capsys)
     lines = [line for line in err.splitlines() if line.startswith("posenc-lab ")]
@@ -233,3 +312,83 @@ def test_a_damaged_corpus_cache_is_named_and_rebuilt(tmp_path, caplog, damage):
     assert f"corpus cache {damaged.parent} is damaged" in caplog.text and damage in caplog.text
     assert all((again.split(s) == reference[s]).all() for s in reference)
     assert len(damaged.read_bytes()) > 0 and not list(tmp_path.rglob(".*.tmp*"))
+
+
+# ---- the commands that are not Hydra's: compare and bench ----------------------------------------------
+
+# bench kept to one tiny point, so that a check that does not hold costs a second, not a benchmark
+BENCH = ["--configs", "tiny", "--schemes", "nope", "--memory", "off", "--warmup", "0", "--reps", "1"]
+
+
+def _without_cuda(argv: list[str]) -> list[str]:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --device cuda is valid here")
+    return argv
+
+
+# (id, command, arguments from (tmp_path, finished run), expected message after "error: ")
+CLI_CASES = [
+    ("compare: no streams", "compare", lambda t, f: [f, f, "--n-streams", "0"],
+     r"^--n-streams must be an integer >= 1, got 0$"),
+    ("compare: --out is a file", "compare", lambda t, f: [f, f, "--out", _file(t, "out", b"mine")],
+     r"^--out=\S+/out: \S+/out is a file, not a folder; use another --out$"),
+    ("bench: n_head does not divide d_model", "bench", lambda t, f: [*BENCH, "--model-set", "n_head=3"],
+     r"^--model-set n_head=3 with --configs tiny: model\.n_head=3 does not divide model\.d_model=64; pick n_head "
+     r"among the divisors of d_model$"),
+    ("bench: --out under a file", "bench", lambda t, f: [*BENCH, "--out", _file(t, "out", b"mine") / "x.json"],
+     r"^--out=\S+/out/x\.json: \S+/out is a file, not a folder; use another --out$"),
+    ("bench: --device cuda without CUDA", "bench", lambda t, f: _without_cuda([*BENCH, "--device", "cuda"]),
+     r"^--device cuda: this machine has no CUDA device \(torch\.cuda\.is_available\(\) is false\); use cpu$"),
+    ("bench: a segment of no tokens", "bench", lambda t, f: [*BENCH, "--segment-len", "0"],
+     r"^--segment-len must be an integer >= 1, got 0$"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, command, args, message", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_every_bad_option_of_compare_and_bench_is_one_line_before_anything_runs(
+    tmp_path, finished, capsys, case, command, args, message
+):
+    from posenc_lab_analysis import compare  # here: a training child imports this module for CutShort
+
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [str(a) for a in args(work, finished)]
+    before, finished_before = _tree(work), _tree(finished)
+    code = {"compare": compare.main, "bench": bench.main}[command](argv)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"posenc-lab {command}: error: "), captured.err
+    assert re.search(message, lines[0].split(": error: ", 1)[1]), lines[0]
+    assert captured.out == ""  # refused before the environment line of a benchmark or any evaluation
+    assert _tree(work) == before and _tree(finished) == finished_before
+
+
+# ---- a text corpus cut short while a run trains ------------------------------------------------------
+
+
+class CutShort(L.Callback):
+    """Cuts ``path`` to half its size after the first training step: a user's file changed under a run."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 1:
+            os.truncate(self.path, self.path.stat().st_size // 2)
+
+
+def test_a_text_file_cut_short_while_a_run_trains_leaves_the_run_its_copy_and_a_resume_is_one_line(tmp_path):
+    """A memory map of a file that shrinks kills its reader with SIGBUS (rc 135 from a shell, no line): the run reads
+    the cache's copy instead, and finishes; continuing it on the changed file is refused, naming the corpus."""
+    text = tmp_path / "corpus.txt"
+    text.write_bytes(np.random.default_rng(0).integers(0, 256, 60_000, dtype=np.uint8).tobytes())
+    run, cache, corpus = tmp_path / "run", tmp_path / "cache", f"data.corpus.path={text}"
+    cut = ["+callbacks.cut._target_=tests.test_one_line_errors.CutShort", f"+callbacks.cut.path={text}"]
+    done = run_module("posenc_lab.train", *tiny(run, cache, corpus, *cut, data="textfile", steps=6))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert text.stat().st_size == 30_000 and '"steps": 6' in (run / "results.json").read_text()
+    again = run_module("posenc_lab.train", *tiny(run, cache, corpus, data="textfile", steps=8))
+    lines = [line for line in again.stderr.splitlines() if line.startswith("posenc-lab ")]
+    assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert len(lines) == 1 and re.search(r"corpus\.n_tokens\.train: run 54000, now 27000", lines[0]), lines
+    assert "corpus.sha256: run '" in lines[0]

@@ -7,6 +7,7 @@ python -m posenc_lab.bench --eval-speed --configs small --attention-len 800
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..io import path_problem
 from ..model import ModelConfig
 from ..positional import scheme_names
 from ..positional.fused import IMPLS
@@ -106,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precisions", default="fp32", help=f"comma-separated, from {','.join(PRECISIONS)}")
     p.add_argument("--memory", default="both", choices=["both", "on", "off"], help="with memory, without, or both")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default or 0: torch's)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the median is quoted")
     p.add_argument(
@@ -156,6 +158,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def device_problem(device: str) -> str | None:
+    """Why --device cannot run here, or None: auto, cpu, or a CUDA device this machine has."""
+    if device == "auto":
+        return None
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, ValueError):
+        chosen = None
+    if chosen is None or chosen.type not in ("cpu", "cuda"):
+        return f"--device {device!r} is not a device; valid: auto, cpu, cuda, cuda:N"
+    count = torch.cuda.device_count() if chosen.type == "cuda" and torch.cuda.is_available() else 0
+    if chosen.type == "cuda" and not count:
+        return f"--device {device}: this machine has no CUDA device (torch.cuda.is_available() is false); use cpu"
+    if chosen.type == "cuda" and chosen.index is not None and chosen.index >= count:
+        return f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+    return None
+
+
+#: integer options and their least valid value (None: the option's default, which is always valid)
+COUNTS = {
+    "segment_len": 1,
+    "batch": 1,
+    "threads": 0,
+    "warmup": 0,
+    "reps": 1,
+    "matmul_max_n": 1,
+    "eval_segment_len": 1,
+    "eval_batch": 1,
+}
+
+
+def option_problems(args: argparse.Namespace, presets: list[str], schemes: list[str]) -> list[str]:
+    """Why the numbers, --device, --out or --model-set cannot run, each naming the option and what is valid
+    (names unknown to the project are listed by ``main``)."""
+    out = [
+        f"--{name.replace('_', '-')} must be an integer >= {low}, got {getattr(args, name)}"
+        for name, low in COUNTS.items()
+        if getattr(args, name) is not None and getattr(args, name) < low
+    ]
+    lengths = _csv_list(args.attention_len)
+    if not lengths or not all(a.isdigit() and int(a) >= 1 for a in lengths):
+        out.append(f"--attention-len must be integers >= 1, comma-separated, got {args.attention_len!r}")
+    if (problem := device_problem(args.device)) is not None:
+        out.append(problem)
+    if args.out is not None and (problem := path_problem(args.out, "--out")) is not None:
+        out.append(problem)
+    if out or not args.model_set:
+        return out
+    for name in presets:  # each model of the grid, built as a config: a size that cannot be one is named
+        bc = BenchConfig.preset(name, args.segment_len, args.batch, **args.model_set)
+        for scheme, memory in itertools.product(schemes, (True, False)):
+            try:
+                bc.model_config(scheme, memory)
+            except ValueError as e:
+                given = ",".join(f"{k}={v}" for k, v in args.model_set.items())
+                return [f"--model-set {given} with --configs {name}: {e}"]
+    return out
+
+
 def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) -> int:
     """``omp_policy_applies``: whether OMP_WAIT_POLICY was set before torch loaded (None: not known)."""
     args = build_parser().parse_args(argv)
@@ -175,11 +236,14 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
         unknown.append(f"--ratio-to {args.ratio_to} (not among --schemes)")
     if unknown:
         print(
-            f"posenc-lab bench: unknown {unknown}; configs (conf/model/): {list(model_presets())}, schemes: "
+            f"posenc-lab bench: error: unknown {unknown}; configs (conf/model/): {list(model_presets())}, schemes: "
             f"{list(names)}, precisions: {list(PRECISIONS)}, --attention: {list(IMPLS)}, "
             f"--model-set keys: ModelConfig fields",
             file=sys.stderr,
         )
+        return 2
+    if problems := option_problems(args, presets, schemes):
+        print(f"posenc-lab bench: error: {'; '.join(problems)}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

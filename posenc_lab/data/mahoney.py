@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import cached, key_dir, split_file
+from .cache import cached, check_writable, key_dir, split_file
 from .download import DownloadError, download, extract_member, offline_hint, source_url
 from .registry import Corpus, register_corpus
 
@@ -20,6 +20,7 @@ def _fetch(root: Path, name: str, url: str, expected_size: int | None, md5: str 
     """The path of the unzipped file `name`, downloaded and extracted once."""
     raw = root / name / name
     if not raw.exists():
+        check_writable(raw.parent)
         archive = download(
             url, root / name / f"{name}.zip", md5=md5, hint=offline_hint(name, f"the unzipped file `{name}` at {raw}")
         )
@@ -40,9 +41,15 @@ def load_enwik8(
     md5: str | None = None,
     split_sizes=MAHONEY_SPLIT,
 ) -> Corpus:
-    """Byte-level enwik8 (vocab 256), memory-mapped straight from the unzipped file."""
+    """Byte-level enwik8 (vocab 256): the unzipped file's bytes, split and cached (checked by content)."""
     raw = _fetch(root, "enwik8", source_url("enwik8", url, ENWIK8_URL), expected_size, md5)
-    return Corpus("enwik8", **split_file("enwik8", raw, split_sizes), vocab_size=256)
+    key = {"version": 1, "split_sizes": list(split_sizes), "size": raw.stat().st_size}
+
+    def build():
+        return split_file("enwik8", raw, split_sizes), None, {}
+
+    arrays, _, _ = cached(key_dir(root / "enwik8", key), key, build)
+    return Corpus("enwik8", **arrays, vocab_size=256)
 
 
 @register_corpus("text8", unit="char")
@@ -56,10 +63,10 @@ def load_text8(
 ) -> Corpus:
     """Character-level text8: ids index the sorted characters of train (27: space and a-z)."""
     raw = _fetch(root, "text8", source_url("text8", url, TEXT8_URL), expected_size, md5)
-    parts = split_file("text8", raw, split_sizes)
     key = {"version": 1, "split_sizes": list(split_sizes), "size": raw.stat().st_size}
 
     def build():
+        parts = split_file("text8", raw, split_sizes)
         chars = np.unique(parts["train"])
         lookup = np.full(256, -1, dtype=np.int16)
         lookup[chars] = np.arange(len(chars))

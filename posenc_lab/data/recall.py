@@ -82,6 +82,33 @@ def make_recall(
     return tokens, loss_mask, distance
 
 
+def _option_problems(options: dict) -> list[str]:
+    """Why the recall options (``data.corpus.*``) cannot make the probe, each naming its key and what is valid."""
+    minimum = dict(seed=0, n_values=1, n_filler=1, min_distance=1, max_distance=1, max_gap=0, train_tokens=0)
+    minimum.update(eval_tokens=0, **({} if options["eval_max_distance"] is None else {"eval_max_distance": 1}))
+    out = [
+        f"data.corpus.{name} must be an integer >= {low}, got {options[name]!r}"
+        for name, low in minimum.items()
+        if isinstance(options[name], bool) or not isinstance(options[name], int) or options[name] < low
+    ]
+    if out:
+        return out
+    eval_farthest = "max_distance" if options["eval_max_distance"] is None else "eval_max_distance"
+    for name in ("max_distance", "eval_max_distance"):
+        if options[name] is not None and options[name] < options["min_distance"]:
+            out.append(
+                f"data.corpus.min_distance={options['min_distance']} is above data.corpus.{name}={options[name]}: "
+                f"it must be <= {name}"
+            )
+    for name, farthest in (("train_tokens", "max_distance"), ("eval_tokens", eval_farthest)):
+        if options[name] < (need := options[farthest] + options["max_gap"] + 2):
+            out.append(
+                f"data.corpus.{name}={options[name]} is too short for one item: it takes >= {farthest} + max_gap + 2 "
+                f"= {need} tokens"
+            )
+    return out
+
+
 @register_corpus("recall", unit="word", answers=True)
 def load_recall(
     root: Path,
@@ -102,6 +129,9 @@ def load_recall(
     eval_max_distance: val/test distances reach this far instead of max_distance (to test recall past the
     distances seen in training).
     """
+    given = {k: v for k, v in locals().items() if k != "root"}  # the data.corpus.* values, before any default
+    if problems := _option_problems(given):
+        raise ValueError(f"recall corpus: {'; '.join(problems)}")
     eval_max = max_distance if eval_max_distance is None else eval_max_distance
     settings = dict(
         seed=seed,

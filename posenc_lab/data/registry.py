@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cache import cache_root
+from .cache import CACHE_ENV, CacheUnwritable, cache_root, cache_setting
 from .splits import check_split
 from .streams import SegmentStream
 
@@ -112,6 +112,12 @@ def check_corpus_options(name: str, options: Iterable[str]) -> None:
 def load_corpus(name: str, root: str | os.PathLike | None = None, **kwargs) -> Corpus:
     """Load corpus `name`, preparing and caching it under `root` (default: the cache root) if needed."""
     check_corpus_options(name, kwargs)
-    corpus = CORPORA[name](cache_root(root), **kwargs)
+    try:
+        corpus = CORPORA[name](cache_root(root), **kwargs)
+    except CacheUnwritable as e:  # named with the setting that chose the folder
+        raise CacheUnwritable(
+            f"{cache_setting(root)}: {e}; corpus {name} with these options is prepared there on first use, so set "
+            f"data.root (or ${CACHE_ENV}) to a folder this process can write"
+        ) from e
     corpus.unit = CORPUS_UNITS[name]
     return corpus

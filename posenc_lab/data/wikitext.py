@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import cached, key_dir
+from .cache import cached, check_writable, key_dir
 from .download import download, extract_member, offline_hint, source_url
 from .registry import Corpus, register_corpus
 
@@ -52,6 +52,7 @@ def _load(root: Path, name: str, url: str | None, md5: str | None) -> Corpus:
     base = root / name
     files = {s: base / folder / f for s, f in _FILES.items()}
     if not all(p.exists() for p in files.values()):
+        check_writable(base)
         archive = download(
             url,
             base / Path(url).name,
