@@ -39,6 +39,8 @@ def _link(tmp, name, target) -> Path:
 
 def _without(args: list[str], key: str) -> list[str]:
     return [a for a in args if not a.startswith(f"{key}=")]
+
+
 _MOUNTS: list[Path] = []
 
 
