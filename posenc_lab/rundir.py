@@ -226,9 +226,12 @@ class RunDir:
         return self.results_file.is_file() and self.last_checkpoint.is_file()
 
     def newest_checkpoint(self) -> Path | None:
-        """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None."""
+        """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None. A
+        last-v<N>.ckpt newer than last.ckpt (versions before issue 27 saved there after a change of checkpoint_every,
+        leaving last.ckpt behind) is taken instead: the newest state."""
         if self.last_checkpoint.is_file():
-            return self.last_checkpoint
+            versions = [p for p in self.checkpoints.glob("last-v*.ckpt") if p.is_file()]
+            return max([self.last_checkpoint, *versions], key=lambda p: p.stat().st_mtime_ns)
         others = [p for p in self.checkpoints.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
         return max(others, key=lambda p: p.stat().st_mtime) if others else None
 
