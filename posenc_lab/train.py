@@ -17,9 +17,9 @@ anything is written; a second process writing the same run directory is refused 
 sweep (``-m``) every job gets its own run directory: ``run_dir/<job number>_<scheme>_<data>``
 (hydra.sweep.subdir).
 
-SIGTERM and SIGINT (and, in a SLURM job, its requeue signal) stop training at the end of the step with
-last.ckpt saved (checkpoints.Checkpointing), print one line with the command that continues the run and
-exit 143 / 130; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
+SIGTERM, SIGINT and SIGHUP (and, in a SLURM job, its requeue signal) stop training at the end of the step, or of
+the validation batch, with last.ckpt saved (checkpoints.Checkpointing), print one line with the command that
+continues the run and exit 143 / 130 / 129; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
 
 
 def stop_signals() -> tuple[int, ...]:
-    """SIGTERM, SIGINT and, inside a SLURM job, the signals after which it is requeued: SIGUSR1 (Lightning's SLURM
+    """errors.STOP_SIGNALS and, inside a SLURM job, the signals after which it is requeued: SIGUSR1 (Lightning's SLURM
     auto-requeue signal, ``#SBATCH --signal=SIGUSR1@90``; handled here, so that Lightning's own handler, a save from
     inside the signal handler, mid-step, into hpc_ckpt_N.ckpt, stays unset) and submitit's (hydra/launcher=slurm).
     See docs/CLUSTERS.md."""
