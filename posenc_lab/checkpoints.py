@@ -76,15 +76,27 @@ _CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "N
 
 def _code_in_pickle(path: Path) -> str | None:
     """The first opcode of a plain pickle file that would import or call code (read, never run), None if there
-    is none; ValueError if the bytes are not a pickle at all (corruption)."""
+    is none; ValueError if the bytes are not a pickle at all (corruption). A legacy (non-zip) torch.save file is
+    several pickles in a row (a magic number, the protocol, system info, the data) followed by raw tensor bytes:
+    each pickle is read in turn until those bytes begin."""
     with open(path, "rb") as f:
-        strings: list[str] = []
-        for op, arg, _ in pickletools.genops(f):  # raises ValueError on bytes that are no pickle
-            if op.name in _CODE_OPCODES:
-                what = arg if op.name == "GLOBAL" else " ".join(strings[-2:]) if op.name == "STACK_GLOBAL" else ""
-                return f"a {op.name} opcode" + (f" ({what})" if what else "")
-            if isinstance(arg, str):
-                strings.append(arg)
+        size, first = os.fstat(f.fileno()).st_size, True
+        while f.tell() < size:
+            strings: list[str] = []
+            try:
+                for op, arg, _ in pickletools.genops(f):  # raises ValueError on bytes that are no pickle
+                    if op.name in _CODE_OPCODES:
+                        what = (
+                            arg if op.name == "GLOBAL" else " ".join(strings[-2:]) if op.name == "STACK_GLOBAL" else ""
+                        )
+                        return f"a {op.name} opcode" + (f" ({what})" if what else "")
+                    if isinstance(arg, str):
+                        strings.append(arg)
+            except ValueError:
+                if first:
+                    raise
+                return None  # the raw tensor bytes after the pickles of a legacy torch file
+            first = False
     return None
 
 
@@ -106,8 +118,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # the weights-only unpickler met something that is not plain data
-        found = re.search(r"Unsupported global: GLOBAL \S+", str(e))
-        code = found.group(0) if found else None
+        # torch names the global in one of two forms (the second for a module it blocks, e.g. posix.system)
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
+        code = f"a reference to the global {found.group(1)}" if found else None
         if code is None and not zipfile.is_zipfile(path):
             try:  # a plain pickle: find out, without running it, whether it references code or is damaged
                 code = _code_in_pickle(path)

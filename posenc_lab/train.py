@@ -81,6 +81,18 @@ def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentData
     if diff:
         listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(f"checkpoint {path} was trained with another model: {listed}")
+    saved_shapes = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if isinstance(v, torch.Tensor)}
+    shapes = {k: tuple(v.shape) for k, v in lit.state_dict().items()}
+    misfits = [
+        f"{k}: checkpoint {list(saved_shapes[k])}, now {list(v)}"
+        if k in saved_shapes
+        else f"{k}: not in the checkpoint"
+        for k, v in shapes.items()
+        if saved_shapes.get(k) != v
+    ] + [f"{k}: not in this model" for k in sorted(saved_shapes.keys() - shapes.keys())]
+    if misfits:
+        listed = "; ".join(misfits[:3]) + (f"; and {len(misfits) - 3} more" if len(misfits) > 3 else "")
+        raise CheckpointError(f"checkpoint {path} holds weights of another shape than this model's: {listed}")
     data_state = ckpt.get(type(datamodule).__qualname__, {}).get("train")
     if data_state:
         stream = datamodule.make_stream("train")
@@ -103,6 +115,16 @@ def _resume_path(cfg: DictConfig, run: RunDir, record: dict | None) -> Path | No
     if cfg.resume == "auto":
         return run.newest_checkpoint()
     return Path(str(cfg.resume))
+
+
+def _check_folders(cfg: DictConfig, run: RunDir) -> None:
+    """RunDirError before anything is loaded or written if the run's folders cannot be what they must (its
+    checkpoints/ a file, its .lock a folder, a checkpoint folder that cannot be created)."""
+    run.check_folders()
+    dirpath = OmegaConf.select(cfg, "callbacks.checkpoint.dirpath", default=None)
+    if dirpath is not None and Path(dirpath).absolute() != run.checkpoints.absolute():
+        if problem := path_problem(dirpath, "callbacks.checkpoint.dirpath"):
+            raise RunDirError(problem)
 
 
 def _checkpoint_state(run: RunDir) -> tuple[str, int] | None:
@@ -197,6 +219,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Everything that can be checked is checked before anything is written (and before DDP launches).
     check(cfg, "train")
+    _check_folders(cfg, RunDir(run_dir))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
     check_splits(datamodule)
@@ -385,6 +408,20 @@ def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
     return Interrupted(e.signum, f"{e}{kept}. Continue with: {command} run_dir={shlex.quote(str(run.path))}")
 
 
+# Hydra's run and sweep folders are named after these (conf/train.yaml), before the config is checked
+_NAME_FOLDERS = ("posenc.name", "data.name")
+
+
+def _folder_name_problem(argv: list[str]) -> str | None:
+    """A scheme or corpus name on the command line that would make Hydra create a folder elsewhere ('/', '..')."""
+    for key in _NAME_FOLDERS:
+        value = _given(argv, key)
+        if value is not None and ("/" in value or os.sep in value or value in (".", "..")):
+            group = key.split(".")[0]
+            return f"{key}={value!r} is no {group} name (run directories are named after it): use {group}=NAME"
+    return None
+
+
 def main() -> None:
     """``posenc-lab train``: a ``run_dir=`` (or ``hydra.run.dir=``, ``hydra.sweep.dir=``) that cannot be a folder
     is refused before Hydra tries to create it (its error would be a traceback)."""
@@ -394,6 +431,8 @@ def main() -> None:
     with reported("train"):
         if any(problems):
             raise RunDirError(next(p for p in problems if p))
+        if problem := _folder_name_problem(sys.argv):
+            raise ConfigError(problem)
         if problem := override_problem("train", sys.argv[1:], "train"):
             raise ConfigError(problem)
     _RUN_DIR_EXISTED = _named_run_dir_existed(sys.argv)
