@@ -49,88 +49,22 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, keep_freed_memory
 from .build import build_datamodule, build_lit, build_trainer, check_splits
-from .checkpoints import CHECKPOINT_SAFE_GLOBALS, CheckpointError, Checkpointing, CheckpointUnreadable, read_checkpoint
+from .checkpoints import CHECKPOINT_SAFE_GLOBALS, Checkpointing, CheckpointUnreadable
 from .checks import check
 from .compose import override_problem
 from .datamodule import SegmentDataModule
+from .distributed import lost_process
 from .errors import STOP_SIGNALS, ConfigError, Interrupted, reported, stop_at_once
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .precision import check_precision
+from .resume import check_folders, check_resumable, checkpoint_state, resume_path
 from .rundir import Results, RunDir, RunDirError, corpus_identity, run_identity
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
 warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
 CONF_DIR = config_dir()
-
-
-# ---- resuming -------------------------------------------------------------------------------
-
-
-def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentDataModule) -> int:
-    """The global step of the checkpoint at ``path``; CheckpointError if it cannot continue this run."""
-    ckpt = read_checkpoint(path)
-    saved, now = dict(ckpt["hyper_parameters"]["model"]), lit.hparams.model
-    # Dropout may change on resume; everything else shapes the parameters or their meaning.
-    diff = {
-        k: (saved.get(k), v)
-        for k, v in now.items()
-        if k not in ("dropout", "attn_dropout", "attention_impl") and saved.get(k) != v
-    }  # speed-only: may change
-    if diff:
-        listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in diff.items())
-        raise CheckpointError(f"checkpoint {path} was trained with another model: {listed}")
-    saved_shapes = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if isinstance(v, torch.Tensor)}
-    shapes = {k: tuple(v.shape) for k, v in lit.state_dict().items()}
-    misfits = [
-        f"{k}: checkpoint {list(saved_shapes[k])}, now {list(v)}"
-        if k in saved_shapes
-        else f"{k}: not in the checkpoint"
-        for k, v in shapes.items()
-        if saved_shapes.get(k) != v
-    ] + [f"{k}: not in this model" for k in sorted(saved_shapes.keys() - shapes.keys())]
-    if misfits:
-        listed = "; ".join(misfits[:3]) + (f"; and {len(misfits) - 3} more" if len(misfits) > 3 else "")
-        raise CheckpointError(f"checkpoint {path} holds weights of another shape than this model's: {listed}")
-    data_state = ckpt.get(type(datamodule).__qualname__, {}).get("train")
-    if data_state:
-        stream = datamodule.make_stream("train")
-        try:
-            stream.load_state_dict(data_state)
-        except ValueError as e:
-            raise CheckpointError(f"checkpoint {path} was trained on other data settings: {e}") from e
-    return int(ckpt.get("global_step", 0))
-
-
-def _resume_path(cfg: DictConfig, run: RunDir, record: dict | None) -> Path | None:
-    if cfg.resume in (None, False, "none", "never"):
-        existing = run.newest_checkpoint() if record is not None else None
-        if existing is not None:
-            raise RunDirError(
-                f"resume=null would start run_dir {run.path} over and overwrite its checkpoints "
-                f"({existing}); use resume=auto to continue it, or another run_dir"
-            )
-        return None
-    if cfg.resume == "auto":
-        return run.newest_checkpoint()
-    return Path(str(cfg.resume))
-
-
-def _check_folders(cfg: DictConfig, run: RunDir) -> None:
-    """RunDirError before anything is loaded or written if the run's folders cannot be what they must (its
-    checkpoints/ a file, its .lock a folder, a checkpoint folder that cannot be created)."""
-    run.check_folders()
-    dirpath = OmegaConf.select(cfg, "callbacks.checkpoint.dirpath", default=None)
-    if dirpath is not None and Path(dirpath).absolute() != run.checkpoints.absolute():
-        if problem := path_problem(dirpath, "callbacks.checkpoint.dirpath"):
-            raise RunDirError(problem)
-
-
-def _checkpoint_state(run: RunDir) -> tuple[str, int] | None:
-    """(path, mtime) of the checkpoint resume=auto would take: changes when another process saves one."""
-    newest = run.newest_checkpoint()
-    return (str(newest), newest.stat().st_mtime_ns) if newest is not None else None
 
 
 def _run_dir(cfg: DictConfig) -> Path:
@@ -219,7 +153,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Everything that can be checked is checked before anything is written (and before DDP launches).
     check(cfg, "train")
-    _check_folders(cfg, RunDir(run_dir))
+    check_folders(cfg, RunDir(run_dir))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
     check_splits(datamodule)
@@ -230,8 +164,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run = RunDir(run_dir)
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
     record = run.check(identity, _own_log())
-    seen = _checkpoint_state(run)
-    resume = _resume_path(cfg, run, record)
+    seen = checkpoint_state(run)
+    resume = resume_path(cfg, run, record)
     try:
         resume_step = check_resumable(resume, lit, datamodule) if resume is not None else 0
     except CheckpointUnreadable as e:
@@ -254,7 +188,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     with run.lock() if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
             record = run.check(identity, _own_log())  # again under the lock: another process may have run
-            if _checkpoint_state(run) != seen:
+            if checkpoint_state(run) != seen:
                 raise RunDirError(
                     f"run_dir {run_dir} changed while this run was starting (another process saved "
                     f"a checkpoint); run the command again to continue from it"
@@ -271,7 +205,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 lit.model.num_params() / 1e6,
                 f"; resuming from {resume}" if resume else "",
             )
-        return _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+        try:
+            return _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+        except Exception as e:  # a collective that lost a process: one line, not the backend's traceback
+            if trainer.world_size > 1 and (lost := lost_process(e, trainer, run.newest_checkpoint())):
+                raise lost from e
+            raise
 
 
 def _fit_and_evaluate(
