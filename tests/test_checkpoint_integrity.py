@@ -139,3 +139,18 @@ def test_a_stop_logs_the_metrics_of_the_step_it_stopped_at(tmp_path, cache, log_
     assert str(info.value).startswith("stopped by SIGTERM at step 3; saved ")
     logged = _train_loss_steps(run)
     assert logged[-1] == 2 and logged == ([0, 1, 2] if log_every == 1 else [2])
+
+
+def test_a_run_left_with_a_newer_last_v1_ckpt_resumes_from_it(tmp_path):
+    """A run directory of a version before the fix: last.ckpt stale, the newest state in last-v1.ckpt."""
+    from posenc_lab.rundir import RunDir
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for i, name in enumerate(("last-v2.ckpt", "last.ckpt", "last-v1.ckpt")):
+        (ckpts / name).write_bytes(b"x")
+        os.utime(ckpts / name, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))
+    assert RunDir(tmp_path / "run").newest_checkpoint() == ckpts / "last-v1.ckpt"
+    (ckpts / "last-v1.ckpt").unlink()
+    (ckpts / "last-v2.ckpt").unlink()
+    assert RunDir(tmp_path / "run").newest_checkpoint() == ckpts / "last.ckpt"
