@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoints import CheckpointError, read_checkpoint
 from .datamodule import SegmentDataModule
+from .errors import ConfigError
 from .io import path_problem
 from .lit import LitLM
 from .rundir import RunDir, RunDirError
@@ -69,12 +70,19 @@ def resume_path(cfg: DictConfig, run: RunDir, record: dict | None) -> Path | Non
 
 def check_folders(cfg: DictConfig, run: RunDir) -> None:
     """RunDirError before anything is loaded or written if the run's folders cannot be what they must (its
-    checkpoints/ a file, its .lock a folder, a checkpoint folder that cannot be created)."""
+    checkpoints/ a file, its .lock a folder, a checkpoint folder that cannot be created, a checkpoint file name
+    that would leave its folder)."""
     run.check_folders()
     dirpath = OmegaConf.select(cfg, "callbacks.checkpoint.dirpath", default=None)
     if dirpath is not None and Path(dirpath).absolute() != run.checkpoints.absolute():
         if problem := path_problem(dirpath, "callbacks.checkpoint.dirpath"):
             raise RunDirError(problem)
+    filename = OmegaConf.select(cfg, "callbacks.checkpoint.filename", default=None)
+    if filename is not None and ("/" in str(filename) or os.sep in str(filename) or str(filename) in ("", ".", "..")):
+        raise ConfigError(
+            f"callbacks.checkpoint.filename={filename!r} would save checkpoints outside callbacks.checkpoint.dirpath: "
+            f"a file name holds no '/' (the default: 'step{{step:07d}}')"
+        )
 
 
 def checkpoint_state(run: RunDir) -> tuple[str, int] | None:
