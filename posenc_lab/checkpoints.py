@@ -15,6 +15,8 @@ uniform guess, ln(vocab_size) (a model far worse than guessing is broken).
 
 from __future__ import annotations
 
+import ast
+import copy
 import logging
 import math
 import os
@@ -74,15 +76,27 @@ _CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "N
 
 def _code_in_pickle(path: Path) -> str | None:
     """The first opcode of a plain pickle file that would import or call code (read, never run), None if there
-    is none; ValueError if the bytes are not a pickle at all (corruption)."""
+    is none; ValueError if the bytes are not a pickle at all (corruption). A legacy (non-zip) torch.save file is
+    several pickles in a row (a magic number, the protocol, system info, the data) followed by raw tensor bytes:
+    each pickle is read in turn until those bytes begin."""
     with open(path, "rb") as f:
-        strings: list[str] = []
-        for op, arg, _ in pickletools.genops(f):  # raises ValueError on bytes that are no pickle
-            if op.name in _CODE_OPCODES:
-                what = arg if op.name == "GLOBAL" else " ".join(strings[-2:]) if op.name == "STACK_GLOBAL" else ""
-                return f"a {op.name} opcode" + (f" ({what})" if what else "")
-            if isinstance(arg, str):
-                strings.append(arg)
+        size, first = os.fstat(f.fileno()).st_size, True
+        while f.tell() < size:
+            strings: list[str] = []
+            try:
+                for op, arg, _ in pickletools.genops(f):  # raises ValueError on bytes that are no pickle
+                    if op.name in _CODE_OPCODES:
+                        what = (
+                            arg if op.name == "GLOBAL" else " ".join(strings[-2:]) if op.name == "STACK_GLOBAL" else ""
+                        )
+                        return f"a {op.name} opcode" + (f" ({what})" if what else "")
+                    if isinstance(arg, str):
+                        strings.append(arg)
+            except ValueError:
+                if first:
+                    raise
+                return None  # the raw tensor bytes after the pickles of a legacy torch file
+            first = False
     return None
 
 
@@ -104,8 +118,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         with torch.serialization.safe_globals(CHECKPOINT_SAFE_GLOBALS):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # the weights-only unpickler met something that is not plain data
-        found = re.search(r"Unsupported global: GLOBAL \S+", str(e))
-        code = found.group(0) if found else None
+        # torch names the global in one of two forms (the second for a module it blocks, e.g. posix.system)
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
+        code = f"a reference to the global {found.group(1)}" if found else None
         if code is None and not zipfile.is_zipfile(path):
             try:  # a plain pickle: find out, without running it, whether it references code or is damaged
                 code = _code_in_pickle(path)
@@ -156,7 +171,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Every save is a new file: written beside its target, then renamed over it (io.atomic_path). Lightning's
     own writes to $TMPDIR and moves the file; across file systems (a tmpfs /tmp, a node-local $TMPDIR) that move
     copies *into* the existing last.ckpt, rewriting the inode good.ckpt and good.prev.ckpt are hard links to.
-    A full disk raises io.DiskFullError naming the file, with the previous checkpoint intact."""
+    A full disk raises io.DiskFullError naming the file, with the previous checkpoint intact. A checkpoint of an
+    earlier version is read with its Checkpointing state under today's key (``Checkpointing.adopt_state``)."""
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        kwargs = {} if map_location is None else {"map_location": map_location}
+        return Checkpointing.adopt_state(super().load_checkpoint(path, weights_only=weights_only, **kwargs))
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
@@ -186,17 +206,52 @@ def _link(src: Path, dst: Path) -> None:
 class Checkpointing(ModelCheckpoint):
     """Lightning's ModelCheckpoint that also keeps the newest two good checkpoints (see SANE_*) as
     good.ckpt and good.prev.ckpt: hard links, so no copy while the file they were saved as lives
-    (every save is a new file, AtomicCheckpointIO: a link keeps the weights it was made for).
+    (every save is a new file, AtomicCheckpointIO: a link keeps the weights it was made for). They are two files
+    whatever the resumes: a candidate that already is one of them changes nothing.
     A divergence that spans several checkpoints still leaves a good one, whatever was overwritten.
 
-    A stop signal during training (``stop_signals``) ends it at the end of the step: last.ckpt is saved
-    there, as a periodic checkpoint is (so it resumes exactly), and Interrupted is raised on every DDP rank
-    at the same step. A second signal stops at once. These handlers replace Lightning's SIGTERM handling,
-    whose SIGTERMException is a SystemExit that exits with status 0."""
+    last.ckpt is one file, always the newest state: the callback's state is kept under a key that does not name
+    the save interval (Lightning's does, so with another ``checkpoint_every`` it found no state, did not know
+    last.ckpt as its own and, with its version counter, saved last-v1.ckpt beside it), and the version counter is
+    off (a name this callback saves under is always its own to replace).
+
+    A stop signal (``stop_signals``) during a training step ends training at the end of the step: last.ckpt is
+    saved there, as a periodic checkpoint is (so it resumes exactly), the step's metrics are logged and flushed as
+    for a last step (``trainer.should_stop``), and Interrupted is raised at the next hook, on every DDP rank at the
+    same step. During a validation pass of training it ends the pass at the end of the validation batch: last.ckpt
+    is saved as at the end of the training step before it (the fit loop's state of the pass's start: a resume
+    trains on and does not repeat that validation, as after a checkpoint of Lightning's own at validation end).
+    A second signal stops at once. These handlers replace Lightning's SIGTERM handling, whose SIGTERMException
+    is a SystemExit that exits with status 0."""
 
     _candidate_step: int | None = None
     stop_signals: tuple[int, ...] = STOP_SIGNALS  # + the SLURM requeue signal under SLURM (train.py)
     _stop: int | None = None  # the stop signal received during training
+    _stopping: Interrupted | None = None  # saved at the end of a step; raised at the next hook
+    _loops_at_validation: dict[str, Any] | None = None  # the fit loop's state when a validation pass of fit began
+
+    def __init__(self, *args: Any, enable_version_counter: bool = False, **kwargs: Any):
+        super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+
+    @classmethod
+    def adopt_state(cls, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """``checkpoint`` with this callback's state, saved by an earlier version under Lightning's key (which also
+        names every_n_train_steps, every_n_epochs, train_time_interval), moved to today's ``state_key``."""
+        states = checkpoint.get("callbacks")
+        prefix = cls.__qualname__
+        for key in [k for k in states or {} if isinstance(k, str) and k.startswith(prefix + "{")]:
+            try:
+                fields = ast.literal_eval(key[len(prefix) :])
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(fields, dict) and set(fields) > {"monitor", "mode"}:
+                today = f"{prefix}{ {'monitor': fields['monitor'], 'mode': fields['mode']}!r}"
+                states.setdefault(today, states.pop(key))
+        return checkpoint
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)
@@ -205,10 +260,15 @@ class Checkpointing(ModelCheckpoint):
             _link(Path(filepath), Path(filepath).parent / _CANDIDATE)
             self._candidate_step = trainer.global_step
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._loops_at_validation is not None and "loops" in checkpoint:  # saved during a validation pass of fit
+            checkpoint["loops"]["fit_loop"] = copy.deepcopy(self._loops_at_validation)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         # after Lightning set its own handlers (it restores what was there before at the end of fit)
-        self._stop = None
+        self._stop, self._stopping, self._loops_at_validation = None, None, None
         if threading.current_thread() is threading.main_thread():
             for s in self.stop_signals:
                 signal.signal(s, self._request_stop)
@@ -219,6 +279,11 @@ class Checkpointing(ModelCheckpoint):
             _link(Path(trainer.ckpt_path), Path(self.dirpath) / _CANDIDATE)
             self._candidate_step = trainer.global_step
 
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._raise_if_stopping(trainer)  # should_stop did not end training (min_steps not reached)
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -227,13 +292,54 @@ class Checkpointing(ModelCheckpoint):
             loss = float(outputs["loss"]) if isinstance(outputs, dict) else float("nan")
             candidate = Path(self.dirpath) / _CANDIDATE
             if loss <= SANE_LOSS_RATIO * math.log(pl_module.model.cfg.vocab_size) and candidate.is_file():
-                good, prev = (candidate.parent / name for name in GOOD_CHECKPOINTS)
-                if good.exists():
-                    os.replace(good, prev)
-                os.replace(candidate, good)
+                self._confirm(candidate)
             self._candidate_step = None
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._stop_if_asked(trainer, pl_module)
+
+    @staticmethod
+    def _confirm(candidate: Path) -> None:
+        """The candidate is good: good.ckpt, and the good.ckpt before it good.prev.ckpt; unless it already is one
+        of them (a resume from a good last.ckpt): rotating it would leave one file under both names."""
+        good, prev = (candidate.parent / name for name in GOOD_CHECKPOINTS)
+        if any(p.exists() and os.path.samefile(candidate, p) for p in (good, prev)):
+            candidate.unlink()
+            return
+        if good.exists():
+            os.replace(good, prev)
+        os.replace(candidate, good)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raise_if_stopping(trainer)  # before the validation Lightning runs when training should stop
+        super().on_validation_start(trainer, pl_module)
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._loops_at_validation = copy.deepcopy(trainer.fit_loop.state_dict())
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+        if self._loops_at_validation is not None:
+            self._stop_if_asked(trainer, pl_module)
+            self._raise_if_stopping(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._loops_at_validation = None  # Lightning's own save here carries the loops' state of now
+        super().on_validation_end(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raise_if_stopping(trainer)
+        super().on_train_epoch_end(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raise_if_stopping(trainer)
+        super().on_train_end(trainer, pl_module)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
@@ -245,28 +351,40 @@ class Checkpointing(ModelCheckpoint):
         if self._stop is not None:
             raise Interrupted(signum, f"stopped by {signal_name(signum)} (sent twice) during a training step")
         self._stop = signum
+        where = "validation batch" if self._loops_at_validation is not None else "training step"
         log.warning(
-            "%s: stopping after this training step, with a checkpoint (send it again to stop at once)",
-            signal_name(signum),
+            "%s: stopping after this %s, with a checkpoint (send it again to stop at once)", signal_name(signum), where
         )
 
     def _stop_if_asked(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """If a stop was asked (on any DDP rank): save last.ckpt now, log this step as a last one, and raise at the
+        next hook (``_raise_if_stopping``), once Lightning has logged the step."""
         signum = self._stop or 0
         if trainer.world_size > 1:  # every rank stops at the same step: a save gathers the memory of all ranks
             asked = torch.tensor(signum, device=pl_module.device)
             signum = int(trainer.strategy.reduce(asked, reduce_op="max"))
-        if not signum:
+        if not signum or self._stopping is not None:
             return
         if self._last_global_step_saved != trainer.global_step:
             self._save_checkpoint(
                 trainer, str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
             )
-        raise Interrupted(
+        cut = ", before the validation of that step finished" if self._loops_at_validation is not None else ""
+        self._stopping = Interrupted(
             signum,
-            f"stopped by {signal_name(signum)} at step {trainer.global_step}; saved {self._last_checkpoint_saved}",
+            f"stopped by {signal_name(signum)} at step {trainer.global_step}; saved {self._last_checkpoint_saved}{cut}",
             saved=self._last_checkpoint_saved,
             quiet=not trainer.is_global_zero,
         )
+        trainer.should_stop = True  # Lightning logs the metrics of a step that ends training, whatever the interval
+
+    def _raise_if_stopping(self, trainer: L.Trainer) -> None:
+        if self._stopping is None:
+            return
+        stop, self._stopping = self._stopping, None
+        for logger in trainer.loggers:  # the stopping step's metrics reach metrics.csv before the exit line
+            logger.save()
+        raise stop
 
 
 def good_checkpoint(directory: str | os.PathLike) -> Path | None:

@@ -5,8 +5,9 @@ setting and what would be valid): the ``train`` / ``eval`` commands print it as 
 with status 1; ``HYDRA_FULL_ERROR=1`` re-raises it for the full traceback. Subclasses also derive
 from the builtin they refine (``ConfigError(ValueError)``), so ``except ValueError`` still works.
 
-A stop signal (SIGTERM from a scheduler, SIGINT from Ctrl-C) becomes ``Interrupted``: one line and
-exit status 128 + the signal's number (143, 130), never 0, which a scheduler would record as success.
+A stop signal (SIGTERM from a scheduler, SIGINT from Ctrl-C, SIGHUP from a closed terminal or session) becomes
+``Interrupted``: one line and exit status 128 + the signal's number (143, 130, 129), never 0, which a scheduler
+would record as success.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class ConfigError(PosencLabError, ValueError):
 _USER_FACING = (ValueError, FileNotFoundError, ImportError)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Interrupted(PosencLabError):
@@ -109,8 +110,12 @@ def reported(command: str) -> Iterator[None]:
     except Interrupted as e:
         if e.quiet:
             sys.exit(0)
-        fresh_line = "\n" if sys.stderr.isatty() else ""  # a progress bar may hold the terminal's line
-        sys.stderr.write(f"{fresh_line}posenc-lab {command}: {e}\n")  # one write: a shared log keeps it whole
+        try:
+            fresh_line = "\n" if sys.stderr.isatty() else ""  # a progress bar may hold the terminal's line
+            sys.stderr.write(f"{fresh_line}posenc-lab {command}: {e}\n")  # one write: a shared log keeps it whole
+            sys.stderr.flush()
+        except OSError:  # SIGHUP: the terminal may be gone; the exit status still tells
+            pass
         sys.exit(e.exit_code)
     except Exception as e:
         full = not deliberate(e) and no_space(e)  # a full disk under a library's writer (a logger, say)

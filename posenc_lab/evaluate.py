@@ -9,7 +9,8 @@ writes ``<name>.json`` (the figures and settings) and, with ``dump_losses=true``
 arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically, into a folder of the run and checkpoint
 (``output_dir``): ``<run dir>/eval/<checkpoint>/``, or with ``out_dir=DIR`` ``DIR/<run folder>-<hash of its
 path>/<checkpoint>/``. The name carries every setting that changes the figures (``output_name``:
-``test_step6_L256_M512_same_Tnone_B16_all``), so evaluations never overwrite each other. out_dir is checked
+``test_step6_L256_M512_same_Tnone_B16_all``; a GPU or another precision is named too), so evaluations never
+overwrite each other, and no option value can name another folder. out_dir is checked
 before anything is computed.
 
 The corpus is compared with the one the run was trained on (the SHA-256 in its run.json): a changed
@@ -38,6 +39,7 @@ from typing import Any
 import hydra
 import lightning as L
 import numpy as np
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from . import config_dir, keep_freed_memory
@@ -46,7 +48,7 @@ from .checkpoints import CheckpointError, read_checkpoint
 from .checks import check
 from .compose import override_problem
 from .errors import ConfigError, PosencLabError, reported
-from .io import path_problem, save_npz, write_json
+from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
 from .metrics import TokenDump
 from .model import MemoryTransformer, ModelConfig
@@ -110,15 +112,18 @@ def evaluate_checkpoint(
     not the one recorded in the run's run.json (OtherCorpusError otherwise).
 
     Returns a dict: checkpoint, split, scheme, segment_len, mem_len, same_length, batch_size,
-    episode_len, train_steps, train_segment_len, train_mem_len, corpus_sha256, run_corpus_sha256 (None
-    without a run.json), other_corpus, loss (nats per scored token), bpt or ppl, tokens, wall_time_s, and
-    for recall acc, answers, acc_by_distance {"lo-hi": acc}.
+    episode_len, precision and device (as Lightning ran them: "32-true", "cpu" | "cuda"), train_steps,
+    train_segment_len, train_mem_len, corpus_sha256, run_corpus_sha256 (None without a run.json), other_corpus,
+    loss (nats per scored token), bpt or ppl, tokens, wall_time_s, and for recall acc, answers,
+    acc_by_distance {"lo-hi": acc}.
     With return_token_losses, also "token_losses": {name: ndarray} with token_loss, targets,
     loss_mask, distance, correct (argmax == target), position (since episode start), all
     [n_streams, T] in stream order, and stream_start [n_streams] (index of each stream's first
     token in the split).
     """
     check(OmegaConf.create({"split": split, "max_batches": max_batches}), "eval")  # the rules of conf/eval.yaml
+    dump = TokenDump() if return_token_losses else None
+    trainer = _trainer(accelerator, precision, max_batches, dump, progress_bar)  # a device it lacks: before any work
     ckpt = read_checkpoint(ckpt_path)
     model_hp = ckpt["hyper_parameters"]["model"]
     if same_length_keys is not None:
@@ -153,20 +158,6 @@ def evaluate_checkpoint(
     except ValueError as e:
         raise ValueError(f"cannot evaluate {ckpt_path} this way ({split} split): {e}") from e
 
-    dump = TokenDump() if return_token_losses else None
-    trainer = L.Trainer(
-        accelerator=accelerator,
-        devices=1,
-        precision=precision,
-        logger=False,
-        callbacks=[dump] if dump else None,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=progress_bar,
-        use_distributed_sampler=False,
-        limit_val_batches=1.0 if max_batches is None else max_batches,
-        limit_test_batches=1.0 if max_batches is None else max_batches,
-    )
     start = time.perf_counter()
     run = trainer.validate if split == "val" else trainer.test
     run(lit, datamodule=datamodule, verbose=False)
@@ -185,7 +176,8 @@ def evaluate_checkpoint(
         "batch_size": int(data_cfg.eval_batch_size or data_cfg.batch_size),
         "episode_len": data_cfg.episode_len,
         "max_batches": max_batches,
-        "precision": str(precision),
+        "precision": str(trainer.precision),  # as Lightning runs it ("32" is 32-true, 16-mixed on a CPU bf16-mixed)
+        "device": trainer.strategy.root_device.type,
         "data_overrides": {
             k: v
             for k, v in (data_overrides or {}).items()
@@ -205,6 +197,30 @@ def evaluate_checkpoint(
         arrays["stream_start"] = np.arange(stream.batch_size, dtype=np.int64) * stream.stream_len
         result["token_losses"] = arrays
     return result
+
+
+def _trainer(accelerator: str, precision: Any, max_batches: int | None, dump: TokenDump | None, progress_bar: bool):
+    """The evaluation's Trainer; ConfigError naming the key if Lightning refuses its accelerator or precision."""
+    try:
+        return L.Trainer(
+            accelerator=accelerator,
+            devices=1,
+            precision=precision,
+            logger=False,
+            callbacks=[dump] if dump else None,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=progress_bar,
+            use_distributed_sampler=False,
+            limit_val_batches=1.0 if max_batches is None else max_batches,
+            limit_test_batches=1.0 if max_batches is None else max_batches,
+        )
+    except (ValueError, MisconfigurationException) as e:
+        if "recision" in str(e):
+            raise ConfigError(f"precision={precision!r} is not a precision Lightning takes: {e}") from None
+        raise ConfigError(
+            f"accelerator={accelerator!r} cannot run on this machine: {e} Use accelerator=cpu (or auto: the best here)"
+        ) from None
 
 
 def _check_corpus(ckpt_path: str | os.PathLike, datamodule, on_purpose: bool) -> dict[str, Any]:
@@ -227,22 +243,30 @@ def _check_corpus(ckpt_path: str | os.PathLike, datamodule, on_purpose: bool) ->
 def output_name(result: dict[str, Any]) -> str:
     """A name that differs whenever the figures of one checkpoint may: split, its step, segment (L), memory (M),
     window, episode (T), streams (B), segments per stream (``all`` or ``first<N>``), scheme options, precision
-    (unless 32-true), a hash of any other data setting and ``other-corpus`` when the corpus is not the run's.
-    ``test_step6_L32_M32_same_Tnone_B4_all``."""
+    (unless 32-true), the device (unless the CPU), a hash of any other data setting and ``other-corpus`` when the
+    corpus is not the run's. ``test_step6_L32_M32_same_Tnone_B4_all``; on a GPU in bf16
+    ``test_step6_L32_M32_same_Tnone_B4_all_bf16-mixed_cuda``. The CPU in fp32 adds nothing, so that the names of
+    evaluations from before the device was named stay valid (they ran there unless accelerator was set: eval's
+    default ``auto`` took a GPU where there was one). Option keys and values are made safe for a file name
+    (``io.safe_name``): none can name another folder."""
     name = f"{result['split']}_step{result['train_steps']}_L{result['segment_len']}_M{result['mem_len']}"
     if result["same_length"]:
         name += "_same" + ("-published" if result.get("same_length_keys") == "mem_len" else "")
     episode, max_batches = result.get("episode_len"), result.get("max_batches")
     name += f"_T{'none' if episode is None else episode}_B{result['batch_size']}"
     name += "_all" if max_batches is None else f"_first{max_batches}"
-    name += "".join(f"_{k}{v}" for k, v in sorted(result.get("scheme_options", {}).items()))
+    name += "".join(f"_{safe_name(k)}{safe_name(v)}" for k, v in sorted(result.get("scheme_options", {}).items()))
     if result.get("precision", "32-true") != "32-true":
-        name += f"_{result['precision']}"
+        name += f"_{safe_name(result['precision'])}"
+    if result.get("device", "cpu") != "cpu":
+        name += f"_{safe_name(result['device'])}"
     if result.get("data_overrides"):
         canonical = json.dumps(result["data_overrides"], sort_keys=True, default=str).encode()
         name += "_data-" + hashlib.sha1(canonical).hexdigest()[:8]  # the settings are in the .json itself
     if result.get("other_corpus"):
         name += "_other-corpus-" + str(result["corpus_sha256"])[:8]
+    if len(name.encode()) > 200:  # a file system takes 255 bytes, with .json / .npz
+        name = f"{name[:180]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
     return name
 
 
@@ -300,13 +324,14 @@ def evaluate_main(cfg: DictConfig) -> None:
         progress_bar=bool(cfg.progress_bar),
     )
     name = output_name(result)
+    json_file, npz_file = inside(out_dir, f"{name}.json"), inside(out_dir, f"{name}.npz")
     arrays = result.pop("token_losses", None)
     if arrays is not None:  # the .npz first: a .json present means its arrays are complete
-        save_npz(out_dir / f"{name}.npz", **arrays)
-        result["token_losses_file"] = str(out_dir / f"{name}.npz")
-    write_json(out_dir / f"{name}.json", result)
+        save_npz(npz_file, **arrays)
+        result["token_losses_file"] = str(npz_file)
+    write_json(json_file, result)
     figures = {k: result[k] for k in ("loss", "bpb", "bpc", "bpt", "ppl", "acc") if k in result}  # the corpus's own
-    print(f"{out_dir / (name + '.json')}: {json.dumps(figures)}")
+    print(f"{json_file}: {json.dumps(figures)}")
 
 
 if __name__ == "__main__":

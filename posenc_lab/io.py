@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -74,10 +76,39 @@ def path_problem(path: str | os.PathLike, key: str) -> str | None:
             parent = prefix.parent
             if not os.access(parent, os.W_OK | os.X_OK):
                 return f"{key}={path}: cannot create {prefix.name} in {parent} (no permission); use another {key}"
+            try:  # root passes access() everywhere, also where nothing can be created (/proc, a read-only mount)
+                os.rmdir(tempfile.mkdtemp(prefix=".posenc-lab-probe-", dir=parent))
+            except OSError as e:
+                return f"{key}={path}: cannot create {prefix.name} in {parent} ({e.strerror}); use another {key}"
             return None
         if not os.path.isdir(prefix):
             return f"{key}={path}: {prefix} is a file, not a folder; use another {key}"
     return None if os.access(path, os.W_OK | os.X_OK) else f"{key}={path}: cannot write in {path} (no permission)"
+
+
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._+=-]")
+_NAME_PART_MAX = 64  # a file name is several parts; 255 bytes in all
+
+
+def safe_name(value: Any) -> str:
+    """``value`` (an option's key or value, given by a user) as a part of a file name: characters other than
+    letters, digits and ``._+=-`` (a ``/`` above all) become ``-``. If that changed anything, or the part is empty,
+    ``.``, ``..`` or long, a hash of the original follows (``x-..-tmp-evil-3f2a9c1e``), so that two values never
+    share a name; plain values stay as they are (``yarn``, ``4.0``, ``-1``)."""
+    text = str(value)
+    safe = _UNSAFE_IN_NAME.sub("-", text)
+    if safe == text and safe not in ("", ".", "..") and len(safe) <= _NAME_PART_MAX:
+        return safe
+    return f"{safe[:_NAME_PART_MAX]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
+def inside(folder: str | os.PathLike, name: str) -> Path:
+    """``folder / name``, or ValueError if that would not be a file directly in ``folder`` (a ``/`` or ``..`` in
+    ``name``)."""
+    path = Path(folder) / name
+    if not name or Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"the file name {name!r} would leave its folder {folder}")
+    return path
 
 
 # Temporary files of the writers below (``.<name>.<random>.tmp<suffix>``, checkpoints._link's ``.<name>.tmp``):

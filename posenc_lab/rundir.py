@@ -226,9 +226,12 @@ class RunDir:
         return self.results_file.is_file() and self.last_checkpoint.is_file()
 
     def newest_checkpoint(self) -> Path | None:
-        """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None."""
+        """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None. A
+        last-v<N>.ckpt newer than last.ckpt (versions before issue 27 saved there after a change of checkpoint_every,
+        leaving last.ckpt behind) is taken instead: the newest state."""
         if self.last_checkpoint.is_file():
-            return self.last_checkpoint
+            versions = [p for p in self.checkpoints.glob("last-v*.ckpt") if p.is_file()]
+            return max([self.last_checkpoint, *versions], key=lambda p: p.stat().st_mtime_ns)
         others = [p for p in self.checkpoints.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
         return max(others, key=lambda p: p.stat().st_mtime) if others else None
 
@@ -265,6 +268,20 @@ class RunDir:
                 f"delete the run directory or train it again"
             )
         return config
+
+    def check_folders(self) -> None:
+        """RunDirError naming the problem if this directory, its checkpoints/ or its .lock cannot be what they must
+        (checked before anything is loaded or written)."""
+        if problem := path_problem(self.path, "run_dir"):
+            raise RunDirError(problem)
+        if os.path.lexists(self.checkpoints) and not self.checkpoints.is_dir():
+            raise RunDirError(
+                f"run_dir {self.path}: its {self.CHECKPOINTS} is a file, not a folder (the run's checkpoints go "
+                f"there); move it away or use another run_dir"
+            )
+        lock = self.path / self.LOCK
+        if os.path.lexists(lock) and not lock.is_file():
+            raise RunDirError(_lock_not_a_file(lock))
 
     def write_results(self, results: Results) -> Path:
         return write_json(self.results_file, asdict(results))
@@ -341,6 +358,11 @@ class RunDir:
         return RunLock(self.path)
 
 
+def _lock_not_a_file(lock: Path) -> str:
+    what = "folder" if lock.is_dir() else "link to nothing" if lock.is_symlink() else "special file"
+    return f"{lock} is a {what}, not the run's lock file (posenc-lab writes it); remove it and rerun"
+
+
 class RunLock:
     """``with RunLock(run_dir):`` -- this process alone writes the run (see the module docstring)."""
 
@@ -351,7 +373,10 @@ class RunLock:
     def __enter__(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except (IsADirectoryError, FileNotFoundError):
+                raise RunDirError(_lock_not_a_file(self.path)) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:

@@ -17,9 +17,9 @@ anything is written; a second process writing the same run directory is refused 
 sweep (``-m``) every job gets its own run directory: ``run_dir/<job number>_<scheme>_<data>``
 (hydra.sweep.subdir).
 
-SIGTERM and SIGINT (and, in a SLURM job, its requeue signal) stop training at the end of the step with
-last.ckpt saved (checkpoints.Checkpointing), print one line with the command that continues the run and
-exit 143 / 130; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
+SIGTERM, SIGINT and SIGHUP (and, in a SLURM job, its requeue signal) stop training at the end of the step, or of
+the validation batch, with last.ckpt saved (checkpoints.Checkpointing), print one line with the command that
+continues the run and exit 143 / 130 / 129; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
 """
 
 from __future__ import annotations
@@ -49,66 +49,22 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, keep_freed_memory
 from .build import build_datamodule, build_lit, build_trainer, check_splits
-from .checkpoints import CHECKPOINT_SAFE_GLOBALS, CheckpointError, Checkpointing, CheckpointUnreadable, read_checkpoint
+from .checkpoints import CHECKPOINT_SAFE_GLOBALS, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
 from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
+from .distributed import lost_process
 from .errors import STOP_SIGNALS, ConfigError, Interrupted, reported, stop_at_once
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .precision import check_precision
+from .resume import check_folders, check_resumable, checkpoint_state, resume_path
 from .rundir import Results, RunDir, RunDirError, corpus_identity, run_identity
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
 warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
 CONF_DIR = config_dir()
-
-
-# ---- resuming -------------------------------------------------------------------------------
-
-
-def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentDataModule) -> int:
-    """The global step of the checkpoint at ``path``; CheckpointError if it cannot continue this run."""
-    ckpt = read_checkpoint(path)
-    saved, now = dict(ckpt["hyper_parameters"]["model"]), lit.hparams.model
-    # Dropout may change on resume; everything else shapes the parameters or their meaning.
-    diff = {
-        k: (saved.get(k), v)
-        for k, v in now.items()
-        if k not in ("dropout", "attn_dropout", "attention_impl") and saved.get(k) != v
-    }  # speed-only: may change
-    if diff:
-        listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in diff.items())
-        raise CheckpointError(f"checkpoint {path} was trained with another model: {listed}")
-    data_state = ckpt.get(type(datamodule).__qualname__, {}).get("train")
-    if data_state:
-        stream = datamodule.make_stream("train")
-        try:
-            stream.load_state_dict(data_state)
-        except ValueError as e:
-            raise CheckpointError(f"checkpoint {path} was trained on other data settings: {e}") from e
-    return int(ckpt.get("global_step", 0))
-
-
-def _resume_path(cfg: DictConfig, run: RunDir, record: dict | None) -> Path | None:
-    if cfg.resume in (None, False, "none", "never"):
-        existing = run.newest_checkpoint() if record is not None else None
-        if existing is not None:
-            raise RunDirError(
-                f"resume=null would start run_dir {run.path} over and overwrite its checkpoints "
-                f"({existing}); use resume=auto to continue it, or another run_dir"
-            )
-        return None
-    if cfg.resume == "auto":
-        return run.newest_checkpoint()
-    return Path(str(cfg.resume))
-
-
-def _checkpoint_state(run: RunDir) -> tuple[str, int] | None:
-    """(path, mtime) of the checkpoint resume=auto would take: changes when another process saves one."""
-    newest = run.newest_checkpoint()
-    return (str(newest), newest.stat().st_mtime_ns) if newest is not None else None
 
 
 def _run_dir(cfg: DictConfig) -> Path:
@@ -197,6 +153,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Everything that can be checked is checked before anything is written (and before DDP launches).
     check(cfg, "train")
+    check_folders(cfg, RunDir(run_dir))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
     check_splits(datamodule)
@@ -207,8 +164,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run = RunDir(run_dir)
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))
     record = run.check(identity, _own_log())
-    seen = _checkpoint_state(run)
-    resume = _resume_path(cfg, run, record)
+    seen = checkpoint_state(run)
+    resume = resume_path(cfg, run, record)
     try:
         resume_step = check_resumable(resume, lit, datamodule) if resume is not None else 0
     except CheckpointUnreadable as e:
@@ -231,7 +188,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     with run.lock() if trainer.is_global_zero else contextlib.nullcontext():
         if trainer.is_global_zero:
             record = run.check(identity, _own_log())  # again under the lock: another process may have run
-            if _checkpoint_state(run) != seen:
+            if checkpoint_state(run) != seen:
                 raise RunDirError(
                     f"run_dir {run_dir} changed while this run was starting (another process saved "
                     f"a checkpoint); run the command again to continue from it"
@@ -248,7 +205,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 lit.model.num_params() / 1e6,
                 f"; resuming from {resume}" if resume else "",
             )
-        return _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+        try:
+            return _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+        except Exception as e:  # a collective that lost a process: one line, not the backend's traceback
+            if trainer.world_size > 1 and (lost := lost_process(e, trainer, run.newest_checkpoint())):
+                raise lost from e
+            raise
 
 
 def _fit_and_evaluate(
@@ -335,7 +297,7 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
 
 
 def stop_signals() -> tuple[int, ...]:
-    """SIGTERM, SIGINT and, inside a SLURM job, the signals after which it is requeued: SIGUSR1 (Lightning's SLURM
+    """errors.STOP_SIGNALS and, inside a SLURM job, the signals after which it is requeued: SIGUSR1 (Lightning's SLURM
     auto-requeue signal, ``#SBATCH --signal=SIGUSR1@90``; handled here, so that Lightning's own handler, a save from
     inside the signal handler, mid-step, into hpc_ckpt_N.ckpt, stays unset) and submitit's (hydra/launcher=slurm).
     See docs/CLUSTERS.md."""
@@ -385,6 +347,20 @@ def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
     return Interrupted(e.signum, f"{e}{kept}. Continue with: {command} run_dir={shlex.quote(str(run.path))}")
 
 
+# Hydra's run and sweep folders are named after these (conf/train.yaml), before the config is checked
+_NAME_FOLDERS = ("posenc.name", "data.name")
+
+
+def _folder_name_problem(argv: list[str]) -> str | None:
+    """A scheme or corpus name on the command line that would make Hydra create a folder elsewhere ('/', '..')."""
+    for key in _NAME_FOLDERS:
+        value = _given(argv, key)
+        if value is not None and ("/" in value or os.sep in value or value in (".", "..")):
+            group = key.split(".")[0]
+            return f"{key}={value!r} is no {group} name (run directories are named after it): use {group}=NAME"
+    return None
+
+
 def main() -> None:
     """``posenc-lab train``: a ``run_dir=`` (or ``hydra.run.dir=``, ``hydra.sweep.dir=``) that cannot be a folder
     is refused before Hydra tries to create it (its error would be a traceback); the overrides are checked before
@@ -395,6 +371,8 @@ def main() -> None:
     with reported("train"):
         if any(unusable):
             raise RunDirError(next(p for p in unusable if p))
+        if problem := _folder_name_problem(sys.argv):
+            raise ConfigError(problem)
         args = sys.argv[1:]
         flags = [a for a in args if a.startswith("-")]
         if flags and set(flags) <= set(MULTIRUN_FLAGS):

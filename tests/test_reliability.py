@@ -297,7 +297,7 @@ def test_a_stop_signal_saves_at_the_end_of_the_step_and_the_run_resumes_exactly(
     assert [(s["from_step"], s["to_step"]) for s in resumed["schedule"]] == [(0, 3), (3, 7)]
 
 
-@pytest.mark.parametrize("signum, status", [("SIGTERM", 143), ("SIGINT", 130)])
+@pytest.mark.parametrize("signum, status", [("SIGTERM", 143), ("SIGINT", 130), ("SIGHUP", 129)])
 def test_train_stopped_by_a_signal_prints_one_line_and_exits_non_zero(
     tmp_path, cache, signum, status, monkeypatch, capsys
 ):
