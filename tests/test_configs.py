@@ -17,11 +17,13 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from posenc_lab.build import build_datamodule
 from posenc_lab.data import CORPORA, CORPUS_NAMES
 from posenc_lab.datamodule import SegmentDataModule
 from posenc_lab.defaults import BASE, group_option, group_options
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, Dims, build_scheme, scheme_options, sized_options
+from posenc_lab.rundir import RunDir, corpus_identity
 from posenc_lab.train import train
 from tests.helpers_train import CONF_DIR, CORPUS, assert_finished_figures, compose_config, tiny
 from tests.schemes import ROPE
@@ -54,11 +56,16 @@ def fake_corpora(tmp_path_factory):
             (root / name / folder / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
     textfile = root / "mine.txt"
     textfile.write_bytes(text)
+    folder = root / "mine"  # textdir: 60 files in 20 folders, the text cut into pieces
+    for i in range(60):
+        (folder / f"part{i % 20}").mkdir(parents=True, exist_ok=True)
+        (folder / f"part{i % 20}" / f"{i}.txt").write_bytes(text[i * 200 : (i + 1) * 200])
     mahoney = ["data.corpus.expected_size=null", "data.corpus.split_sizes=[10000,1000,1000]"]
     extra = {
         "enwik8": mahoney,
         "text8": mahoney,
         "textfile": [f"data.corpus.path={textfile}"],
+        "textdir": [f"data.corpus.path={folder}"],
         "hf": [
             "data.corpus.path=text",  # datasets' own builder, one text per line, on the local file
             f"data.corpus.data_files={{train:{textfile},validation:{textfile},test:{textfile}}}",
@@ -188,6 +195,9 @@ def test_every_option_trains_a_few_steps(group, option, tmp_path, fake_corpora, 
     assert results["steps"] == 2
     assert_finished_figures(results)
     assert Path(results["checkpoint"]).exists()
+    if group == "data":  # run.json records the hash of the corpus the run read
+        recorded = RunDir(tmp_path / "run").identity()["corpus"]
+        assert recorded == corpus_identity(build_datamodule(cfg.data).corpus) and recorded["name"] == option
     if group == "logger" and option == "wandb":
         assert list(Path(tmp_path).glob("**/offline-run-*")), os.listdir(tmp_path)
     if group == "logger" and option == "csv":
