@@ -194,6 +194,10 @@ def test_metric_and_command_are_checked(tmp_path):
     path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/bpb", "goal": "minimize"})
     with pytest.raises(SweepError, match=r"'val/bpb' is never logged for data=recall \(did you mean 'val/ppl'\?\)"):
         check_sweep(path)
+    for base, figure in (("ablation.yaml", "val/bpb"), ("shaw_k.yaml", "val/ppl")):  # the old name: the new one
+        path = _write_sweep(tmp_path, base, metric={"name": "val/bpt", "goal": "minimize"})
+        with pytest.raises(SweepError, match=rf"metric\.name: val/bpt is no longer logged: its name is now {figure} "):
+            check_sweep(path)
     path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/acc", "goal": "minimize"})
     with pytest.raises(SweepError, match="should be maximized"):
         check_sweep(path)

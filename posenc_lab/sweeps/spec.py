@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from ..errors import PosencLabError
+
 ENTRY_MODULE = "posenc_lab.train"
 METHODS = ("grid", "random", "bayes")
 SPEC_KEYS = {"value", "values", "distribution", "min", "max", "mu", "sigma", "q", "probabilities", "a", "b"}
@@ -55,7 +57,7 @@ OTHER_ARGS_MACROS = (
 MAX_COMBINATIONS = 5000
 
 
-class SweepError(ValueError):
+class SweepError(PosencLabError, ValueError):
     """A sweep file that cannot run as written; the message lists every problem found."""
 
 
@@ -212,7 +214,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         problems.append(f"method: {method!r} is not one of {list(METHODS)}")
     metric = spec.get("metric")
     if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
-        problems.append("metric: needs a name (a key the training logs, e.g. val/bpt) and a goal")
+        problems.append("metric: needs a name (a key the training logs, e.g. val/bpb) and a goal")
         metric = {}
     elif metric.get("goal", "minimize") not in ("minimize", "maximize"):
         problems.append(f"metric.goal: {metric.get('goal')!r} is not minimize or maximize")
