@@ -28,9 +28,10 @@ def prefer_passive_openmp() -> None:
 
     On a shared or busy CPU, threads that spin-wait while another process holds the core slow every small
     op down several-fold (measured: 7.5 s vs 1.2 s per training step of the small model on 2 loaded cores);
-    sleeping threads cost little otherwise. libgomp reads the variable once, when torch loads it, so the
-    entry points call this first; child processes (DDP ranks, sweep jobs) inherit it.
-    Override with ``OMP_WAIT_POLICY=ACTIVE``.
+    sleeping threads cost little otherwise. libgomp reads the variable once, when torch loads it, so every
+    entry point that starts a process calls this first (the one place that sets it: ``posenc-lab`` in cli.py,
+    ``python -m posenc_lab.bench``, the analysis package's scripts, the tests' conftest); child processes (DDP
+    ranks, sweep jobs) inherit it. Override with ``OMP_WAIT_POLICY=ACTIVE``.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

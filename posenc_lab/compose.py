@@ -29,6 +29,7 @@ from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import DictConfig, OmegaConf
 
 from . import config_dir
+from .defaults import BASE
 
 CONF_DIR = Path(config_dir())
 
@@ -85,8 +86,10 @@ class Composer:
         return leaf in self._groups[parent] and not isinstance(override.value(), dict)
 
     def group_options(self, group: str) -> list[str]:
+        """The options of ``group``; the base that model/ and data/ options inherit is none (``data=default`` has
+        no corpus)."""
         if group not in self._options:
-            self._options[group] = sorted(self._loader.get_group_options(group))
+            self._options[group] = sorted(o for o in self._loader.get_group_options(group) if o != BASE)
         return self._options[group]
 
     def parse(self, override: str):

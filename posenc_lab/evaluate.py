@@ -22,7 +22,7 @@ Python:
 
     from posenc_lab.evaluate import evaluate_checkpoint, load_model, load_config
     r = evaluate_checkpoint("runs/X/checkpoints/last.ckpt", segment_len=256, mem_len=512, same_length=True)
-    r["loss"], r.get("bpt"), r.get("acc_by_distance")
+    r["loss"], r["bpb"], r.get("acc_by_distance")      # the corpus's figure: bpb, bpc or ppl (metrics.FIGURES)
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from .compose import override_problem
 from .errors import ConfigError, PosencLabError, reported
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
-from .metrics import TokenDump
+from .metrics import FIGURES, TokenDump
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
 from .rundir import RunDir, corpus_identity
@@ -114,8 +114,8 @@ def evaluate_checkpoint(
     Returns a dict: checkpoint, split, scheme, segment_len, mem_len, same_length, batch_size,
     episode_len, precision and device (as Lightning ran them: "32-true", "cpu" | "cuda"), train_steps,
     train_segment_len, train_mem_len, corpus_sha256, run_corpus_sha256 (None without a run.json), other_corpus,
-    loss (nats per scored token), bpt or ppl, tokens, wall_time_s, and for recall acc, answers,
-    acc_by_distance {"lo-hi": acc}.
+    loss (nats per scored token), the corpus's figure (bpb, bpc or ppl), tokens, wall_time_s, and for recall acc,
+    answers, acc_by_distance {"lo-hi": acc}.
     With return_token_losses, also "token_losses": {name: ndarray} with token_loss, targets,
     loss_mask, distance, correct (argmax == target), position (since episode start), all
     [n_streams, T] in stream order, and stream_start [n_streams] (index of each stream's first
@@ -330,7 +330,7 @@ def evaluate_main(cfg: DictConfig) -> None:
         save_npz(npz_file, **arrays)
         result["token_losses_file"] = str(npz_file)
     write_json(json_file, result)
-    figures = {k: result[k] for k in ("loss", "bpb", "bpc", "bpt", "ppl", "acc") if k in result}  # the corpus's own
+    figures = {k: result[k] for k in ("loss", *FIGURES.values(), "acc") if k in result}  # the corpus's own
     print(f"{json_file}: {json.dumps(figures)}")
 
 

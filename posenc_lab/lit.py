@@ -306,9 +306,14 @@ class LitLM(L.LightningModule):
         state = checkpoint.get("posenc_lab")
         if state is None:
             raise ValueError("not a posenc-lab training checkpoint (no 'posenc_lab' entry)")
+        if missing := sorted({"train_mems", "train_tokens", "wall_time_s", "schedule"} - set(state)):
+            raise ValueError(
+                f"a checkpoint of a development version of posenc-lab (its 'posenc_lab' entry lacks "
+                f"{', '.join(missing)}); train the run again"
+            )
         self._pending_train_mems = list(state["train_mems"]) or None
         self.train_tokens = int(state["train_tokens"])
-        self._wall_offset = float(state.get("wall_time_s", 0.0))
+        self._wall_offset = float(state["wall_time_s"])
         self.loaded_health = state.get("health")
         self.stretches, self._plan_from = optimizer.stretches(checkpoint), int(checkpoint.get("global_step", 0))
         if self._trainer is not None and checkpoint.get("hyper_parameters", {}).get("optim") != self.hparams.optim:

@@ -36,6 +36,24 @@ def bucket_labels(edges: Sequence[int]) -> list[str]:
     return [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
 
 
+#: figure names that no longer exist -> what replaced them (a user who writes one is told the new name)
+RENAMED_FIGURES = {"bpt": "the corpus's figure"}
+
+
+def renamed_figure(metric: str, unit: str | None) -> str | None:
+    """``val/bpt`` -> one line naming its new name for a corpus of ``unit`` (``val/bpb`` for bytes; all three where
+    the unit is unknown); None for a name that was never renamed."""
+    split, _, leaf = metric.rpartition("/")
+    if leaf not in RENAMED_FIGURES:
+        return None
+    prefix = f"{split}/" if split else ""
+    new = prefix + figure_name(unit) if unit in FIGURES else " or ".join(prefix + f for f in FIGURES.values())
+    return (
+        f"{metric} is no longer logged: its name is now {new} ({RENAMED_FIGURES[leaf]}: bpb for bytes, bpc for "
+        f"characters, ppl for words)"
+    )
+
+
 def figure_name(unit: str) -> str:
     """The headline figure of a corpus of ``unit`` tokens (FIGURES): ``bpb``, ``bpc`` or ``ppl``."""
     if unit not in FIGURES:

@@ -61,21 +61,8 @@ def schedule(optim: dict[str, Any], trainer: L.Trainer | None, trained_under: di
 
 def stretches(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
     """The stretches of steps a training checkpoint was trained under, oldest first: [{from_step, to_step, lr,
-    warmup_steps, total_steps, min_lr_ratio}]. A checkpoint from before they were recorded: one stretch,
-    from its own config (its schedule was that invocation's optim and trainer.max_steps)."""
-    stretches = (checkpoint.get("posenc_lab") or {}).get("schedule")
-    if stretches is not None:
-        return [dict(s) for s in stretches]
-    hp = checkpoint.get("hyper_parameters") or {}
-    optim, config = {**(hp.get("optim") or {})}, hp.get("config") or {}
-    max_steps = (config.get("trainer") or {}).get("max_steps")
-    if not all(k in optim for k in ("lr", "warmup_steps", "min_lr_ratio")) or not (
-        optim.get("total_steps") or max_steps
-    ):
-        return []
-    total = optim.get("total_steps") or max_steps
-    step = int(checkpoint.get("global_step", 0))
-    return [{"from_step": 0, "to_step": step, **schedule({**optim, "total_steps": total}, None), "derived": True}]
+    warmup_steps, total_steps, min_lr_ratio}]."""
+    return [dict(s) for s in checkpoint["posenc_lab"]["schedule"]]
 
 
 def adamw_kernel(trainer: L.Trainer | None) -> dict:

@@ -13,7 +13,7 @@ identity is the same; anything else is refused, naming each difference. ``traine
 not part of it: a longer run may extend a finished one; nor is ``optim.total_steps``, the length of the
 learning-rate schedule, which an extension may set anew (results.json records the schedule of every
 stretch of steps). A folder that holds files but no
-``run.json`` is not a run and is refused. A run directory from before run.json existed is
+``run.json`` is not a run and is refused. A run directory whose run.json was deleted is
 recognised by its checkpoint's config (its corpus is then taken as it is now).
 
 ``.lock`` holds the pid and host of the process writing the run, under an OS lock (flock) that
@@ -320,12 +320,6 @@ class RunDir:
             config = read_checkpoint(ckpt)["hyper_parameters"].get("config") or {}
             saved = run_identity(config, identity["corpus"])
             record = {"format": FORMAT, "identity": saved, "adopted_from": str(ckpt)}
-        if isinstance(saved, dict):  # a record written before MODEL_ or OPTIM_NOT_IDENTITY held a key
-            saved = {
-                **saved,
-                "model": _without(saved.get("model"), MODEL_NOT_IDENTITY),
-                "optim": _without(saved.get("optim"), OPTIM_NOT_IDENTITY),
-            }
         diff = differences(saved, identity)
         if diff:
             raise RunDirError(

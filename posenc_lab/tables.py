@@ -7,7 +7,7 @@ decimals given, by magnitude (``1,234`` / ``12.34`` / ``0.123``). The CSV keeps 
 are written atomically (``posenc_lab.io``).
 
     write_table(rows, out / "bench", header="2026-01-01  torch 2.x ...")   # bench.csv + bench.md
-    markdown_table(df, decimals={"bpt": 3}, default=4)
+    markdown_table(df, decimals={"bpb": 3}, default=4)
 """
 
 from __future__ import annotations

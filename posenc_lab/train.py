@@ -6,7 +6,7 @@
     .hydra/            Hydra's composed config, overrides (written once the checks have passed)
     config.yaml        the resolved config of this run
     metrics.csv        metric log (logger=csv; hparams.yaml next to it)
-    checkpoints/       last.ckpt; good.ckpt, good.prev.ckpt: the newest two good ones (lit.Checkpointing)
+    checkpoints/       last.ckpt; good.ckpt, good.prev.ckpt: the newest two good ones (checkpoints.Checkpointing)
                        (+ periodic ones with callbacks.checkpoint.save_top_k=-1)
     results.json       final validation and test figures (see ``train``)
 

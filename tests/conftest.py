@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
-# Set before torch loads libgomp, which reads it once (torch is imported by pytest_configure below, after
-# this file, and by the test modules): OpenMP threads that spin-wait while another process holds the core
-# slow every small op down several-fold on a loaded machine. The training subprocesses the tests start
-# inherit it. posenc-lab's CLI sets the same (posenc_lab/cli.py); importing posenc_lab does not.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import posenc_lab
+
+# The wait policy of the command line (posenc_lab.prefer_passive_openmp, its one owner), set before torch loads
+# libgomp, which reads it once (torch is imported by pytest_configure below, after this file, and by the test
+# modules): OpenMP threads that spin-wait while another process holds the core slow every small op down
+# several-fold on a loaded machine. The training subprocesses the tests start inherit it.
+posenc_lab.prefer_passive_openmp()
 
 # analysis/ installs as the package posenc_lab_analysis (setup.py). The tests import it by that name from
 # this checkout, whatever is installed: a bare checkout has no such name, and an editable install may

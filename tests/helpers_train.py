@@ -4,12 +4,14 @@ and train tiny models in seconds."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import lightning as L
+import pytest
 
 from posenc_lab.compose import compose
 
@@ -51,6 +53,17 @@ def tiny(run_dir, cache, *extra: str, steps: int = 4, data: str = "recall") -> l
         "optim.warmup_steps=2",
         *extra,
     ]
+
+
+def assert_finished_figures(results: dict) -> None:
+    """A finished run's val and test figures: a finite loss above 0 over scored tokens, and the corpus's figure
+    (results["metric"]: bpb, bpc or ppl) that loss in its unit, so NaN or a figure of another loss fails."""
+    for split in ("val", "test"):
+        figures = results[split]
+        loss = figures["loss"]
+        assert math.isfinite(loss) and loss > 0 and figures["tokens"] > 0, (split, figures)
+        expect = math.exp(loss) if results["metric"] == "ppl" else loss / math.log(2)
+        assert figures[results["metric"]] == pytest.approx(expect, rel=1e-5), (split, figures)
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ import pytest
 
 from posenc_lab import config_dir
 from posenc_lab.build import build_datamodule, model_config
+from posenc_lab.checks import problems as config_problems
 from posenc_lab.compose import compose
 from posenc_lab.data import check_corpus_options, load_corpus
 from posenc_lab.model import ModelConfig
@@ -28,13 +29,51 @@ from posenc_lab_analysis.ablate.jobs import continue_command
 from posenc_lab_analysis.ablate.plan import plan as make_plan
 from posenc_lab_analysis.ablate.plan import seeds_by_cell
 from posenc_lab_analysis.report import ReportSettings
+from tests.schemes import GLOBAL_SINUSOID, LEARNED, SHAW, SINUSOID, XL
 
 CONF = Path(config_dir())
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "\nablate:" in p.read_text())
 
 
-def test_the_presets_the_issue_names_exist():
-    assert {"tiny", "quick", "ablation", "wt103_table6"} <= set(PRESETS)
+# What each preset's opening comment (and the README's preset table) says it is. "steps": trainer.max_steps,
+# "model": (n_layer, d_model), "lengths": (data.segment_len, model.mem_len); "seeds": every cell's seeds;
+# "without_memory": the schemes also trained without memory; "recall": the recall probe's schemes.
+CLAIMS = {
+    "ablation": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32), seeds=[0, 1, 2],
+                     without_memory={XL}, recall={XL}, half_loss=set()),
+    "zoo": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32), seeds=[0], without_memory=set(),
+                recall=set(), schemes="all"),
+    "quick": dict(smoke=True, steps=120, model=(2, 64), lengths=(32, 32), half_loss={SINUSOID, XL}, recall=set()),
+    "tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16), half_loss={SINUSOID, XL}, recall={XL}),
+    "wt103_table6": dict(smoke=False, steps=200_000, model=(16, 410), lengths=(150, 150), seeds=[0],
+                         half_loss={SINUSOID, LEARNED, GLOBAL_SINUSOID, SHAW, XL}, recall=set()),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
+    assert set(CLAIMS) == set(PRESETS), "a new preset states its claims here"
+    claims = CLAIMS[preset]
+    cfg = compose("ablate", [f"experiment={preset}", f"ablate.out={tmp_path}"])
+    assert bool(cfg.ablate.smoke) == claims["smoke"] and cfg.ablate.name == preset
+    assert (cfg.trainer.max_steps, (cfg.model.n_layer, cfg.model.d_model)) == (claims["steps"], claims["model"])
+    assert (cfg.data.segment_len, cfg.model.mem_len) == claims["lengths"]
+    specs = make_plan(cfg, [f"experiment={preset}"])
+    main = [s for s in specs if s.group is None]
+    if "seeds" in claims:
+        assert all(seeds == claims["seeds"] for seeds in seeds_by_cell(specs).values())
+    if "without_memory" in claims:
+        assert {s.scheme for s in main if s.mem_len == 0} == claims["without_memory"]
+    if claims.get("schemes") == "all":
+        assert {s.scheme for s in main} == set(SCHEMES)
+    if "half_loss" in claims:
+        assert {s.scheme for s in main if s.loss_frac != 1.0} == claims["half_loss"]
+    assert {s.scheme for s in specs if s.group == "recall"} == claims["recall"]
+    # every run of the preset is a valid `posenc-lab train` config (the one validator, nothing loaded)
+    run = compose("train", [*specs[0].overrides, f"run_dir={tmp_path / specs[0].name}"])
+    assert config_problems(run, "train") == []
+    listed = (CONF / "experiment" / "README.md").read_text()
+    assert f"`{preset}`" in listed  # documented in conf/experiment/README.md's table
 
 
 def representative(specs):

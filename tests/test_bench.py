@@ -9,11 +9,11 @@ from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from posenc_lab import bench
 from posenc_lab.bench import probes
 from posenc_lab.bench.configs import CONF_MODEL
+from posenc_lab.compose import compose
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, sized_options
 from tests.schemes import NOPE, ROPE, SHAW, SINUSOID, XL
@@ -90,9 +90,11 @@ def test_every_scheme_is_counted(name):
 
 
 def test_sizes_come_from_conf_model():
-    assert set(bench.model_presets()) == {p.stem for p in CONF_MODEL.glob("*.yaml")} >= {"tiny", "small", "base"}
+    # every option of the group, the base it inherits aside; its sizes as `model=NAME` composes them
+    assert set(bench.model_presets()) == {p.stem for p in CONF_MODEL.glob("*.yaml")} - {"default"}
+    assert {"tiny", "small", "base"} <= set(bench.model_presets())
     for name in bench.model_presets():
-        preset = yaml.safe_load((CONF_MODEL / f"{name}.yaml").read_text())
+        preset = compose("train", [f"model={name}", "run_dir=x"]).model
         bc = bench.BenchConfig.preset(name)
         cfg = bc.model_config(XL)
         assert (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.mem_len) == (

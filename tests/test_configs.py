@@ -1,9 +1,15 @@
-"""Every option of every config group of the real conf/ composes, and trains a few steps."""
+"""Every option of every config group of the real conf/ composes, and trains a few steps; every default is
+written once (the model and data options inherit their base and state only what they change; the Python
+defaults that mirror conf/ equal it, value by value); the composed model and data nodes stay as pinned."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
 import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,17 +17,23 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from posenc_lab.data import CORPUS_NAMES
+from posenc_lab.build import build_datamodule
+from posenc_lab.data import CORPORA, CORPUS_NAMES
+from posenc_lab.datamodule import SegmentDataModule
+from posenc_lab.defaults import BASE, group_option, group_options
+from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, Dims, build_scheme, scheme_options, sized_options
+from posenc_lab.rundir import RunDir, corpus_identity
 from posenc_lab.train import train
-from tests.helpers_train import CONF_DIR, CORPUS, compose_config, tiny
+from tests.helpers_train import CONF_DIR, CORPUS, assert_finished_figures, compose_config, tiny
 from tests.schemes import ROPE
 
 GROUPS = ("posenc", "model", "data", "trainer", "logger", "experiment")
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """The options of a group, the base that model/ and data/ options inherit aside."""
+    return list(group_options(group))
 
 
 ALL_OPTIONS = [(g, o) for g in GROUPS for o in options(g)]
@@ -44,11 +56,16 @@ def fake_corpora(tmp_path_factory):
             (root / name / folder / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
     textfile = root / "mine.txt"
     textfile.write_bytes(text)
+    folder = root / "mine"  # textdir: 60 files in 20 folders, the text cut into pieces
+    for i in range(60):
+        (folder / f"part{i % 20}").mkdir(parents=True, exist_ok=True)
+        (folder / f"part{i % 20}" / f"{i}.txt").write_bytes(text[i * 200 : (i + 1) * 200])
     mahoney = ["data.corpus.expected_size=null", "data.corpus.split_sizes=[10000,1000,1000]"]
     extra = {
         "enwik8": mahoney,
         "text8": mahoney,
         "textfile": [f"data.corpus.path={textfile}"],
+        "textdir": [f"data.corpus.path={folder}"],
         "hf": [
             "data.corpus.path=text",  # datasets' own builder, one text per line, on the local file
             f"data.corpus.data_files={{train:{textfile},validation:{textfile},test:{textfile}}}",
@@ -176,9 +193,106 @@ def test_every_option_trains_a_few_steps(group, option, tmp_path, fake_corpora, 
         monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     results = train(cfg)  # (conftest stops the wandb service this may start)
     assert results["steps"] == 2
-    assert results["val"]["loss"] == pytest.approx(results["val"]["loss"])  # finite, not NaN
+    assert_finished_figures(results)
     assert Path(results["checkpoint"]).exists()
+    if group == "data":  # run.json records the hash of the corpus the run read
+        recorded = RunDir(tmp_path / "run").identity()["corpus"]
+        assert recorded == corpus_identity(build_datamodule(cfg.data).corpus) and recorded["name"] == option
     if group == "logger" and option == "wandb":
         assert list(Path(tmp_path).glob("**/offline-run-*")), os.listdir(tmp_path)
     if group == "logger" and option == "csv":
         assert (tmp_path / "run" / "metrics.csv").exists()
+
+
+# ---- every default written once ---------------------------------------------------------------------------
+
+INHERITING = ("model", "data")
+
+
+def _own(group: str, option: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in INHERITING for o in options(g)])
+def test_an_option_inherits_its_base_and_states_only_what_it_changes(group, option):
+    own = _own(group, option)
+    assert own.pop("defaults") == [BASE]
+    base = _own(group, BASE)
+    restated = sorted(k for k, v in own.items() if k in base and base[k] == v)
+    assert not restated, f"conf/{group}/{option}.yaml restates its base's {restated}"
+    # what `group=option` composes is the base with the option's keys over it (defaults.group_option reads it so)
+    composed = compose_config("train", [f"{group}={option}", "run_dir=x"])
+    assert OmegaConf.to_container(composed[group]) == group_option(group, option) == {**base, **own}
+
+
+def _python_defaults(fn) -> dict:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+# ModelConfig fields that conf/model/ does not hold, and who owns their value
+MODEL_FIELDS_ELSEWHERE = {
+    "vocab_size": "the corpus (build.model_config)",
+    "posenc": "conf/train.yaml's posenc choice (compared below)",
+    "posenc_kwargs": "conf/posenc/<scheme>.yaml",
+    "random_positions": "off unless +model.random_positions=P (no model option lists it)",
+}
+
+
+def test_model_config_defaults_are_conf_model_default():
+    base = _own("model", BASE)
+    fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    assert set(base) == set(fields) - set(MODEL_FIELDS_ELSEWHERE)
+    python = ModelConfig()
+    differ = {k: (getattr(python, k), v) for k, v in base.items() if getattr(python, k) != v}
+    assert not differ, f"ModelConfig's defaults differ from conf/model/default.yaml's (Python, yaml): {differ}"
+    assert python.posenc == compose_config("train", ["run_dir=x"]).posenc.name
+    assert python.posenc_kwargs == {} and python.random_positions is None
+
+
+def test_datamodule_defaults_are_conf_data_default():
+    base = OmegaConf.to_container(compose_config("train", ["run_dir=x"]).data, resolve=True)
+    python = _python_defaults(SegmentDataModule.__init__)
+    python.pop("corpus")  # each corpus option's own node (below)
+    assert set(python) <= set(base)
+    assert {k: base[k] for k in python} == python
+
+
+@pytest.mark.parametrize("corpus", CORPUS_NAMES)
+def test_every_corpus_yaml_holds_its_loaders_defaults(corpus):
+    node = group_option("data", corpus).get("corpus", {})
+    python = _python_defaults(CORPORA[corpus])
+    required = {k for k, v in node.items() if v == "???"}
+    assert required == set(inspect.signature(CORPORA[corpus]).parameters) - set(python) - {"root"}
+    differ = {k: (_plain(python[k]), v) for k, v in node.items() if k not in required and _plain(python[k]) != v}
+    assert not differ, f"conf/data/{corpus}.yaml's corpus node differs from its loader's defaults: {differ}"
+
+
+# ---- composed configs stay as they were --------------------------------------------------------------------
+
+PINNED = Path(__file__).parent / "data" / "composed_model_data.json"
+
+
+def composed_model_data() -> dict:
+    """{"model=tiny": {"model": ..., "data": ...}, ...}: the resolved model and data nodes of every model and data
+    option and every experiment preset."""
+    out = {}
+    for group in ("model", "data", "experiment"):
+        for option in options(group):
+            cfg = OmegaConf.to_container(compose_config("train", [f"{group}={option}", "run_dir=x"]), resolve=True)
+            out[f"{group}={option}"] = {"model": cfg["model"], "data": cfg["data"]}
+    return out
+
+
+def test_composed_model_and_data_nodes_are_as_pinned():
+    """A change of a value in conf/model/ or conf/data/ (or an experiment's model and data) shows here. Pin an
+    intended one with `python -m tests.test_configs --pin`, and say so in the commit."""
+    assert composed_model_data() == json.loads(PINNED.read_text())
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--pin"]:
+    PINNED.write_text(json.dumps(composed_model_data(), indent=1, sort_keys=True) + "\n")

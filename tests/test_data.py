@@ -1,4 +1,5 @@
-"""posenc_lab.data: ordered segment streams, pystdlib, recall, textfile, hf, the registry."""
+"""posenc_lab.data: ordered segment streams, pystdlib, recall, textfile, hf, the registry (the split by family and
+textdir: test_families.py)."""
 
 import itertools
 import json
@@ -13,9 +14,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from posenc_lab.data import CORPUS_NAMES, SegmentStream, load_corpus, make_recall, pystdlib
+import posenc_lab.data.families as family_split
+from posenc_lab.data import CORPUS_NAMES, SegmentStream, load_corpus, make_recall
 from posenc_lab.data.cache import DIGEST, CacheContentError
-from posenc_lab.data.pystdlib import FILE_SEPARATOR, stdlib_files
+from posenc_lab.data.families import FILE_SEPARATOR
+from posenc_lab.data.pystdlib import stdlib_files
 from posenc_lab.rundir import corpus_identity
 
 KEYS = {"tokens", "targets", "loss_mask", "offset", "reset", "distance"}
@@ -298,7 +301,7 @@ def test_pystdlib_split_is_by_family_disjoint_and_exact(tmp_path, fake_stdlib):
 
 def test_pystdlib_cached_second_load_is_identical(tmp_path, fake_stdlib, monkeypatch):
     a = load_corpus("pystdlib", root=tmp_path, stdlib_dir=fake_stdlib)
-    monkeypatch.setattr(pystdlib, "stdlib_files", lambda *a: pytest.fail("second load rebuilt the corpus"))
+    monkeypatch.setattr(family_split, "families", lambda *a: pytest.fail("second load rebuilt the corpus"))
     b = load_corpus("pystdlib", root=tmp_path, stdlib_dir=fake_stdlib)
     assert isinstance(b.train, np.memmap)
     assert all(np.array_equal(getattr(a, s), getattr(b, s)) for s in ("train", "val", "test"))
@@ -418,21 +421,3 @@ def test_shared_context_matches_a_brute_force_search():
     seen = {bytes(train[i : i + 6]) for i in range(len(train) - 5)}
     want = [t >= 6 and bytes(scored[t - 6 : t]) in seen for t in range(len(scored))]
     assert got.tolist() == want and got[6:300].all()
-
-
-def test_pystdlib_keeps_near_duplicate_families_in_one_split_and_little_held_out_text_in_train():
-    """The codec tables of encodings/ (106 near-identical files) lie in one split. At 64 bytes under 2% of the
-    test split's contexts occur in train; at 32 bytes the idioms of Python source remain (5.9% measured;
-    28.7% when the split went file by file)."""
-    from posenc_lab.data.overlap import shared_context_share
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    rels = stdlib_files(stdlib)
-    texts = [(stdlib / rel).read_bytes() for rel in rels]
-    split_of = pystdlib.split_of_families(rels, [len(t) for t in texts], pystdlib.families(rels, texts))
-    assert len({split_of[f] for f in rels if f.startswith("encodings/")}) == 1
-    assert split_of["posixpath.py"] == split_of["ntpath.py"]  # a cross-package family, found by its overlap
-    c = load_corpus("pystdlib")
-    assert shared_context_share(c.train, c.test, 64) < 0.02
-    assert shared_context_share(c.train, c.test, 32) < 0.08
-    assert len(np.unique(c.documents("test"))) >= 40  # files: the units of the report's intervals

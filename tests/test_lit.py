@@ -285,13 +285,10 @@ def test_a_longer_max_steps_keeps_the_schedule_says_so_and_results_record_every_
     assert json.loads((run / "results.json").read_text())["schedule"] == newer["schedule"]
 
 
-def test_a_checkpoint_saved_before_schedules_were_recorded_keeps_the_schedule_of_its_config(tmp_path, cache):
-    train(compose_config("train", tiny(tmp_path / "old", cache, steps=4)))
-    old = read_checkpoint(tmp_path / "old" / "checkpoints" / "last.ckpt")
+def test_a_checkpoint_without_its_schedule_is_refused_in_one_line(tmp_path, cache, finished):
+    """A checkpoint of a development version (no schedule in its posenc_lab entry): named, not resumed."""
+    old = read_checkpoint(finished / "checkpoints" / "last.ckpt")
     del old["posenc_lab"]["schedule"]
     torch.save(old, tmp_path / "old.ckpt")
-    results = train(compose_config("train", tiny(tmp_path / "new", cache, f"resume={tmp_path / 'old.ckpt'}", steps=6)))
-    derived, now = results["schedule"]
-    assert derived == {"from_step": 0, "to_step": 4, "lr": 1e-3, "warmup_steps": 2, "total_steps": 4,
-                       "min_lr_ratio": 0.1, "derived": True}  # fmt: skip
-    assert now["from_step"] == 4 and now["total_steps"] == 4
+    with pytest.raises(ValueError, match=r"development version of posenc-lab .*lacks schedule\); train the run again"):
+        train(compose_config("train", tiny(tmp_path / "new", cache, f"resume={tmp_path / 'old.ckpt'}", steps=6)))

@@ -32,6 +32,11 @@ def _file(tmp, name, content: bytes) -> Path:
     return tmp / name
 
 
+def _folder(tmp, name) -> Path:
+    (tmp / name).mkdir()
+    return tmp / name
+
+
 def _link(tmp, name, target) -> Path:
     os.symlink(target, tmp / name)
     return tmp / name
@@ -157,6 +162,14 @@ CASES = [
     ("a 10-byte text file", "train",
      lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_file(t, 'ten.txt', b'0123456789')}", data="textfile"),
      r"textfile corpus: \S+/ten\.txt \(data\.corpus\.path\) is too small: 10 bytes cannot be split .*it takes 40\)"),
+    ("no folder for textdir", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={t / 'nowhere'}", data="textdir"),
+     r"^textdir corpus: no folder at \S+/nowhere \(data\.corpus\.path\)$"),
+    ("an empty folder for textdir", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_folder(t, 'empty')}", data="textdir"),
+     r"^textdir corpus: no file under \S+/empty \(data\.corpus\.path\) matches data\.corpus\.glob='\*\*/\*' "),
+    ("the base of the data options", "train", lambda t, c, f: tiny(t / "run", c, data="default"),
+     r"^data=default is not an option of data; the options are: enwik8, .*\btextdir, "),
     ("random bytes as a checkpoint", "train",
      lambda t, c, f: tiny(t / "run", c, f"resume={_file(t, 'x.ckpt', RANDOM_BYTES)}"),
      r"checkpoint \S+/x\.ckpt cannot be read \(corrupt or not a checkpoint\)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -232,9 +233,10 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     assert [t["state"] for t in first["trials"]] == ["finished", "failed"]
     done, failed = first["trials"]
     assert failed["params"] == {"data.batch_size": 100000} and "too short for these streams" in failed["error"]
-    # the trial ran as the sweep file's command: its hydra.run.dir, in the agent's environment
+    # the trial ran as the sweep file's command: its hydra.run.dir, in the agent's environment, under --out
     sweep_id = first["sweep_id"]
-    assert done["run_dir"] == str(here / "runs" / "sweeps" / sweep_id / done["id"])
+    assert done["run_dir"] == str(out / "runs" / "sweeps" / sweep_id / done["id"])
+    assert not (here / "runs").exists()  # nothing of the sweep outside --out
     results = json.loads((Path(done["run_dir"]) / "results.json").read_text())
     assert results["steps"] == 6 and done["metric"] == results["val"]["acc"]
     assert [s for s, _ in done["history"]] == [2, 4, 6]
@@ -250,8 +252,19 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     assert info["run_id"] == done["id"] and info["config"]["sweep"] == {"id": sweep_id, "name": "ablation-recall"}
     assert f"sweep-{sweep_id}" in info["tags"] and info["job_type"] == "ablation-recall"
 
-    assert main(args) == 0  # the same command: the third grid point only
+    # a sweep folder of an earlier version, its trials' runs under the working directory: they stay where they are
+    old = here / "runs" / "sweeps" / sweep_id / done["id"]
+    old.parent.mkdir(parents=True)
+    shutil.move(done["run_dir"], old)
+    record = json.loads((out / "sweep.json").read_text())
+    record["trials"][0]["run_dir"] = str(old)
+    (out / "sweep.json").write_text(json.dumps(record))
+    first = state_of(out)
+
+    assert main(args) == 0  # the same command: the third grid point only, under --out
     second = state_of(out)
+    added = second["trials"][2]
+    assert added["run_dir"] == str(out / "runs" / "sweeps" / sweep_id / added["id"])
     assert second["sweep_id"] == sweep_id
     assert [t["state"] for t in second["trials"]] == ["finished", "failed", "finished"]
     assert second["trials"][:2] == first["trials"] and second["trials"][2]["params"] == {"data.batch_size": 2}
@@ -306,7 +319,7 @@ def test_every_sweep_file_runs_tiny_trials(here, path):
     assert len(trials) == count and all(t["state"] in ("finished", "stopped") for t in trials), trials
     for t in trials:
         assert set(t["params"]) == set(spec["parameters"]) and t["metric"] is not None
-        assert t["run_dir"] == str(here / "runs" / "sweeps" / state["sweep_id"] / t["id"])
+        assert t["run_dir"] == str(out / "runs" / "sweeps" / state["sweep_id"] / t["id"])
         assert json.loads((Path(t["run_dir"]) / "results.json").read_text())["steps"] == t["steps"]
     if spec["method"] == "grid":  # distinct grid points, in the engine's order
         assert trials[0]["params"] != trials[1]["params"]
@@ -340,7 +353,7 @@ def test_a_signal_stops_the_sweep_cleanly_and_the_rerun_continues(here, signum, 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
 
     def both_validated() -> bool:
-        runs = list((here / "runs" / "sweeps").glob("*/*/sweep_history.jsonl"))
+        runs = list((out / "runs" / "sweeps").glob("*/*/sweep_history.jsonl"))
         return len(runs) == 2 and all(len(p.read_text().splitlines()) >= 2 for p in runs)
 
     _wait_for(both_validated, 240, "two trials to validate twice")
@@ -392,7 +405,7 @@ def test_trials_run_as_slurm_jobs(here, slurm, monkeypatch):  # noqa: F811 - the
     state = state_of(out)
     assert [t["state"] for t in state["trials"]] == ["finished", "finished"]
     for t in state["trials"]:
-        assert t["run_dir"] == str(here / "runs" / "sweeps" / state["sweep_id"] / t["id"])
+        assert t["run_dir"] == str(out / "runs" / "sweeps" / state["sweep_id"] / t["id"])
         assert [s for s, _ in t["history"]] == [2, 4, 6] and t["metric"] is not None
         jobs = [p for p in (out / "launch" / t["id"] / ".submitit").iterdir() if p.is_dir()]
         assert len(jobs) == 1, jobs  # one SLURM job per trial, its log beside the sweep, not in the run dir

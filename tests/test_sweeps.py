@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import stat
 import struct
@@ -75,9 +76,20 @@ def _write_sweep(tmp_path: Path, base: str, name: str = "bad.yaml", **changes) -
 # ---- every sweep file ----------------------------------------------------------------------------
 
 
-def test_sweep_files_exist():
-    names = {p.stem for p in SWEEPS}
-    assert {"ablation", "bayes_xl", "shaw_k"} <= names, names
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_a_sweep_file_is_what_its_comment_says(path):
+    """The grid size its opening comment states ("5 x 4 = 20 runs") is its grid's, the commands it shows name the
+    file itself, and its name (wandb's job type) is its own."""
+    sweep = load_sweep(path)
+    comment = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+    if sweep.method == "grid":
+        factors, total = re.search(r"(\d+(?: x \d+)+) = (\d+) runs", comment).groups()
+        assert [int(f) for f in factors.split(" x ")] == [len(v) for v in sweep.parameters.values()]
+        assert int(total) == math.prod(len(v) for v in sweep.parameters.values())
+    shown = set(re.findall(r"sweeps/\w+\.yaml", comment))
+    assert shown == {f"sweeps/{path.name}"}, shown
+    names = [yaml.safe_load(p.read_text())["name"] for p in SWEEPS]
+    assert names.count(sweep.spec["name"]) == 1
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
@@ -203,6 +215,10 @@ def test_metric_and_command_are_checked(tmp_path):
     path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/bpb", "goal": "minimize"})
     with pytest.raises(SweepError, match=r"'val/bpb' is never logged for data=recall \(did you mean 'val/ppl'\?\)"):
         check_sweep(path)
+    for base, figure in (("ablation.yaml", "val/bpb"), ("shaw_k.yaml", "val/ppl")):  # the old name: the new one
+        path = _write_sweep(tmp_path, base, metric={"name": "val/bpt", "goal": "minimize"})
+        with pytest.raises(SweepError, match=rf"metric\.name: val/bpt is no longer logged: its name is now {figure} "):
+            check_sweep(path)
     path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/acc", "goal": "minimize"})
     with pytest.raises(SweepError, match="should be maximized"):
         check_sweep(path)

@@ -19,19 +19,19 @@ def test_cells():
 
 
 def test_dataframe_and_dicts_give_the_same_tables(tmp_path):
-    records = [{"scheme": "a", "bpt": 1.23456, "n": 3}, {"scheme": "b", "bpt": float("nan"), "n": 4}]
+    records = [{"scheme": "a", "bpb": 1.23456, "n": 3}, {"scheme": "b", "bpb": float("nan"), "n": 4}]
     df = pd.DataFrame(records)
     assert (
-        markdown_table(df, decimals={"bpt": 2})
-        == markdown_table(records, decimals={"bpt": 2})
-        == ("| scheme | bpt | n |\n|---|---|---|\n| a | 1.23 | 3 |\n| b | n/a | 4 |")
+        markdown_table(df, decimals={"bpb": 2})
+        == markdown_table(records, decimals={"bpb": 2})
+        == ("| scheme | bpb | n |\n|---|---|---|\n| a | 1.23 | 3 |\n| b | n/a | 4 |")
     )
     assert text_table(records, columns=["n", "scheme"]).splitlines() == ["n  scheme", "3       a", "4       b"]
     for name, rows in (("df", df), ("dicts", records)):
         paths = write_table(rows, tmp_path / name, header="# head")
         with open(paths["csv"]) as f:
             back = list(csv.DictReader(f))
-        assert [r["scheme"] for r in back] == ["a", "b"] and float(back[0]["bpt"]) == 1.23456  # full precision
-        assert paths["md"].read_text().startswith("# head\n\n| scheme | bpt | n |")
+        assert [r["scheme"] for r in back] == ["a", "b"] and float(back[0]["bpb"]) == 1.23456  # full precision
+        assert paths["md"].read_text().startswith("# head\n\n| scheme | bpb | n |")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["df.csv", "df.md", "dicts.csv", "dicts.md"]  # no temp files
     assert markdown_table([]) == "(no rows)"

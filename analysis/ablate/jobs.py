@@ -20,6 +20,7 @@ from pathlib import Path
 
 from posenc_lab.checkpoints import CheckpointError, read_checkpoint
 from posenc_lab.compose import quote
+from posenc_lab.errors import Interrupted, signal_name
 from posenc_lab.io import CorruptFileError, read_json, write_json
 from posenc_lab.processes import spawn, stop
 from posenc_lab.rundir import RunDir
@@ -29,16 +30,9 @@ from .plan import RunSpec
 GRACE_S = 60  # a training process gets this long to save its checkpoint after the signal
 
 
-class Interrupted(Exception):
-    """The ablation received a signal (its number: ``signum``)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 def raise_interrupted(signum, frame) -> None:
-    raise Interrupted(signum)
+    """The ablation's signal handler: posenc_lab's one Interrupted, its number ``signum`` (exit 128 + it)."""
+    raise Interrupted(signum, f"stopped by {signal_name(signum)}")
 
 
 @dataclass

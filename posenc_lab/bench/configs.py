@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from .. import config_dir
+from ..defaults import group_option, group_options
 from ..model import ModelConfig
 from ..positional import sized_options
 
@@ -26,8 +25,8 @@ PRECISIONS = ("fp32", "bf16-mixed")
 
 
 def model_presets() -> tuple[str, ...]:
-    """Names of conf/model/*.yaml, sorted."""
-    return tuple(sorted(p.stem for p in CONF_MODEL.glob("*.yaml")))
+    """Names of the options of conf/model/, sorted (the base they inherit aside)."""
+    return group_options("model")
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class BenchConfig:
         presets = model_presets()
         if name not in presets:
             raise ValueError(f"unknown model preset {name!r}; valid (conf/model/): {', '.join(presets)}")
-        model = {**OmegaConf.to_container(OmegaConf.load(CONF_MODEL / f"{name}.yaml"), resolve=True), **model_overrides}
+        model = {**group_option("model", name), **model_overrides}
         L = int(segment_len or model.get("mem_len") or 128)
         if vocab_size is None:
             vocab_size = ADAPTIVE_VOCAB_SIZE if model.get("adaptive_cutoffs") else BYTE_VOCAB_SIZE

@@ -2,8 +2,9 @@
 against a sliding window.
 
 Every figure is the median of several timed repetitions after warm-up steps. Random tokens: speed does
-not depend on the text. Training counts peak memory from before the model is built (weights, gradients,
-AdamW state, activations, memory); evaluation counts above the resident model (activations and memory).
+not depend on the text. Memory goes from step to step through ``model.Recurrence``, as in training.
+Training counts peak memory from before the model is built (weights, gradients, AdamW state, activations,
+memory); evaluation counts above the resident model (activations and memory).
 MFU is ``model_flops_per_token`` x tokens/s over the peak of a large matmul of the same dtype, measured
 in the same run.
 """
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from ..model import MemoryTransformer, ModelConfig
+from ..model import MemoryTransformer, ModelConfig, Recurrence
 from ..positional import fused, scheme_names
 from ..tables import text_row
 from .configs import BenchConfig
@@ -165,15 +166,14 @@ def bench_one(
         model.train()
         step_model = torch.compile(model) if compile else model
         opt = make_optimizer(model)
-        state = {"mems": None}
+        memory = Recurrence()
 
         def train_step():
             with autocast(device, precision):
-                out = step_model(data[:, :-1], data[:, 1:], mems=state["mems"])
+                out = memory.step(step_model, data[:, :-1], data[:, 1:])
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             opt.step()
-            state["mems"] = out.mems if M > 0 else None
 
         train_cpu: list[float] = []
         train_s = _unless_cannot_run(
@@ -183,13 +183,12 @@ def bench_one(
 
     # -- evaluation -----------------------------------------------------------------------------
     model.eval()
-    state["mems"] = None
+    memory.clear()
     with PeakMemory(device) as eval_mem:
 
         def eval_step():
             with torch.no_grad(), autocast(device, precision):
-                out = step_model(data[:, :-1], data[:, 1:], mems=state["mems"])
-            state["mems"] = out.mems if M > 0 else None
+                memory.step(step_model, data[:, :-1], data[:, 1:])
 
         eval_cpu: list[float] = []
         eval_s = _unless_cannot_run(lambda: median_time(eval_step, device, warmup, reps, eval_cpu), eval_cpu, not_run)
@@ -327,12 +326,12 @@ def measure_eval_speed(
             # memory reuse
             model.validate_lengths(L, A)
             seg = _tokens(cfg, B, L, device, gen)
-            state = {"mems": None}
+            memory = Recurrence()
             for _ in range(-(-A // L)):  # fill the memory to its full length first
-                state["mems"] = model(seg[:, :-1], mems=state["mems"], **reuse).mems
+                memory.step(model, seg[:, :-1], **reuse)
 
             def memory_step():
-                state["mems"] = model(seg[:, :-1], seg[:, 1:], mems=state["mems"], **reuse).mems
+                memory.step(model, seg[:, :-1], seg[:, 1:], **reuse)
 
             memory_cpu: list[float] = []
             memory_s = median_time(memory_step, device, warmup, reps, memory_cpu)

@@ -1,14 +1,15 @@
 """Corpora and ordered segment streams. Imports only the standard library, numpy and torch; knows no model.
 
     from posenc_lab.data import load_corpus
-    corpus = load_corpus("recall")                      # or pystdlib, textfile, enwik8, text8, ...
+    corpus = load_corpus("recall")                      # or pystdlib, textdir, textfile, enwik8, text8, ...
     train = corpus.stream("train", segment_len=32, n_streams=16, cycle=True)
     loader = torch.utils.data.DataLoader(train, batch_size=None)
 
 Layout: ``registry.py`` (Corpus, the registry), ``cache.py`` (prepared arrays), ``download.py``,
-``overlap.py`` (verbatim overlap between splits), ``splits.py`` (the split names), ``streams.py`` (the
-ordered iterator), and one module per corpus family, each registering its loaders: every module of this
-package is imported, so a new corpus is one module.
+``overlap.py`` (verbatim overlap between splits), ``families.py`` (the split by family of a folder of files, for
+pystdlib and textdir), ``splits.py`` (the split names), ``streams.py`` (the ordered iterator), and one module per
+corpus family, each registering its loaders: every module of this package is imported, so a new corpus is one
+module (a folder of your own files needs none: ``data=textdir data.corpus.path=DIR``).
 """
 
 import importlib

@@ -33,6 +33,9 @@ class Corpus:
     where id = byte value); side: per split, optional side arrays {"loss_mask": [N] bool, "distance": [N]
     int} (recall); document_separator: the token that ends every document (pystdlib's file separator),
     None where the corpus has no natural documents: they are then cut into chunks of ``document_chunk`` tokens.
+    A corpus split by family (``families.py``: pystdlib, textdir) also gives, per split, document_lengths
+    [n_documents] (tokens of every document, its separator included), document_families [n_documents] (its
+    family, 0..n_families-1 in text order) and family_names [n_families].
     """
 
     name: str
@@ -45,6 +48,9 @@ class Corpus:
     side: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     document_separator: int | None = None
     document_chunk: int = DOCUMENT_CHUNK
+    document_lengths: dict[str, np.ndarray] = field(default_factory=dict)
+    document_families: dict[str, np.ndarray] = field(default_factory=dict)
+    family_names: dict[str, list[str]] = field(default_factory=dict)
 
     def split(self, split: str) -> np.ndarray:
         return getattr(self, check_split(split))
@@ -60,10 +66,34 @@ class Corpus:
         to the document it closes); otherwise the documents are consecutive chunks of ``document_chunk`` tokens.
         """
         tokens = self.split(split)
+        if split in self.document_lengths:  # a file may hold the separator byte itself: its length decides
+            lengths = np.asarray(self.document_lengths[split])
+            return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
         if self.document_separator is None:
             return np.arange(len(tokens), dtype=np.int64) // self.document_chunk
         ends = np.asarray(tokens) == self.document_separator
         return np.concatenate([[0], np.cumsum(ends[:-1], dtype=np.int64)])
+
+    def families(self, split: str) -> np.ndarray:
+        """[n_tokens] int64: the unit of independence of every token of ``split``, numbered from 0 in text order.
+
+        For a corpus split by family (pystdlib, textdir) the family of its document (a package joined with its
+        near-duplicates: what no other family shares); for any other corpus every document (or chunk,
+        ``documents``) is its own family. The report's intervals cluster by it."""
+        if split not in self.document_families:
+            return self.documents(split)
+        return np.asarray(self.document_families[split], dtype=np.int64)[self.documents(split)]
+
+    def family_sizes(self, split: str) -> np.ndarray:
+        """[n_families] int64: the tokens of ``split`` in each family of ``families``."""
+        return np.bincount(self.families(split))
+
+    def family_labels(self, split: str) -> list[str]:
+        """The name of each family of ``split`` (its packages), or of each document ("document 7") where the
+        corpus has no families."""
+        if split in self.family_names:
+            return list(self.family_names[split])
+        return [f"document {i}" for i in range(len(self.family_sizes(split)))]
 
 
 CORPORA: dict[str, Callable[..., Corpus]] = {}

@@ -29,6 +29,7 @@ from ..checks import problems as config_problems
 from ..compose import ADDABLE, CONF_DIR, Composer
 from ..data import ANSWER_CORPORA, CORPUS_UNITS
 from ..metrics import logged_metrics as lit_metrics
+from ..metrics import renamed_figure
 from .spec import Sweep, SweepError, format_override, format_problems, load_sweep, multirun_overrides, override_key
 
 
@@ -83,8 +84,12 @@ def sweep_problems(cfg: DictConfig, metric: dict[str, Any] | None, require_wandb
             )
     if metric:
         names = logged_metrics(cfg)
+        unit = CORPUS_UNITS.get(str(cfg.data.name))
         mname = metric.get("name")
-        if mname not in names:
+        renamed = renamed_figure(str(mname), unit)
+        if mname not in names and renamed:
+            problems.append(f"metric.name: {renamed}")
+        elif mname not in names:
             close = difflib.get_close_matches(str(mname), sorted(names), n=3)
             plain = sorted(n for n in names if "/acc_d" not in n)
             buckets = sorted(

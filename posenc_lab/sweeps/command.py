@@ -4,8 +4,8 @@ The sweep file's ``command`` runs with ``${args_no_hyphens}`` replaced by the tr
 (``format_override``), ``${env}`` dropped (the runner passes the environment itself) and the trainer run by this
 Python (``python``, ``${interpreter}`` and ``posenc-lab`` are not looked up on PATH; spec.TRAIN_COMMANDS). The
 user's extra overrides come after the command's own; Hydra refuses a key given twice, so an extra override
-*replaces* the command's override of the same key (``merge_overrides``). The runner then appends ``run_dir=`` and
-the SweepTrial callback (trial.py).
+*replaces* the command's override of the same key (``merge_overrides``). The runner then sets ``run_dir=`` (and
+Hydra's run dir to it) and adds the SweepTrial callback (trial.py).
 """
 
 from __future__ import annotations
@@ -93,10 +93,13 @@ def trial_overrides(sweep: Sweep, params: dict[str, Any], extra: list[str]) -> l
 
 
 def runner_overrides(run_dir: Path, metric: str, history: Path, stop: Path, sweep_name: str) -> list[str]:
-    """What the runner appends to every trial: its run directory and the SweepTrial callback."""
+    """What the runner sets in every trial (``merge_overrides`` onto the command's): its run directory, also Hydra's
+    output directory (a sweep file's relative ``hydra.run.dir`` would put the job's log under the working
+    directory), and the SweepTrial callback."""
     cb = "+callbacks.sweep_trial"
     return [
         f"run_dir={hydra_value(str(run_dir))}",
+        f"hydra.run.dir={hydra_value(str(run_dir))}",
         f"{cb}._target_=posenc_lab.sweeps.trial.SweepTrial",
         f"{cb}.metric={hydra_value(metric)}",
         f"{cb}.history={hydra_value(str(history))}",

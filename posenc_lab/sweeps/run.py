@@ -126,14 +126,15 @@ class Runner:
         if self.devices:
             env["CUDA_VISIBLE_DEVICES"] = self.devices[slot % len(self.devices)]
         if trial["run_dir"] is None:
-            fixed = resolve_run_dir(overrides, env)
+            fixed = resolve_run_dir(overrides, env, out)
             trial["run_dir"] = str(fixed or (out / "trials" / tid).resolve())
         run_dir = Path(trial["run_dir"])
         trial["log"] = str(out / "logs" / f"{tid}.log")
         stop = self._stop_file(tid)
         stop.unlink(missing_ok=True)
         label = str(self.sweep.spec.get("name") or self.sweep.path.stem)
-        args = overrides + command.runner_overrides(run_dir, self.metric, run_dir / HISTORY_FILE, stop, label)
+        runner = command.runner_overrides(run_dir, self.metric, run_dir / HISTORY_FILE, stop, label)
+        args = command.merge_overrides(overrides, runner)
         if self.launcher:
             args = ["-m", *args, *command.launcher_overrides(run_dir, out / "launch" / tid)]
         Path(trial["log"]).parent.mkdir(parents=True, exist_ok=True)
@@ -277,9 +278,10 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def resolve_run_dir(overrides: list[str], env: dict[str, str]) -> Path | None:
+def resolve_run_dir(overrides: list[str], env: dict[str, str], out: Path) -> Path | None:
     """The run directory the trial's own overrides name (``run_dir=``, or the sweep file's ``hydra.run.dir``,
-    resolved in the trial's environment, relative to this directory); None if they name none."""
+    resolved in the trial's environment; a relative one under the sweep's folder ``out``, so that --out holds the
+    whole sweep); None if they name none."""
     if not any(override_key(o) in command.RUN_DIR_KEYS for o in overrides):
         return None
     wandb_env = {k: env[k] for k in ("WANDB_SWEEP_ID", "WANDB_RUN_ID")}
@@ -287,13 +289,13 @@ def resolve_run_dir(overrides: list[str], env: dict[str, str]) -> Path | None:
         cfg = composer.compose(overrides, return_hydra_config=True)
         path = OmegaConf.select(cfg, "run_dir", default=None, throw_on_missing=False)
         path = path if path is not None else OmegaConf.select(cfg, "hydra.run.dir")
-    return Path(str(path)).resolve()
+    return (Path(out) / str(path)).resolve()  # an absolute path stays itself
 
 
 # ---- the command line ---------------------------------------------------------------------------------------
 
 
-def check_inputs(sweep: Sweep, extra: list[str], count: int | None) -> None:
+def check_inputs(sweep: Sweep, extra: list[str], count: int | None, out: Path) -> None:
     """SweepError for anything that would fail later: the engine's schema, the count, the extra overrides (every
     trial of the file composes and validates with them), a run directory that every trial would share."""
     try:
@@ -316,7 +318,7 @@ def check_inputs(sweep: Sweep, extra: list[str], count: int | None) -> None:
                 raise SweepError(f"with the overrides {' '.join(extra) or '(none)'}: {problems[0]}")
     first = command.trial_overrides(sweep, {}, extra)
     envs = [{"WANDB_SWEEP_ID": "s", "WANDB_RUN_ID": rid} for rid in ("trial1", "trial2")]
-    dirs = [resolve_run_dir(first, env) for env in envs]
+    dirs = [resolve_run_dir(first, env, out) for env in envs]
     if dirs[0] is not None and dirs[0] == dirs[1]:
         raise SweepError(
             f"every trial would write the one run directory {dirs[0]}: drop run_dir=, each trial then gets its own"
@@ -357,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise SweepError(f"--jobs {args.jobs}: at least one trial runs at a time")
                 check_sweep(args.sweep, require_wandb=False)
                 sweep = load_sweep(args.sweep)
-                check_inputs(sweep, args.overrides, args.count)
+                check_inputs(sweep, args.overrides, args.count, out)
                 state = SweepState.open(out, sweep.path, sweep.spec, args.overrides)
                 held.enter_context(_locked(out))
                 again = ["posenc-lab", "sweep", args.sweep, "--out", str(out)]

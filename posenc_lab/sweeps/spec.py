@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from ..errors import PosencLabError
+
 ENTRY_MODULE = "posenc_lab.train"
 METHODS = ("grid", "random", "bayes")
 SPEC_KEYS = {"value", "values", "distribution", "min", "max", "mu", "sigma", "q", "probabilities", "a", "b"}
@@ -72,7 +74,7 @@ CODE_MARKERS = ("_target_", "oc.decode", "oc.create")
 HYDRA_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
 
 
-class SweepError(ValueError):
+class SweepError(PosencLabError, ValueError):
     """A sweep file that cannot run as written; the message lists every problem found."""
 
 
@@ -240,7 +242,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         problems.append(f"method: {method!r} is not one of {list(METHODS)}")
     metric = spec.get("metric")
     if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
-        problems.append("metric: needs a name (a key the training logs, e.g. val/bpt) and a goal")
+        problems.append("metric: needs a name (a key the training logs, e.g. val/bpb) and a goal")
         metric = {}
     elif metric.get("goal", "minimize") not in ("minimize", "maximize"):
         problems.append(f"metric.goal: {metric.get('goal')!r} is not minimize or maximize")
