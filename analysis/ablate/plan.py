@@ -134,7 +134,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
             if rec or no_memory is None or scheme in no_memory:
                 add(None, scheme, bool(rec), 1.0, base, mem, cfg)
     half = a.get("half_loss") or {}
-    frac = half.get("frac", 0.5)
+    frac = half.get("frac")  # conf/ablate.yaml: 0.5, the paper's recent half
     if half.get("schemes") and (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1):
         raise ValueError(f"ablate.half_loss.frac must be a number in (0, 1) (model.loss_recent_frac), got {frac!r}")
     for scheme in half.get("schemes") or []:
