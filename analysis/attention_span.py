@@ -25,21 +25,23 @@ from posenc_lab.tables import write_csv
 
 from . import plots
 from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
+from .settings import conf_block, structured
 
 
 @dataclass
 class AttentionSettings:
-    split: str = "test"
-    n_rows: int = 4
-    n_segments: int = 2
+    """``ablate.analysis.attention`` (its values: conf/ablate.yaml)."""
+
+    n_rows: int  # streams
+    n_segments: int  # segments measured per stream, after the memory is full
 
 
-def attention_mass(run: Run, s: AttentionSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+def attention_mass(run: Run, s: AttentionSettings, split: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(mass: run, layer, head, distance, mass; heads: run, layer, head, mean_distance, memory_share,
     beyond_L_share) of one run."""
     L, M = run.segment_len, run.mem_len
     warm = -(-M // L) * L  # whole segments until the memory holds M states
-    data, _ = run.split(s.split)
+    data, _ = run.split(split)
     rows = stream_rows(data, s.n_rows, warm + s.n_segments * L)
     model = run.model()
     n_layer, H = model.cfg.n_layer, model.cfg.n_head
@@ -91,13 +93,12 @@ class AttentionResult:
     figures: dict[str, Path] = field(default_factory=dict)
 
 
-def analyze(runs: list[Run], out: Path, settings: AttentionSettings | None = None, log=print) -> AttentionResult:
-    s = settings or AttentionSettings()
+def analyze(runs: list[Run], out: Path, s: AttentionSettings, split: str, log=print) -> AttentionResult:
     out.mkdir(parents=True, exist_ok=True)
     masses, heads = [], []
     for i, run in enumerate(runs, 1):
         log(f"  attention [{i}/{len(runs)}] {run.label}")
-        m, h = attention_mass(run, s)
+        m, h = attention_mass(run, s, split)
         masses.append(m)
         heads.append(h)
     mass, heads = pd.concat(masses, ignore_index=True), pd.concat(heads, ignore_index=True)
@@ -131,14 +132,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--split", default="test", choices=("val", "test"))
-    p.add_argument("--n-rows", type=int, default=4)
-    p.add_argument("--n-segments", type=int, default=2)
+    d = structured(AttentionSettings, conf_block("attention"), "ablate.analysis.attention")
+    p.add_argument("--split", default=conf_block("split"), choices=("val", "test"))
+    p.add_argument("--n-rows", type=int, default=d.n_rows)
+    p.add_argument("--n-segments", type=int, default=d.n_segments)
     add_threads_argument(p)
     a = p.parse_args(argv)
     apply_threads(a.threads)
     try:
-        res = analyze(find_runs(a.runs), a.out, AttentionSettings(a.split, a.n_rows, a.n_segments))
+        res = analyze(find_runs(a.runs), a.out, AttentionSettings(a.n_rows, a.n_segments), a.split)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ from posenc_lab.rundir import RunDir, differences
 
 from .dumps import AsTrained, as_trained, same_tokens, stack
 from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
+from .settings import conf_block, structured
 from .stats import Difference, mean_interval, paired_difference
 
 
@@ -81,7 +82,7 @@ def option_problems(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def compare(a: list[Run], b: list[Run], settings: AsTrained, work: Path, level: float = 0.95, log=print) -> dict:
+def compare(a: list[Run], b: list[Run], settings: AsTrained, split: str, work: Path, level: float, log=print) -> dict:
     """The difference of the sides' mean loss (``difference``, in ``unit``: bits or nats per token) and each side's
     mean loss in nats (``a``, ``b``; ``figure_text`` gives the corpus's figure)."""
     comparable(a, b)
@@ -89,7 +90,7 @@ def compare(a: list[Run], b: list[Run], settings: AsTrained, work: Path, level: 
     for name, runs in (("A", a), ("B", b)):
         for r in runs:
             log(f"  evaluating {name}: {r.label} ({r.path})")
-            dumps[str(r.path)] = as_trained(r, settings, work / f"{name}_{r.name}.npz", log)
+            dumps[str(r.path)] = as_trained(r, settings, split, work / f"{name}_{r.name}.npz", log)
     documents = same_tokens(dumps)
     xa, xb = stack([dumps[str(r.path)] for r in a]), stack([dumps[str(r.path)] for r in b])
     unit = a[0].unit
@@ -112,10 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("a", type=Path, help="a run directory, or a folder of one cell's seeds")
     p.add_argument("b", type=Path, help="the baseline: a run directory, or a folder of one cell's seeds")
-    p.add_argument("--split", default="test", choices=("val", "test"), help="the held-out text (default: test)")
-    p.add_argument("--n-streams", type=int, default=64, help="streams spread over the split")
-    p.add_argument("--n-tokens", type=int, default=4096, help="scored tokens per stream")
-    p.add_argument("--level", type=float, default=0.95, help="the interval's confidence level (default: 0.95)")
+    d = structured(AsTrained, conf_block("trained"), "ablate.analysis.trained")  # the report's as-trained sample
+    split, level = conf_block("split"), conf_block("level")
+    p.add_argument("--split", default=split, choices=("val", "test"), help=f"the held-out text (default: {split})")
+    p.add_argument("--n-streams", type=int, default=d.n_streams, help="streams spread over the split")
+    p.add_argument("--n-tokens", type=int, default=d.n_tokens, help="scored tokens per stream")
+    p.add_argument("--level", type=float, default=level, help=f"the interval's confidence level (default: {level})")
     p.add_argument("--out", type=Path, help="keep the per-token dumps here (default: a temporary folder)")
     add_threads_argument(p)
     args = p.parse_args(argv)
@@ -125,9 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     apply_threads(args.threads)
     try:
         a, b = side(args.a), side(args.b)
-        settings = AsTrained(args.split, args.n_streams, args.n_tokens)
+        settings = AsTrained(args.n_streams, args.n_tokens)
         with tempfile.TemporaryDirectory() as tmp:
-            r = compare(a, b, settings, args.out or Path(tmp), args.level)
+            r = compare(a, b, settings, args.split, args.out or Path(tmp), args.level)
     except (RunError, ValueError) as e:
         print(f"posenc-lab compare: error: {e}", file=sys.stderr)
         return 2

@@ -27,8 +27,9 @@ import pandas as pd
 
 from posenc_lab.tables import markdown_table
 
+from .cellnames import CellName
 from .stats import paired_difference
-from .verdicts import CONTRADICTED, REPRODUCED, CellKey, Evidence, judge, paper
+from .verdicts import CONTRADICTED, REPRODUCED, Evidence, judge, paper
 
 TOKENS_PER_PSEUDO = 64
 
@@ -98,9 +99,8 @@ CELLS = tuple(MEASURED.seed_sd)
 PAIR = tuple(_measured["coverage_pair"])
 
 
-def _key(name: str) -> CellKey:
-    scheme, mem = name.split(":")[:2]
-    return CellKey(scheme, mem != "nomem")
+def _key(name: str) -> CellName:
+    return CellName.parse(name)
 
 
 class Simulator:

@@ -31,13 +31,12 @@ from posenc_lab.io import CorruptFileError, load_npz, save_npz
 from .runs import Run, RunError
 
 
-@dataclass(frozen=True)
+@dataclass
 class AsTrained:
-    """Settings of the as-trained evaluation."""
+    """Settings of the as-trained evaluation (``ablate.analysis.trained``, ``.recall``; values in conf/ablate.yaml)."""
 
-    split: str = "test"
-    n_streams: int = 64
-    n_tokens: int = 4096  # scored targets per stream
+    n_streams: int
+    n_tokens: int  # scored targets per stream
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,46 @@ class AtContexts:
     """Settings of the controlled-context evaluation (c: the attention length, in previous tokens)."""
 
     contexts: tuple[int, ...]
-    split: str = "test"
-    n_rows: int = 64
-    n_score: int = 256  # scored targets per row
-    window_max: int | None = None  # runs without memory: longer windows are not evaluated (None: all)
-    window_batch_tokens: int = 32768
+    split: str
+    n_rows: int
+    n_score: int  # scored targets per row
+    window_max: int | None  # runs without memory: longer windows are not evaluated (None: all)
+    window_batch_tokens: int = 32768  # how many window tokens are evaluated at once (memory, not the result)
+
+
+@dataclass
+class ContextSettings:
+    """``ablate.analysis.context``: the controlled-context evaluation behind Table 6's attention lengths and RECL:
+    c = c_min, c_min + delta, ..., c_max (None: delta = L / 4, c_min = delta, c_max = 4 L), plus every run's
+    training attention length; ``n_boot``: RECL's bootstrap replicates."""
+
+    n_rows: int
+    n_score: int
+    delta: int | None
+    c_min: int | None
+    c_max: int | None
+    window_max: int | None  # runs without memory: no window longer than this (None: 2 L)
+    n_boot: int
+
+    def __post_init__(self):
+        if self.n_boot < 50:
+            raise ValueError(f"ablate.analysis.context.n_boot must be >= 50 replicates, got {self.n_boot!r}")
+
+    def grid(self, runs: list[Run]) -> list[int]:
+        """The attention lengths of RECL's gain curves."""
+        L = max(r.segment_len for r in runs)
+        delta = self.delta or max(1, L // 4)
+        c_min, c_max = self.c_min or delta, self.c_max or 4 * L
+        if c_max < c_min + delta:
+            raise ValueError(f"the context grid needs c_max >= c_min + delta, got {c_min}, {delta}, {c_max}")
+        return list(range(c_min, c_max + 1, delta))
+
+    def evaluation(self, runs: list[Run], split: str) -> AtContexts:
+        """The grid and every run's training attention length within it, for ``at_contexts``."""
+        grid = self.grid(runs)
+        trained = {r.train_attention_length for r in runs if 0 < r.train_attention_length <= grid[-1]}
+        window_max = self.window_max or 2 * max(r.segment_len for r in runs)
+        return AtContexts(tuple(sorted(set(grid) | trained)), split, self.n_rows, self.n_score, window_max)
 
 
 @dataclass
@@ -143,16 +177,16 @@ def _side(side: dict, key: str, positions: np.ndarray, default) -> np.ndarray:
     return np.asarray(side[key])[positions] if key in side else np.full(positions.shape, default)
 
 
-def as_trained(run: Run, s: AsTrained, path: Path, log=print) -> TokenLosses:
-    """The run evaluated as trained on ``s.n_streams`` x ``s.n_tokens`` targets of ``s.split`` (module doc)."""
-    meta = {**_fingerprint(run), "kind": "as_trained", **asdict(s)}
+def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> TokenLosses:
+    """The run evaluated as trained on ``s.n_streams`` x ``s.n_tokens`` targets of ``split`` (module doc)."""
+    meta = {**_fingerprint(run), "kind": "as_trained", "split": split, **asdict(s)}
     if (d := _reuse(path, meta, log)) is not None:
         return d
-    data, side = run.split(s.split)
+    data, side = run.split(split)
     stride = (len(data) - 1) // s.n_streams
     n = min(s.n_tokens, stride)
     if n < 1:
-        raise RunError(f"the {s.split} split ({len(data):,} tokens) is too short for {s.n_streams} streams")
+        raise RunError(f"the {split} split ({len(data):,} tokens) is too short for {s.n_streams} streams")
     starts = np.arange(s.n_streams) * stride
     rows = np.asarray(data)[starts[:, None] + np.arange(n + 1)].astype(np.int64)
     res = stream_losses(
@@ -162,7 +196,7 @@ def as_trained(run: Run, s: AsTrained, path: Path, log=print) -> TokenLosses:
     d = TokenLosses(
         loss=res.loss.numpy()[None],
         correct=res.correct.numpy()[None],
-        documents=run.corpus().documents(s.split)[targets],
+        documents=run.corpus().documents(split)[targets],
         scored=_side(side, "loss_mask", targets, True).astype(bool),
         distance=_side(side, "distance", targets, -1).astype(np.int64),
         contexts=[run.train_attention_length],

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -29,10 +30,20 @@ from posenc_lab.tables import write_csv
 
 from . import plots
 from .runs import add_threads_argument, apply_threads, load_run
+from .settings import conf_block, structured
 from .verdicts import paper
 
 
-def measure(model, attn_len: int, segment_len: int, batch: int, reps: int = 3) -> list[dict]:
+@dataclass
+class SpeedSettings:
+    """``ablate.analysis.speed`` (its values: conf/ablate.yaml)."""
+
+    attn_lens: list[int]  # attention lengths A
+    batch: int  # parallel streams
+    reps: int  # timed calls per point (the median is kept)
+
+
+def measure(model, attn_len: int, segment_len: int, batch: int, reps: int) -> list[dict]:
     """Tokens/s of both methods at one attention length, timed by ``posenc_lab.bench.measure_eval_speed``
     (median of ``reps``): rows of method, attn_len, tokens_per_s, seconds, ..."""
     r = measure_eval_speed(model=model, attention_len=attn_len, segment_len=segment_len, batch_size=batch, reps=reps)
@@ -55,14 +66,12 @@ def measure(model, attn_len: int, segment_len: int, batch: int, reps: int = 3) -
     ]
 
 
-def analyze(
-    model, attn_lens: Sequence[int], out: Path, segment_len: int, batch: int = 4, reps: int = 3, log=print
-) -> tuple[pd.DataFrame, dict[str, Path]]:
+def analyze(model, s: SpeedSettings, out: Path, segment_len: int, log=print) -> tuple[pd.DataFrame, dict[str, Path]]:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for A in attn_lens:
+    for A in s.attn_lens:
         log(f"  eval speed: attention length {A}")
-        rows += measure(model, A, segment_len, batch, reps)
+        rows += measure(model, A, segment_len, s.batch, s.reps)
     df = pd.DataFrame(rows)
     df["ms_per_token"] = 1000 / df["tokens_per_s"]
     wide = df.pivot_table(index="attn_len", columns="method", values="tokens_per_s")
@@ -81,10 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--run", type=Path, help="time this run's model (default: a fresh model of the sizes below)")
-    p.add_argument("--attn-lens", default="64,128,256,512", help="comma-separated attention lengths")
+    d = structured(SpeedSettings, conf_block("speed"), "ablate.analysis.speed")
+    p.add_argument("--attn-lens", default=",".join(map(str, d.attn_lens)), help="comma-separated attention lengths")
     p.add_argument("--segment-len", type=int, default=64)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--reps", type=int, default=3, help="timed calls per point (the median is kept)")
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--reps", type=int, default=d.reps, help="timed calls per point (the median is kept)")
     p.add_argument(
         "--posenc", default=None, help="scheme of the fresh model (default: the paper's XL encoding, conf/paper.yaml)"
     )
@@ -110,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         ).eval()
     try:
-        df, _ = analyze(model, [int(x) for x in a.attn_lens.split(",")], a.out, a.segment_len, a.batch, a.reps)
+        s = SpeedSettings([int(x) for x in a.attn_lens.split(",")], a.batch, a.reps)
+        df, _ = analyze(model, s, a.out, a.segment_len)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

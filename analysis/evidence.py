@@ -13,11 +13,7 @@ import numpy as np
 from .dumps import TokenLosses, same_tokens, stack
 from .recall import beyond_segment
 from .runs import Run
-from .verdicts import CellKey, Evidence
-
-
-def key_of(run: Run) -> CellKey:
-    return CellKey(run.scheme, run.recurrence, "half" if run.loss == "half" else run.loss, run.group or "")
+from .verdicts import Evidence
 
 
 def restricted(evidence: Evidence, keep: np.ndarray) -> Evidence:
@@ -30,7 +26,7 @@ def as_trained(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -> Ev
     documents = same_tokens({r.name: dumps[r.name] for g in cells.values() for r in g})
     return Evidence(
         {c: stack([dumps[r.name] for r in g]) for c, g in cells.items()},
-        {c: key_of(g[0]) for c, g in cells.items()},
+        {c: g[0].cell_name for c, g in cells.items()},
         documents,
     )
 
@@ -42,7 +38,7 @@ def attention_gain(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -
     for c, g in cells.items():
         if not g[0].recurrence:
             continue
-        keys[c] = key_of(g[0])
+        keys[c] = g[0].cell_name
         d = [dumps[r.name] for r in g]
         longest, init = max(d[0].contexts), g[0].train_attention_length
         if init not in d[0].contexts:
@@ -68,7 +64,7 @@ def recall_beyond(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) ->
         c: np.stack([dumps[r.name].correct[0][answered][beyond].astype(np.float64) for r in g])
         for c, g in cells.items()
     }
-    return Evidence(values, {c: key_of(g[0]) for c, g in cells.items()}, documents)
+    return Evidence(values, {c: g[0].cell_name for c, g in cells.items()}, documents)
 
 
 def horizon_past(cells: dict[str, list[Run]], tokens: dict) -> Evidence | None:
@@ -76,7 +72,7 @@ def horizon_past(cells: dict[str, list[Run]], tokens: dict) -> Evidence | None:
     episodes; None if no cell was."""
     out, keys, unavailable, documents = {}, {}, {}, None
     for c, g in cells.items():
-        keys[c] = key_of(g[0])
+        keys[c] = g[0].cell_name
         parts = [tokens.get((r.name, "horizon_past", r.episode_len)) for r in g]
         if any(p is None for p in parts):
             unavailable[c] = "not trained with episodes (data.episode_len), or the horizon axis could not run"

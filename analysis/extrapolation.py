@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,20 +31,22 @@ from posenc_lab.metrics import figure_scale
 from posenc_lab.tables import write_csv
 
 from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
+from .settings import conf_block, structured
 
 NA_STATUS = "not applicable"  # (not "n/a": pandas reads that back as a missing value)
 
 
 @dataclass
 class ExtrapolationSettings:
-    split: str = "test"
-    n_rows: int = 16
-    segment_factors: tuple[int, ...] = (1, 2, 4, 8, 16)  # L' / L
-    memory_factors: tuple[int, ...] = (1, 2, 4, 8)  # M' / M
-    memory_score: int | None = None  # scored tokens per row on the memory axis (default 2 L)
-    horizon_factor: int = 8  # stream length / training episode length
-    horizon_tokens: int = 4096  # stream length for runs trained without episodes
-    horizon_bins: int = 32
+    """``ablate.analysis.extrapolation`` (its values: conf/ablate.yaml)."""
+
+    n_rows: int
+    segment_factors: list[int]  # L' / L
+    memory_factors: list[int]  # M' / M
+    memory_score: int | None  # scored tokens per row on the memory axis (None: 2 L)
+    horizon_factor: int  # stream length / training episode length
+    horizon_tokens: int  # stream length for runs trained without episodes
+    horizon_bins: int
 
 
 @dataclass
@@ -84,10 +86,10 @@ def _targets(run: Run, split: str, n_rows: int, row_len: int, first: int = 0):
     return rows, run.corpus().documents(split)[targets], scored
 
 
-def segment_axis(run: Run, s: ExtrapolationSettings, tokens: dict) -> list[dict]:
+def segment_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -> list[dict]:
     L = run.segment_len
     lengths = [f * L for f in s.segment_factors]
-    rows, docs, scored = _targets(run, s.split, s.n_rows, max(lengths))
+    rows, docs, scored = _targets(run, split, s.n_rows, max(lengths))
     out = []
     for Lp in lengths:
         try:  # each segment alone and its own episode: positions 0..L'-1 for every scheme
@@ -100,12 +102,12 @@ def segment_axis(run: Run, s: ExtrapolationSettings, tokens: dict) -> list[dict]
     return out
 
 
-def memory_axis(run: Run, s: ExtrapolationSettings, tokens: dict) -> list[dict]:
+def memory_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -> list[dict]:
     L = run.segment_len
     M_ref = run.mem_len or L
     lengths = [f * M_ref for f in s.memory_factors]
     n_score, start = s.memory_score or 2 * L, max(lengths)
-    rows, docs, scored = _targets(run, s.split, s.n_rows, start + n_score, first=start)
+    rows, docs, scored = _targets(run, split, s.n_rows, start + n_score, first=start)
     out = []
     for Mp in lengths:
         try:
@@ -121,12 +123,12 @@ def memory_axis(run: Run, s: ExtrapolationSettings, tokens: dict) -> list[dict]:
     return out
 
 
-def horizon_axis(run: Run, s: ExtrapolationSettings, tokens: dict) -> list[dict]:
+def horizon_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -> list[dict]:
     """Loss by stream offset over streams of H tokens never reset, and the per-token difference to the same
     tokens with resets every T as in training (0 inside the first episode by construction)."""
     T = run.episode_len
     H = s.horizon_factor * T if T else s.horizon_tokens
-    rows, docs, scored = _targets(run, s.split, s.n_rows, H)
+    rows, docs, scored = _targets(run, split, s.n_rows, H)
     L, M = run.segment_len, run.mem_len
     try:
         long = stream_losses(run.model(), rows, segment_len=L, mem_len=M)
@@ -157,16 +159,15 @@ def horizon_axis(run: Run, s: ExtrapolationSettings, tokens: dict) -> list[dict]
     return out
 
 
-def analyze(
-    runs: list[Run], out: Path, settings: ExtrapolationSettings | None = None, log=print
-) -> ExtrapolationResult:
-    """Evaluate every run along the three axes; write extrapolation.csv into ``out`` (figures: sections)."""
-    s = settings or ExtrapolationSettings()
+def analyze(runs: list[Run], out: Path, s: ExtrapolationSettings, split: str, log=print) -> ExtrapolationResult:
+    """Evaluate every run along the three axes on ``split``; write extrapolation.csv into ``out`` (figures:
+    the section)."""
     out.mkdir(parents=True, exist_ok=True)
     rows, tokens = [], {}
     for i, run in enumerate(runs, 1):
         log(f"  extrapolation [{i}/{len(runs)}] {run.label}")
-        rows += segment_axis(run, s, tokens) + memory_axis(run, s, tokens) + horizon_axis(run, s, tokens)
+        rows += [*segment_axis(run, s, split, tokens), *memory_axis(run, s, split, tokens)]
+        rows += horizon_axis(run, s, split, tokens)
     table = pd.DataFrame(rows)
     _, scale = figure_scale(runs[0].unit)
     table["metric"] = table["loss_nats"] * scale
@@ -176,8 +177,8 @@ def analyze(
     return ExtrapolationResult(table, tokens)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(","))
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("runs", nargs="+", help="run directories or folders holding runs")
     p.add_argument("--out", required=True, type=Path)
-    d = ExtrapolationSettings()
-    p.add_argument("--split", default=d.split, choices=("val", "test"))
+    d = structured(ExtrapolationSettings, conf_block("extrapolation"), "ablate.analysis.extrapolation")
+    p.add_argument("--split", default=conf_block("split"), choices=("val", "test"))
     p.add_argument("--n-rows", type=int, default=d.n_rows)
     p.add_argument("--segment-factors", type=_ints, default=d.segment_factors, help="L'/L, comma-separated")
     p.add_argument("--memory-factors", type=_ints, default=d.memory_factors, help="M'/M, comma-separated")
@@ -197,15 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_threads_argument(p)
     a = p.parse_args(argv)
     apply_threads(a.threads)
-    s = ExtrapolationSettings(
-        split=a.split,
+    s = replace(
+        d,
         n_rows=a.n_rows,
         segment_factors=a.segment_factors,
         memory_factors=a.memory_factors,
         horizon_factor=a.horizon_factor,
     )
     try:
-        res = analyze(find_runs(a.runs), a.out, s)
+        res = analyze(find_runs(a.runs), a.out, s, a.split)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 Each (precision, seed) run initialises the weights from its seed and trains on the same batches (the
 corpus's train split, ordered streams, memory carried, AdamW); a second fp32 seed measures the
-run-to-run noise that the bf16-mixed gap is compared with. The model is a preset of conf/model/ with
+run-to-run noise that the bf16-mixed gap is compared with. Memory is carried by ``posenc_lab.model.Recurrence``,
+the one loop step of training and the analyses. The model is a preset of conf/model/ with
 optional field overrides, as in ``posenc-lab bench``.
 
     python -m posenc_lab_analysis.loss_curve --steps 300 --model small --model-set n_layer=2,mem_len=64 \\
@@ -22,7 +23,7 @@ import torch
 from posenc_lab.bench import BenchConfig, autocast, environment_line, make_optimizer, pick_device
 from posenc_lab.bench.cli import parse_assignments
 from posenc_lab.data import load_corpus
-from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.model import MemoryTransformer, ModelConfig, Recurrence
 from posenc_lab.tables import text_table, write_csv, write_table
 
 from .runs import add_threads_argument, apply_threads
@@ -54,26 +55,25 @@ def loss_curves(
         model = MemoryTransformer(bc.model_config(scheme, memory=bc.mem_len > 0)).to(device).train()
         opt = make_optimizer(model, lr)
         stream = iter(data.stream("train", bc.segment_len, bc.batch_size))
-        mems, losses = None, []
+        memory, losses = Recurrence(), []  # the memory carried from segment to segment, as in training
         for step in range(steps):
             try:
                 batch = next(stream)
-            except StopIteration:
-                stream, mems = iter(data.stream("train", bc.segment_len, bc.batch_size)), None
+            except StopIteration:  # the split read once: start it again, with no memory
+                stream = iter(data.stream("train", bc.segment_len, bc.batch_size))
+                memory.clear()
                 batch = next(stream)
-            if bool(batch["reset"]):
-                mems = None
             with autocast(device, precision):
-                out = model(
+                out = memory.step(
+                    model,
                     batch["tokens"].to(device),
                     batch["targets"].to(device),
-                    mems=mems,
+                    reset=bool(batch["reset"]),
                     offset=batch["offset"].to(device),
                 )
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             opt.step()
-            mems = out.mems or None
             losses.append(float(out.loss.detach()))
             if log and (step + 1) % 50 == 0:
                 log(f"{precision} seed {seed}: step {step + 1} loss {statistics.fmean(losses[-50:]):.4f}")

@@ -1,9 +1,11 @@
 """The ablation report: one Markdown file with its figures and every table's CSV beside it.
 
-The order of work: per-token losses of every run on the test split (``dumps``: as trained, and at controlled
-attention lengths), then the verdicts of ``conf/paper.yaml`` (``verdicts``, ``stats``), Table 6, RECL
-(``recl``), extrapolation, attention spans, evaluation speed and the recall probe, each turned into a
-section (``sections/``) and rendered.
+The sections are a registry (``sections/``, one module each); ``ablate.analysis.sections`` in conf/ablate.yaml
+states their order, once. This module holds what they share: the runs grouped by corpus (``Group``), each
+group's per-token losses on the held-out split (``dumps``: as trained, and at controlled attention lengths) and
+the evidence the verdicts judge (``evidence``), each computed once, when first asked for. The work runs in two
+passes: every section measures (each language corpus, then each recall group, then the report-wide sections,
+in the stated order), then every section renders in that order.
 
     python -m posenc_lab_analysis.report RUNS_DIR [RUNS_DIR...] --out DIR [--experiment NAME]
 RUNS_DIR: run directories or folders holding runs (a Hydra multirun folder, an ablation's runs/ folder).
@@ -15,192 +17,263 @@ import argparse
 import datetime
 import platform
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
-from posenc_lab.data.overlap import WINDOW
+from posenc_lab.errors import ConfigError, PosencLabError
 from posenc_lab.metrics import figure_name, figure_scale
-from posenc_lab.tables import write_csv
 
-from . import attention_span, dumps, eval_speed, evidence, extrapolation, plots, recall, verdicts
-from .recl import recl
-from .runs import Run, RunError, add_threads_argument, apply_threads, cells, find_runs, set_device
-from .sections import Section, render
-from .sections import attention as attention_section
-from .sections import data as data_section
-from .sections import extrapolation as extrapolation_section
-from .sections import recall as recall_section
-from .sections import recl as recl_section
-from .sections import speed as speed_section
-from .sections import table6 as table6_section
-from .sections import verdicts as verdicts_section
+from . import dumps, evidence, verdicts
+from .runs import Run, add_threads_argument, apply_threads, cells, find_runs, set_device
+from .sections import CORPUS, RECALL, REPORT, SECTIONS, Part, Section, render, section_class
+from .sections.speed import Speed
+from .settings import PREFIX, conf_block, structured
 
 
 @dataclass
-class ContextSettings:
-    """The controlled-context evaluation behind Table 6's attention lengths and RECL: c = c_min, c_min + delta,
-    ..., c_max (None: delta = L / 4, c_min = delta, c_max = 4 L), plus every run's training attention length."""
+class Shared:
+    """The keys of ``ablate.analysis`` every section may read (their values: conf/ablate.yaml)."""
 
-    n_rows: int = 64
-    n_score: int = 256
-    delta: int | None = None
-    c_min: int | None = None
-    c_max: int | None = None
-    window_max: int | None = None  # runs without memory: no window longer than this (None: 2 L)
-    n_boot: int = 200
+    split: str  # the split that judges the verdicts
+    device: str  # where the analyses run the models: cpu, cuda, auto
+    level: float  # of every descriptive interval
+    descriptive_seeds: int | None  # extrapolation and attention spans: the first seeds of each cell (None: all)
+    trained: dumps.AsTrained
+    context: dumps.ContextSettings
+    sections: list[str]  # the report's sections, in order
 
-    def grid(self, runs: list[Run]) -> list[int]:
-        L = max(r.segment_len for r in runs)
-        delta = self.delta or max(1, L // 4)
-        c_min, c_max = self.c_min or delta, self.c_max or 4 * L
-        if c_max < c_min + delta:
-            raise ValueError(f"the context grid needs c_max >= c_min + delta, got {c_min}, {delta}, {c_max}")
-        return list(range(c_min, c_max + 1, delta))
+    def __post_init__(self):
+        if self.split not in ("val", "test"):
+            raise ValueError(f"{PREFIX}.split must be val or test, got {self.split!r}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"{PREFIX}.level must be in (0, 1), e.g. 0.95, got {self.level!r}")
+        for name in self.sections:
+            section_class(name)
 
 
 @dataclass
 class ReportSettings:
-    split: str = "test"
-    trained: dumps.AsTrained = field(default_factory=dumps.AsTrained)
-    context: ContextSettings = field(default_factory=ContextSettings)
-    extrapolation: extrapolation.ExtrapolationSettings = field(default_factory=extrapolation.ExtrapolationSettings)
-    attention: attention_span.AttentionSettings = field(default_factory=attention_span.AttentionSettings)
-    speed_attn_lens: tuple[int, ...] = (64, 128, 256, 512)
-    speed_batch: int = 4
-    speed_reps: int = 3
-    recall: dumps.AsTrained = field(default_factory=lambda: dumps.AsTrained(n_streams=16, n_tokens=4096))
-    descriptive_seeds: int | None = 1  # extrapolation and attention spans: the first seeds of each cell (None: all)
-    device: str = "cpu"  # where the analyses run the models: cpu, cuda, auto
-    level: float = 0.95  # of every descriptive interval
-    smoke: bool = False  # a smoke run (ablate.smoke): the report judges nothing
+    """``ablate.analysis``: the shared keys and each section's block (``ablate.analysis.<name>``)."""
 
-    def __post_init__(self):
-        if self.split not in ("val", "test"):
-            raise ValueError(f"ablate.analysis.split must be val or test, got {self.split!r}")
-        if not 0 < self.level < 1:
-            raise ValueError(f"ablate.analysis.level must be in (0, 1), e.g. 0.95, got {self.level!r}")
-        if self.context.n_boot < 50:
-            raise ValueError(f"ablate.analysis.context.n_boot must be >= 50 replicates, got {self.context.n_boot!r}")
+    shared: Shared
+    blocks: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ReportSettings:
-        """From the ``ablate.analysis`` block of conf/ablate.yaml (unknown keys are named)."""
-        d = dict(d)
-        split = d.pop("split", "test")
+    def read(cls, block: Mapping) -> ReportSettings:
+        """From the ``ablate.analysis`` block of a composed config; a ConfigError in one line naming the key."""
+        block = dict(block)
+        own = {n: block.pop(n) for n in list(block) if n in SECTIONS and SECTIONS[n].Settings is not None}
+        keys = [f.name for f in fields(Shared)]
+        if unknown := sorted(set(block) - set(keys)):
+            raise ConfigError(
+                f"{PREFIX}.{unknown[0]} is not a key of {PREFIX}; its keys: {', '.join(sorted(keys))}, and the blocks "
+                f"of the sections that take settings: {', '.join(n for n, c in SECTIONS.items() if c.Settings)}"
+            )
+        shared = structured(Shared, block, PREFIX)
+        blocks = {n: structured(SECTIONS[n].Settings, b, f"{PREFIX}.{n}") for n, b in own.items()}
+        for n in shared.sections:
+            if SECTIONS[n].Settings is not None and n not in blocks:
+                keys = ", ".join(f.name for f in fields(SECTIONS[n].Settings))
+                raise ConfigError(f"{PREFIX}.{n} is missing: section {n} takes {keys} (add them to conf/ablate.yaml)")
+        return cls(shared, blocks)
 
-        def make(kind, values, **extra):
-            values = dict(values or {})
-            names = {f.name for f in fields(kind)}
-            unknown = sorted(set(values) - names)
-            if unknown:
-                raise ValueError(
-                    f"ablate.analysis: unknown key(s) {unknown} for {kind.__name__}; valid: {sorted(names)}"
-                )
-            return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}, **extra)
+    @classmethod
+    def defaults(cls) -> ReportSettings:
+        """As conf/ablate.yaml states them, no preset applied."""
+        return cls.read(conf_block())
 
-        speed = d.pop("speed", None) or {}
-        return cls(
-            split=split,
-            trained=make(dumps.AsTrained, d.pop("trained", None), split=split),
-            context=make(ContextSettings, d.pop("context", None)),
-            extrapolation=make(extrapolation.ExtrapolationSettings, d.pop("extrapolation", None), split=split),
-            attention=make(attention_span.AttentionSettings, d.pop("attention", None), split=split),
-            speed_attn_lens=tuple(speed.get("attn_lens", cls.speed_attn_lens)),
-            speed_batch=int(speed.get("batch", cls.speed_batch)),
-            speed_reps=int(speed.get("reps", cls.speed_reps)),
-            recall=make(dumps.AsTrained, d.pop("recall", None), split=split),
-            descriptive_seeds=d.pop("descriptive_seeds", cls.descriptive_seeds),
-            device=str(d.pop("device", None) or "cpu"),
-            level=float(d.pop("level", cls.level)),
-            smoke=bool(d.pop("smoke", False)),
+
+class Group:
+    """The runs of one corpus (``kind`` corpus) or of the recall probe (``kind`` recall), and what the sections
+    share about them, computed once: their cells, as-trained and controlled-context dumps, the evidence."""
+
+    def __init__(self, report: Report, runs: list[Run], kind: str, out: Path, suffix: str = ""):
+        self.report, self.runs, self.kind, self.out, self.suffix = report, runs, kind, out, suffix
+        self.cells = cells(runs)
+        self.name = runs[0].corpus_name
+        self.unit_name, self.scale = figure_scale(runs[0].unit)
+        self.figure = figure_name(runs[0].unit)
+
+    @property
+    def few_cells(self) -> dict[str, list[Run]]:
+        """Each cell's first ``descriptive_seeds`` runs (the descriptive analyses)."""
+        n = self.report.settings.shared.descriptive_seeds
+        return {c: g[: n or len(g)] for c, g in self.cells.items()}
+
+    @property
+    def settings_line(self) -> str:
+        r, runs = self.runs[0], self.runs
+        m = r.config["model"]
+        steps = sorted({int((x.results or {}).get("steps") or x.config["trainer"].get("max_steps") or 0) for x in runs})
+        memory = ", ".join(str(v) for v in sorted({x.mem_len for x in runs if x.mem_len})) or "none"
+        return (
+            f"corpus `{r.corpus_name}` ({r.unit} level), {m['n_layer']} layers x d_model {m['d_model']} "
+            f"({m['n_head']} heads), segment L = {r.segment_len}, memory M = {memory}, training episodes "
+            f"T = {r.episode_len or 'whole stream'}, batch {r.config['data']['batch_size']}, "
+            f"{', '.join(map(str, steps))} steps"
         )
 
+    def as_trained(self, s: dumps.AsTrained, folder: str, what: str = "as trained") -> dict[str, dumps.TokenLosses]:
+        """Every run evaluated as trained with ``s`` on the judging split (dumps kept in dumps/<folder>/)."""
+        out, split, log = {}, self.report.settings.shared.split, self.report.log
+        for i, r in enumerate(self.runs, 1):
+            log(f"  {what} [{i}/{len(self.runs)}] {r.label}")
+            out[r.name] = dumps.as_trained(r, s, split, self.out / "dumps" / folder / f"{r.name}.npz", log)
+        return out
 
-def settings_line(runs: list[Run]) -> str:
-    r = runs[0]
-    m = r.config["model"]
-    steps = sorted({int((x.results or {}).get("steps") or x.config["trainer"].get("max_steps") or 0) for x in runs})
-    return (
-        f"corpus `{r.corpus_name}` ({r.unit} level), {m['n_layer']} layers x d_model {m['d_model']} ({m['n_head']} "
-        f"heads), segment L = {r.segment_len}, memory M = "
-        f"{', '.join(str(v) for v in sorted({x.mem_len for x in runs if x.mem_len})) or 'none'}, training episodes "
-        f"T = {r.episode_len or 'whole stream'}, batch {r.config['data']['batch_size']}, "
-        f"{', '.join(map(str, steps))} steps"
-    )
+    @cached_property
+    def trained(self) -> dict[str, dumps.TokenLosses]:
+        """run name -> its as-trained dump (``ablate.analysis.trained``)."""
+        return self.as_trained(self.report.settings.shared.trained, "as_trained")
 
+    @cached_property
+    def grid(self) -> list[int]:
+        """The attention lengths of RECL's gain curves (``ablate.analysis.context``)."""
+        return self.report.settings.shared.context.grid(self.runs)
 
-def _language_group(group: list[Run], s: ReportSettings, out: Path, log) -> dict:
-    """Every measurement of one corpus's runs: dumps, evidence, RECL, extrapolation, attention."""
-    cell_runs = cells(group)
-    trained = {}
-    for i, r in enumerate(group, 1):
-        log(f"  as trained [{i}/{len(group)}] {r.label}")
-        trained[r.name] = dumps.as_trained(r, s.trained, out / "dumps" / "as_trained" / f"{r.name}.npz", log)
-    grid = s.context.grid(group)
-    contexts = sorted(set(grid) | {r.train_attention_length for r in group if 0 < r.train_attention_length <= grid[-1]})
-    window_max = s.context.window_max or 2 * max(r.segment_len for r in group)
-    ctx_settings = dumps.AtContexts(tuple(contexts), s.split, s.context.n_rows, s.context.n_score, window_max)
-    at_c = {}
-    for i, r in enumerate(group, 1):
-        log(f"  attention lengths {contexts[0]}..{contexts[-1]} [{i}/{len(group)}] {r.label}")
-        at_c[r.name] = dumps.at_contexts(r, ctx_settings, out / "dumps" / "contexts" / f"{r.name}.npz", log)
-    log("  RECL (bootstrap over documents and seeds)")
-    k = [contexts.index(c) for c in grid]
-    per_seed = {c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in g]) for c, g in cell_runs.items()}
-    ctx_docs = dumps.same_tokens(at_c)
-    recl_res = recl(per_seed, grid, ctx_docs, n_boot=s.context.n_boot, level=s.level)
-    few = [r for g in cell_runs.values() for r in g[: s.descriptive_seeds or len(g)]]  # descriptive: fewer seeds
-    ext = extrapolation.analyze(few, out / "extrapolation", s.extrapolation, log=log)
-    att = attention_span.analyze(few, out / "attention", s.attention, log=log)
-    ev = {
-        "as_trained": evidence.as_trained(cell_runs, trained),
-        "attention_gain": evidence.attention_gain(cell_runs, at_c),
-    }
-    few_cells = {c: g[: s.descriptive_seeds or len(g)] for c, g in cell_runs.items()}
-    if (hz := evidence.horizon_past(few_cells, ext.tokens)) is not None:
-        ev["horizon_past"] = hz
-    return dict(
-        cells=cell_runs,
-        few_cells=few_cells,
-        trained=trained,
-        at_c=at_c,
-        grid=grid,
-        recl=recl_res,
-        ext=ext,
-        att=att,
-        evidence=ev,
-    )
+    @cached_property
+    def at_contexts(self) -> dict[str, dumps.TokenLosses]:
+        """run name -> its dump at every attention length of the grid and every run's training length."""
+        s = self.report.settings.shared
+        spec = s.context.evaluation(self.runs, s.split)
+        out = {}
+        for i, r in enumerate(self.runs, 1):
+            self.report.log(
+                f"  attention lengths {spec.contexts[0]}..{spec.contexts[-1]} [{i}/{len(self.runs)}] {r.label}"
+            )
+            out[r.name] = dumps.at_contexts(r, spec, self.out / "dumps" / "contexts" / f"{r.name}.npz", self.report.log)
+        return out
+
+    @cached_property
+    def evidence(self) -> dict[str, verdicts.Evidence]:
+        """The measures every language corpus has (as_trained, attention_gain); sections add theirs."""
+        return {
+            "as_trained": evidence.as_trained(self.cells, self.trained),
+            "attention_gain": evidence.attention_gain(self.cells, self.at_contexts),
+        }
 
 
-def _recall_group(group: list[Run], s: ReportSettings, out: Path, log) -> tuple[Section, dict]:
-    cell_runs = cells(group)
-    trained = {}
-    for i, r in enumerate(group, 1):
-        log(f"  recall as trained [{i}/{len(group)}] {r.label}")
-        trained[r.name] = dumps.as_trained(r, s.recall, out / "dumps" / "recall" / f"{r.name}.npz", log)
-    acc = pd.concat([recall.accuracy_by_distance(r, trained[r.name]) for r in group], ignore_index=True)
-    write_csv(acc, out / "recall" / "recall_accuracy.csv")
-    ev = evidence.recall_beyond(cell_runs, trained)
-    table = recall_section.table(acc, ev.cells if ev else {}, ev.documents if ev else None)
-    figure = plots.recall_accuracy(acc, out / "recall" / "recall_accuracy.png")
-    sec = recall_section.section(acc, table, figure, settings_line(group), s.recall.n_streams, s.recall.n_tokens)
-    return sec, ({"recall_beyond": ev} if ev else {})
+class Context:
+    """What a section reads: its settings, the shared ones, its group (None for a report-wide section), the
+    report, the other sections' measurements of the same group, and where it writes."""
+
+    def __init__(self, report: Report, section: Section, group: Group | None):
+        self.report, self.section, self.group = report, section, group
+        self.settings = report.settings.blocks.get(section.name)
+        self.shared = report.settings.shared
+        self.out = group.out if group else report.out
+        self.suffix = group.suffix if group else ""
+        self.log = report.log
+
+    def measured(self, name: str | None = None) -> Any:
+        """Section ``name``'s measurement of this group (default: this section's), computed once."""
+        return self.report.measured(name or self.section.name, self.group)
+
+    def file(self, name: str) -> Path:
+        """Where this section writes ``name`` (e.g. "extrapolation/x.png"): in its group's folder, the group's
+        suffix before the extension; its folder is created."""
+        path = self.out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.with_name(f"{path.stem}{self.suffix}{path.suffix}")
+
+    @property
+    def title(self) -> str:
+        """The section's title, with its corpus where the report holds several."""
+        return self.section.title + (f" ({self.suffix.strip('_')})" if self.suffix else "")
 
 
-def _preamble(runs: list[Run], s: ReportSettings, device: str, meta: dict[str, Any]) -> list[str]:
+class Report:
+    """The runs of one report, its groups and every section's measurement (``measured``)."""
+
+    def __init__(self, runs, out: Path, settings: ReportSettings, paper: dict, smoke: bool, log: Callable):
+        self.runs, self.out, self.settings, self.paper, self.smoke, self.log = runs, out, settings, paper, smoke, log
+        by_corpus: dict[str, list[Run]] = {}
+        for r in runs:
+            by_corpus.setdefault(r.corpus_key, []).append(r)
+        lm = [g for g in by_corpus.values() if g[0].group is None]
+        several = len(lm) > 1
+        self.corpora = [
+            Group(self, g, CORPUS, out / g[0].corpus_name if several else out, f"_{g[0].corpus_name}" * several)
+            for g in lm
+        ]
+        self.recalls = [Group(self, g, RECALL, out) for g in by_corpus.values() if g[0].group == RECALL]
+        self.main = self.corpora[0] if self.corpora else None  # the corpus the verdicts judge on
+        self.sections = {name: SECTIONS[name]() for name in settings.shared.sections}
+        self._measured: dict[tuple[str, int], Any] = {}
+
+    def groups(self, scope: str) -> list[Group | None]:
+        return {CORPUS: self.corpora, RECALL: self.recalls, REPORT: [None]}[scope]
+
+    def measured(self, name: str, group: Group | None) -> Any:
+        key = (name, id(group))
+        if key not in self._measured:
+            section = self.sections.get(name) or section_class(name)()
+            self._measured[key] = section.measure(Context(self, section, group))
+        return self._measured[key]
+
+    @cached_property
+    def evidence(self) -> dict[str, verdicts.Evidence]:
+        """measure -> Evidence for the verdicts: the main corpus's, then each listed section's of its groups."""
+        out = dict(self.main.evidence) if self.main else {}
+        for name, section in self.sections.items():
+            groups = {CORPUS: [self.main] if self.main else [], RECALL: self.recalls}.get(section.scope, [])
+            for group in groups:
+                out.update(section.evidence(Context(self, section, group), self.measured(name, group)))
+        return out
+
+    def measure(self) -> None:
+        """Every listed section's measurement: each corpus, each recall group, then the report-wide ones."""
+        for scope in (CORPUS, RECALL, REPORT):
+            for group in self.groups(scope):
+                if group is not None:
+                    where = f"runs on {group.name}" if scope == CORPUS else "recall runs"
+                    self.log(f"analysis: {len(group.runs)} {where}")
+                for name, section in self.sections.items():
+                    if section.scope == scope:
+                        self.measured(name, group)
+
+    def parts(self) -> list[Part]:
+        """Every section rendered, in the stated order; a run of consecutive sections of one scope is rendered
+        group by group (a corpus's table, RECL, ... then the next corpus's)."""
+        names, out, i = list(self.sections), [], 0
+        while i < len(names):
+            scope = self.sections[names[i]].scope
+            j = i
+            while j < len(names) and self.sections[names[j]].scope == scope:
+                j += 1
+            for group in self.groups(scope):
+                for name in names[i:j]:
+                    section = self.sections[name]
+                    ctx = Context(self, section, group)
+                    part = section.render(ctx, self.measured(name, group))
+                    if part is not None:
+                        out.append(_titled(part, ctx))
+            i = j
+        return out
+
+
+def _titled(part: Part, ctx: Context) -> Part:
+    """The part with its section's title and numbering, and its tables named with the group's suffix."""
+    part.title = part.title or ctx.title
+    part.numbered = part.numbered and ctx.section.numbered
+    for t in part.tables:
+        t.name += ctx.suffix
+    return part
+
+
+def _preamble(runs: list[Run], device: str, smoke: bool, meta: dict[str, Any]) -> list[str]:
     lines = [
         f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by `posenc_lab_analysis.report` on "
         f"{platform.machine()} ({platform.processor() or 'cpu'}), Python {platform.python_version()}, analyses on "
         f"{device}. {len(runs)} runs." + (f" {meta['command']}" if meta.get("command") else "")
     ]
-    if s.smoke:
+    if smoke:
         lines.append(
             "**This is a smoke run** (`ablate.smoke`): the models are too small and too briefly trained for their "
             "differences to mean anything. It checks the pipeline end to end and judges no verdict."
@@ -232,114 +305,24 @@ def build_report(
     title: str = "posenc-lab ablation",
     meta: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
-    speed: bool = True,
+    without: Collection[str] = (),
     paper_path: Path | None = None,
 ) -> Path:
-    """Run every analysis on ``runs`` and write ``out/report.md`` with its CSVs and PNGs.
-    meta: command (a line), notes (bullets), smoke (bool: overrides settings.smoke)."""
-    s = settings or ReportSettings()
+    """Run every section of ``settings`` (default: conf/ablate.yaml's) but those named in ``without`` on
+    ``runs`` and write ``out/report.md`` with its CSVs and PNGs. meta: command (a line), notes (bullets), smoke
+    (bool: a smoke run judges nothing)."""
+    s = settings or ReportSettings.defaults()
+    if without:
+        s = ReportSettings(replace(s.shared, sections=[n for n in s.shared.sections if n not in without]), s.blocks)
     meta = meta or {}
-    if meta.get("smoke") is not None:
-        s = replace(s, smoke=bool(meta["smoke"]))
     cells(runs)  # refuses two runs of one cell with the same seed, before any compute
-    device = set_device(s.device)
+    device = set_device(s.shared.device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out)
-    config = verdicts.paper(paper_path)
-    by_corpus: dict[str, list[Run]] = {}
-    for r in runs:
-        by_corpus.setdefault(r.corpus_key, []).append(r)
-    lm_groups = [g for g in by_corpus.values() if g[0].group is None]
-    recall_groups = [g for g in by_corpus.values() if g[0].group == "recall"]
-
-    sections: list[Section] = []
-    all_evidence: dict = {}
-    first = None
-    for n, group in enumerate(lm_groups):
-        sub, suffix = (out, "") if len(lm_groups) == 1 else (out / group[0].corpus_name, f"_{group[0].corpus_name}")
-        log(f"analysis: {len(group)} runs on {group[0].corpus_name}")
-        m = _language_group(group, s, sub, log)
-        unit = group[0].unit
-        unit_name, scale = figure_scale(unit)
-        fig = figure_name(unit)
-        if n == 0:
-            first, all_evidence = (group, m, unit_name, scale), dict(m["evidence"])
-            sections.append(data_section.section(group[0], next(iter(m["trained"].values())), s.split, len(group)))
-        n_trained = int(next(iter(m["trained"].values())).scored.sum())
-        t6 = table6_section.rows(
-            m["cells"], m["trained"], m["at_c"], m["evidence"]["as_trained"].documents, scale, fig, m["recl"].table
-        )
-        sections.append(
-            table6_section.section(t6, fig, unit_name, settings_line(group), f"{n_trained:,} tokens", suffix)
-        )
-        ctx_docs = dumps.same_tokens(m["at_c"])
-        sections.append(
-            recl_section.section(
-                m["recl"],
-                m["cells"],
-                m["grid"],
-                len(ctx_docs),
-                len(np.unique(ctx_docs)),
-                s.context.n_boot,
-                s.level,
-                sub,
-                config.get("recl") or (),
-                suffix,
-            )
-        )
-        sections.append(
-            extrapolation_section.section(
-                m["ext"], m["few_cells"], s.extrapolation, scale, fig, unit_name, sub / "extrapolation", suffix
-            )
-        )
-        sections.append(attention_section.section(m["att"], s.attention, suffix))
-    for group in recall_groups:
-        log(f"analysis: {len(group)} recall runs")
-        sec, ev = _recall_group(group, s, out, log)
-        sections.append(sec)
-        all_evidence.update(ev)
-    if speed and (lm_groups or recall_groups):
-        group = (lm_groups or recall_groups)[0]
-        timed = [r for r in group if r.scheme == config.get("proposed")] or group
-        log("analysis: evaluation speed")
-        df, figs = eval_speed.analyze(
-            timed[0].model(),
-            s.speed_attn_lens,
-            out / "eval_speed",
-            timed[0].segment_len,
-            s.speed_batch,
-            s.speed_reps,
-            log=log,
-        )
-        sections.append(
-            speed_section.section(
-                df, figs, timed[0].label, timed[0].segment_len, s.speed_batch, config.get("speed", "")
-            )
-        )
-    unit_name, scale = (first[2], first[3]) if first else ("nats", 1.0)
-    judged, sanity = verdicts.judge(config, all_evidence, smoke=s.smoke)
-    notes = (
-        [f"Verdicts on corpus `{first[0][0].corpus_name}`; the other corpora are descriptive."]
-        if len(lm_groups) > 1
-        else []
-    )
-    line = ""
-    if first and "as_trained" in all_evidence:  # the verdicts again without the tokens that could be recited
-        group, m = first[0], first[1]
-        shared = data_section.shared_scored(group[0], next(iter(m["trained"].values())), s.split)
-        kept = evidence.restricted(all_evidence["as_trained"], ~shared)
-        again = verdicts.recheck(config, judged, {"as_trained": kept})
-        line = verdicts_section.robustness(again, float((~shared).mean()), WINDOW, scale, unit_name)
-    sections.insert(1 if first else 0, verdicts_section.section(judged, sanity, scale, unit_name, s.smoke, notes, line))
-    sections.append(
-        Section(
-            "!Files",
-            "Every table is the CSV named in its caption (full precision); figures are the PNGs shown. "
-            "Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".",
-        )
-    )
-    return render(sections, out, title, _preamble(runs, s, device, meta))
+    report = Report(runs, out, s, verdicts.paper(paper_path), bool(meta.get("smoke")), log)
+    report.measure()
+    return render(report.parts(), out, title, _preamble(runs, device, report.smoke, meta))
 
 
 def preset_analysis(experiment: str) -> tuple[dict, bool]:
@@ -364,16 +347,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     apply_threads(a.threads)
     try:
-        settings = None
+        settings, smoke = None, False
         if a.experiment:
             analysis, smoke = preset_analysis(a.experiment)
-            settings = ReportSettings.from_dict({**analysis, "smoke": smoke})
+            settings = ReportSettings.read(analysis)
         runs = find_runs(a.runs)
         command = " ".join(["python -m posenc_lab_analysis.report", *map(str, a.runs), "--out", str(a.out)])
         path = build_report(
-            runs, a.out, settings, title=a.title, speed=not a.no_speed, meta={"command": f"Command: `{command}`."}
+            runs,
+            a.out,
+            settings,
+            title=a.title,
+            without={Speed.name} if a.no_speed else (),
+            meta={"command": f"Command: `{command}`.", "smoke": smoke},
         )
-    except (RunError, ValueError) as e:
+    except (PosencLabError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {path}")

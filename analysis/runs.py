@@ -2,16 +2,16 @@
 folders), their settings, their cells, their trained model and their evaluation text.
 
 A run directory is what ``posenc-lab train`` writes (``posenc_lab.rundir.RunDir`` names its files). A
-*cell* is the runs equal but for their seed; ``cell_name`` is its one name, in every table, in the
-report and in ``ablate.extra_seed_cells``: ``xl:mem32`` (xl with memory 32), ``xl:nomem``,
-``xl:mem32:half`` (the recent-half loss), ``recall/xl:mem16`` (a cell of the recall probe).
+*cell* is the runs equal but for their seed; ``Run.cell`` is its one name (``cellnames``: ``xl:mem32``,
+``xl:nomem``, ``xl:mem32:half``, ``recall/xl:mem16``), in every table, in the report, in ``conf/paper.yaml``
+and in ``ablate.extra_seed_cells``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,13 @@ import numpy as np
 import torch
 
 from posenc_lab.data import load_corpus
+from posenc_lab.errors import PosencLabError
 from posenc_lab.evaluate import load_model
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import SCHEMES, scheme_names
 from posenc_lab.rundir import RunDir, RunDirError
+
+from .cellnames import CellName, loss_label
 
 KIND_ORDER = ("absolute", "relative", "none")
 
@@ -39,22 +42,7 @@ def scheme_order() -> list[str]:
     return sorted(scheme_names(), key=scheme_rank)
 
 
-def loss_label(frac: float) -> str:
-    """The training loss of a run: 'full', 'half' (the paper's recent half) or 'recent0.3'."""
-    return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac:g}"
-
-
-def cell_name(scheme: str, mem_len: int, loss_frac: float = 1.0, group: str | None = None) -> str:
-    """The one name of a cell (module docstring); ``group``: the corpus group it belongs to when not the main one."""
-    loss = loss_label(loss_frac)
-    return (
-        (f"{group}/" if group else "")
-        + f"{scheme}:{f'mem{mem_len}' if mem_len else 'nomem'}"
-        + ("" if loss == "full" else f":{loss}")
-    )
-
-
-class RunError(ValueError):
+class RunError(PosencLabError, ValueError):
     """A run directory cannot be analysed; the message names the directory and what is missing."""
 
 
@@ -120,8 +108,13 @@ class Run:
         return None if seed is None else int(seed)
 
     @property
+    def cell_name(self) -> CellName:
+        """The run's cell (``cellnames``); its group is "recall" for the probe, '' for a language corpus."""
+        return CellName(self.scheme, self.mem_len, self.loss_frac, self.group or "")
+
+    @property
     def cell(self) -> str:
-        return cell_name(self.scheme, self.mem_len, self.loss_frac, self.group)
+        return str(self.cell_name)
 
     @property
     def label(self) -> str:
@@ -247,7 +240,8 @@ def cells(runs: list[Run]) -> dict[str, list[Run]]:
     several = len({r.corpus_key for r in runs if r.group is None}) > 1
     out: dict[str, list[Run]] = {}
     for r in sort_runs(runs):  # several language corpora: the cell's name starts with its corpus
-        out.setdefault(f"{r.corpus_name}/{r.cell}" if several and r.group is None else r.cell, []).append(r)
+        name = replace(r.cell_name, group=r.corpus_name) if several and r.group is None else r.cell_name
+        out.setdefault(str(name), []).append(r)
     for cell, group in out.items():
         seeds = [r.seed for r in group]
         if len(set(seeds)) < len(seeds):

@@ -34,8 +34,8 @@ import numpy as np
 import yaml
 
 from posenc_lab import config_dir
-from posenc_lab.positional import schemes_of_kind
 
+from .cellnames import CellName, CellPattern
 from .stats import NOT_EVALUATED, Difference, holm, paired_difference
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTED = "reproduced", "contradicted", "inconclusive", "not tested"
@@ -49,32 +49,14 @@ def paper(path: str | Path | None = None) -> dict:
     return yaml.safe_load(Path(path or Path(config_dir()) / "paper.yaml").read_text())
 
 
-@dataclass(frozen=True)
-class CellKey:
-    """What a verdict names: scheme, memory on/off, training loss ('full' | 'half'), group ('' or 'recall')."""
-
-    scheme: str
-    memory: bool
-    loss: str = "full"
-    group: str = ""
-
-    @classmethod
-    def parse(cls, text: str) -> CellKey:
-        group, _, rest = text.rpartition("/")
-        parts = rest.split(":")
-        if len(parts) not in (2, 3) or parts[1] not in ("mem", "nomem") or (len(parts) == 3 and parts[2] != "half"):
-            raise ValueError(f"conf/paper.yaml: {text!r} is not a cell (<scheme>:mem|nomem[:half], recall/ before it)")
-        return cls(parts[0], parts[1] == "mem", parts[2] if len(parts) == 3 else "full", group)
-
-
 @dataclass
 class Evidence:
     """Per-cell, per-seed values of one measure on shared tokens: cells: name -> [n_seeds, tokens];
-    keys: name -> CellKey; documents: [tokens]; unavailable: name -> why the cell has no values here.
+    keys: name -> its ``cellnames.CellName``; documents: [tokens]; unavailable: name -> why the cell has no values.
     ``paired``: a comparison of a cell with itself at another length (the seeds are the same runs)."""
 
     cells: dict[str, np.ndarray]
-    keys: dict[str, CellKey]
+    keys: dict[str, CellName]
     documents: np.ndarray
     unavailable: dict[str, str] = field(default_factory=dict)
 
@@ -115,24 +97,11 @@ class Verdict:
     expands: str = ""  # what each wildcard of the verdict stood for, and what it left out
 
 
-def _expand(side: str, keys: dict[str, CellKey], exclude: str | None) -> list[str]:
-    """Cell names matching one side of a comparison (wildcards: absolute, *)."""
-    key = CellKey.parse(side) if not side.startswith(("*", "absolute")) else None
-    if key is not None:
-        return [n for n, k in keys.items() if k == key]
-    parts = side.split(":")
-    memory = None if len(parts) == 1 else parts[1] == "mem"
-    loss = parts[2] if len(parts) == 3 else "full"
-    schemes = schemes_of_kind("absolute") if parts[0] == "absolute" else None
-    return [
-        n
-        for n, k in keys.items()
-        if n != exclude
-        and (schemes is None or k.scheme in schemes)
-        and (memory is None or k.memory == memory)
-        and k.loss == loss
-        and k.group == ""
-    ]
+def _expand(side: str, keys: dict[str, CellName], exclude: str | None) -> list[str]:
+    """Cell names matching one side of a comparison (a pattern of ``cellnames``: ``xl:mem``, ``absolute:mem``,
+    ``*``), but ``exclude``."""
+    pattern = CellPattern.parse(side, "conf/paper.yaml")
+    return [n for n, k in keys.items() if n != exclude and pattern.matches(k)]
 
 
 def _is_wildcard(side: str) -> bool:

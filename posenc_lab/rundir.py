@@ -358,10 +358,12 @@ def _lock_not_a_file(lock: Path) -> str:
 
 
 class RunLock:
-    """``with RunLock(run_dir):`` -- this process alone writes the run (see the module docstring)."""
+    """``with RunLock(run_dir):`` -- this process alone writes the run (see the module docstring). ``key``: the
+    setting that named the folder, in the messages (another folder that one process writes: ``ablate.out``)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, key: str = "run_dir"):
         self.path = Path(run_dir) / LOCK_FILE
+        self.key = key
         self.fd: int | None = None
 
     def __enter__(self) -> RunLock:
@@ -378,12 +380,12 @@ class RunLock:
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise RunDirError(
-                        f"run_dir {self.path.parent} is being written by another process ({holder}); "
-                        f"wait for it to finish or use another run_dir"
+                        f"{self.key} {self.path.parent} is being written by another process ({holder}); "
+                        f"wait for it to finish or use another {self.key}"
                     ) from None
                 raise RunDirError(
                     f"cannot lock {self.path} ({e}); this file system does not support file "
-                    f"locks: put run_dir on a local or lockable file system"
+                    f"locks: put {self.key} on a local or lockable file system"
                 ) from e
             try:  # the holder may have removed the file between our open and flock: lock the new one
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
@@ -395,7 +397,8 @@ class RunLock:
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         if previous:
             log.warning(
-                "run_dir %s: taking over the lock left by a process that no longer runs (%s)",
+                "%s %s: taking over the lock left by a process that no longer runs (%s)",
+                self.key,
                 self.path.parent,
                 previous,
             )

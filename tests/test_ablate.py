@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from posenc_lab import config_dir
 from posenc_lab.build import build_datamodule, model_config
@@ -98,7 +99,7 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
     else:
         assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
-    ReportSettings.from_dict(dict(cfg.ablate.analysis))  # the analysis block is valid
+    ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis))  # the analysis block is valid
     for spec in specs if every_run else representative(specs):
         run = compose("train", [*spec.overrides, f"run_dir={tmp_path / spec.name}"])
         assert run.posenc.name == spec.scheme and run.model.mem_len == spec.mem_len
@@ -144,13 +145,19 @@ def test_seeds_train_every_cell_once_per_seed_and_extra_seeds_only_the_named_cel
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("ablate.extra_seed_cells=[xl:memory]", "not in the grid: ['xl:memory']"),
+        ("ablate.extra_seed_cells=[xl:memory]", "ablate.extra_seed_cells: 'xl:memory' is not a cell"),
+        ("ablate.extra_seed_cells=[shaw:mem:half]", "not in the grid: ['shaw:mem:half']"),
         ("ablate.schemes=[xl,nosuch]", "unknown scheme(s) ['nosuch']"),
         ("ablate.seeds=[]", "ablate.seeds is empty"),
         ("ablate.seeds=[0,0]", "distinct integer seeds"),
         ("ablate.analysis.level=2", "ablate.analysis.level must be in (0, 1)"),
         ("ablate.jobs=0", "ablate.jobs must be an integer >= 1"),
-        ("+ablate.analysis.context.nosuch=1", "unknown key(s) ['nosuch'] for ContextSettings"),
+        (
+            "+ablate.analysis.context.nosuch=1",
+            "ablate.analysis.context.nosuch is not a key of ablate.analysis.context; the keys are: c_max, c_min,",
+        ),
+        ("ablate.analysis.extrapolation.n_rows=many", "ablate.analysis.extrapolation.n_rows: Value 'many'"),
+        ("ablate.analysis.sections=[data,nosuch]", "'nosuch' is not a registered section; the sections: "),
         ("optim.lr=-1", "optim.lr must be a number > 0, got -1"),
     ],
 )
@@ -279,7 +286,7 @@ def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
 
 
 @pytest.mark.parametrize(("jobs", "signum"), [(1, signal.SIGINT), (2, signal.SIGTERM)])
-def test_a_signal_stops_cleanly_and_says_how_to_continue(jobs, signum, tmp_path):
+def test_a_signal_stops_cleanly_and_says_how_to_continue(jobs, signum, tmp_path, capsys):
     proc = ablate_process(
         *SMALL_GRID, f"ablate.jobs={jobs}", f"ablate.out={tmp_path}", "trainer.max_steps=100000", "checkpoint_every=5"
     )
@@ -289,6 +296,10 @@ def test_a_signal_stops_cleanly_and_says_how_to_continue(jobs, signum, tmp_path)
         started = any((tmp_path / "runs").glob("*/checkpoints/last.ckpt"))
         time.sleep(0.5)
     assert started, "no run started training in time"
+    if jobs == 1:  # a second ablate into the folder the first one writes: refused in one line, nothing touched
+        assert ablate.main([*SMALL_GRID, f"ablate.out={tmp_path}", "--train-only"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"ablate.out {tmp_path} is being written by another process (pid {proc.pid}" in err[0]
     time.sleep(1.0)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=180)

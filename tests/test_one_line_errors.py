@@ -4,6 +4,7 @@ signal during a command's start-up is one line and its exit status."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -373,6 +374,43 @@ def test_the_quoted_run_dir_that_the_message_gives_is_the_path(tmp_path, monkeyp
     typed = err.split("inside the shell's quotes: ", 1)[1].splitlines()[0]
     (argument,) = shlex.split(typed)
     assert code == 1 and compose("train", [argument]).run_dir == str(run_dir) and not run_dir.exists()
+
+
+# ---- posenc-lab ablate: its output folder -----------------------------------------------------------
+
+ABLATE_GRID = ["experiment=tiny", "ablate.schemes=[xl]", "ablate.recurrence=[true]", "ablate.half_loss.schemes=[]",
+               "ablate.recall.schemes=[]", "--train-only"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("ablate.out is a file", r"^ablate\.out=\S+/out: \S+/out is a file, not a folder; use another ablate\.out$"),
+        ("ablate.out is another ablate's",
+         r"^ablate\.out \S+/out is being written by another process \(pid \d+ on .*\); wait for it to finish or use "
+         r"another ablate\.out$"),
+    ],
+    ids=["file", "locked"],
+)  # fmt: skip
+def test_a_bad_ablate_out_is_one_line_before_anything_is_written(tmp_path, capsys, case, message):
+    """``ablate.out=FILE``, and a second ``posenc-lab ablate`` into the folder another one writes (its lock held
+    here, as the first process holds it): one line, nothing trained or written."""
+    from posenc_lab_analysis import ablate
+    from posenc_lab_analysis.ablate.outdir import AblationDir
+
+    out = tmp_path / "out"
+    with contextlib.ExitStack() as held:
+        if case == "ablate.out is a file":
+            out.write_bytes(b"mine")
+        else:
+            held.enter_context(AblationDir(out).lock())
+        before = _tree(tmp_path)
+        code = ablate.main([*ABLATE_GRID, f"ablate.out={out}"])
+        err = capsys.readouterr().err
+        assert _tree(tmp_path) == before  # nothing written (the lock file is the holder's)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("posenc-lab ablate: error: "), err
+    assert re.search(message, lines[0].split(": error: ", 1)[1]), lines[0]
 
 
 # ---- the corpus cache recovers -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from posenc_lab_analysis.runs import load_run
 
 def accuracy_beyond_segment(run_dir, n_tokens: int = 2048) -> tuple[float, float, int]:
     run = load_run(run_dir)
-    dump = as_trained(run, AsTrained("test", 16, n_tokens), run_dir / "dump.npz")
+    dump = as_trained(run, AsTrained(16, n_tokens), "test", run_dir / "dump.npz")
     acc = accuracy_by_distance(run, dump)
     beyond = acc[acc["bin_lo"] >= run.segment_len]
     return (

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from posenc_lab.positional import SCHEMES, schemes_of_kind
+from posenc_lab_analysis.cellnames import CellName, CellPattern
 from posenc_lab_analysis.evidence import restricted
 from posenc_lab_analysis.sections.verdicts import robustness
 from posenc_lab_analysis.verdicts import (
@@ -15,7 +16,6 @@ from posenc_lab_analysis.verdicts import (
     NOT_TESTED,
     REPRODUCED,
     SMOKE,
-    CellKey,
     Evidence,
     judge,
     on_predicted_side,
@@ -33,8 +33,14 @@ def cell(rng, mean: float, seeds: int = 3, seed_sd: float = 0.01) -> np.ndarray:
     return mean + doc + rng.normal(0, 0.3, (seeds, len(DOCS))) + rng.normal(0, seed_sd, (seeds, 1))
 
 
+def key(name: str) -> CellName:
+    """The cell a test names as a verdict does (``xl:mem``): memory 16 where it has memory."""
+    p = CellPattern.parse(name)
+    return CellName(p.scheme, 16 if p.memory else 0, p.loss_frac, p.group)
+
+
 def evidence(rng, means: dict[str, float], **kw) -> Evidence:
-    keys = {name: CellKey.parse(name) for name in means}
+    keys = {name: key(name) for name in means}
     return Evidence({n: cell(rng, m, **kw) for n, m in means.items()}, keys, DOCS)
 
 
@@ -151,14 +157,14 @@ def test_the_preregistered_file_parses_and_names_registered_schemes_only():
             for side in comparison.split(" - "):
                 if side.startswith(("*", "absolute")):
                     continue
-                assert CellKey.parse(side).scheme in SCHEMES, side
+                assert CellPattern.parse(side).scheme in SCHEMES, side
     memory = next(x for x in cfg["verdicts"] if x["id"] == "memory_helps_xl")
     assert memory["measure"] == "as_trained" and "why_as_trained" in memory  # decided one way, and why
 
 
 def test_bad_cells_in_the_file_are_named():
     with pytest.raises(ValueError, match=r"'xl:memory' is not a cell"):
-        CellKey.parse("xl:memory")
+        CellPattern.parse("xl:memory")
 
 
 def test_recheck_judges_again_on_fewer_tokens_at_the_verdicts_levels():
@@ -191,7 +197,7 @@ def test_a_verdict_on_a_cell_with_one_seed_is_not_judged_and_stays_out_of_holm()
     rng = np.random.default_rng(7)
     e = evidence(rng, {f"{XL}:mem": 0.5, f"{SHAW}:mem": 1.0})
     e.cells[f"{SHAW}:mem"] = e.cells[f"{SHAW}:mem"][:1]  # one seed
-    e.cells[f"{SINUSOID}:mem"], e.keys[f"{SINUSOID}:mem"] = cell(rng, 1.0), CellKey.parse(f"{SINUSOID}:mem")
+    e.cells[f"{SINUSOID}:mem"], e.keys[f"{SINUSOID}:mem"] = cell(rng, 1.0), key(f"{SINUSOID}:mem")
     out, _ = judge(
         config(v("one", [f"{XL}:mem - {SHAW}:mem"]), v("three", [f"{XL}:mem - {SINUSOID}:mem"])), {"as_trained": e}
     )

@@ -19,7 +19,7 @@ its last checkpoint. Ctrl-C or SIGTERM stops cleanly (exit 130 / 143) and prints
     posenc-lab ablate --train-only                  # train the grid, no analysis or report
 
 Layout: ``plan.py`` (the grid and what each run needs), ``jobs.py`` (training processes, signals),
-this module (the command).
+``outdir.py`` (the output folder: its files and its lock), ``main.py`` (the command).
 """
 
 from .main import main

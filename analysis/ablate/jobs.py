@@ -1,5 +1,5 @@
 """Training the grid: up to ``jobs`` runs at once, each its own ``python -m posenc_lab.train`` process (output
-in ``<out>/logs/<run>.log``), ``threads`` torch threads each; wall and CPU seconds of every run.
+in its log, ``AblationDir.log``), ``threads`` torch threads each; wall and CPU seconds of every run.
 
 A signal to the ablation (Ctrl-C's SIGINT, a scheduler's SIGTERM) is passed on to every training process,
 which saves a checkpoint and exits; after a grace period a process that still runs is killed. ``Interrupted``
@@ -25,6 +25,7 @@ from posenc_lab.io import CorruptFileError, read_json, write_json
 from posenc_lab.processes import spawn, stop
 from posenc_lab.rundir import RunDir
 
+from .outdir import AblationDir
 from .plan import RunSpec
 
 GRACE_S = 60  # a training process gets this long to save its checkpoint after the signal
@@ -61,15 +62,20 @@ def _seconds(t: dict) -> str:
 
 
 def run_jobs(
-    specs: list[RunSpec], status: dict[str, str], runs: Path, jobs: int, threads: int | None, progress: Progress, log
+    specs: list[RunSpec],
+    status: dict[str, str],
+    out: AblationDir,
+    jobs: int,
+    threads: int | None,
+    progress: Progress,
+    log,
 ) -> dict[str, dict]:
     """Train every spec whose status is not "reused"; {name: {status, wall_s, cpu_s}}. RuntimeError naming a
     run that failed (with the end of its log); Interrupted on a signal, after stopping the processes."""
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    logs = runs.parent / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    out.logs.mkdir(parents=True, exist_ok=True)
     index = {spec.name: i for i, spec in enumerate(specs, 1)}
     times: dict[str, dict] = {}
     pending = list(specs)
@@ -86,10 +92,10 @@ def run_jobs(
                 if status[spec.name] == "reused":
                     times[spec.name] = {"status": "reused", "wall_s": 0.0, "cpu_s": None}
                     progress.done += 1
-                    log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(runs / spec.name)})")
+                    log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(out.run(spec.name))})")
                     continue
-                with open(logs / f"{spec.name}.log", "ab") as out:
-                    proc = spawn(train_command(spec, runs / spec.name), env, out)
+                with open(out.log(spec.name), "ab") as f:
+                    proc = spawn(train_command(spec, out.run(spec.name)), env, f)
                 running[proc.pid] = (spec, proc, time.perf_counter(), status[spec.name])
                 log(
                     f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status[spec.name].replace('ed', 'ing')} "
@@ -104,10 +110,10 @@ def run_jobs(
             for pid, usage in finished:
                 spec, proc, start, what = running.pop(pid)
                 if proc.returncode != 0:
-                    tail = (logs / f"{spec.name}.log").read_text(errors="replace").strip().splitlines()[-15:]
+                    tail = out.log(spec.name).read_text(errors="replace").strip().splitlines()[-15:]
                     raise RuntimeError(
                         f"training {spec.name} exited with code {proc.returncode}; the end of its log "
-                        f"{logs / f'{spec.name}.log'}:\n  " + "\n  ".join(tail)
+                        f"{out.log(spec.name)}:\n  " + "\n  ".join(tail)
                     )
                 times[spec.name] = {
                     "status": what,
@@ -117,7 +123,7 @@ def run_jobs(
                 progress.done += 1
                 log(
                     f"[{index[spec.name]}/{len(specs)}] {spec.name}: {what} ({_seconds(times[spec.name])}, "
-                    f"{result_line(runs / spec.name)}; {show()})"
+                    f"{result_line(out.run(spec.name))}; {show()})"
                 )
             if running and not finished:
                 time.sleep(0.5)
@@ -145,16 +151,16 @@ def checkpoint_step(run_dir: Path) -> int | None:
         return None
 
 
-def continue_command(overrides: Sequence[str], out: Path) -> str:
+def continue_command(overrides: Sequence[str], out: AblationDir | Path) -> str:
     """The command that continues this job from anywhere: the same overrides, the output folder made absolute,
     and no retrain (which would throw away the runs it is meant to continue)."""
     keep = [o for o in overrides if not o.startswith(("ablate.out=", "ablate.retrain="))]
-    return "posenc-lab ablate " + shlex.join([*keep, f"ablate.out={quote(str(out))}"])
+    path = out.path if isinstance(out, AblationDir) else Path(out)
+    return "posenc-lab ablate " + shlex.join([*keep, f"ablate.out={quote(str(path))}"])
 
 
-def interrupted_message(signum: int, progress: Progress, specs: Sequence[RunSpec], out: Path, overrides) -> str:
-    runs = out / "runs"
-    finished = [s.name for s in specs if RunDir(runs / s.name).finished]
+def interrupted_message(signum: int, progress: Progress, specs: Sequence[RunSpec], out: AblationDir, overrides) -> str:
+    finished = [s.name for s in specs if RunDir(out.run(s.name)).finished]
     name = signal.Signals(signum).name + (" (Ctrl-C)" if signum == signal.SIGINT else "")
     lines = [
         f"posenc-lab ablate: stopped by {name} during {progress.stage}"
@@ -162,12 +168,12 @@ def interrupted_message(signum: int, progress: Progress, specs: Sequence[RunSpec
         + "."
     ]
     lines.append(
-        f"Kept: {len(finished)} of {len(specs)} runs finished in {runs}"
+        f"Kept: {len(finished)} of {len(specs)} runs finished in {out.runs}"
         + (" (each reused when you continue)." if finished else ".")
     )
     for name in progress.running:
         if progress.stage == "training" and name not in finished:
-            step = checkpoint_step(runs / name)
+            step = checkpoint_step(out.run(name))
             lines.append(
                 f"  {name}: "
                 + (
@@ -177,7 +183,7 @@ def interrupted_message(signum: int, progress: Progress, specs: Sequence[RunSpec
                 )
             )
     if progress.stage.startswith("analysis"):
-        lines.append(f"The report in {out / 'report'} is not complete; it is written again when you continue.")
+        lines.append(f"The report in {out.report} is not complete; it is written again when you continue.")
     lines.append(f"Continue with: {continue_command(overrides, out)}")
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import signal
@@ -9,7 +10,6 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 import lightning.pytorch
 import torch
@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
 from posenc_lab.errors import PosencLabError
-from posenc_lab.rundir import RunDir
+from posenc_lab.rundir import RunDir, RunDirError
 
 from ..report import ReportSettings, build_report
-from ..runs import RunError, load_run, sort_runs
+from ..runs import load_run, sort_runs
 from .jobs import (
     Interrupted,
     Progress,
@@ -30,6 +30,7 @@ from .jobs import (
     record_times,
     run_jobs,
 )
+from .outdir import AblationDir
 from .plan import check_grid, experiment_of, plan, seeds_by_cell, status
 
 FLAGS = ("--cfg", "--plan", "--train-only")
@@ -49,9 +50,12 @@ def _quiet() -> None:
 
 
 def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
-    """(specs, statuses, jobs): everything checked before anything is trained or written."""
-    specs = plan(cfg, overrides)
+    """(out, specs, statuses, jobs): everything checked before anything is trained or written."""
     a = cfg.ablate
+    out = AblationDir(a.out)
+    if problem := out.problem():
+        raise ValueError(problem)
+    specs = plan(cfg, overrides)
     jobs = a.get("jobs")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"ablate.jobs must be an integer >= 1 (training processes at once), got {jobs!r}")
@@ -59,16 +63,15 @@ def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"ablate.threads must be null or an integer >= 1, got {threads!r}")
     if "--train-only" not in flags:  # the analysis settings are checked before any training too
-        ReportSettings.from_dict(OmegaConf.to_container(a.analysis, resolve=True))
-    runs = Path(a.out).resolve() / "runs"
-    configs = check_grid(specs, runs)
+        ReportSettings.read(OmegaConf.to_container(a.analysis, resolve=True))
+    configs = check_grid(specs, out.runs)
     if jobs > 1 and any("ddp" in str(c.trainer.get("strategy") or "") for c in configs.values()):
         raise ValueError(
             f"ablate.jobs={jobs} with a DDP trainer: each run already takes every device; set ablate.jobs=1"
         )
     if a.retrain:
-        return specs, {s.name: "trained" for s in specs}, jobs
-    return specs, {s.name: status(s, configs[s.name], runs / s.name) for s in specs}, jobs
+        return out, specs, {s.name: "trained" for s in specs}, jobs
+    return out, specs, {s.name: status(s, configs[s.name], out.run(s.name)) for s in specs}, jobs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,35 +90,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         cfg = compose("ablate", overrides)
-        specs, statuses, jobs = _prepare(cfg, overrides, flags)
-    except (ValueError, PosencLabError, RunError) as e:
+        out, specs, statuses, jobs = _prepare(cfg, overrides, flags)
+    except (ValueError, PosencLabError) as e:
         print(f"posenc-lab ablate: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - Hydra raises several kinds for bad overrides: one line each
         print(f"posenc-lab ablate: error: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    out = Path(cfg.ablate.out).resolve()
     if "--cfg" in flags or "--plan" in flags:
         if "--cfg" in flags:
             print(OmegaConf.to_yaml(cfg))
-        print(f"# {len(specs)} runs into {out}/runs ({jobs} at a time):")
+        print(f"# {len(specs)} runs into {out.runs} ({jobs} at a time):")
         for sp in specs:
             print(f"#   {sp.name} ({statuses[sp.name]}): posenc-lab train {' '.join(sp.overrides)}")
         return 0
-    progress = Progress(len(specs))
-    previous = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return _run(cfg, specs, statuses, overrides, out, jobs, "--train-only" in flags, progress)
-    except (Interrupted, KeyboardInterrupt) as e:
-        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-        print("\n" + interrupted_message(signum, progress, specs, out, overrides), file=sys.stderr, flush=True)
-        return 128 + signum
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(out.lock())  # one ablate at a time writes the folder
+        except RunDirError as e:
+            print(f"posenc-lab ablate: error: {e}", file=sys.stderr)
+            return 2
+        progress = Progress(len(specs))
+        previous = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return _run(cfg, specs, statuses, overrides, out, jobs, "--train-only" in flags, progress)
+        except (Interrupted, KeyboardInterrupt) as e:
+            signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+            print("\n" + interrupted_message(signum, progress, specs, out, overrides), file=sys.stderr, flush=True)
+            return 128 + signum
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
-def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool, progress: Progress) -> int:
+def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_only: bool, progress: Progress) -> int:
     a = cfg.ablate
     _quiet()
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -124,23 +132,22 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
     log(
-        f"ablate {a.name}: {len(specs)} runs -> {out}/runs; report -> {out}/report ({jobs} at a time, "
+        f"ablate {a.name}: {len(specs)} runs -> {out.runs}; report -> {out.report} ({jobs} at a time, "
         f"{a.get('threads') or 'all'} torch thread(s) each)"
     )
-    runs = out / "runs"
     if a.retrain:
         for spec in specs:
-            shutil.rmtree(runs / spec.name, ignore_errors=True)
+            shutil.rmtree(out.run(spec.name), ignore_errors=True)
     progress.stage = "training"
     try:
-        times = run_jobs(specs, statuses, runs, jobs, a.get("threads"), progress, log)
+        times = run_jobs(specs, statuses, out, jobs, a.get("threads"), progress, log)
     except RuntimeError as e:
-        finished = sum(1 for s in specs if RunDir(runs / s.name).finished)
+        finished = sum(1 for s in specs if RunDir(out.run(s.name)).finished)
         log(f"training FAILED: {e}")
-        kept = f"{finished} finished run(s) are kept in {runs}; " if finished else "no run finished; "
+        kept = f"{finished} finished run(s) are kept in {out.runs}; " if finished else "no run finished; "
         log(f"{kept}continue with: {continue_command(overrides, out)}")
         return 1
-    record_times(out / "ablate_times.json", times, log)
+    record_times(out.times, times, log)
     fresh = [t for t in times.values() if t["status"] != "reused"]
     train_note = (
         f"{sum(t['wall_s'] for t in fresh):.0f} s wall / {sum(t['cpu_s'] or 0 for t in fresh):.0f} s CPU of training "
@@ -153,8 +160,8 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
     progress.stage, progress.running = "analysis and report", ()
     if a.get("threads"):  # the analyses run alone: they get the cores the training runs had
         torch.set_num_threads(int(a.threads) * jobs)
-    loaded = sort_runs([load_run(runs / sp.name) for sp in specs])
-    settings = ReportSettings.from_dict(OmegaConf.to_container(a.analysis, resolve=True))
+    loaded = sort_runs([load_run(out.run(sp.name)) for sp in specs])
+    settings = ReportSettings.read(OmegaConf.to_container(a.analysis, resolve=True))
     multi = [c for c, s in seeds_by_cell(specs).items() if len(s) > 1]
     notes = [
         f"Preset `{experiment_of(overrides)}` ({len(specs)} runs: {train_note}).",
@@ -164,7 +171,7 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
     command = "posenc-lab ablate" + ("" if not overrides else " " + " ".join(overrides))
     path = build_report(
         loaded,
-        out / "report",
+        out.report,
         settings,
         title=f"posenc-lab ablation report: {a.name}",
         meta={"command": f"Command: `{command}`.", "notes": notes, "smoke": bool(a.get("smoke"))},
@@ -174,7 +181,7 @@ def _run(cfg, specs, statuses, overrides, out: Path, jobs: int, train_only: bool
         from ..wandb_upload import upload  # wandb loads only when asked for
 
         progress.stage = "wandb upload"
-        upload(path.parent, [runs], project=str(a.wandb_project), group=f"ablate-{a.name}")
+        upload(path.parent, [out.runs], project=str(a.wandb_project), group=f"ablate-{a.name}")
         log(f"logged the report to wandb project {a.wandb_project}")
     log(
         f"done in {(time.perf_counter() - t0) / 60:.1f} min (this process: "

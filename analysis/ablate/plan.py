@@ -2,12 +2,11 @@
 
 Every run is composed exactly as
 ``posenc-lab train experiment=NAME <your overrides> posenc=S model.mem_len=M model.loss_recent_frac=F seed=S``
-into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/``; its cell is ``runs.cell_name`` of those settings.
+into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/``; its cell is the ``cellnames.CellName`` of those settings.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import scheme_names
 from posenc_lab.rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
 
-from ..runs import cell_name, loss_label
+from ..cellnames import CellName, CellPattern, loss_label
 
 
 @dataclass
@@ -36,8 +35,12 @@ class RunSpec:
     seed: int = 0
 
     @property
+    def cell_name(self) -> CellName:
+        return CellName(self.scheme, self.mem_len, self.loss_frac, self.group or "")
+
+    @property
     def cell(self) -> str:
-        return cell_name(self.scheme, self.mem_len, self.loss_frac, self.group)
+        return str(self.cell_name)
 
     @property
     def label(self) -> str:
@@ -73,17 +76,6 @@ def _resolve_in(cfg: DictConfig, text: str) -> str:
     return str(node.value)
 
 
-def _extra(cell: str, patterns: list[str]) -> bool:
-    """``ablate.extra_seed_cells`` entries are cell names; ``xl:mem`` (no length) means xl with any memory length,
-    and ``*`` any text."""
-    for pattern in patterns:
-        rx = re.escape(pattern).replace(r"\*", ".*")
-        rx = re.sub(r":mem(?!\d)", lambda m: r":mem\d+", rx)
-        if re.fullmatch(rx, cell):
-            return True
-    return False
-
-
 def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     """The grid: schemes x recurrence (full loss), the half-loss variants, the recall grid; each cell once per
     seed of ``ablate.seeds``, and the cells of ``ablate.extra_seed_cells`` also once per seed of
@@ -97,6 +89,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         raise ValueError("ablate: ablate.seeds is empty; give at least one seed, e.g. ablate.seeds=[0]")
     extra_seeds = _int_list(a.get("extra_seeds"), "ablate.extra_seeds")
     extra_cells = [str(c) for c in a.get("extra_seed_cells") or []]
+    extra = [CellPattern.parse(c, "ablate.extra_seed_cells") for c in extra_cells]
     no_memory = a.get("no_memory_schemes")
     valid = scheme_names()
     schemes = list(valid) if a.schemes == "all" else list(a.schemes)  # "all": every registered scheme
@@ -115,9 +108,9 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
 
     def add(group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig):
         M = mem if recurrent else 0
-        cell = cell_name(scheme, M, frac, group)
+        cell = CellName(scheme, M, frac, group or "")
         per_scheme = [_resolve_in(group_cfg, o) for o in raw_overrides.get(scheme) or []]
-        for seed in dict.fromkeys([*seeds, *(extra_seeds if _extra(cell, extra_cells) else [])]):
+        for seed in dict.fromkeys([*seeds, *(extra_seeds if any(p.matches(cell) for p in extra) else [])]):
             overrides = [
                 *head,
                 f"posenc={scheme}",
@@ -141,9 +134,12 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
             if rec or no_memory is None or scheme in no_memory:
                 add(None, scheme, bool(rec), 1.0, base, mem, cfg)
     half = a.get("half_loss") or {}
+    frac = half.get("frac")  # conf/ablate.yaml: 0.5, the paper's recent half
+    if half.get("schemes") and (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1):
+        raise ValueError(f"ablate.half_loss.frac must be a number in (0, 1) (model.loss_recent_frac), got {frac!r}")
     for scheme in half.get("schemes") or []:
         for rec in half.get("recurrence") or [True]:
-            add(None, scheme, bool(rec), 0.5, base, mem, cfg)
+            add(None, scheme, bool(rec), float(frac), base, mem, cfg)
     recall = a.get("recall") or {}
     if recall.get("schemes"):
         # the recall grid is defined by its own data: the user's data overrides are for the main grid only
@@ -158,12 +154,12 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
             for rec in recall.get("recurrence") or [True, False]:
                 if rec or no_memory is None or scheme in no_memory:
                     add("recall", scheme, bool(rec), 1.0, head, int(rcfg.model.mem_len), rcfg)
-    cells = list(dict.fromkeys(s.cell for s in specs))
-    unknown = [c for c in extra_cells if not any(_extra(x, [c]) for x in cells)]
+    cells = list(dict.fromkeys(s.cell_name for s in specs))
+    unknown = [c for c, p in zip(extra_cells, extra) if not any(p.matches(x) for x in cells)]
     if unknown:
         raise ValueError(
             f"ablate: ablate.extra_seed_cells names cells not in the grid: {unknown}; the grid's cells: "
-            f"{', '.join(cells)}"
+            f"{', '.join(map(str, cells))}"
         )
     rank = {seed: i for i, seed in enumerate(dict.fromkeys([*seeds, *extra_seeds]))}
     specs.sort(key=lambda s: rank[s.seed])

@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 
 from .. import plots
-from ..extrapolation import NA_STATUS, ExtrapolationResult, ExtrapolationSettings
+from ..evidence import horizon_past
+from ..extrapolation import NA_STATUS, ExtrapolationResult, ExtrapolationSettings, analyze
 from ..runs import Run
 from ..stats import NOT_EVALUATED, Difference, paired_difference
-from . import Figure, Section, Table
+from .base import Figure, Part, Section, Table, register
 
 
 def _contrast(res: ExtrapolationResult, group: list[Run], axis: str, la: int, lb: int | None) -> Difference:
@@ -57,73 +58,82 @@ def summary(res: ExtrapolationResult, cells: dict[str, list[Run]], scale: float)
     return df
 
 
-def section(
-    res: ExtrapolationResult,
-    cells: dict[str, list[Run]],
-    s: ExtrapolationSettings,
-    scale: float,
-    fig: str,
-    unit_name: str,
-    out,
-    suffix: str = "",
-) -> Section:
-    text = (
-        f"Window axis: evaluation segment length L' = {', '.join(f'{f}L' for f in s.segment_factors)} without "
-        f"memory, and attention length M' = {', '.join(f'{f}M' for f in s.memory_factors)} with memory and the "
-        f"same-length mask (M = L for runs without memory). Horizon axis: every run as trained over streams of "
-        f"{s.horizon_factor} x its training episode T, never reset; `past_episodes_change`: past T, the loss "
-        f"minus that of the same tokens with resets every T as in training. `*_change`: the loss at the longest "
-        f"applicable length minus at the training length, {unit_name}, 95% intervals (seeds and documents; the "
-        f"same runs at two lengths, seeds paired; `seeds`: how many of the cell's runs were evaluated). Test split, "
-        f"{s.n_rows} rows. Descriptive. Every evaluation, "
-        f"with the reason where a scheme cannot serve a length: `extrapolation/extrapolation.csv`."
-    )
-    table = res.table.copy()
-    table["value"] = table["loss_nats"] * scale
-    ok, na = table[table["status"] == "ok"], table[table["status"] == NA_STATUS]
-    marks = {
-        r.name: (r.segment_len, r.mem_len or r.segment_len, r.episode_len or np.nan) for g in cells.values() for r in g
-    }
-    figures = []
-    for axis, mark_index, xlabel in (
-        ("segment", 0, "evaluation segment length L' (tokens)"),
-        ("memory", 1, "attention length M' (tokens)"),
-    ):
-        part = ok[ok["axis"] == axis].assign(mark=lambda d, k=mark_index: d["run"].map(lambda n: marks[n][k]))
+@register
+class Extrapolation(Section):
+    name = "extrapolation"
+    title = "Extrapolation"
+    Settings = ExtrapolationSettings
+
+    def measure(self, ctx) -> ExtrapolationResult:
+        few = [r for runs in ctx.group.few_cells.values() for r in runs]  # descriptive: fewer seeds
+        return analyze(few, ctx.out / "extrapolation", ctx.settings, ctx.shared.split, log=ctx.log)
+
+    def evidence(self, ctx, res: ExtrapolationResult) -> dict:
+        hz = horizon_past(ctx.group.few_cells, res.tokens)
+        return {} if hz is None else {"horizon_past": hz}
+
+    def render(self, ctx, res: ExtrapolationResult) -> Part:
+        s, group = ctx.settings, ctx.group
+        cells, scale, fig, unit_name = group.few_cells, group.scale, group.figure, group.unit_name
+        text = (
+            f"Window axis: evaluation segment length L' = {', '.join(f'{f}L' for f in s.segment_factors)} without "
+            f"memory, and attention length M' = {', '.join(f'{f}M' for f in s.memory_factors)} with memory and the "
+            f"same-length mask (M = L for runs without memory). Horizon axis: every run as trained over streams of "
+            f"{s.horizon_factor} x its training episode T, never reset; `past_episodes_change`: past T, the loss "
+            f"minus that of the same tokens with resets every T as in training. `*_change`: the loss at the longest "
+            f"applicable length minus at the training length, {unit_name}, 95% intervals (seeds and documents; the "
+            f"same runs at two lengths, seeds paired; `seeds`: how many of the cell's runs were evaluated). Test "
+            f"split, {s.n_rows} rows. Descriptive. Every evaluation, "
+            f"with the reason where a scheme cannot serve a length: `extrapolation/extrapolation.csv`."
+        )
+        table = res.table.copy()
+        table["value"] = table["loss_nats"] * scale
+        ok, na = table[table["status"] == "ok"], table[table["status"] == NA_STATUS]
+        marks = {
+            r.name: (r.segment_len, r.mem_len or r.segment_len, r.episode_len or np.nan)
+            for g in cells.values()
+            for r in g
+        }
+        figures = []
+        for axis, mark_index, xlabel in (
+            ("segment", 0, "evaluation segment length L' (tokens)"),
+            ("memory", 1, "attention length M' (tokens)"),
+        ):
+            part = ok[ok["axis"] == axis].assign(mark=lambda d, k=mark_index: d["run"].map(lambda n: marks[n][k]))
+            path = plots.small_multiples(
+                part,
+                x="length",
+                y="value",
+                path=ctx.file(f"extrapolation/extrapolation_{axis}.png"),
+                mark="mark",
+                title=f"Window axis: {xlabel.split(' (')[0]} (dotted: as trained)",
+                xlabel=xlabel,
+                ylabel=fig,
+                na=na[na["axis"] == axis],
+            )
+            figures.append(Figure(path, f"extrapolation along the {axis} axis ({fig}; a panel per cell)"))
+        hz = ok[ok["axis"] == "horizon"].assign(
+            value=lambda d: d["delta_nats"] * scale, mark=lambda d: d["run"].map(lambda n: marks[n][2])
+        )
         path = plots.small_multiples(
-            part,
+            hz,
             x="length",
             y="value",
-            path=out / f"extrapolation_{axis}{suffix}.png",
+            path=ctx.file("extrapolation/extrapolation_horizon.png"),
             mark="mark",
-            title=f"Window axis: {xlabel.split(' (')[0]} (dotted: as trained)",
-            xlabel=xlabel,
-            ylabel=fig,
-            na=na[na["axis"] == axis],
+            logx=False,
+            title="Horizon axis: loss minus the same tokens with resets every T (dotted: T)",
+            xlabel="stream offset (tokens)",
+            ylabel=f"change in {fig}",
         )
-        figures.append(Figure(path, f"extrapolation along the {axis} axis ({fig}; a panel per cell)"))
-    hz = ok[ok["axis"] == "horizon"].assign(
-        value=lambda d: d["delta_nats"] * scale, mark=lambda d: d["run"].map(lambda n: marks[n][2])
-    )
-    path = plots.small_multiples(
-        hz,
-        x="length",
-        y="value",
-        path=out / f"extrapolation_horizon{suffix}.png",
-        mark="mark",
-        logx=False,
-        title="Horizon axis: loss minus the same tokens with resets every T (dotted: T)",
-        xlabel="stream offset (tokens)",
-        ylabel=f"change in {fig}",
-    )
-    figures.append(Figure(path, f"horizon axis: the change past the training episodes ({fig})"))
-    na_rows = na[["cell", "axis", "length", "reason", "run"]].reset_index(drop=True)
-    tables = [Table(f"table_extrapolation{suffix}", summary(res, cells, scale), "extrapolation by cell")]
-    findings = []
-    if len(na_rows):
-        tables.append(Table(f"table_not_applicable{suffix}", na_rows, "evaluations a scheme cannot serve, and why"))
-        for (cell, axis), g in na_rows.groupby(["cell", "axis"], sort=False):
-            findings.append(
-                f"Not applicable: {cell}, {axis} axis from length {g['length'].min()}: {g['reason'].iloc[0]}"
-            )
-    return Section(f"Extrapolation{' (' + suffix.strip('_') + ')' if suffix else ''}", text, tables, figures, findings)
+        figures.append(Figure(path, f"horizon axis: the change past the training episodes ({fig})"))
+        na_rows = na[["cell", "axis", "length", "reason", "run"]].reset_index(drop=True)
+        tables = [Table("table_extrapolation", summary(res, cells, scale), "extrapolation by cell")]
+        findings = []
+        if len(na_rows):
+            tables.append(Table("table_not_applicable", na_rows, "evaluations a scheme cannot serve, and why"))
+            for (cell, axis), g in na_rows.groupby(["cell", "axis"], sort=False):
+                findings.append(
+                    f"Not applicable: {cell}, {axis} axis from length {g['length'].min()}: {g['reason'].iloc[0]}"
+                )
+        return Part(text, tables, figures, findings)

@@ -1,12 +1,22 @@
-"""The recall-probe section: accuracy by distance per cell (the verdict on memory is in the verdicts)."""
+"""The recall-probe section: accuracy by distance per cell, and the accuracy beyond one segment as the
+``recall_beyond`` evidence of the verdicts (the verdict on memory is in the verdicts)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from posenc_lab.tables import write_csv
+
+from .. import plots
+from ..dumps import AsTrained
+from ..evidence import recall_beyond
+from ..recall import DISTANCE_BIN, accuracy_by_distance
 from ..stats import mean_interval
-from . import Figure, Section, Table
+from ..verdicts import Evidence
+from .base import RECALL, Figure, Part, Section, Table, register
 
 
 def table(acc: pd.DataFrame, beyond: dict[str, np.ndarray], documents: np.ndarray | None) -> pd.DataFrame:
@@ -14,7 +24,7 @@ def table(acc: pd.DataFrame, beyond: dict[str, np.ndarray], documents: np.ndarra
     rows = []
     for cell, g in acc.groupby("cell", sort=False):
         L = int(g["segment_len"].iloc[0])
-        within, past = g[g["bin_lo"] + 8 <= L], g[g["bin_lo"] >= L]
+        within, past = g[g["bin_lo"] + DISTANCE_BIN <= L], g[g["bin_lo"] >= L]
 
         def mean(p):
             return float(np.average(p["accuracy"], weights=p["answers"])) if len(p) else float("nan")
@@ -28,17 +38,42 @@ def table(acc: pd.DataFrame, beyond: dict[str, np.ndarray], documents: np.ndarra
     return pd.DataFrame(rows)
 
 
-def section(acc: pd.DataFrame, t: pd.DataFrame, figure, settings_line: str, rows: int, tokens: int) -> Section:
-    text = (
-        f"Settings: {settings_line}. A value is planted and must be answered D tokens later; only answers are "
-        f"scored. Accuracy by distance (bins of 8), each run evaluated as trained over {rows} streams x {tokens} "
-        f"tokens of the test split; beyond one segment (D >= L) an answer can come only from the memory. "
-        f"`beyond_interval`: 95%, seeds and chunks of a few items (independent draws) as units. Per bin: "
-        f"`recall/recall_accuracy.csv`."
-    )
-    return Section(
-        "Recall probe",
-        text,
-        [Table("table_recall", t, "answer accuracy within one segment and beyond it", {c: 4 for c in t.columns})],
-        [Figure(figure, "recall accuracy by distance, a panel per cell")],
-    )
+@dataclass
+class RecallMeasured:
+    accuracy: pd.DataFrame  # one row per run and distance bin
+    beyond: Evidence | None  # 0/1 hits beyond one segment (None: the cells' segment lengths differ)
+
+
+@register
+class Recall(Section):
+    name = "recall"
+    title = "Recall probe"
+    scope = RECALL
+    Settings = AsTrained  # the recall runs evaluated as trained
+
+    def measure(self, ctx) -> RecallMeasured:
+        g = ctx.group
+        trained = g.as_trained(ctx.settings, "recall", "recall as trained")
+        acc = pd.concat([accuracy_by_distance(r, trained[r.name]) for r in g.runs], ignore_index=True)
+        write_csv(acc, ctx.out / "recall" / "recall_accuracy.csv")
+        return RecallMeasured(acc, recall_beyond(g.cells, trained))
+
+    def evidence(self, ctx, m: RecallMeasured) -> dict:
+        return {"recall_beyond": m.beyond} if m.beyond else {}
+
+    def render(self, ctx, m: RecallMeasured) -> Part:
+        ev = m.beyond
+        t = table(m.accuracy, ev.cells if ev else {}, ev.documents if ev else None)
+        figure = plots.recall_accuracy(m.accuracy, ctx.out / "recall" / "recall_accuracy.png")
+        text = (
+            f"Settings: {ctx.group.settings_line}. A value is planted and must be answered D tokens later; only "
+            f"answers are scored. Accuracy by distance (bins of {DISTANCE_BIN}), each run evaluated as trained over "
+            f"{ctx.settings.n_streams} streams x {ctx.settings.n_tokens} tokens of the test split; beyond one segment "
+            f"(D >= L) an answer can come only from the memory. `beyond_interval`: 95%, seeds and chunks of a few "
+            f"items (independent draws) as units. Per bin: `recall/recall_accuracy.csv`."
+        )
+        return Part(
+            text,
+            [Table("table_recall", t, "answer accuracy within one segment and beyond it", {c: 4 for c in t.columns})],
+            [Figure(figure, "recall accuracy by distance, a panel per cell")],
+        )

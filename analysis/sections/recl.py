@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 
 from .. import plots
-from ..recl import R_VALUES, ReclResult, recl_text
+from ..dumps import same_tokens
+from ..recl import R_VALUES, ReclResult, recl, recl_text
 from ..runs import Run
-from . import Figure, Section, Table
+from .base import Figure, Part, Section, Table, register
 
 
 def table(res: ReclResult) -> pd.DataFrame:
@@ -64,52 +65,58 @@ def seed_caveat(cells: dict[str, list[Run]]) -> str:
     return f"with at most {most} seeds a cell, the seed part is a bootstrap of {most} values: too narrow"
 
 
-def section(
-    res: ReclResult,
-    cells: dict[str, list[Run]],
-    grid: list[int],
-    n_tokens: int,
-    n_documents: int,
-    n_boot: int,
-    level: float,
-    out,
-    paper_recl=(),
-    suffix: str = "",
-) -> Section:
-    text = (
-        f"RECL (Transformer-XL appendix C) of this group, from per-token losses at attention lengths c = "
-        f"{grid[0]}..{grid[-1]} (step {grid[1] - grid[0]}) on {n_tokens:,} scored tokens of the test split in "
-        f"{n_documents} documents: runs with memory use memory c with the same-length mask, runs without a "
-        f"sliding window of c tokens. One model per cell (its seeds' mean loss). Two changes to the paper's "
-        f"estimator, so that noise cannot fake a gain: the baseline of model m is the best of the *other* "
-        f"models (leave-one-out: a model that gains nothing then gains nothing in expectation), and the gain "
-        f"curve is fitted by a non-increasing function of c before the first c below 1% is read. '>c': the "
-        f"fitted gain stayed above 1% up to the last c tested. Brackets: {level:.0%} percentile intervals of a "
-        f"cluster bootstrap over documents and each cell's seeds ({n_boot} replicates; {seed_caveat(cells)}). "
-        f"Gain curves: `recl_curves.csv`."
-        + (" Paper (WikiText-103, Table 8, r = 0.1/0.5/1.0): " + ", ".join(paper_recl) + "." if paper_recl else "")
-    )
-    curves = res.curves[res.curves["r"].isin(R_VALUES)]
-    figure = plots.gain_curves(curves, out / f"recl_gain_curves{suffix}.png")
-    t = table(res)
-    findings = memory_contrasts(res, cells, level, grid[1] - grid[0])
-    findings.append(
-        "RECL values are point estimates of a threshold crossing; compare cells by the intervals and the paired "
-        "differences above, not by the values alone."
-    )
-    return Section(
-        f"Relative effective context length (RECL){' (' + suffix.strip('_') + ')' if suffix else ''}",
-        text,
-        [
-            Table(f"table_recl{suffix}", t, "RECL in tokens per r, with intervals"),
-            Table(f"recl_curves{suffix}", res.curves, "gain curves with bands", show=False),
-        ],
-        [
-            Figure(
-                figure,
-                "RECL gain g(c, c + delta) by cell: the leave-one-out gain (dots), its monotone fit "
-                "(line) and the bootstrap band; dashed: the 1% threshold",
-            )
-        ],
-        findings,
-    )
+@register
+class Recl(Section):
+    name = "recl"
+    title = "Relative effective context length (RECL)"
+
+    def measure(self, ctx) -> ReclResult:
+        g, context = ctx.group, ctx.shared.context
+        at_c = g.at_contexts
+        ctx.log("  RECL (bootstrap over documents and seeds)")
+        contexts = next(iter(at_c.values())).contexts
+        k = [contexts.index(c) for c in g.grid]
+        per_seed = {
+            c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in runs]) for c, runs in g.cells.items()
+        }
+        return recl(per_seed, g.grid, same_tokens(at_c), n_boot=context.n_boot, level=ctx.shared.level)
+
+    def render(self, ctx, res: ReclResult) -> Part:
+        g, grid, level, n_boot = ctx.group, ctx.group.grid, ctx.shared.level, ctx.shared.context.n_boot
+        documents = same_tokens(g.at_contexts)
+        paper_recl = ctx.report.paper.get("recl") or ()
+        text = (
+            f"RECL (Transformer-XL appendix C) of this group, from per-token losses at attention lengths c = "
+            f"{grid[0]}..{grid[-1]} (step {grid[1] - grid[0]}) on {len(documents):,} scored tokens of the test split "
+            f"in {len(np.unique(documents))} documents: runs with memory use memory c with the same-length mask, runs "
+            f"without a sliding window of c tokens. One model per cell (its seeds' mean loss). Two changes to the "
+            f"paper's estimator, so that noise cannot fake a gain: the baseline of model m is the best of the *other* "
+            f"models (leave-one-out: a model that gains nothing then gains nothing in expectation), and the gain "
+            f"curve is fitted by a non-increasing function of c before the first c below 1% is read. '>c': the "
+            f"fitted gain stayed above 1% up to the last c tested. Brackets: {level:.0%} percentile intervals of a "
+            f"cluster bootstrap over documents and each cell's seeds ({n_boot} replicates; {seed_caveat(g.cells)}). "
+            f"Gain curves: `recl_curves.csv`."
+            + (" Paper (WikiText-103, Table 8, r = 0.1/0.5/1.0): " + ", ".join(paper_recl) + "." if paper_recl else "")
+        )
+        curves = res.curves[res.curves["r"].isin(R_VALUES)]
+        figure = plots.gain_curves(curves, ctx.file("recl_gain_curves.png"))
+        findings = memory_contrasts(res, g.cells, level, grid[1] - grid[0])
+        findings.append(
+            "RECL values are point estimates of a threshold crossing; compare cells by the intervals and the paired "
+            "differences above, not by the values alone."
+        )
+        return Part(
+            text,
+            [
+                Table("table_recl", table(res), "RECL in tokens per r, with intervals"),
+                Table("recl_curves", res.curves, "gain curves with bands", show=False),
+            ],
+            [
+                Figure(
+                    figure,
+                    "RECL gain g(c, c + delta) by cell: the leave-one-out gain (dots), its monotone fit "
+                    "(line) and the bootstrap band; dashed: the 1% threshold",
+                )
+            ],
+            findings,
+        )

@@ -12,7 +12,7 @@ from ..dumps import TokenLosses, stack
 from ..recl import recl_text
 from ..runs import Run
 from ..stats import mean_interval, paired_difference
-from . import Section, Table
+from .base import Part, Section, Table, register
 
 
 def rows(
@@ -65,17 +65,28 @@ def rows(
     return pd.DataFrame(out)
 
 
-def section(df: pd.DataFrame, fig: str, unit_name: str, settings_line: str, trained_tokens: str, suffix: str = ""):
-    text = (
-        f"Settings: {settings_line}. One row per cell (runs equal but for their seed), the mean over its `seeds`. "
-        f"`test_{fig}`: the runs evaluated as trained on {trained_tokens} of the test split, with its interval "
-        f"(seeds and documents, `stats.mean_interval`). `vs_lowest`: the difference to the cell with the lowest "
-        f"mean, with its interval ({unit_name}): a cell whose interval holds 0 is not distinguishable from it (a "
-        f"ranking with intervals; picking the lowest by its mean makes this slightly optimistic). `init_{fig}`: "
-        f"every scored token seeing exactly `train_A` previous tokens (memory A with the same-length mask, or a "
-        f"window of A without memory); `best_{fig}`: the lowest over the evaluated attention lengths, at `best_A` "
-        f"(chosen on the same tokens: optimistic). `recl_r0.1`: RECL with its interval (RECL section). "
-        f"Descriptive: no statement here is a verdict."
-    )
-    t = Table(f"table_ablation{suffix}", df, f"ablation: {fig} by cell", {c: 4 for c in df.columns})
-    return Section(f"Ablation table{' (' + suffix.strip('_') + ')' if suffix else ''}", text, [t])
+@register
+class Table6(Section):
+    name = "table6"
+    title = "Ablation table"
+
+    def measure(self, ctx) -> pd.DataFrame:
+        g = ctx.group
+        documents = g.evidence["as_trained"].documents
+        return rows(g.cells, g.trained, g.at_contexts, documents, g.scale, g.figure, ctx.measured("recl").table)
+
+    def render(self, ctx, df: pd.DataFrame) -> Part:
+        g, fig = ctx.group, ctx.group.figure
+        n_trained = int(next(iter(g.trained.values())).scored.sum())
+        text = (
+            f"Settings: {g.settings_line}. One row per cell (runs equal but for their seed), the mean over its "
+            f"`seeds`. `test_{fig}`: the runs evaluated as trained on {n_trained:,} tokens of the test split, with "
+            f"its interval (seeds and documents, `stats.mean_interval`). `vs_lowest`: the difference to the cell "
+            f"with the lowest mean, with its interval ({g.unit_name}): a cell whose interval holds 0 is not "
+            f"distinguishable from it (a ranking with intervals; picking the lowest by its mean makes this slightly "
+            f"optimistic). `init_{fig}`: every scored token seeing exactly `train_A` previous tokens (memory A with "
+            f"the same-length mask, or a window of A without memory); `best_{fig}`: the lowest over the evaluated "
+            f"attention lengths, at `best_A` (chosen on the same tokens: optimistic). `recl_r0.1`: RECL with its "
+            f"interval (RECL section). Descriptive: no statement here is a verdict."
+        )
+        return Part(text, [Table("table_ablation", df, f"ablation: {fig} by cell", {c: 4 for c in df.columns})])

@@ -1,11 +1,17 @@
-"""The report's first section: the preregistered verdicts (conf/paper.yaml) and, apart, the sanity checks."""
+"""The preregistered verdicts (conf/paper.yaml) and, apart, the sanity checks; again without the tokens that
+could be recited (the data section's measurement), as a descriptive line."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
-from ..verdicts import Comparison, Verdict, on_predicted_side
-from . import Section, Table
+from posenc_lab.data.overlap import WINDOW
+
+from .. import evidence
+from ..verdicts import Comparison, Verdict, judge, on_predicted_side, recheck
+from .base import REPORT, Part, Section, Table, register
 
 
 def _row(v: Verdict, scale: float, unit_name: str) -> dict:
@@ -72,44 +78,68 @@ def robustness(
     )
 
 
-def section(
-    verdicts: list[Verdict],
-    sanity: list[Verdict],
-    scale: float,
-    unit_name: str,
-    smoke: bool,
-    notes,
-    robustness_line: str = "",
-) -> Section:
-    text = (
-        "The findings this report judges were fixed in advance in `conf/paper.yaml`, each with the sign it "
-        "predicts and the comparison that decides it, and they are judged on the **test** split. Every comparison "
-        "is the difference of two cells' mean per-token loss (or accuracy) on the same tokens, with an interval "
-        "whose units are the training seed and the document (`posenc_lab_analysis.stats.paired_difference`). A "
-        "verdict made of several comparisons is reproduced only if each of them is, contradicted if any one is the "
-        "other way. Holm's correction runs over both directions of every verdict at once, so that the chance of any "
-        "false *reproduced* or *contradicted* is at most the alpha of `conf/paper.yaml`. Each verdict's intervals "
-        "are shown at the level of the Holm step that decided it (or, if Holm stopped before it, of the step where "
-        "it stopped), so that a verdict is *reproduced* exactly when every interval lies on its predicted side. "
-        "*Inconclusive*: neither; *not judged: one seed*: a cell it needs has one seed (descriptive only); *not "
-        "tested*: a cell it needs was not trained, or a value was not finite. Every other interval in this report "
-        "is descriptive."
-    )
-    findings = [_sentence(v, scale, unit_name) for v in verdicts]
-    if sanity:
-        findings.append(
-            "Sanity checks (true by construction, not counted as reproductions): "
-            + " ".join(_sentence(v, scale, unit_name) for v in sanity)
+@dataclass
+class Judged:
+    verdicts: list[Verdict]
+    sanity: list[Verdict]
+    robustness: str  # the verdicts again without what could be recited ("" where not measured)
+    scale: float  # of the main corpus's figure (1 without one)
+    unit_name: str
+
+
+TEXT = (
+    "The findings this report judges were fixed in advance in `conf/paper.yaml`, each with the sign it "
+    "predicts and the comparison that decides it, and they are judged on the **test** split. Every comparison "
+    "is the difference of two cells' mean per-token loss (or accuracy) on the same tokens, with an interval "
+    "whose units are the training seed and the document (`posenc_lab_analysis.stats.paired_difference`). A "
+    "verdict made of several comparisons is reproduced only if each of them is, contradicted if any one is the "
+    "other way. Holm's correction runs over both directions of every verdict at once, so that the chance of any "
+    "false *reproduced* or *contradicted* is at most the alpha of `conf/paper.yaml`. Each verdict's intervals "
+    "are shown at the level of the Holm step that decided it (or, if Holm stopped before it, of the step where "
+    "it stopped), so that a verdict is *reproduced* exactly when every interval lies on its predicted side. "
+    "*Inconclusive*: neither; *not judged: one seed*: a cell it needs has one seed (descriptive only); *not "
+    "tested*: a cell it needs was not trained, or a value was not finite. Every other interval in this report "
+    "is descriptive."
+)
+
+
+@register
+class Verdicts(Section):
+    name = "verdicts"
+    title = "Verdicts (preregistered, test split, Holm-corrected)"
+    scope = REPORT
+
+    def measure(self, ctx) -> Judged:
+        report, main = ctx.report, ctx.report.main
+        judged, sanity = judge(report.paper, report.evidence, smoke=report.smoke)
+        line = ""
+        if main is not None and "as_trained" in report.evidence:  # again without the tokens that could be recited
+            held_out = ctx.measured("data")
+            kept = evidence.restricted(report.evidence["as_trained"], ~held_out.shared)
+            again = recheck(report.paper, judged, {"as_trained": kept})
+            line = robustness(again, float((~held_out.shared).mean()), WINDOW, main.scale, main.unit_name)
+        scale, unit_name = (main.scale, main.unit_name) if main else (1.0, "nats")
+        return Judged(judged, sanity, line, scale, unit_name)
+
+    def render(self, ctx, m: Judged) -> Part:
+        corpora = ctx.report.corpora
+        notes = (
+            [f"Verdicts on corpus `{corpora[0].name}`; the other corpora are descriptive."] if len(corpora) > 1 else []
         )
-    if robustness_line and not smoke:
-        findings.append(robustness_line)
-    df = pd.DataFrame([_row(v, scale, unit_name) for v in verdicts + sanity])
-    if len(df):
-        df.insert(1, "kind", ["verdict"] * len(verdicts) + ["sanity check"] * len(sanity))
-    return Section(
-        "Verdicts (preregistered, test split, Holm-corrected)",
-        text,
-        [Table("table_verdicts", df, "every verdict and sanity check", show=False)],
-        findings=findings,
-        notes=list(notes),
-    )
+        findings = [_sentence(v, m.scale, m.unit_name) for v in m.verdicts]
+        if m.sanity:
+            findings.append(
+                "Sanity checks (true by construction, not counted as reproductions): "
+                + " ".join(_sentence(v, m.scale, m.unit_name) for v in m.sanity)
+            )
+        if m.robustness and not ctx.report.smoke:
+            findings.append(m.robustness)
+        df = pd.DataFrame([_row(v, m.scale, m.unit_name) for v in m.verdicts + m.sanity])
+        if len(df):
+            df.insert(1, "kind", ["verdict"] * len(m.verdicts) + ["sanity check"] * len(m.sanity))
+        return Part(
+            TEXT,
+            [Table("table_verdicts", df, "every verdict and sanity check", show=False)],
+            findings=findings,
+            notes=notes,
+        )
