@@ -107,6 +107,28 @@ def test_sizes_come_from_conf_model():
         bench.BenchConfig.preset("huge")
 
 
+@pytest.mark.parametrize("name", SCHEME_NAMES)
+def test_schemes_are_benchmarked_with_the_options_training_takes(name):
+    """The benchmark reads conf/posenc/<name>.yaml as training composes it: the same options at the same lengths."""
+    from posenc_lab.build import model_config
+    from tests.helpers_train import compose_config
+
+    cfg = compose_config("train", [f"posenc={name}", "model=tiny", "data.segment_len=24", "model.mem_len=40"])
+    trained = model_config(cfg, 256)["posenc_kwargs"]
+    bc = bench.BenchConfig.preset("tiny", segment_len=24, mem_len=40)
+    assert bc.model_config(name).posenc_kwargs == trained
+
+
+def test_editing_a_yaml_changes_what_is_benchmarked(tmp_path, monkeypatch):
+    from posenc_lab.bench import configs
+
+    (tmp_path / f"{SHAW}.yaml").write_text(f"name: {SHAW}\nK: 3\n")
+    monkeypatch.setattr(configs, "CONF_POSENC", tmp_path)
+    model = MemoryTransformer(bench.BenchConfig.preset("tiny").model_config(SHAW))
+    assert model.scheme.K == 3
+    assert bench.BenchConfig.preset("tiny").model_config(NOPE).posenc_kwargs == {}  # no yaml: keyword defaults
+
+
 def test_grid_axes_are_point_fields():
     points = bench.grid(config=["a", "b"], scheme=[XL], memory=[True, False])
     assert [(p.config, p.memory) for p in points] == [("a", True), ("a", False), ("b", True), ("b", False)]

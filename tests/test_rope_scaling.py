@@ -83,11 +83,11 @@ def test_yarn_keeps_the_fast_channels_and_interpolates_the_slow_ones():
     [
         ({"scaling": "dynamic"}, r"scaling must be one of none, linear, ntk, yarn, got 'dynamic'"),
         ({"scaling": "linear", "factor": 0.5}, r"factor .*must be >= 1, got 0.5"),
-        ({"scaling": "ntk", "factor": True}, r"factor .*must be >= 1, got True"),
+        ({"scaling": "ntk", "factor": True}, r"rope: posenc.factor must be a number, got True"),
         ({"factor": 2.0}, r"factor=2.0 has no effect with scaling=none"),
         ({"scaling": "yarn", "factor": 2.0}, r"scaling=yarn needs original_len.*got None"),
         ({"scaling": "yarn", "factor": 2.0, "original_len": 0}, r"needs original_len.*got 0"),
-        ({"original_len": 12.5}, r"original_len must be an integer >= 1 or null, got 12.5"),
+        ({"original_len": 12.5}, r"rope: posenc.original_len must be an integer or null, got 12.5"),
     ],
 )
 def test_bad_scaling_options_are_refused_naming_the_value(options, match):

@@ -194,7 +194,7 @@ def test_fire_below_its_threshold_is_a_function_of_the_distance():
         scheme = new_scheme(FIRE, init_threshold=threshold)
         with torch.no_grad():
             scheme.threshold.fill_(threshold)
-            bias = scheme.score_bias(0, pos)  # [H, L, N]; distance 1: (i, M + i - 1)
+            bias = scheme.score_bias(0, pos).dense(pos)  # [H, L, N]; distance 1: (i, M + i - 1)
         diagonal = torch.stack([bias[:, i, 4 + i - 1] for i in range(1, 6)], -1)
         assert torch.allclose(diagonal, diagonal[:, :1].expand_as(diagonal), atol=1e-6) is invariant
 
@@ -299,9 +299,9 @@ def test_kerple_constraints_are_projections(name):
     with torch.no_grad():
         scheme.r1.fill_(-1.0)
         scheme.r2.fill_(5.0)
-    waiting = scheme.score_bias(0, pos).sum()  # projects: r1 = 0.01, r2 = 5 (log) or 2 (power)
+    waiting = scheme.score_bias(0, pos).dense(pos).sum()  # projects: r1 = 0.01, r2 = 5 (log) or 2 (power)
     assert (scheme.r1 == 0.01).all() and (scheme.r2 == (2.0 if name == KERPLE_POWER else 5.0)).all()
-    scheme.score_bias(1, pos)
+    scheme.score_bias(1, pos).dense(pos)
     waiting.backward()
     assert scheme.r1.grad[0].abs().sum() > 0 and not scheme.r1.grad[1].any()
 

@@ -100,7 +100,9 @@ class RoPE(PositionalScheme):
         angles = torch.cat([angles, angles], dim=-1)  # [P, d_h]
         return (angles.cos() * self.qk_scale).to(dtype), (angles.sin() * self.qk_scale).to(dtype)
 
-    def rotate(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         cos_q, sin_q = self._cos_sin(pos.q, q.dtype)
         cos_k, sin_k = self._cos_sin(pos.k, k.dtype)
         # x * cos + rotate_half(x) * sin  is the 2-D rotation of each channel pair.
