@@ -40,7 +40,7 @@ import lightning as L
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from . import config_dir, keep_freed_memory
+from . import config_dir, flush_denormals, keep_freed_memory
 from .build import build_datamodule
 from .checkpoints import CheckpointError, read_checkpoint
 from .checks import check
@@ -311,4 +311,5 @@ def evaluate_main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     keep_freed_memory()  # also when run as python -m, and in DDP ranks
+    flush_denormals()
     main()

@@ -28,7 +28,9 @@ A_ta = beta_t w_t . w_a for a < t and T = (I + A)^{-1} (a triangular solve):
     s_tu = q~_t^T U_{c-1} ... U_{c'+1} k~_u              query chunk c, key chunk c' < c: q~ carried one chunk
                                                          at a time, a [C, d_h] x [d_h, d_h] product per chunk pair
 
-so the cost is that of attention's scores plus one such product per pair of chunks. With memory the transforms of
+so the cost is that of attention's scores plus one such product per pair of chunks. The softmax runs row by row of
+query chunks, over the keys up to the row's own chunk (later keys are never visible: neither computed nor
+normalised), with the mask added only to the blocks it does not leave whole. With memory the transforms of
 memory positions come from the memory's own states (the memory holds each layer's input) and the product runs
 back through them: a segment with memory scores as the same tokens at the end of one long run. One boundary: the
 convolution of the first two memory positions sees zeros where a longer run would see the tokens before the
@@ -45,9 +47,11 @@ from .registry import register
 CHUNK = 64  # C: tokens per chunk (the authors' kernel's); the scores do not depend on it
 
 
-def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = CHUNK) -> Tensor:
-    """q: [B, H, L, d_h] (already scaled), k, w: [B, H, N, d_h] (w unit), beta: [B, H, N] -> [B, H, L, N]
-    s_ij = q_i^T H_{M+i} ... H_{j+1} k_j for j <= M + i (query i at key M + i; later keys: any value, masked)."""
+def path_rows(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = CHUNK) -> tuple[list[Tensor], int]:
+    """q: [B, H, L, d_h] (already scaled), k, w: [B, H, N, d_h] (w unit), beta: [B, H, N] -> (rows, front): the
+    scores s_ij = q_i^T H_{M+i} ... H_{j+1} k_j of each query chunk c, [B, H, C, (m0 + c + 1) C], over the keys
+    padded by ``front`` in front (and the queries and keys by as many at the back as make whole chunks), up to
+    the chunk's own: later keys are never visible. Entries past a query's own key: any value (masked)."""
     B, H, L, d = q.shape
     N, C = k.shape[2], chunk
     M = N - L
@@ -67,20 +71,27 @@ def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = CHUN
     K_end = K - G.transpose(-1, -2) @ W  # k~
     U = torch.eye(d, device=q.device, dtype=q.dtype) - W.transpose(-1, -2) @ Y  # [B, H, n, d, d]
     QW = (Q @ W[:, :, m0:].transpose(-1, -2)).tril()  # q_t . w_a, a <= t, in the query's own chunk
-    blocks = {0: Q @ K[:, :, m0:].transpose(-1, -2) - QW @ G[:, :, m0:]}  # offset 0: pairs within a chunk
-    carried, first = Q - QW @ Y[:, :, m0:], 0  # q~ of query chunks first .. nq-1
-    for offset in range(1, m0 + nq):  # key chunk m0 + c - offset for query chunk c
-        start = max(0, offset - m0)  # query chunks from here on have a key chunk at this offset
-        carried, first = carried[:, :, start - first :], start
-        if offset > 1:  # one chunk further back: times U of the key chunk just passed
-            carried = carried @ U[:, :, m0 + start - offset + 1 : m0 + nq - offset + 1]
-        blocks[offset] = carried @ K_end[:, :, m0 + start - offset : m0 + nq - offset].transpose(-1, -2)
-    future = Q.new_zeros(B, H, C, C)
+    local = (Q @ K[:, :, m0:].transpose(-1, -2) - QW @ G[:, :, m0:]).unbind(2)  # pairs within a chunk
+    carried = (Q - QW @ Y[:, :, m0:]).unbind(2)  # q~ of each query chunk
+    K_end, U = K_end.unbind(2), U.unbind(2)  # per chunk (unbind's backward is one stack, a slice's a zero fill)
     rows = []
-    for c in range(nq):  # query chunk c: key chunks 0 .. m0 + c, then the future ones
-        row = [blocks[m0 + c - kc][:, :, c - max(0, m0 + c - kc - m0)] for kc in range(m0 + c + 1)]
-        rows.append(torch.cat(row + [future] * (n - m0 - c - 1), dim=-1))
-    return torch.cat(rows, dim=-2)[:, :, :L, front : front + N]
+    for c in range(nq):  # query chunk c (chunk m0 + c): key chunks 0 .. m0 + c
+        q_back, row = carried[c], [local[c]]
+        for kc in range(m0 + c - 1, -1, -1):  # earlier key chunks, nearest first
+            row.append(q_back @ K_end[kc].transpose(-1, -2))
+            if kc:  # one chunk further back: through U of the chunk just passed
+                q_back = q_back @ U[kc]
+        rows.append(torch.cat(row[::-1], dim=-1))
+    return rows, front
+
+
+def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = CHUNK) -> Tensor:
+    """``path_rows`` as one [B, H, L, N] tensor s_ij (later keys: any value, masked)."""
+    L, N = q.shape[2], k.shape[2]
+    rows, front = path_rows(q, k, w, beta, chunk)
+    width = rows[-1].shape[-1]
+    scores = torch.cat([F.pad(row, (0, width - row.shape[-1])) for row in rows], dim=-2)
+    return scores[:, :, :L, front : front + N]
 
 
 @register
@@ -136,19 +147,20 @@ class PaTH(PositionalScheme):
         beta = 2 * torch.sigmoid(self.beta[layer](context).float()).transpose(1, 2)
         return w, beta
 
-    def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None) -> Tensor:
-        """[B, H, L, N] masked scores s_ij, -inf where key j is not visible; fp32 (a triangular solve per chunk)."""
+    def _inputs(self, layer: int, q: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """(q / sqrt(d_h), w, beta) in fp32 (a triangular solve per chunk: no bf16 kernel)."""
         if context is None:
             raise ValueError("path: the transforms come from the layer's input; attend needs context=[B, N, D]")
         w, beta = self.transforms(layer, context)
-        with torch.autocast(q.device.type, enabled=False):
-            s = path_scores((q * q.shape[-1] ** -0.5).float(), k.float(), w, beta)
-        return s + mask_to_bias(pos.visible, s.dtype)
+        return (q * q.shape[-1] ** -0.5).float(), w, beta
 
     def attention_probs(
         self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
     ) -> Tensor:
-        return torch.softmax(self.scores(layer, q, k, pos, context), dim=-1).to(q.dtype)
+        q, w, beta = self._inputs(layer, q, context)
+        with torch.autocast(q.device.type, enabled=False):
+            scores = path_scores(q, k.float(), w, beta) + mask_to_bias(pos.visible, torch.float32)
+        return torch.softmax(scores, dim=-1).to(k.dtype)
 
     def attend(
         self,
@@ -160,10 +172,34 @@ class PaTH(PositionalScheme):
         dropout_p: float,
         context: Tensor | None = None,
     ) -> Tensor:
-        probs = self.attention_probs(layer, q, k, pos, context)
-        if dropout_p > 0:
-            probs = F.dropout(probs, dropout_p)
-        return probs.to(v.dtype) @ v
+        """Row by row of query chunks: each row's softmax over its keys up to its own chunk (later keys are never
+        visible, so they are neither computed nor normalised), the mask added only to blocks it does not leave
+        whole, one product with the matching keys' values."""
+        L, N = q.shape[2], k.shape[2]
+        q, w, beta = self._inputs(layer, q, context)
+        with torch.autocast(q.device.type, enabled=False):
+            rows, front = path_rows(q, k.float(), w, beta)
+            C = rows[0].shape[-2]
+            back = len(rows) * C - L
+            visible = F.pad(pos.visible, (front, back, 0, back))  # padding keys invisible; padding queries
+            visible[L:, front + N :] = True  # (discarded) see their padding keys, so that no row is empty
+            whole = visible.view(len(rows), C, -1, C).all(dim=3).all(dim=1).tolist()  # [query chunk][key chunk]
+            values = F.pad(v.float(), (0, 0, front, back))
+            out = []
+            for c, row in enumerate(rows):
+                blocks = row.split(C, dim=-1)
+                if not all(whole[c][: len(blocks)]):  # else the row is seen whole: no mask to add
+                    seen = visible[c * C : (c + 1) * C]
+                    blocks = [
+                        block if whole[c][kc] else block + mask_to_bias(seen[:, kc * C : (kc + 1) * C], block.dtype)
+                        for kc, block in enumerate(blocks)
+                    ]
+                    row = torch.cat(blocks, dim=-1)
+                probs = torch.softmax(row, dim=-1)
+                if dropout_p > 0:
+                    probs = F.dropout(probs, dropout_p)
+                out.append(probs @ values[:, :, : row.shape[-1]])
+        return torch.cat(out, dim=-2)[:, :, :L].to(v.dtype)
 
     def extra_repr(self) -> str:
         return f"w_rank={self.w_rank}, short_conv={self.short_conv}"
