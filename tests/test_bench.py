@@ -349,3 +349,22 @@ def test_loss_curve_experiment(tmp_path):
     with open(tmp_path / "loss_curve_steps.csv") as f:
         steps = list(csv.DictReader(f))
     assert [int(s["step"]) for s in steps] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("setting, flushed", [(None, True), ("keep", False)])
+def test_entry_points_flush_denormals_unless_asked_to_keep_them(setting, flushed):
+    """flush_denormals (called by train, eval and bench before torch starts its threads): a float below 1.2e-38
+    becomes 0, unless POSENC_LAB_DENORMALS=keep. In a fresh process: the setting is process-wide."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "POSENC_LAB_DENORMALS"}
+    if setting:
+        env["POSENC_LAB_DENORMALS"] = setting
+    code = (
+        "import torch; from posenc_lab import flush_denormals; applied = flush_denormals(); "
+        "print(applied, float(torch.tensor(1e-30) * torch.tensor(1e-10)) == 0.0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(flushed), str(flushed)]
