@@ -1,7 +1,7 @@
 """posenc-lab: positional-encoding schemes in segment-recurrent (Transformer-XL style) language models.
 
 Importing the package changes nothing in the process; the command-line entry points call
-``prefer_passive_openmp()`` before torch loads, and ``keep_freed_memory()``.
+``prefer_passive_openmp()`` before torch loads, ``keep_freed_memory()`` and ``flush_denormals()``.
 """
 
 import ctypes
@@ -72,3 +72,21 @@ def keep_freed_memory() -> bool:
     os.environ["MALLOC_MMAP_MAX_"] = "0"
     os.environ["MALLOC_TRIM_THRESHOLD_"] = str(trim)  # what applies here, for children that never call this
     return True
+
+
+def flush_denormals() -> bool:
+    """Have the CPU treat floats below 1.2e-38 (denormals) as 0 (``torch.set_flush_denormal``; x86 with SSE3).
+    Returns whether it applied.
+
+    An attention weight exp(s - max) of a score 87-104 below its row's maximum is a denormal, and arithmetic on
+    denormals is microcoded, dozens of times slower: the schemes whose scores spread that far (FoX's decay of
+    hundreds over a memory, stick-breaking's log weights) ran their attention 4-5x slower for it on the 2-core
+    Xeon (docs/PERFORMANCE.md). The values changed are below 1.2e-38. Called by the entry points before torch
+    starts its OpenMP threads, which copy the setting when they are created (a thread that already exists keeps
+    its own). Opt out with ``POSENC_LAB_DENORMALS=keep``.
+    """
+    if os.environ.get("POSENC_LAB_DENORMALS") == "keep":
+        return False
+    import torch
+
+    return bool(torch.set_flush_denormal(True))

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
-from . import keep_freed_memory, prefer_passive_openmp
+from . import flush_denormals, keep_freed_memory, prefer_passive_openmp
 
 ENTRY_POINT_GROUP = "posenc_lab.commands"
 
@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command in ("train", "eval"):
         return _run_hydra_app(BUILTIN[command][0], rest)
     if command == "bench":
+        flush_denormals()  # before torch starts its threads (train and eval: their __main__)
         try:
             bench = importlib.import_module("posenc_lab.bench")
         except ModuleNotFoundError as e:

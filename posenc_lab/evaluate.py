@@ -42,7 +42,7 @@ import numpy as np
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
-from . import config_dir, keep_freed_memory
+from . import config_dir, flush_denormals, keep_freed_memory
 from .build import build_datamodule
 from .checkpoints import CheckpointError, read_checkpoint
 from .checks import check
@@ -336,4 +336,5 @@ def evaluate_main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     keep_freed_memory()  # also when run as python -m, and in DDP ranks
+    flush_denormals()
     main()

@@ -186,15 +186,16 @@ class Block(nn.Module):
     def attention(
         self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions, probs_out: list | None
     ) -> Tensor:
-        """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]."""
+        """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]. The scheme gets the
+        context too: a data-dependent one (FoX's gates, PaTH's transforms) projects it with its own parameters."""
         B, L, D = x.shape
         N, H = context.shape[1], self.n_head
         q = self.q_proj(x).view(B, L, H, D // H).transpose(1, 2)  # [B, H, L, d_h]
         k, v = self.kv_proj(context).view(B, N, 2, H, D // H).permute(2, 0, 3, 1, 4)  # 2 x [B, H, N, d_h]
         if probs_out is not None:
-            probs_out.append(scheme.attention_probs(layer, q, k, pos).detach())
+            probs_out.append(scheme.attention_probs(layer, q, k, pos, context).detach())
         dropout_p = self.attn_dropout if self.training else 0.0
-        out = scheme.attend(layer, q, k, v, pos, dropout_p)
+        out = scheme.attend(layer, q, k, v, pos, dropout_p, context)
         return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
 
     def forward(
@@ -329,9 +330,6 @@ class MemoryTransformer(nn.Module):
         self._check_random_positions(M + L)
         k = torch.randperm(self.cfg.random_positions, device=device)[: M + L].sort().values  # ordered subset of [0, P)
         return Positions(q=k[M:], k=k, offset=offset, visible=visible, consecutive=False)
-
-    def init_mems(self) -> list[Tensor]:
-        return []
 
     def scored(self, loss_mask: Tensor) -> Tensor:
         """[B, L] bool: the tokens the loss counts, ``loss_mask`` and, with ``loss_recent_frac`` < 1 (the

@@ -47,7 +47,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from . import config_dir, keep_freed_memory
+from . import config_dir, flush_denormals, keep_freed_memory
 from .build import build_datamodule, build_lit, build_trainer, check_splits
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
@@ -416,4 +416,5 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     keep_freed_memory()  # also when run as python -m, and in DDP ranks
+    flush_denormals()
     main()

@@ -5,15 +5,18 @@ a test about Shaw's clipping imports Shaw. Tests about every scheme ask the regi
 from posenc_lab.positional.alibi import ALiBi
 from posenc_lab.positional.cope import CoPE
 from posenc_lab.positional.fire import FIRE
+from posenc_lab.positional.fox import FoX
 from posenc_lab.positional.global_sinusoid import GlobalSinusoid
 from posenc_lab.positional.kerple_log import KerpleLog
 from posenc_lab.positional.kerple_power import KerplePower
 from posenc_lab.positional.learned import Learned
 from posenc_lab.positional.nope import NoPE
+from posenc_lab.positional.path import PaTH
 from posenc_lab.positional.rope import RoPE
 from posenc_lab.positional.sandwich import Sandwich
 from posenc_lab.positional.shaw import Shaw
 from posenc_lab.positional.sinusoid import Sinusoid
+from posenc_lab.positional.stickbreaking import StickBreaking
 from posenc_lab.positional.t5 import T5Bias
 from posenc_lab.positional.xl import XLRelative
 from posenc_lab.positional.xpos import XPos
@@ -28,3 +31,4 @@ COPE, FIRE, KERPLE_LOG, KERPLE_POWER, SANDWICH, XPOS = (
     Sandwich.name,
     XPos.name,
 )
+FOX, STICKBREAKING, PATH = FoX.name, StickBreaking.name, PaTH.name

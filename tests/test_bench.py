@@ -109,6 +109,28 @@ def test_sizes_come_from_conf_model():
         bench.BenchConfig.preset("huge")
 
 
+@pytest.mark.parametrize("name", SCHEME_NAMES)
+def test_schemes_are_benchmarked_with_the_options_training_takes(name):
+    """The benchmark reads conf/posenc/<name>.yaml as training composes it: the same options at the same lengths."""
+    from posenc_lab.build import model_config
+    from tests.helpers_train import compose_config
+
+    cfg = compose_config("train", [f"posenc={name}", "model=tiny", "data.segment_len=24", "model.mem_len=40"])
+    trained = model_config(cfg, 256)["posenc_kwargs"]
+    bc = bench.BenchConfig.preset("tiny", segment_len=24, mem_len=40)
+    assert bc.model_config(name).posenc_kwargs == trained
+
+
+def test_editing_a_yaml_changes_what_is_benchmarked(tmp_path, monkeypatch):
+    from posenc_lab.bench import configs
+
+    (tmp_path / f"{SHAW}.yaml").write_text(f"name: {SHAW}\nK: 3\n")
+    monkeypatch.setattr(configs, "CONF_POSENC", tmp_path)
+    model = MemoryTransformer(bench.BenchConfig.preset("tiny").model_config(SHAW))
+    assert model.scheme.K == 3
+    assert bench.BenchConfig.preset("tiny").model_config(NOPE).posenc_kwargs == {}  # no yaml: keyword defaults
+
+
 def test_grid_axes_are_point_fields():
     points = bench.grid(config=["a", "b"], scheme=[XL], memory=[True, False])
     assert [(p.config, p.memory) for p in points] == [("a", True), ("a", False), ("b", True), ("b", False)]
@@ -329,3 +351,22 @@ def test_loss_curve_experiment(tmp_path):
     with open(tmp_path / "loss_curve_steps.csv") as f:
         steps = list(csv.DictReader(f))
     assert [int(s["step"]) for s in steps] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("setting, flushed", [(None, True), ("keep", False)])
+def test_entry_points_flush_denormals_unless_asked_to_keep_them(setting, flushed):
+    """flush_denormals (called by train, eval and bench before torch starts its threads): a float below 1.2e-38
+    becomes 0, unless POSENC_LAB_DENORMALS=keep. In a fresh process: the setting is process-wide."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "POSENC_LAB_DENORMALS"}
+    if setting:
+        env["POSENC_LAB_DENORMALS"] = setting
+    code = (
+        "import torch; from posenc_lab import flush_denormals; applied = flush_denormals(); "
+        "print(applied, float(torch.tensor(1e-30) * torch.tensor(1e-10)) == 0.0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(flushed), str(flushed)]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
 from tests.models import make_model
-from tests.schemes import GLOBAL_SINUSOID, LEARNED, ROPE, SHAW, SINUSOID, XL
+from tests.schemes import GLOBAL_SINUSOID, LEARNED, ROPE, SHAW, SINUSOID, STICKBREAKING, XL
 
 ALL = SCHEME_NAMES
 RELATIVE = schemes_of_kind("relative")
@@ -270,13 +270,14 @@ def test_same_length_gives_every_query_mem_len_plus_one_keys(name):
     model = make_model(name, n_layer=2, mem_len=M, same_length=True)
     first = model(tokens(B, L), return_attention=True)
     # first segment, no memory yet: query i sees min(i, M) + 1 keys
+    own = name != STICKBREAKING  # stick-breaking gives a query's own key no share (attend_current: false)
     seen = (first.attention[0] > 0).sum(-1)
-    assert (seen == torch.tensor([min(i, M) + 1 for i in range(L)])).all()
+    assert (seen == torch.tensor([min(i, M) + own for i in range(L)])).all()
     out = model(tokens(B, L), mems=first.mems, offset=L, return_attention=True)
     assert model.positions(L, M, torch.zeros(B, dtype=torch.long), torch.device("cpu")).visible.sum(-1).eq(M + 1).all()
     for probs in out.attention:
         assert probs.shape == (B, 2, L, M + L)
-        assert ((probs > 0).sum(-1) == M + 1).all()
+        assert ((probs > 0).sum(-1) == M + own).all()
         # the visible keys are exactly j in [i - M, i]
         i, j = torch.arange(L)[:, None], torch.arange(-M, L)[None, :]
         assert (probs[..., ~((j <= i) & (j >= i - M))] == 0).all()
@@ -292,8 +293,13 @@ def test_returned_attention_is_a_distribution_over_visible_keys(name, same_lengt
     visible = model.positions(L, M, torch.zeros(B, dtype=torch.long), torch.device("cpu")).visible
     for probs in out.attention:
         assert probs.shape == (B, 2, L, M + L) and not probs.requires_grad
+        assert (probs[..., ~visible] == 0).all()
+        if name == STICKBREAKING:  # weights, not a distribution: the stick left over is on no key, nor on its own
+            own = torch.arange(L)[:, None] + M == torch.arange(M + L)[None, :]
+            assert (probs.sum(-1) < 1).all() and (probs[..., own] == 0).all() and (probs[..., visible & ~own] > 0).all()
+            continue
         torch.testing.assert_close(probs.sum(-1), torch.ones(B, 2, L))
-        assert (probs[..., ~visible] == 0).all() and (probs[..., visible] > 0).all()
+        assert (probs[..., visible] > 0).all()
     assert model(tokens(B, L)).attention is None
 
 

@@ -30,7 +30,7 @@ class ThrowawaySlope(PositionalScheme):
         super().__init__(dims)
         self.slope = float(slope)
 
-    def score_bias(self, layer, pos):
+    def score_bias(self, layer, pos, context=None):
         return -self.slope * pos.distance.clamp(min=0).float()
 
     def extra_flops(self, segment_len, mem_len, batch_size=1):

@@ -186,6 +186,8 @@ CASES = [
      r"^optim\.lrr is not a key of optim; the keys are: .*\blr, "),
     ("a misspelled trainer key", "train", lambda t, c, f: tiny(t / "run", c, "trainer.max_stepz=5"),
      r"^trainer\.max_stepz is not a key of trainer; the keys are: .*\bmax_steps\b"),
+    ("a scheme option of the wrong type", "train", lambda t, c, f: tiny(t / "run", c, "posenc.share_uv=maybe"),
+     r"^posenc: xl: posenc\.share_uv must be true or false, got 'maybe'$"),
     ("another scheme's option", "train", lambda t, c, f: tiny(t / "run", c, "posenc=rope", "posenc.K=4"),
      r"^posenc\.K is not a key of posenc; the keys are: .*\bbase\b"),
     ("random positions for a scheme that reads none", "train",

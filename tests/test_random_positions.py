@@ -13,11 +13,25 @@ import torch
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, Positions, sized_options
 from tests import test_fused, test_schemes_2026
-from tests.schemes import ALIBI, COPE, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, T5, XL
+from tests.schemes import (
+    ALIBI,
+    COPE,
+    FOX,
+    GLOBAL_SINUSOID,
+    LEARNED,
+    NOPE,
+    PATH,
+    ROPE,
+    SHAW,
+    SINUSOID,
+    STICKBREAKING,
+    T5,
+    XL,
+)
 from tests.test_fused import grads, reference  # noqa: F401 (a fixture)
 from tests.test_schemes import B, D, make_positions, make_scheme, pe, qkv
 
-REFUSED = (NOPE, GLOBAL_SINUSOID, COPE)
+REFUSED = (NOPE, GLOBAL_SINUSOID, COPE, FOX, STICKBREAKING, PATH)  # they read no position index (or, global, s + i)
 TAKES = tuple(name for name in SCHEME_NAMES if name not in REFUSED)
 FUSED = (XL, T5, ALIBI, *test_schemes_2026.BIAS)
 V = 23

@@ -28,7 +28,7 @@ from posenc_lab.positional import (
     sized_options,
 )
 from posenc_lab.positional.xl import relative_shift
-from tests.schemes import ALIBI, COPE, FIRE, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, T5, XL
+from tests.schemes import ALIBI, COPE, FIRE, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, STICKBREAKING, T5, XL
 
 ALL = SCHEME_NAMES
 RELATIVE = schemes_of_kind("relative")
@@ -78,6 +78,11 @@ def qkv(L: int, M: int):
     return torch.randn(B, H, L, DH), torch.randn(B, H, M + L, DH), torch.randn(B, H, M + L, DH)
 
 
+def inputs(L: int, M: int) -> torch.Tensor:
+    """[B, M + L, D] a layer's input over the keys (what data-dependent schemes project: FoX's gates, PaTH's w)."""
+    return torch.randn(B, M + L, D)
+
+
 def pe(p: float, dim: int) -> torch.Tensor:
     """PE(p) from its formula, [sin ; cos] layout: sin(p / 10000^{2k/dim}) then cos(...)."""
     ang = [p / 10000 ** (2 * k / dim) for k in range(dim // 2)]
@@ -109,7 +114,6 @@ def test_a_scheme_is_one_module_and_one_yaml():
 def test_build_scheme_by_name(name):
     scheme = build_scheme(name, Dims(n_layer=2, d_model=D, n_head=H), **sized_options(name, {}, 8, 4))
     assert scheme.name == name and scheme.kind in ("absolute", "relative", "none")
-    assert scheme.absolute == (scheme.kind == "absolute")
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -152,7 +156,15 @@ def test_documented_options_exist():
     assert set(scheme_options(SHAW)) == {"K"}
     assert set(scheme_options(LEARNED)) == {"max_positions", "overflow"}
     assert set(scheme_options(T5)) == {"n_buckets", "max_distance"}
-    assert set(scheme_options(ROPE)) == {"base", "scaling", "factor", "original_len"}
+    assert set(scheme_options(ROPE)) == {
+        "base",
+        "scaling",
+        "factor",
+        "original_len",
+        "partial",
+        "low_freq_factor",
+        "high_freq_factor",
+    }
 
 
 @pytest.mark.parametrize(
@@ -411,17 +423,18 @@ def test_relative_schemes_are_shift_invariant(name, L, M, shift):
     scheme = make_scheme(name)
     pos = make_positions(L, M, offset=2)
     q, k, v = qkv(L, M)
+    x = inputs(L, M)
     with torch.no_grad():
         for layer in (0, 1):
             torch.testing.assert_close(
-                scheme.attention_probs(layer, q, k, pos.shifted(shift)),
-                scheme.attention_probs(layer, q, k, pos),
+                scheme.attention_probs(layer, q, k, pos.shifted(shift), x),
+                scheme.attention_probs(layer, q, k, pos, x),
                 atol=1e-5,
                 rtol=1e-5,
             )
             torch.testing.assert_close(
-                scheme.attend(layer, q, k, v, pos.shifted(shift), 0.0),
-                scheme.attend(layer, q, k, v, pos, 0.0),
+                scheme.attend(layer, q, k, v, pos.shifted(shift), 0.0, x),
+                scheme.attend(layer, q, k, v, pos, 0.0, x),
                 atol=1e-5,
                 rtol=1e-5,
             )
@@ -431,10 +444,10 @@ def test_relative_schemes_are_shift_invariant(name, L, M, shift):
 def test_relative_schemes_do_use_distance(name):
     """Non-vacuity: the same content at other distances scores differently than with no encoding."""
     L, M = 5, 3
-    pos, (q, k, v) = make_positions(L, M), qkv(L, M)
+    pos, (q, k, v), x = make_positions(L, M), qkv(L, M), inputs(L, M)
     with torch.no_grad():
-        plain = make_scheme(NOPE).attend(0, q, k, v, pos, 0.0)
-        assert not torch.allclose(make_scheme(name).attend(0, q, k, v, pos, 0.0), plain)
+        plain = make_scheme(NOPE).attend(0, q, k, v, pos, 0.0, x)
+        assert not torch.allclose(make_scheme(name).attend(0, q, k, v, pos, 0.0, x), plain)
 
 
 @pytest.mark.parametrize("name", ABSOLUTE)
@@ -449,10 +462,16 @@ def test_attention_probs_are_a_distribution_over_visible_keys(name, same_length)
     L, M = 5, 4
     scheme, pos, (q, k, _) = make_scheme(name), make_positions(L, M, same_length), qkv(L, M)
     with torch.no_grad():
-        probs = scheme.attention_probs(0, q, k, pos)
+        probs = scheme.attention_probs(0, q, k, pos, inputs(L, M))
     assert probs.shape == (B, H, L, M + L)
-    torch.testing.assert_close(probs.sum(-1), torch.ones(B, H, L))
     assert (probs[..., ~pos.visible] == 0).all()
+    if name == STICKBREAKING:  # weights summing to 1 - the stick left over; a query's own key has none
+        left = scheme.breaks(q, k, pos)[1]
+        torch.testing.assert_close(probs.sum(-1) + left, torch.ones(B, H, L))
+        own = pos.k[None, :] == pos.q[:, None]
+        assert (probs[..., own] == 0).all() and (probs[..., pos.visible & ~own] > 0).all()
+        return
+    torch.testing.assert_close(probs.sum(-1), torch.ones(B, H, L))
     assert (probs[..., pos.visible] > 0).all()
 
 

@@ -17,9 +17,21 @@ import torch
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEMES, fused, schemes_of_kind
-from tests.schemes import COPE, FIRE, KERPLE_LOG, KERPLE_POWER, SANDWICH, XPOS
+from tests.schemes import COPE, FIRE, KERPLE_LOG, KERPLE_POWER, SANDWICH, STICKBREAKING, XPOS
 from tests.test_fused import grads, reference  # noqa: F401 (a fixture)
-from tests.test_schemes import DH, MASKS, B, H, make_positions, make_scheme, masked_softmax, pe, qkv, rope_rotate
+from tests.test_schemes import (
+    DH,
+    MASKS,
+    B,
+    H,
+    inputs,
+    make_positions,
+    make_scheme,
+    masked_softmax,
+    pe,
+    qkv,
+    rope_rotate,
+)
 
 NEW = (KERPLE_LOG, KERPLE_POWER, SANDWICH, FIRE, COPE, XPOS)
 BIAS = (KERPLE_LOG, KERPLE_POWER, SANDWICH, FIRE)  # pure score biases: the fused path too
@@ -173,13 +185,15 @@ def test_translation_invariance_holds_unless_declared(name):
     """Same content at the same distance, moved later in the sequence: a scheme that promises translation
     invariance scores the pair the same (the difference of two log-probabilities of one row is a difference of
     scores); FIRE (past its threshold) and CoPE (other keys in between) declare that they do not, and do not."""
-    scheme, (L, M) = make_scheme(name, **({"init_threshold": 1.0} if name == FIRE else {})), (8, 0)
+    # FIRE past its threshold; stick-breaking with its own key (distance 0) taking a share
+    options = {FIRE: {"init_threshold": 1.0}, STICKBREAKING: {"attend_current": True}}.get(name, {})
+    scheme, (L, M) = make_scheme(name, **options), (8, 0)
     pos, (q, k, _) = make_positions(L, M), qkv(L, M)
     t = 3
     q[:, :, 2 + t] = q[:, :, 2]  # query 2 and query 5 alike, and their keys at distances 0 and 2 alike
     k[:, :, 2 + t], k[:, :, t] = k[:, :, 2], k[:, :, 0]
     with torch.no_grad():
-        logp = scheme.attention_probs(0, q, k, pos).log()
+        logp = scheme.attention_probs(0, q, k, pos, inputs(L, M)).log()
     early, late = logp[..., 2, 2] - logp[..., 2, 0], logp[..., 2 + t, 2 + t] - logp[..., 2 + t, t]
     if SCHEMES[name].not_translation_invariant is None:
         torch.testing.assert_close(late, early, atol=1e-5, rtol=1e-5)
@@ -194,7 +208,7 @@ def test_fire_below_its_threshold_is_a_function_of_the_distance():
         scheme = new_scheme(FIRE, init_threshold=threshold)
         with torch.no_grad():
             scheme.threshold.fill_(threshold)
-            bias = scheme.score_bias(0, pos)  # [H, L, N]; distance 1: (i, M + i - 1)
+            bias = scheme.score_bias(0, pos).dense(pos)  # [H, L, N]; distance 1: (i, M + i - 1)
         diagonal = torch.stack([bias[:, i, 4 + i - 1] for i in range(1, 6)], -1)
         assert torch.allclose(diagonal, diagonal[:, :1].expand_as(diagonal), atol=1e-6) is invariant
 
@@ -299,9 +313,9 @@ def test_kerple_constraints_are_projections(name):
     with torch.no_grad():
         scheme.r1.fill_(-1.0)
         scheme.r2.fill_(5.0)
-    waiting = scheme.score_bias(0, pos).sum()  # projects: r1 = 0.01, r2 = 5 (log) or 2 (power)
+    waiting = scheme.score_bias(0, pos).dense(pos).sum()  # projects: r1 = 0.01, r2 = 5 (log) or 2 (power)
     assert (scheme.r1 == 0.01).all() and (scheme.r2 == (2.0 if name == KERPLE_POWER else 5.0)).all()
-    scheme.score_bias(1, pos)
+    scheme.score_bias(1, pos).dense(pos)
     waiting.backward()
     assert scheme.r1.grad[0].abs().sum() > 0 and not scheme.r1.grad[1].any()
 

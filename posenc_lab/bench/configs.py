@@ -1,5 +1,6 @@
 """What the benchmark times: a model preset of ``conf/model/`` (its one owner of sizes) at a segment length
-and a batch.
+and a batch, and each scheme with the options of ``conf/posenc/<name>.yaml``, as training takes them (so that
+editing a yaml changes what is trained and what is benchmarked alike).
 
 The segment length defaults to the preset's memory length (the Transformer-XL convention, L = M) and the
 batch to ``TOKENS_PER_STEP // segment_len`` streams, so every preset is timed on the same tokens per step.
@@ -16,6 +17,7 @@ from ..model import ModelConfig
 from ..positional import sized_options
 
 CONF_MODEL = Path(config_dir()) / "model"
+CONF_POSENC = Path(config_dir()) / "posenc"
 TOKENS_PER_STEP = 2048
 BYTE_VOCAB_SIZE = 256
 # A preset with an adaptive softmax (txl_wt103_base) is sized with the vocabulary its cutoffs were made for:
@@ -27,6 +29,17 @@ PRECISIONS = ("fp32", "bf16-mixed")
 def model_presets() -> tuple[str, ...]:
     """Names of the options of conf/model/, sorted (the base they inherit aside)."""
     return group_options("model")
+
+
+def scheme_conf(scheme: str) -> dict:
+    """The options of conf/posenc/``scheme``.yaml (without its name); a scheme without a file there (a plugin's,
+    whose yaml sits on a Hydra search path the benchmark does not compose) runs with its keyword defaults."""
+    path = CONF_POSENC / f"{scheme}.yaml"
+    if not path.is_file():
+        return {}
+    options = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    options.pop("name", None)
+    return options
 
 
 @dataclass(frozen=True)
@@ -66,10 +79,10 @@ class BenchConfig:
     def model_config(
         self, scheme: str, memory: bool = True, segment_len: int | None = None, **overrides
     ) -> ModelConfig:
-        """The ModelConfig of ``scheme`` at this size; its length options sized to ``segment_len`` (default:
-        this config's), memory off unless ``memory``."""
+        """The ModelConfig of ``scheme`` at this size, with its conf/posenc options (``scheme_conf``), those left
+        null sized to ``segment_len`` (default: this config's); memory off unless ``memory``."""
         mem_len = self.mem_len if memory else 0
-        options = sized_options(scheme, {}, segment_len or self.segment_len, mem_len)
+        options = sized_options(scheme, scheme_conf(scheme), segment_len or self.segment_len, mem_len)
         kw = {
             **self.model,
             "vocab_size": self.vocab_size,

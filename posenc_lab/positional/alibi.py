@@ -5,8 +5,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import fused
-from .base import Dims, PositionalScheme, Positions
+from .base import Dims, DistanceBias, PositionalScheme, Positions
 from .registry import register
 
 
@@ -33,11 +32,9 @@ class ALiBi(PositionalScheme):
         super().__init__(dims)
         self.register_buffer("slopes", alibi_slopes(dims.n_head), persistent=False)
 
-    def score_bias(self, layer: int, pos: Positions) -> Tensor:
-        return -self.slopes[:, None, None] * pos.distance.to(self.slopes.dtype)  # [H, L, N]: -m_h (i - j)
+    def table(self, d: Tensor) -> Tensor:
+        """d: [...] distances -> [H, ...] -m_h d."""
+        return -self.slopes.view((-1,) + (1,) * d.dim()) * d.to(self.slopes.dtype)
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self, q, k, dropout_p):  # -m_h d per distance, [H, N]
-            table = -self.slopes[:, None] * fused.distances(pos).to(self.slopes.dtype)
-            return fused.attend_distance_bias(q, k, v, pos, table)
-        return super().attend(layer, q, k, v, pos, dropout_p)
+    def score_bias(self, layer: int, pos: Positions, context: Tensor | None = None) -> DistanceBias:
+        return DistanceBias(self.table)  # -m_h (i - j)

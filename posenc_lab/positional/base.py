@@ -3,25 +3,33 @@
 A scheme can act in three places of a memory transformer, and overrides only those it needs:
 
 1. ``embed``   the input embedding (absolute schemes add a position vector to ``E[x]``);
-2. ``attend``  the attention scores (relative schemes: a bias, a rotation of q/k, or XL's terms);
-3. ``attend``  the value aggregation (Shaw's ``a^V``), since it needs the probabilities.
+2. the attention scores: ``rotate`` q and k (RoPE), add a ``score_bias`` (ALiBi, T5, FIRE, FoX), or write
+   ``attend`` itself (XL, Shaw, CoPE, stick-breaking, PaTH);
+3. the value aggregation (Shaw's ``a^V``), in its own ``attend``, since it needs the probabilities.
 
-The default ``attend`` is ``scaled_dot_product_attention`` over ``rotate(q, k)`` plus an optional
-additive ``score_bias``. Schemes that only rotate (RoPE) or add a bias (ALiBi, T5) override one
-small method and keep SDPA; Shaw and XL override ``attend`` itself.
+The default ``attend`` is ``scaled_dot_product_attention`` over ``rotate(q, k)`` plus the ``score_bias``; a bias
+comes in one of three forms (``DistanceBias``, ``PairBias``, ``CumulativeBias``), each of which both attention
+paths read: SDPA as a dense tensor, the fused path (``fused.py``, flex_attention on CUDA) per pair. A scheme
+states its bias once and gets both.
 
-Positions are handed over, never guessed: the model builds one ``Positions`` per segment with the
-query positions ``i in [0, L)``, the key positions ``j in [-M, L)`` (memory keys are negative), the
-stream offset ``s`` of every stream and the visibility mask.
+Positions are handed over, never guessed: the model builds one ``Positions`` per segment with the query
+positions ``i in [0, L)``, the key positions ``j in [-M, L)`` (memory keys are negative), the stream offset
+``s`` of every stream and the visibility mask. Data-dependent schemes (FoX's gates, PaTH's transforms) also get
+the layer's input over the keys, ``context`` = [memory ; segment] (the states k and v are projected from), to
+project with their own parameters: the memory's part is the memory's own hidden states, so a memory position's
+gate or transform is the one it had as a segment position.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from . import fused
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,79 @@ def sinusoid_table(positions: Tensor, dim: int) -> Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+class ScoreBias:
+    """An additive bias b_ij of the scaled scores, q_i . k_j / sqrt(d_h) + b_ij, in the two forms the attention
+    paths read: ``dense`` for SDPA, ``score_mod`` for flex_attention (``fused.py``), which reads it per pair."""
+
+    def dense(self, pos: Positions) -> Tensor:
+        """The bias as a tensor broadcastable to [B, H, L, N]."""
+        raise NotImplementedError
+
+    def score_mod(self, pos: Positions, q: Tensor) -> Callable:
+        """(s, b, h, i, j) -> s + b_ij, for flex_attention; q: [B, H, L, d_h] (its dtype and sizes)."""
+        raise NotImplementedError
+
+
+@dataclass
+class DistanceBias(ScoreBias):
+    """b_h(i - j), a function of the distance alone (ALiBi, T5, KERPLE, Sandwich). ``table``: distances [...]
+    (integers >= 0) -> [H, ...]; SDPA reads it at every pair's distance, the fused path at the D + 1 distances
+    of ``fused.distances`` and each pair at its column."""
+
+    table: Callable[[Tensor], Tensor]
+
+    def dense(self, pos: Positions) -> Tensor:
+        return self.table(pos.distance.clamp(min=0))  # [H, L, N]; future keys (masked) at distance 0
+
+    def score_mod(self, pos: Positions, q: Tensor) -> Callable:
+        table, column = self.table(fused.distances(pos)).to(q.dtype), fused.column(pos)  # [H, D + 1]
+        return lambda s, b, h, i, j: s + table[h, column(i, j)]
+
+
+@dataclass
+class PairBias(ScoreBias):
+    """b_ij given for every pair: ``bias`` broadcastable to [B, H, L, N] (FIRE's [H, L, N]; a plain tensor from a
+    scheme's ``score_bias`` is read as this)."""
+
+    bias: Tensor
+
+    def dense(self, pos: Positions) -> Tensor:
+        return self.bias
+
+    def score_mod(self, pos: Positions, q: Tensor) -> Callable:
+        B, H, L, _ = q.shape
+        bias = self.bias.to(q.dtype)
+        bias = bias.view((1,) * (4 - bias.dim()) + bias.shape).expand(B, H, L, pos.visible.shape[1])
+        return lambda s, b, h, i, j: s + bias[b, h, i, j]
+
+
+@dataclass
+class CumulativeBias(ScoreBias):
+    """b_ij = C_i - C_j: a per-token term summed over the tokens j+1..i, given as its cumulative sum C over the
+    keys (FoX: C = cumsum of the log forget gates). ``cumulative``: [B, H, N] (fp32: C grows along the keys, and
+    only differences are used); query i sits at key column M + i. Dense it is [B, H, L, N]; the fused path reads
+    two entries of C per pair and never builds it."""
+
+    cumulative: Tensor
+
+    def dense(self, pos: Positions) -> Tensor:
+        C, M = self.cumulative, pos.visible.shape[1] - pos.visible.shape[0]
+        return C[..., M:, None] - C[..., None, :]  # [B, H, L, N]: C_{M+i} - C_j
+
+    def score_mod(self, pos: Positions, q: Tensor) -> Callable:
+        C, M = self.cumulative, pos.visible.shape[1] - pos.visible.shape[0]
+        return lambda s, b, h, i, j: s + (C[b, h, i + M] - C[b, h, j]).to(s.dtype)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, pos: Positions, bias: ScoreBias | None, dropout_p: float):
+    """softmax(q k^T / sqrt(d_h) + bias + mask) v through SDPA; q: [B, H, L, d_h], k, v: [B, H, N, d_h]."""
+    if bias is None:
+        mask = pos.visible  # bool masks keep SDPA's fused kernels available
+    else:
+        mask = bias.dense(pos).to(q.dtype) + mask_to_bias(pos.visible, q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
 class PositionalScheme(nn.Module):
     """Base class: no positional signal at all (causality alone), plain SDPA.
 
@@ -112,8 +193,8 @@ class PositionalScheme(nn.Module):
 
     name: str = "base"
     #: "absolute": positions are token indices added at the input (sinusoid, learned, global_sinusoid);
-    #: "relative": positions enter the attention, as distances i - j (shaw, xl, rope, xpos, alibi, t5, kerple_log,
-    #: kerple_power, sandwich, fire) or as counts over the keys between (cope);
+    #: "relative": positions enter the attention, as distances i - j (xl, rope, alibi, ...) or through what lies
+    #: between the two tokens (cope's counts, fox's gates, stickbreaking's stick, path's transforms);
     #: "none": no positional signal (nope). Analysis and reports group schemes by this, never by name.
     kind: str = "none"
     #: auto | fused | unfused: the attention path of the relative schemes (``fused.py``); set by the model
@@ -128,10 +209,6 @@ class PositionalScheme(nn.Module):
     #: Relative schemes: None if a score depends on its pair's content and distance i - j alone, so that the
     #: same content at the same distance scores the same wherever it sits (tests pin it); else why not.
     not_translation_invariant: str | None = None
-
-    @property
-    def absolute(self) -> bool:
-        return self.kind == "absolute"
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -160,37 +237,58 @@ class PositionalScheme(nn.Module):
         return h
 
     # -- 2. scores -------------------------------------------------------------------------
-    def rotate(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
+    # context: [B, N, D] the layer's input over the N keys, [memory ; segment] (what k and v are projected from),
+    # for schemes whose positions depend on the data; the model always passes it.
+    def rotate(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """q: [B, H, L, d_h], k: [B, H, N, d_h] -> the same, position-dependent. Default: unchanged."""
         return q, k
 
-    def score_bias(self, layer: int, pos: Positions) -> Tensor | None:
-        """Additive bias of the scaled scores, broadcastable to [B, H, L, N], or None."""
+    def score_bias(self, layer: int, pos: Positions, context: Tensor | None = None) -> ScoreBias | Tensor | None:
+        """The additive bias of the scaled scores (a ``ScoreBias``; a plain tensor broadcastable to [B, H, L, N]
+        is read as a ``PairBias``), or None. Default: None."""
         return None
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
+    def _bias(self, layer: int, pos: Positions, context: Tensor | None) -> ScoreBias | None:
+        bias = self.score_bias(layer, pos, context)
+        return PairBias(bias) if isinstance(bias, Tensor) else bias
+
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        pos: Positions,
+        dropout_p: float,
+        context: Tensor | None = None,
+    ) -> Tensor:
         """q: [B, H, L, d_h]; k, v: [B, H, N, d_h] -> [B, H, L, d_h].
 
-        softmax(q k^T / sqrt(d_h) + bias + mask) v, through SDPA.
+        softmax(rotate(q) rotate(k)^T / sqrt(d_h) + bias + mask) v: through flex_attention where the fused path
+        runs (a bias, ``fused.use_fused``), else SDPA.
         """
-        q, k = self.rotate(layer, q, k, pos)
-        bias = self.score_bias(layer, pos)
-        if bias is None:
-            mask = pos.visible  # bool masks keep SDPA's fused kernels available
-        else:
-            mask = bias.to(q.dtype) + mask_to_bias(pos.visible, q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        q, k = self.rotate(layer, q, k, pos, context)
+        bias = self._bias(layer, pos, context)
+        if bias is not None and fused.use_fused(self, q, k, dropout_p):
+            return fused.attend_bias(q, k, v, pos, bias.score_mod(pos, q))
+        return sdpa_attention(q, k, v, pos, bias, dropout_p)
 
-    def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+    def attention_probs(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+    ) -> Tensor:
         """[B, H, L, N] attention probabilities, for analysis (where the model looks).
 
         Attending over one-hot values returns the probabilities themselves, so every scheme whose
-        output is ``probs @ v`` gets this for free; schemes that add to the values override it.
+        output is ``probs @ v`` gets this for free (through SDPA, never flex); schemes that add to the values
+        override it.
         """
         B, H, _, _ = q.shape
         N = k.shape[2]
         one_hot = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
-        return PositionalScheme.attend(self, layer, q, k, one_hot, pos, dropout_p=0.0)  # SDPA, never flex
+        q, k = self.rotate(layer, q, k, pos, context)
+        return sdpa_attention(q, k, one_hot, pos, self._bias(layer, pos, context), 0.0)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

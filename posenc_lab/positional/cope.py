@@ -127,10 +127,21 @@ class CoPE(PositionalScheme):
         z = q @ self.embedding[layer].to(q.dtype).T  # [B, H, L, P + 1]: z_i[n] = q_i . e[n]
         return _CountedScores.apply(content, z).to(q.dtype)  # + q_i . e[p_ij]
 
-    def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+    def attention_probs(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+    ) -> Tensor:
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        pos: Positions,
+        dropout_p: float,
+        context: Tensor | None = None,
+    ) -> Tensor:
         probs = self.attention_probs(layer, q, k, pos)
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)

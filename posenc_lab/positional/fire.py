@@ -30,8 +30,7 @@ intercept of its piece (``mlp_pieces``): [H, L, N] scalars, exactly the MLP, its
 import torch
 from torch import Tensor, nn
 
-from . import fused
-from .base import Dims, PositionalScheme, Positions, project_
+from .base import Dims, PairBias, PositionalScheme, Positions, project_
 from .registry import register
 
 EPS = 1e-2  # lower bound of c
@@ -108,17 +107,12 @@ class FIRE(PositionalScheme):
         seen = pos.distance.masked_fill(~pos.visible, 0).amax(-1).to(c.dtype)  # [L] i: keys it sees before it
         return torch.log1p(c * distance) / torch.log1p(c * torch.maximum(threshold, seen))[:, None]
 
-    def score_bias(self, layer: int, pos: Positions) -> Tensor:
+    def score_bias(self, layer: int, pos: Positions, context: Tensor | None = None) -> PairBias:
         x = self.inputs(layer, pos)
         kinks, slope, intercept = mlp_pieces(self.mlp[layer])
         xd = x.detach().contiguous()
         piece = torch.searchsorted(kinks, xd) * (self.width + 1) + torch.searchsorted(kinks, xd, right=True)
-        return slope[:, piece] * x + intercept[:, piece]  # [H, L, N]: f_h(x) on the piece of x
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self, q, k, dropout_p):
-            return fused.attend_pair_bias(q, k, v, pos, self.score_bias(layer, pos))
-        return super().attend(layer, q, k, v, pos, dropout_p)
+        return PairBias(slope[:, piece] * x + intercept[:, piece])  # [H, L, N]: f_h(x) on the piece of x
 
     def extra_repr(self) -> str:
         return f"width={self.width}"

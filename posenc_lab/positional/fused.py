@@ -1,14 +1,15 @@
 """The fused attention path of the relative schemes: ``flex_attention``, no [B, H, L, N] probabilities.
 
 ``flex_attention`` computes softmax(q k^T / sqrt(d_h) + score_mod) v block by block (online softmax,
-as in FlashAttention) and differentiates into the tensors a ``score_mod`` reads. Every relative
-scheme here is a score_mod over the distance d = i - j + M (query i in [0, L), key column j in
-[0, N), N = M + L) plus the visibility mask as a block mask:
+as in FlashAttention) and differentiates into the tensors a ``score_mod`` reads. Every scheme with a
+score bias (``base.ScoreBias``) is a score_mod over the query i in [0, L) and the key column j in [0, N),
+N = M + L, plus the visibility mask as a block mask; xl and shaw have their own:
 
-    alibi  s + table[h, d]                  table = -m_h d                    [H, N]
+    alibi  s + table[h, d]                  table = -m_h d                    [H, N]   d = i - j + M
     t5     s + table[h, d]                  table = b_h(bucket(d))            [H, N]
     kerple_log, kerple_power, sandwich      the same, their kernel of d       [H, N]
     fire   s + bias[h, i, j]                bias = f(psi(d) / psi(max(L, i)))  [H, L, N]
+    fox    s + C[b, h, M + i] - C[b, h, j]  C = cumsum of the log forget gates  [B, H, N]
     xl     (q_i + u) . k_j / sqrt(d_h) + bd[b, h, i, d],
                                             bd = (q_i + v) . W_{k,R} R_d / sqrt(d_h)   [B, H, L, N]
     shaw   s + qa[b, h, i, min(d, K)],      qa = q_i . a^K_{K-d} / sqrt(d_h)           [B, H, L, K+1]
@@ -29,7 +30,7 @@ scheme's ``fused_from_keys`` says from how many keys (M + L) on: t5 always (its 
 the unfused step 2.2x slower), xl from 1024 (below, reading the [B, H, L, N] table in the kernel costs
 more than the softmax it saves), alibi and shaw never (SDPA with a fixed bias, and Shaw's per-distance
 correction, beat it). The schemes added later were not measured on a GPU; they follow the measured scheme
-they resemble: kerple_log, kerple_power and fire (a learned bias, whose gradient SDPA cannot give) as t5,
+they resemble: kerple_log, kerple_power, fire and fox (a learned bias, whose gradient SDPA cannot give) as t5,
 sandwich (a fixed bias) as alibi. On CPU training cannot use it, and for evaluation compiling costs 30-140 s per
 shape on 2 cores for a kernel that was no faster (docs/perf/LOG.md, table D).
 ``fused`` forces it (CPU: evaluation of xl, t5, alibi), failing with the
@@ -39,10 +40,14 @@ dropout is not part of flex_attention: with ``attn_dropout > 0`` the unfused pat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
-from .base import Positions
+if TYPE_CHECKING:  # base.py imports this module: its bias forms build their score_mods from the helpers here
+    from .base import Positions
 
 try:
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
@@ -141,7 +146,7 @@ def distances(pos: Positions) -> Tensor:
     return torch.arange(pos.max_distance, -1, -1, device=pos.q.device)
 
 
-def _column(pos: Positions):
+def column(pos: Positions):
     """(i, j) -> the table column of the pair, D - (q_i - k_j); future keys (masked anyway) read the distance-0
     column, so that every read is in bounds. Consecutive positions: L-1-i+j from the indices alone; with gaps
     the positions are read from q and k."""
@@ -153,35 +158,19 @@ def _column(pos: Positions):
     return lambda i, j: torch.minimum(D - (q[i] - k[j]), D)
 
 
-def attend_distance_bias(q: Tensor, k: Tensor, v: Tensor, pos: Positions, table: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d_h) + table[h, col(i, j)]) v.  table: [H, D + 1], column c: distance D-c
-    (``distances``)."""
-    column, table = _column(pos), table.to(q.dtype)
-
-    def score_mod(s, b, h, i, j):
-        return s + table[h, column(i, j)]
-
-    return _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask(pos))
-
-
-def attend_pair_bias(q: Tensor, k: Tensor, v: Tensor, pos: Positions, bias: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d_h) + bias[h, i, j]) v.  bias: [H, L, N], one scalar per head and pair (a bias
-    that is no function of the distance alone: FIRE's)."""
-    bias = bias.to(q.dtype)
-
-    def score_mod(s, b, h, i, j):
-        return s + bias[h, i, j]
-
+def attend_bias(q: Tensor, k: Tensor, v: Tensor, pos: Positions, score_mod: Callable) -> Tensor:
+    """softmax(q k^T / sqrt(d_h) + b_ij) v, ``score_mod`` adding b_ij per pair: a ``ScoreBias``'s (base.py: a
+    per-distance table read at the pair's ``column``, a per-pair tensor, or two entries of a cumulative sum)."""
     return _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask(pos))
 
 
 def attend_xl(q_u: Tensor, k: Tensor, v: Tensor, pos: Positions, bd: Tensor) -> Tensor:
     """softmax((q_i + u) . k_j / sqrt(d_h) + bd[b, h, i, col(i, j)]) v.  q_u: q + u;
     bd: [B, H, L, D + 1] (b)+(d) already scaled, column c: distance D-c (``distances``)."""
-    column = _column(pos)
+    pair_column = column(pos)
 
     def score_mod(s, b, h, i, j):
-        return s + bd[b, h, i, column(i, j)]
+        return s + bd[b, h, i, pair_column(i, j)]
 
     return _flex()(q_u, k, v, score_mod=score_mod, block_mask=block_mask(pos))
 

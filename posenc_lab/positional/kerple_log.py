@@ -15,11 +15,12 @@ the log kernel (r1 in [0, 1), r2 in [0, 2) for the power), so that heads start a
 keys sit at their true negative positions, so their distances run past L as in one long sequence.
 """
 
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
-from . import fused
-from .base import Dims, PositionalScheme, Positions, project_
+from .base import Dims, DistanceBias, PositionalScheme, Positions, project_
 from .registry import register
 
 EPS = 1e-2  # the authors' lower bound of r1 and r2
@@ -51,10 +52,5 @@ class KerpleLog(PositionalScheme):
         shape = (-1,) + (1,) * d.dim()
         return self.kernel(r1.view(shape), r2.view(shape), d.to(r1.dtype))
 
-    def score_bias(self, layer: int, pos: Positions) -> Tensor:
-        return self.bias(layer, pos.distance.clamp(min=0))  # [H, L, N]; future keys (masked) at distance 0
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self, q, k, dropout_p):  # b_h(d) per distance, [H, D + 1]
-            return fused.attend_distance_bias(q, k, v, pos, self.bias(layer, fused.distances(pos)))
-        return super().attend(layer, q, k, v, pos, dropout_p)
+    def score_bias(self, layer: int, pos: Positions, context: Tensor | None = None) -> DistanceBias:
+        return DistanceBias(partial(self.bias, layer))  # b_h(i - j)

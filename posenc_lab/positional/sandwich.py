@@ -16,8 +16,7 @@ tensor is built: the bias is a table over the distances, indexed per pair.
 import torch
 from torch import Tensor
 
-from . import fused
-from .base import Dims, PositionalScheme, Positions, sinusoid_table
+from .base import Dims, DistanceBias, PositionalScheme, Positions, sinusoid_table
 from .registry import register
 
 
@@ -43,14 +42,9 @@ class Sandwich(PositionalScheme):
         pe_dot = sinusoid_table(d, self.dim)[:, self.dim // 2 :].sum(-1)  # sum_k cos(w_k d): PE(d)'s cos half
         return (pe_dot - self.dim / 2) / self.head_scale[:, None]
 
-    def score_bias(self, layer: int, pos: Positions) -> Tensor:
+    def score_bias(self, layer: int, pos: Positions, context: Tensor | None = None) -> DistanceBias:
         table = self.table(torch.arange(pos.max_distance + 1, device=pos.q.device))  # [H, D + 1], column d
-        return table[:, pos.distance.clamp(min=0)]  # [H, L, N]; future keys (masked) at distance 0
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self, q, k, dropout_p):
-            return fused.attend_distance_bias(q, k, v, pos, self.table(fused.distances(pos)))
-        return super().attend(layer, q, k, v, pos, dropout_p)
+        return DistanceBias(lambda d: table[:, d])  # read at each distance, not rebuilt per pair
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"

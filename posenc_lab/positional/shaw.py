@@ -164,10 +164,21 @@ class Shaw(PositionalScheme):
         e = q @ (k + a_key[0]).transpose(-1, -2)
         return _AddNearScores.apply(e, near, mask_to_bias(pos.visible, q.dtype))
 
-    def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+    def attention_probs(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+    ) -> Tensor:
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        pos: Positions,
+        dropout_p: float,
+        context: Tensor | None = None,
+    ) -> Tensor:
         if fused.use_fused(self, q, k, dropout_p, needs_lse=True):
             # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
             rows = self.a_key[layer].to(q.dtype)[self.K - torch.arange(self.K + 1, device=q.device)]

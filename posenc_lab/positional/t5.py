@@ -9,8 +9,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from . import fused
-from .base import Dims, PositionalScheme, Positions
+from .base import Dims, DistanceBias, PositionalScheme, Positions
 from .registry import register
 
 
@@ -40,15 +39,12 @@ class T5Bias(PositionalScheme):
         self.n_buckets, self.max_distance = n_buckets, max_distance
         self.bias = nn.Parameter(torch.zeros(n_buckets, dims.n_head))  # b[bucket, h]
 
-    def score_bias(self, layer: int, pos: Positions) -> Tensor:
-        buckets = t5_bucket(pos.distance, self.n_buckets, self.max_distance)  # [L, N]
-        return self.bias[buckets].permute(2, 0, 1)  # [H, L, N]: b_h(bucket(i - j))
+    def table(self, d: Tensor) -> Tensor:
+        """d: [...] distances -> [H, ...] b_h(bucket(d))."""
+        return self.bias[t5_bucket(d, self.n_buckets, self.max_distance)].movedim(-1, 0)
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
-        if fused.use_fused(self, q, k, dropout_p):  # b_h(bucket(d)) per distance, [H, N]
-            table = self.bias[t5_bucket(fused.distances(pos), self.n_buckets, self.max_distance)].T
-            return fused.attend_distance_bias(q, k, v, pos, table)
-        return super().attend(layer, q, k, v, pos, dropout_p)
+    def score_bias(self, layer: int, pos: Positions, context: Tensor | None = None) -> DistanceBias:
+        return DistanceBias(self.table)  # b_h(bucket(i - j))
 
     def extra_repr(self) -> str:
         return f"n_buckets={self.n_buckets}, max_distance={self.max_distance}"

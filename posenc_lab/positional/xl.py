@@ -146,10 +146,21 @@ class XLRelative(PositionalScheme):
         # the mask as an additive -inf: its backward is the identity (a masked_fill's costs a pass)
         return a.add_(mask_to_bias(pos.visible, q.dtype)).view(B, H, L, N)
 
-    def attention_probs(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+    def attention_probs(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+    ) -> Tensor:
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: Positions, dropout_p: float) -> Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        pos: Positions,
+        dropout_p: float,
+        context: Tensor | None = None,
+    ) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
         # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path: fused.py.
         if fused.use_fused(self, q, k, dropout_p):

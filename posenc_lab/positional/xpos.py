@@ -43,7 +43,9 @@ class XPos(RoPE):
         """[P, d_h] zeta_c^{(p - centre)/B}."""
         return torch.exp((positions.to(torch.float32) - centre)[:, None] / self.scale_base * self.log_zeta).to(dtype)
 
-    def rotate(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         cos_q, sin_q = self._cos_sin(pos.q, q.dtype)
         cos_k, sin_k = self._cos_sin(pos.k, k.dtype)
         centre = (pos.k[0] + pos.q[-1]).to(torch.float32) / 2  # the exponents' zero: the middle of the span
