@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from .. import config_dir
 from ..defaults import group_option, group_options
 from ..model import ModelConfig
