@@ -1,7 +1,9 @@
 """``posenc-lab compare A B``: is my variant better than the baseline? Each side is a run directory, or a folder
-of runs equal but for their seed (a cell). Every run is evaluated as trained on the same test tokens
-(``dumps.as_trained``) and the difference of the two sides' mean loss is given with its interval, seeds and
-documents as the units (``stats.paired_difference``), beside each side's own figure.
+of runs equal but for their seed (a cell). Every run is evaluated as trained on the same tokens of
+the val split (``--split test`` on request: the test split is the report's, kept for the verdicts), by
+``dumps.as_trained``, and the difference of the two sides' mean loss is given with its interval, seeds and the
+text's independent units (families on a corpus split by family, documents elsewhere) as the units
+(``stats.paired_difference``), beside each side's own figure.
 
     posenc-lab compare runs/my_variant runs/baseline
     posenc-lab compare runs/ablate/ablation/runs/xl_mem32_full_seed0 runs/ablate/ablation/runs/xl_mem0_full_seed0
@@ -91,7 +93,7 @@ def compare(a: list[Run], b: list[Run], settings: AsTrained, split: str, work: P
         for r in runs:
             log(f"  evaluating {name}: {r.label} ({r.path})")
             dumps[str(r.path)] = as_trained(r, settings, split, work / f"{name}_{r.name}.npz", log)
-    documents = same_tokens(dumps)
+    units = same_tokens(dumps)
     xa, xb = stack([dumps[str(r.path)] for r in a]), stack([dumps[str(r.path)] for r in b])
     unit = a[0].unit
     unit_name, scale = figure_scale(unit)
@@ -99,11 +101,12 @@ def compare(a: list[Run], b: list[Run], settings: AsTrained, split: str, work: P
         "figure": figure_name(unit),
         "unit": unit_name,
         "corpus_unit": unit,
-        "a": mean_interval(xa, documents, level),
-        "b": mean_interval(xb, documents, level),
-        "difference": paired_difference(xa, xb, documents, level).scaled(scale),
-        "tokens": len(documents),
-        "documents": len(np.unique(documents)),
+        "a": mean_interval(xa, units, level),
+        "b": mean_interval(xb, units, level),
+        "difference": paired_difference(xa, xb, units, level).scaled(scale),
+        "tokens": len(units),
+        "units": len(np.unique(units)),
+        "unit_kind": a[0].corpus().units_name(split),
     }
 
 
@@ -114,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("a", type=Path, help="a run directory, or a folder of one cell's seeds")
     p.add_argument("b", type=Path, help="the baseline: a run directory, or a folder of one cell's seeds")
     d = structured(AsTrained, conf_block("trained"), "ablate.analysis.trained")  # the report's as-trained sample
-    split, level = conf_block("split"), conf_block("level")
+    split, level = "val", conf_block("level")  # iterating on a variant reads val; the report's split is test
     p.add_argument("--split", default=split, choices=("val", "test"), help=f"the held-out text (default: {split})")
     p.add_argument("--n-streams", type=int, default=d.n_streams, help="streams spread over the split")
     p.add_argument("--n-tokens", type=int, default=d.n_tokens, help="scored tokens per stream")
@@ -139,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = figure_text(r[name.lower()], r["corpus_unit"])
         print(f"{name}: {path} ({len(runs)} seed(s)): {args.split} {r['figure']} {shown}")
     print(
-        f"A - B: {d.text(4)} {r['unit']} ({d.level:.0%} interval over seeds and {r['documents']} documents, "
+        f"A - B: {d.text(4)} {r['unit']} ({d.level:.0%} interval over seeds and {r['units']} {r['unit_kind']}, "
         f"{r['tokens']:,} tokens; t with {d.df:.1f} df); one-sided p that A is lower: {d.p_value('<0'):.3g}, "
         f"higher: {d.p_value('>0'):.3g}"
     )

@@ -1,6 +1,7 @@
 """Per-token losses of trained runs on held-out text: the data source of every verdict, of Table 6, of
 RECL and of the recall probe. Every run of a group is scored on the same tokens (the paired design of
-``stats.paired_difference``), and every token carries its document.
+``stats.paired_difference``), and every token carries its document and its unit of independence (its family
+on a corpus split by family, ``Corpus.families``; its document elsewhere): the units of every interval.
 
 Two evaluations:
 
@@ -29,6 +30,9 @@ from posenc_lab.context import context_losses, stream_losses, stream_rows
 from posenc_lab.io import CorruptFileError, load_npz, save_npz
 
 from .runs import Run, RunError
+
+# what a dump's ``units`` are; in its meta, so that a dump of before (units: documents) is computed again
+UNITS = "family"
 
 
 @dataclass
@@ -88,12 +92,14 @@ class ContextSettings:
 
 @dataclass
 class TokenLosses:
-    """One run's dump. loss, correct: [n_c, rows, n] (n_c = 1 as trained); documents, scored, distance:
-    [rows, n]; contexts: [n_c] (as trained: the run's own attention length); not_served: c -> the reason."""
+    """One run's dump. loss, correct: [n_c, rows, n] (n_c = 1 as trained); documents, units, scored, distance:
+    [rows, n]; contexts: [n_c] (as trained: the run's own attention length); not_served: c -> the reason.
+    ``units``: each target's family (``Corpus.families``), the clusters of the intervals."""
 
     loss: np.ndarray
     correct: np.ndarray
     documents: np.ndarray
+    units: np.ndarray
     scored: np.ndarray
     distance: np.ndarray
     contexts: list[int]
@@ -113,6 +119,11 @@ class TokenLosses:
     def token_documents(self) -> np.ndarray:
         """[tokens] the document of each scored token (row by row)."""
         return self.documents[self.scored]
+
+    @property
+    def token_units(self) -> np.ndarray:
+        """[tokens] the unit (family) of each scored token (row by row): the clusters of every interval."""
+        return self.units[self.scored]
 
 
 def _fingerprint(run: Run) -> dict:
@@ -145,6 +156,7 @@ def _write(path: Path, d: TokenLosses) -> TokenLosses:
         loss=d.loss.astype(np.float32),
         correct=d.correct,
         documents=d.documents,
+        units=d.units,
         scored=d.scored,
         distance=d.distance,
         contexts=np.array(d.contexts),
@@ -165,6 +177,7 @@ def read_dump(path: Path) -> TokenLosses:
         z["loss"],
         z["correct"],
         z["documents"],
+        z["units"] if "units" in z else z["documents"],  # a dump of before the units: its meta makes it stale
         z["scored"].astype(bool),
         z["distance"],
         z["contexts"].tolist(),
@@ -179,7 +192,7 @@ def _side(side: dict, key: str, positions: np.ndarray, default) -> np.ndarray:
 
 def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> TokenLosses:
     """The run evaluated as trained on ``s.n_streams`` x ``s.n_tokens`` targets of ``split`` (module doc)."""
-    meta = {**_fingerprint(run), "kind": "as_trained", "split": split, **asdict(s)}
+    meta = {**_fingerprint(run), "kind": "as_trained", "split": split, "units": UNITS, **asdict(s)}
     if (d := _reuse(path, meta, log)) is not None:
         return d
     data, side = run.split(split)
@@ -197,6 +210,7 @@ def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> Tok
         loss=res.loss.numpy()[None],
         correct=res.correct.numpy()[None],
         documents=run.corpus().documents(split)[targets],
+        units=run.corpus().families(split)[targets],
         scored=_side(side, "loss_mask", targets, True).astype(bool),
         distance=_side(side, "distance", targets, -1).astype(np.int64),
         contexts=[run.train_attention_length],
@@ -208,7 +222,14 @@ def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> Tok
 def at_contexts(run: Run, s: AtContexts, path: Path, log=print) -> TokenLosses:
     """Per-token losses of ``run`` at every context length of ``s.contexts`` (module doc)."""
     mode = "memory" if run.recurrence else "window"
-    meta = {**_fingerprint(run), "kind": "at_contexts", "mode": mode, **asdict(s), "contexts": list(s.contexts)}
+    meta = {
+        **_fingerprint(run),
+        "kind": "at_contexts",
+        "mode": mode,
+        "units": UNITS,
+        **asdict(s),
+        "contexts": list(s.contexts),
+    }
     if (d := _reuse(path, meta, log)) is not None:
         return d
     data, side = run.split(s.split)
@@ -243,6 +264,7 @@ def at_contexts(run: Run, s: AtContexts, path: Path, log=print) -> TokenLosses:
         loss=np.stack(loss),
         correct=np.stack(correct),
         documents=run.corpus().documents(s.split)[targets],
+        units=run.corpus().families(s.split)[targets],
         scored=_side(side, "loss_mask", targets, True).astype(bool),
         distance=_side(side, "distance", targets, -1).astype(np.int64),
         contexts=list(s.contexts),
@@ -253,15 +275,15 @@ def at_contexts(run: Run, s: AtContexts, path: Path, log=print) -> TokenLosses:
 
 
 def same_tokens(dumps: dict[str, TokenLosses]) -> np.ndarray:
-    """The documents of the scored tokens shared by every dump of a group; RunError if the dumps score
-    different tokens (they cannot be paired)."""
+    """The units (families, ``TokenLosses.units``) of the scored tokens shared by every dump of a group; RunError
+    if the dumps score different tokens (they cannot be paired)."""
     first = next(iter(dumps.values()))
     for name, d in dumps.items():
         if d.scored.shape != first.scored.shape or not np.array_equal(d.scored, first.scored):
             raise RunError(f"dump of {name} scores other tokens than the rest of its group: evaluate the group alike")
         if not np.array_equal(d.documents, first.documents):
             raise RunError(f"dump of {name} has other documents than the rest of its group: evaluate the group alike")
-    return first.token_documents
+    return first.token_units
 
 
 def stack(dumps: list[TokenLosses], c: int | None = None, correct: bool = False) -> np.ndarray:

@@ -59,7 +59,7 @@ def recall_beyond(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) ->
     d0 = dumps[first.name]
     beyond = beyond_segment(first, d0)
     answered = d0.scored & (d0.distance >= 0)
-    documents = d0.documents[answered][beyond]
+    documents = d0.units[answered][beyond]
     values = {
         c: np.stack([dumps[r.name].correct[0][answered][beyond].astype(np.float64) for r in g])
         for c, g in cells.items()

@@ -74,7 +74,7 @@ def _row(run: Run, axis: str, length: int, factor: float, loss: float | None = N
 
 
 def _targets(run: Run, split: str, n_rows: int, row_len: int, first: int = 0):
-    """(rows [n_rows, row_len + 1] tokens, documents [n_rows, row_len - first], scored mask [same]) of
+    """(rows [n_rows, row_len + 1] tokens, units [n_rows, row_len - first] (families), scored mask [same]) of
     ``stream_rows``' layout, for the targets from position ``first`` of each row on."""
     data, side = run.split(split)
     rows = stream_rows(data, n_rows, row_len)
@@ -83,7 +83,7 @@ def _targets(run: Run, split: str, n_rows: int, row_len: int, first: int = 0):
     scored = (
         np.asarray(side["loss_mask"])[targets].astype(bool) if "loss_mask" in side else np.ones(targets.shape, bool)
     )
-    return rows, run.corpus().documents(split)[targets], scored
+    return rows, run.corpus().families(split)[targets], scored
 
 
 def segment_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -> list[dict]:

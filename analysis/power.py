@@ -72,3 +72,33 @@ def planned(
     df = V**2 / (2 * v_seed**2 / (n_seeds - 1) + (v_text**2 / df_text if v_text > 0 else 0.0))
     se = float(np.sqrt(V))
     return {"n_seeds": n_seeds, "se": se, "df": float(df), "detectable": detectable(se, df, alpha, power)}
+
+
+def scored_layout(family_sizes: Sequence[int], n_scored: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, family) of the units an as-trained evaluation of ``n_scored`` tokens spread evenly over a split
+    scores: each family's share of the split's tokens (``Corpus.family_sizes``), one "file" per family."""
+    sizes = np.asarray(family_sizes, dtype=float)
+    tokens = np.maximum(1, np.round(sizes / sizes.sum() * n_scored)).astype(int)
+    return tokens, np.arange(len(tokens))
+
+
+def plan_lines(family_sizes: Sequence[int], n_scored: int, seeds: Sequence[int], n_verdicts: int, alpha: float, comps):
+    """What ``posenc-lab ablate --plan`` says a study can detect: for each number of seeds a cell, the smallest
+    difference of two cells that a verdict tested at Holm's first step (alpha / (2 m): the strictest) finds with
+    80% power, at the measured components ``comps`` (``coverage.MEASURED``) on the split's families. The
+    intra-family correlation of the components is used; the cell-by-file SD is that of the closest pairs."""
+    tokens, family = scored_layout(family_sizes, n_scored)
+    share = tokens.max() / tokens.sum()
+    level = alpha / (2 * max(1, n_verdicts))
+    out = [
+        f"# power: {len(tokens)} families in the scored tokens (the largest {share:.1%}), {n_verdicts} verdicts "
+        f"(Holm's first step: one-sided alpha {level:.2g}); measured components: seed SD {comps.default_seed_sd} "
+        f"nats, cell-by-file SD {comps.file_sd} nats, intra-family correlation {comps.icc}"
+    ]
+    for n in seeds:
+        if n < 2:
+            out.append(f"#   {n} seed a cell: no verdict is judged (one seed has no spread)")
+            continue
+        p = planned(comps.default_seed_sd, comps.file_sd, comps.icc, tokens, family, n, level)
+        out.append(f"#   {n} seeds a cell: detects a difference of {p['detectable']:.4f} nats with 80% power")
+    return out

@@ -41,7 +41,7 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +147,8 @@ class ReclResult:
     replicates: np.ndarray
     names: list[str]
     r_values: tuple[float, ...]
+    # the smooth estimand: (cell with memory, cell without, c_max, Difference of the areas in nats), see areas()
+    areas: list = field(default_factory=list)
 
     def difference(self, a: str, b: str, r: float, level: float = 0.95) -> tuple[float, float, float]:
         """RECL(a) - RECL(b) at r: the point value and the percentile interval of the same replicates."""
@@ -301,6 +303,24 @@ def area_per_token(
                 hard = np.argsort(-b, kind="stable")[: max(1, int(round(r * n_t)))]
                 h = np.minimum(b[hard], stack[i, k, hard]) - np.minimum(b[hard], stack[i, k2, hard])
                 out[m][s, hard] += h * n_t / len(hard)
+    return out
+
+
+def memory_areas(per_seed: dict[str, np.ndarray], contexts, units, pairs, served, level: float = 0.95) -> list:
+    """For each (a, b) of ``pairs`` (a cell with memory, the same without): the difference of their areas under
+    the log-gain curve (``area_per_token``, r = 1) up to the longest c both serve (``served``: cell -> the
+    contexts it serves), judged by ``stats.paired_difference`` over seeds and ``units`` [tokens]. Returns
+    [(a, b, c_max, Difference)]."""
+    from .stats import paired_difference
+
+    out = []
+    for a, b in pairs:
+        both = [c for c in contexts if c in served[a] and c in served[b]]
+        if len(both) < 2:
+            continue
+        c_max = max(both)
+        area = area_per_token(per_seed, contexts, c_max=c_max)
+        out.append((a, b, c_max, paired_difference(area[a], area[b], units, level)))
     return out
 
 

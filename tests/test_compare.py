@@ -42,7 +42,7 @@ def test_compare_prints_perplexity_on_a_word_corpus(word_runs, tmp_path, capsys)
     out = capsys.readouterr().out
     shown = {}
     for side in ("A", "B"):
-        found = re.search(rf"^{side}: .* test ppl (\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]$", out, re.M)
+        found = re.search(rf"^{side}: .* val ppl (\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]$", out, re.M)
         assert found, out
         shown[side] = [float(x) for x in found.groups()]
         (dump,) = tmp_path.glob(f"{side}_*.npz")

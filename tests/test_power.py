@@ -3,6 +3,8 @@ and units it had or planned from measured components."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -46,3 +48,22 @@ def test_more_seeds_help_on_a_designed_split_not_on_todays():
     assert better[1]["detectable"] < better[0]["detectable"] < today[0]["detectable"]
     with pytest.raises(ValueError, match="at least 2 seeds"):
         planned(file_tokens=lay.file_tokens, file_family=lay.file_family, n_seeds=1, **kw)
+
+
+def test_the_plan_states_what_each_seed_count_detects_and_a_dominant_family_costs_power():
+    """`ablate --plan`'s lines (power.plan_lines): one per seed count, the detectable effect falling with seeds;
+    on a split where one family holds most of the tokens the same study detects less; one seed is no verdict."""
+    from posenc_lab_analysis.coverage import MEASURED
+    from posenc_lab_analysis.power import plan_lines
+
+    def effects(sizes, seeds):
+        lines = plan_lines(sizes, 262_144, seeds, 7, 0.05, MEASURED)
+        assert lines[0].startswith(f"# power: {len(sizes)} families")
+        return [float(x) for line in lines[1:] for x in re.findall(r"difference of (\d+\.\d+) nats", line)]
+
+    even = [1000] * 40
+    three, five, eight = effects(even, [3, 5, 8])
+    assert three > five > eight > 0
+    (dominated,) = effects([40_000] + [1000] * 39, [5])
+    assert dominated > 1.3 * five
+    assert "no verdict is judged" in plan_lines(even, 262_144, [1], 7, 0.05, MEASURED)[1]

@@ -207,3 +207,19 @@ def test_per_seed_gain_curves_keep_one_models_noise_whatever_the_seeds():
     one = seed_gains({m: x[:1] for m, x in g.items()}, CONTEXTS, r=0.5)["flat"][0]
     assert seed_gains(g, CONTEXTS, r=0.5)["flat"].shape == (3, len(CONTEXTS) - 1)
     assert np.abs(three - one).max() < 0.01 and abs(three.mean()) < 0.005
+
+
+def test_memory_areas_stop_at_the_longest_context_both_cells_serve():
+    """The report's smooth estimand (recl.memory_areas): a memory gain between c = 32 and 64 is found over
+    seeds and units; the area stops at the longest c the cell without memory serves (a window cap at 48 leaves
+    half the extra gain out, so the difference is smaller, still found); no pair served twice is no line."""
+    from posenc_lab_analysis.recl import memory_areas
+
+    group = _memory_group(np.random.default_rng(3), 0.02)
+    everywhere = {m: list(CONTEXTS) for m in group}
+    ((a, b, c_max, full),) = memory_areas(group, CONTEXTS, DOCS, [("with", "without")], everywhere)
+    assert (a, b, c_max) == ("with", "without", CONTEXTS[-1]) and full.low > 0 and full.covers_seeds
+    capped = {**everywhere, "without": [c for c in CONTEXTS if c <= 48]}
+    ((_, _, c_cap, part),) = memory_areas(group, CONTEXTS, DOCS, [("with", "without")], capped)
+    assert c_cap == 48 and 0 < part.low and part.estimate < 0.75 * full.estimate
+    assert memory_areas(group, CONTEXTS, DOCS, [("with", "without")], {**everywhere, "without": [8]}) == []

@@ -303,8 +303,8 @@ def test_compare_two_runs_and_refuse_what_cannot_be_compared(tiny, tmp_path, cap
         == 0
     )
     out = capsys.readouterr().out
-    a = float(re.search(r"A: .* test bpb (\d+\.\d+)", out).group(1))
-    b = float(re.search(r"B: .* test bpb (\d+\.\d+)", out).group(1))
+    a = float(re.search(r"A: .* val bpb (\d+\.\d+)", out).group(1))
+    b = float(re.search(r"B: .* val bpb (\d+\.\d+)", out).group(1))
     diff = float(re.search(r"A - B: ([-+]\d+\.\d+) \[", out).group(1))
     assert diff == pytest.approx(a - b, abs=2e-4) and "one seed" in out
     assert len(list((tmp_path / "dumps").glob("*.npz"))) == 2

@@ -74,6 +74,32 @@ def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
     return out, specs, {s.name: status(s, configs[s.name], out.run(s.name)) for s in specs}, jobs
 
 
+def _power_lines(cfg, specs) -> list[str]:
+    """The plan's power statement (``power.plan_lines``): the seeds of its main corpus's cells, the test split's
+    families, the verdicts of conf/paper.yaml and the measured components."""
+    from ..coverage import MEASURED
+    from ..power import plan_lines
+    from ..runs import load_corpus_cached
+    from ..verdicts import paper
+
+    main_cells = [s for s in specs if not s.group]
+    if not main_cells:
+        return []
+    seeds = sorted({len(v) for k, v in seeds_by_cell(main_cells).items()})
+    corpus = load_corpus_cached(cfg.data.name, cfg.data.get("root"), OmegaConf.to_container(cfg.data.corpus or {}))
+    t = cfg.ablate.analysis.trained
+    config = paper()
+    n_scored = int(t.n_streams) * int(t.n_tokens)
+    return plan_lines(
+        corpus.family_sizes("test"),
+        n_scored,
+        seeds,
+        len(config["verdicts"]),
+        float(config.get("alpha", 0.05)),
+        MEASURED,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     flags = [x for x in argv if x.startswith("--")]
@@ -103,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"# {len(specs)} runs into {out.runs} ({jobs} at a time):")
         for sp in specs:
             print(f"#   {sp.name} ({statuses[sp.name]}): posenc-lab train {' '.join(sp.overrides)}")
+        if "--plan" in flags:
+            for line in _power_lines(cfg, specs):
+                print(line)
         return 0
     with contextlib.ExitStack() as held:
         try:

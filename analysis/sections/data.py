@@ -63,12 +63,18 @@ class Data(Section):
         n_split = len(corpus.split(split))
         scored = int(m.dump.scored.sum())
         docs = len(np.unique(m.dump.token_documents))
+        units = np.bincount(np.unique(m.dump.token_units, return_inverse=True)[1])
+        unit_kind = corpus.units_name(split)
         total_docs = int(corpus.documents(split).max()) + 1
         unit = "files" if corpus.document_separator is not None else "chunks of 4,096 tokens"
         text = (
             f"Corpus `{run.corpus_name}`, {split} split: {n_split:,} tokens in {total_docs} documents ({unit}). "
             f"The as-trained evaluation scores {scored:,} tokens ({scored / n_split:.0%} of the split) from "
-            f"{docs} documents, the same tokens for each of the {m.n_runs} runs. Verbatim overlap with train: "
+            f"{docs} documents, the same tokens for each of the {m.n_runs} runs. They fall in {len(units)} "
+            f"{unit_kind}, "
+            "the independent units of every interval of the report, the largest holding "
+            f"{units.max() / units.sum():.1%} "
+            f"of them (a unit that holds most of the text makes the intervals wide). Verbatim overlap with train: "
             f"{float(m.shared.mean()):.1%} of the scored tokens have their preceding {WINDOW} tokens somewhere in "
             f"train ({float(m.shared_long.mean()):.1%} for {2 * WINDOW} tokens)."
             + (

@@ -8,8 +8,9 @@ import pandas as pd
 
 from .. import plots
 from ..dumps import same_tokens
-from ..recl import R_VALUES, ReclResult, recl, recl_text
+from ..recl import R_VALUES, ReclResult, interval_text, memory_areas, recl, recl_text
 from ..runs import Run
+from ..stats import p_text
 from .base import Figure, Part, Section, Table, register
 
 
@@ -44,9 +45,7 @@ def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float,
                 for r in res.r_values:
                     est, lo, hi = res.difference(c, o, r, level)
                     holds_zero |= bool(np.isfinite(est) and lo <= 0 <= hi)
-                    parts.append(
-                        f"r = {r:g}: {est:+.0f} [{lo:+.0f}, {hi:+.0f}]" if np.isfinite(est) else f"r = {r:g}: n/a"
-                    )
+                    parts.append(f"r = {r:g}: {interval_text(est, lo, hi, step)}")
                 lines.append(f"RECL of {c} minus {o} (tokens, paired replicates): " + "; ".join(parts) + ".")
     if holds_zero:
         lines.append(
@@ -55,6 +54,30 @@ def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float,
             "or more scored rows (`n_rows`) can separate them if they differ."
         )
     return lines
+
+
+def _memory_pairs(cells: dict[str, list[Run]]) -> list[tuple[str, str]]:
+    """(with memory, without) of each scheme and loss that has both."""
+    return [
+        (c, o)
+        for c, g in cells.items()
+        if g[0].recurrence
+        for o, h in cells.items()
+        if h[0].scheme == g[0].scheme and not h[0].recurrence and h[0].loss == g[0].loss
+    ]
+
+
+def area_lines(res: ReclResult, step: int) -> list[str]:
+    """The smooth estimand of memory (``recl.memory_areas``), one line per pair."""
+    return [
+        f"Area under the gain curve (r = 1, c up to {c_max}, nats; over seeds and text units, "
+        f"`stats.paired_difference`) of {a} minus {b}: {d.text(4)}, one-sided p that memory gains more: "
+        f"{p_text(d.p_value('>0'), d.df)}"
+        + ("" if d.covers_seeds else " (one seed a cell: the text only)")
+        + f". The area sums the gains over the grid (step {step}): no threshold and no grid step in it, so it "
+        "resolves a difference that RECL's crossing cannot."
+        for a, b, c_max, d in res.areas
+    ]
 
 
 def seed_caveat(cells: dict[str, list[Run]]) -> str:
@@ -73,13 +96,17 @@ class Recl(Section):
     def measure(self, ctx) -> ReclResult:
         g, context = ctx.group, ctx.shared.context
         at_c = g.at_contexts
-        ctx.log("  RECL (bootstrap over documents and seeds)")
+        ctx.log("  RECL (bootstrap over the text's units and seeds)")
         contexts = next(iter(at_c.values())).contexts
         k = [contexts.index(c) for c in g.grid]
         per_seed = {
             c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in runs]) for c, runs in g.cells.items()
         }
-        return recl(per_seed, g.grid, same_tokens(at_c), n_boot=context.n_boot, level=ctx.shared.level)
+        units = same_tokens(at_c)
+        res = recl(per_seed, g.grid, units, n_boot=context.n_boot, level=ctx.shared.level)
+        served = {c: [x for x in g.grid if x not in at_c[runs[0].name].not_served] for c, runs in g.cells.items()}
+        res.areas = memory_areas(per_seed, g.grid, units, _memory_pairs(g.cells), served, ctx.shared.level)
+        return res
 
     def render(self, ctx, res: ReclResult) -> Part:
         g, grid, level, n_boot = ctx.group, ctx.group.grid, ctx.shared.level, ctx.shared.context.n_boot
@@ -88,19 +115,20 @@ class Recl(Section):
         text = (
             f"RECL (Transformer-XL appendix C) of this group, from per-token losses at attention lengths c = "
             f"{grid[0]}..{grid[-1]} (step {grid[1] - grid[0]}) on {len(documents):,} scored tokens of the test split "
-            f"in {len(np.unique(documents))} documents: runs with memory use memory c with the same-length mask, runs "
+            f"in {len(np.unique(documents))} units (families, or documents): runs with memory use memory c with the "
+            "same-length mask, runs "
             f"without a sliding window of c tokens. One model per cell (its seeds' mean loss). Two changes to the "
             f"paper's estimator, so that noise cannot fake a gain: the baseline of model m is the best of the *other* "
             f"models (leave-one-out: a model that gains nothing then gains nothing in expectation), and the gain "
             f"curve is fitted by a non-increasing function of c before the first c below 1% is read. '>c': the "
             f"fitted gain stayed above 1% up to the last c tested. Brackets: {level:.0%} percentile intervals of a "
-            f"cluster bootstrap over documents and each cell's seeds ({n_boot} replicates; {seed_caveat(g.cells)}). "
+            f"cluster bootstrap over the units and each cell's seeds ({n_boot} replicates; {seed_caveat(g.cells)}). "
             f"Gain curves: `recl_curves.csv`."
             + (" Paper (WikiText-103, Table 8, r = 0.1/0.5/1.0): " + ", ".join(paper_recl) + "." if paper_recl else "")
         )
         curves = res.curves[res.curves["r"].isin(R_VALUES)]
         figure = plots.gain_curves(curves, ctx.file("recl_gain_curves.png"))
-        findings = memory_contrasts(res, g.cells, level, grid[1] - grid[0])
+        findings = memory_contrasts(res, g.cells, level, grid[1] - grid[0]) + area_lines(res, grid[1] - grid[0])
         findings.append(
             "RECL values are point estimates of a threshold crossing; compare cells by the intervals and the paired "
             "differences above, not by the values alone."

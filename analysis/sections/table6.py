@@ -81,7 +81,8 @@ class Table6(Section):
         text = (
             f"Settings: {g.settings_line}. One row per cell (runs equal but for their seed), the mean over its "
             f"`seeds`. `test_{fig}`: the runs evaluated as trained on {n_trained:,} tokens of the test split, with "
-            f"its interval (seeds and documents, `stats.mean_interval`). `vs_lowest`: the difference to the cell "
+            "its interval (over seeds and the text's units, families or documents; the text alone for a cell of "
+            "one seed; `stats.mean_interval`). `vs_lowest`: the difference to the cell "
             f"with the lowest mean, with its interval ({g.unit_name}): a cell whose interval holds 0 is not "
             f"distinguishable from it (a ranking with intervals; picking the lowest by its mean makes this slightly "
             f"optimistic). `init_{fig}`: every scored token seeing exactly `train_A` previous tokens (memory A with "

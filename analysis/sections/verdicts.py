@@ -10,25 +10,44 @@ import pandas as pd
 from posenc_lab.data.overlap import WINDOW
 
 from .. import evidence
+from ..power import POWER, verdict_detectable
+from ..stats import p_text
 from ..verdicts import Comparison, Verdict, judge, on_predicted_side, recheck
 from .base import REPORT, Part, Section, Table, register
 
 
+def _df(tested: list[Comparison]) -> float:
+    return min((c.difference.df for c in tested), default=float("nan"))
+
+
+def detectable(v: Verdict) -> float:
+    """The effect (in nats, or accuracy) the verdict finds with 80% power at the level Holm tested it at, from
+    the seeds and units it had (``power.verdict_detectable``); NaN where it was not judged."""
+    tested = [c for c in v.comparisons if not c.note]
+    if not tested or v.level != v.level or not all(c.difference.covers_seeds for c in tested):
+        return float("nan")
+    return verdict_detectable([c.difference for c in tested], (1 - v.level) / 2)
+
+
 def _row(v: Verdict, scale: float, unit_name: str) -> dict:
     tested = [c for c in v.comparisons if not c.note]
+    k = scale if v.measure != "recall_beyond" else 1.0
     return {
         "verdict": v.id,
         "claim": v.claim,
         "status": v.status,
-        "p_one_sided": v.p,
-        "p_holm": v.p_adjusted,
+        "p_one_sided": p_text(v.p, _df(tested)),
+        "p_holm": p_text(v.p_adjusted, _df(tested)),
         "interval_level": v.level,
         "comparisons": "; ".join(
             f"{c.text}: {c.difference.scaled(scale if v.measure != 'recall_beyond' else 1.0).text(3)}" for c in tested
         )
         + (f" ({unit_name if v.measure != 'recall_beyond' else 'accuracy'})" if tested else ""),
         "seeds": "; ".join(sorted({f"{c.difference.n_a}v{c.difference.n_b}" for c in tested})),
-        "documents": min((c.difference.documents for c in tested), default=0),
+        "units": min((c.difference.units for c in tested), default=0),
+        "largest_unit_share": max((c.difference.largest_share for c in tested), default=float("nan")),
+        f"detectable_{POWER:.0%}_power": detectable(v) * k,
+        "expands": v.expands,
         "not_tested": v.note,
         "paper": v.paper,
     }
@@ -42,16 +61,25 @@ def _sentence(v: Verdict, scale: float, unit_name: str) -> str:
         if c.note:
             parts.append(f"{c.text}: not measured ({c.note})")
             continue
-        d = c.difference.scaled(scale if v.measure != "recall_beyond" else 1.0)
+        k = scale if v.measure != "recall_beyond" else 1.0
+        d = c.difference.scaled(k)
         seeds = "" if d.covers_seeds else ", one seed: the text only"
-        parts.append(f"{c.text} {d.text(3)}{seeds}")
+        bound = f", predicted {c.predict or v.predict} {c.bound * k:+.3g}" if c.bound else ""
+        parts.append(f"{c.text} {d.text(3)}{seeds}{bound}")
     unit = unit_name if v.measure != "recall_beyond" else "accuracy"
     level = f"{v.level:.1%}" if v.level == v.level else "n/a"
+    tested = [c for c in v.comparisons if not c.note]
+    units = min((c.difference.units for c in tested), default=0)
+    k = scale if v.measure != "recall_beyond" else 1.0
+    power = detectable(v)
     return (
-        f"**{v.claim}**: **{v.status}** (predicted {v.predict}; {unit}, {level} intervals: "
+        f"**{v.claim}**: **{v.status}** (predicted {v.predict}; {unit}, {level} intervals over seeds and {units} "
+        f"text units: "
         + "; ".join(parts)
-        + f"; one-sided p {v.p:.2g}"
-        + (f", Holm {v.p_adjusted:.2g}" if not v.sanity else "")
+        + f"; one-sided p {p_text(v.p, _df(tested))}"
+        + (f", Holm {p_text(v.p_adjusted, _df(tested))}" if not v.sanity else "")
+        + (f"; detectable at {POWER:.0%} power: {power * k:.3g}" if power == power and not v.sanity else "")
+        + (f"; {v.expands}" if v.expands else "")
         + ")"
         + (f". Paper: {v.paper}." if v.paper else ".")
     )
@@ -66,7 +94,7 @@ def robustness(
         tested = [c for c in comps if not c.note]
         if not tested:
             continue
-        held = all(on_predicted_side(c.difference, v.predict) for c in tested)
+        held = all(on_predicted_side(c.difference, c.predict or v.predict, c.bound) for c in tested)
         shown = "; ".join(f"{c.text} {c.difference.scaled(scale).text(3)}" for c in tested)
         side = "every interval on the predicted side" if held else "not every interval on the predicted side"
         parts.append(f"*{v.claim}*: {shown} ({side})")
@@ -91,7 +119,9 @@ TEXT = (
     "The findings this report judges were fixed in advance in `conf/paper.yaml`, each with the sign it "
     "predicts and the comparison that decides it, and they are judged on the **test** split. Every comparison "
     "is the difference of two cells' mean per-token loss (or accuracy) on the same tokens, with an interval "
-    "whose units are the training seed and the document (`posenc_lab_analysis.stats.paired_difference`). A "
+    "whose units are the training seed and the text's independent unit: the family on a corpus split by family "
+    "(a package, or files sharing windows), the document elsewhere (`posenc_lab_analysis.stats.paired_difference`: "
+    "CR2 with Bell-McCaffrey degrees of freedom, so that a family holding much of the text widens it). A "
     "verdict made of several comparisons is reproduced only if each of them is, contradicted if any one is the "
     "other way. Holm's correction runs over both directions of every verdict at once, so that the chance of any "
     "false *reproduced* or *contradicted* is at most the alpha of `conf/paper.yaml`. Each verdict's intervals "
@@ -99,7 +129,8 @@ TEXT = (
     "it stopped), so that a verdict is *reproduced* exactly when every interval lies on its predicted side. "
     "*Inconclusive*: neither; *not judged: one seed*: a cell it needs has one seed (descriptive only); *not "
     "tested*: a cell it needs was not trained, or a value was not finite. Every other interval in this report "
-    "is descriptive."
+    "is descriptive. `detectable_80%_power`: the effect, the same in each comparison, that the verdict would "
+    "find with 80% power at its level, from the seeds and units it had (`power.py`)."
 )
 
 

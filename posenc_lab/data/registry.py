@@ -84,6 +84,10 @@ class Corpus:
             return self.documents(split)
         return np.asarray(self.document_families[split], dtype=np.int64)[self.documents(split)]
 
+    def units_name(self, split: str) -> str:
+        """What ``families`` counts on ``split``: "families" (a corpus split by family) or "documents"."""
+        return "families" if split in self.document_families else "documents"
+
     def family_sizes(self, split: str) -> np.ndarray:
         """[n_families] int64: the tokens of ``split`` in each family of ``families``."""
         return np.bincount(self.families(split))

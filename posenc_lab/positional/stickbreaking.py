@@ -52,6 +52,12 @@ class _BrokenStick(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, b: Tensor, takes: Tensor) -> Tensor:
+        # fp32 inside, under autocast too: the saved tensors must be what backward multiplies (fp32)
+        with torch.autocast(q.device.type, enabled=False):
+            return _BrokenStick._forward(ctx, q, k, v, b, takes)
+
+    @staticmethod
+    def _forward(ctx, q: Tensor, k: Tensor, v: Tensor, b: Tensor, takes: Tensor) -> Tensor:
         dtypes = (q.dtype, k.dtype, v.dtype, b.dtype)
         q, k, v, b = q.float(), k.float(), v.float(), b.float()
         takes = takes.float()  # masks as products: a multiply is a cheaper pass than a select
