@@ -37,12 +37,12 @@ def word_runs(tmp_path_factory):
 
 
 def test_compare_prints_perplexity_on_a_word_corpus(word_runs, tmp_path, capsys):
-    args = [str(word_runs / "mem16"), str(word_runs / "mem0"), "--n-streams", "4", "--n-tokens", "64"]
+    args = [str(word_runs / "mem16"), str(word_runs / "mem0"), "--n-streams", "4", "--n-tokens", "64", "--split", "test"]
     assert compare.main([*args, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     shown = {}
     for side in ("A", "B"):
-        found = re.search(rf"^{side}: .* val ppl (\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]$", out, re.M)
+        found = re.search(rf"^{side}: .* test ppl (\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]$", out, re.M)
         assert found, out
         shown[side] = [float(x) for x in found.groups()]
         (dump,) = tmp_path.glob(f"{side}_*.npz")
