@@ -311,3 +311,26 @@ def test_a_wildcard_says_what_it_stood_for_and_what_it_left_out():
     e = evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.1, f"{SINUSOID}:mem:half": 1.1, f"{SINUSOID}:mem": 1.2})
     (out,), _ = judge(config(v("best", [f"{XL}:mem - *"])), {"as_trained": e})
     assert out.expands == f"`*` = {SHAW}:mem, {SINUSOID}:mem; left out: {SINUSOID}:mem:half"
+
+
+def test_a_verdict_reads_its_p_as_a_bound_its_units_and_the_effect_it_could_detect():
+    """The report's sentence and row of a judged verdict: a p beyond what the df support prints as a bound, the
+    number of text units is named, and the 80%-power effect grows with the seed spread (a noisier study
+    detects less); a one-seed verdict has no power figure."""
+    from posenc_lab_analysis.sections.verdicts import _row, _sentence, detectable
+
+    rng = np.random.default_rng(0)
+    found, texts = {}, {}
+    for seed_sd in (0.01, 0.2):
+        e = evidence(rng, {f"{XL}:mem": 0.5, f"{SHAW}:mem": 1.0}, seed_sd=seed_sd)
+        (verdict,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
+        found[seed_sd] = detectable(verdict)
+        text, row = _sentence(verdict, 1.0, "nats"), _row(verdict, 1.0, "nats")
+        texts[seed_sd] = text
+        assert f"over seeds and {N_DOCS} text units" in text and row["units"] == N_DOCS
+        assert f"detectable at 80% power: {found[seed_sd]:.3g}" in text
+    assert "one-sided p < 1e-3, Holm < 1e-3" in texts[0.01]  # under 30 df: no tail beyond 1e-3 is printed
+    assert 0 < found[0.01] < found[0.2]
+    e = evidence(rng, {f"{XL}:mem": 0.5, f"{SHAW}:mem": 1.0}, seeds=1)
+    (verdict,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
+    assert np.isnan(detectable(verdict)) and "detectable" not in _sentence(verdict, 1.0, "nats")
