@@ -56,6 +56,11 @@ SLOW = {
     "test_install.py::test_the_command_line_keeps_freed_memory_instead_of_faulting_it_in_again": "test_install's env",
     "test_ddp.py::test_ddp_ranks_take_disjoint_streams_and_match_one_process": "test_reliability's DDP stop",
     "test_lit.py::test_byte_corpus_logs_bits_per_token": "test_lit's figure names",
+    "test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[1-2]": "test_stop_signals (train's stops)",
+    "test_new_section.py::test_the_report_finds_it_and_writes_its_table_and_figure": "test_report's every section",
+    "test_new_scheme.py::test_ablate_grid_trains_it_and_the_report_orders_it": "test_new_scheme's registration test",
+    "test_report.py::test_ablate_reuses_finished_runs_and_refuses_other_settings": "test_ablate's continue command",
+    "test_configs.py::test_every_option_trains_a_few_steps[experiment-ablation]": "experiment-quick, experiment-tiny",
     "test_recall.py::test_xl_with_memory_recalls_beyond_the_segment_and_without_memory_does_not": "the tiny ablation's "
     "recall group",
 }

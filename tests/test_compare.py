@@ -37,7 +37,16 @@ def word_runs(tmp_path_factory):
 
 
 def test_compare_prints_perplexity_on_a_word_corpus(word_runs, tmp_path, capsys):
-    args = [str(word_runs / "mem16"), str(word_runs / "mem0"), "--n-streams", "4", "--n-tokens", "64", "--split", "test"]
+    args = [
+        str(word_runs / "mem16"),
+        str(word_runs / "mem0"),
+        "--n-streams",
+        "4",
+        "--n-tokens",
+        "64",
+        "--split",
+        "test",
+    ]
     assert compare.main([*args, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     shown = {}
