@@ -34,19 +34,14 @@ def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float,
     """RECL with minus without memory, per scheme that has both, from the same replicates; where an interval
     holds 0, what would separate them."""
     lines, holds_zero = [], False
-    for c, g in cells.items():
-        r0 = g[0]
-        if not r0.recurrence:
-            continue
-        off = [o for o, h in cells.items() if h[0].scheme == r0.scheme and not h[0].recurrence and h[0].loss == r0.loss]
-        for o in off:
-            if c in res.names and o in res.names:
-                parts = []
-                for r in res.r_values:
-                    est, lo, hi = res.difference(c, o, r, level)
-                    holds_zero |= bool(np.isfinite(est) and lo <= 0 <= hi)
-                    parts.append(f"r = {r:g}: {interval_text(est, lo, hi, step)}")
-                lines.append(f"RECL of {c} minus {o} (tokens, paired replicates): " + "; ".join(parts) + ".")
+    for c, o in _memory_pairs(cells):
+        if c in res.names and o in res.names:
+            parts = []
+            for r in res.r_values:
+                est, lo, hi = res.difference(c, o, r, level)
+                holds_zero |= bool(np.isfinite(est) and lo <= 0 <= hi)
+                parts.append(f"r = {r:g}: {interval_text(est, lo, hi, step)}")
+            lines.append(f"RECL of {c} minus {o} (tokens, paired replicates): " + "; ".join(parts) + ".")
     if holds_zero:
         lines.append(
             f"Where such an interval holds 0, this grid (a step of {step} tokens) and this sample do not tell the two "
