@@ -58,12 +58,15 @@ class AtContexts:
 @dataclass
 class ContextSettings:
     """``ablate.analysis.context``: the controlled-context evaluation behind Table 6's attention lengths and RECL:
-    c = c_min, c_min + delta, ..., c_max (None: delta = L / 4, c_min = delta, c_max = 4 L), plus every run's
-    training attention length; ``n_boot``: RECL's bootstrap replicates."""
+    c = c_min, c_min + step, ..., c_max (None: delta = L / 4, step = delta, c_min = delta, c_max = 4 L), plus every
+    run's training attention length. ``delta``: the gain's g(c, c + delta) increment; ``step``: the grid's, a
+    divisor of delta (a finer step reads RECL's crossing more finely without changing the gain it thresholds);
+    ``n_boot``: RECL's bootstrap replicates."""
 
     n_rows: int
     n_score: int
     delta: int | None
+    step: int | None
     c_min: int | None
     c_max: int | None
     window_max: int | None  # runs without memory: no window longer than this (None: 2 L)
@@ -73,14 +76,23 @@ class ContextSettings:
         if self.n_boot < 50:
             raise ValueError(f"ablate.analysis.context.n_boot must be >= 50 replicates, got {self.n_boot!r}")
 
+    def gain_delta(self, runs: list[Run]) -> int:
+        """delta of the gain g(c, c + delta) (default: L / 4)."""
+        return self.delta or max(1, max(r.segment_len for r in runs) // 4)
+
     def grid(self, runs: list[Run]) -> list[int]:
         """The attention lengths of RECL's gain curves."""
-        L = max(r.segment_len for r in runs)
-        delta = self.delta or max(1, L // 4)
+        L, delta = max(r.segment_len for r in runs), self.gain_delta(runs)
+        step = self.step or delta
+        if step <= 0 or delta % step:
+            raise ValueError(
+                f"ablate.analysis.context.step must divide delta = {delta} (so that c + delta is on the grid), got "
+                f"{step}; e.g. {delta // 2 or 1}"
+            )
         c_min, c_max = self.c_min or delta, self.c_max or 4 * L
         if c_max < c_min + delta:
             raise ValueError(f"the context grid needs c_max >= c_min + delta, got {c_min}, {delta}, {c_max}")
-        return list(range(c_min, c_max + 1, delta))
+        return list(range(c_min, c_max + 1, step))
 
     def evaluation(self, runs: list[Run], split: str) -> AtContexts:
         """The grid and every run's training attention length within it, for ``at_contexts``."""

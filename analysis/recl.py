@@ -30,9 +30,9 @@ says so.
 
 What can resolve memory (issue 29): ``seed_gains`` (a gain curve per seed, so the noise level does not move
 with the number of seeds), ``area_per_token`` (the area under the log-gain curve as per-token values per
-seed, judged with ``stats.paired_difference`` over seeds and units), ``crossing`` (RECL as the interpolated
-crossing of a fitted curve, descriptive) and ``interval_text`` (an interval narrower than the grid step says
-so, never "+0 [+0, +0]").
+seed, judged with ``stats.paired_difference`` over seeds and units), ``crossing`` / ``crossings`` (RECL as the
+interpolated crossing of a fitted curve, descriptive) and ``interval_text`` (an interval narrower than the grid
+step says so, never "+0 [+0, +0]").
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def _pairs(contexts: Sequence[int], delta: int | None) -> list[tuple[int, int]]:
 
 @dataclass
 class ReclResult:
-    """``table``: one row per (model, r): recl, censored, recl_low, recl_high; ``curves``: one row per
+    """``table``: one row per (model, r): recl, censored, recl_low, recl_high, and the descriptive interpolated
+    crossing (``crossing``) with its censoring and percentile interval; ``curves``: one row per
     (model, r, c): gain, fitted, band low/high; ``replicates``: [n_boot, n_r, n_m] RECL of each replicate
     (for paired differences); names, r_values: their axes."""
 
@@ -209,12 +210,16 @@ def recl(
     if not reps:  # n_boot = 0: point values only
         reps, rep_fits = np.full((1, *value.shape), np.nan), np.full((1, *fitted.shape), np.nan)
     reps, rep_fits = np.stack(reps), np.stack(rep_fits)  # [B, n_r, n_m], [B, n_pairs, n_r, n_m]
+    c_of = [contexts[k] for k, _ in pairs]
+    cross = crossings(fitted, c_of, threshold)  # ([n_r, n_m], [n_r, n_m])
+    rep_cross = np.stack([crossings(f, c_of, threshold)[0] for f in rep_fits])  # [B, n_r, n_m]
     a = (1 - level) / 2
     with warnings.catch_warnings():  # cells that serve nothing have only NaN replicates
         warnings.simplefilter("ignore", RuntimeWarning)
         lo = np.nanquantile(reps, a, axis=0, method="lower")
         hi = np.nanquantile(reps, 1 - a, axis=0, method="higher")
         band_lo, band_hi = np.nanquantile(rep_fits, [a, 1 - a], axis=0)
+        cross_lo, cross_hi = np.nanquantile(rep_cross, [a, 1 - a], axis=0)
     rows = [
         {
             "model": m,
@@ -223,6 +228,10 @@ def recl(
             "censored": bool(censored[j, i]),
             "recl_low": lo[j, i],
             "recl_high": hi[j, i],
+            "crossing": cross[0][j, i],
+            "crossing_censored": bool(cross[1][j, i]),
+            "crossing_low": cross_lo[j, i],
+            "crossing_high": cross_hi[j, i],
             "level": level,
         }
         for i, m in enumerate(names)
@@ -279,12 +288,17 @@ def area_per_token(
 ) -> dict[str, np.ndarray]:
     """The smooth estimand of memory: for every seed and scored token, its share of the area under the
     leave-one-out log-gain curve up to ``c_max``, cell -> [n_seeds, n_tokens], so that the mean over tokens is
-    sum_c (f(c, c) - f(c, c + delta)) (the area, in nats; about the sum of the gains). Compare two cells with
+    (step / delta) sum_c (f(c, c) - f(c, c + delta)) over the grid (the area, in nats; about the sum of the gains
+    over the increments, the same estimand at any grid step). Compare two cells with
     ``stats.paired_difference(area[a], area[b], units)``: seeds and units, no threshold, no grid step. NaN
     (a whole seed) where a cell cannot serve a pair up to c_max: pass the range both cells serve."""
-    pairs = [(k, k2) for k, k2 in _pairs(contexts, delta) if c_max is None or list(contexts)[k2] <= c_max]
+    contexts = list(contexts)
+    pairs = [(k, k2) for k, k2 in _pairs(contexts, delta) if c_max is None or contexts[k2] <= c_max]
     if not pairs:
-        raise ValueError(f"no pair (c, c + delta) of {list(contexts)} lies at or below c_max = {c_max}")
+        raise ValueError(f"no pair (c, c + delta) of {contexts} lies at or below c_max = {c_max}")
+    # a grid finer than delta holds delta / step overlapping pairs per increment: weigh each by step / delta,
+    # so that the area is the same estimand at any step
+    weight = (contexts[1] - contexts[0]) / (contexts[pairs[0][1]] - contexts[pairs[0][0]]) if len(contexts) > 1 else 1
     most = max(len(x) for x in per_seed.values())
     out = {m: np.zeros((len(x), x.shape[-1])) for m, x in per_seed.items()}
     for s in range(most):
@@ -302,11 +316,13 @@ def area_per_token(
                 b = stack[others, k].min(0)
                 hard = np.argsort(-b, kind="stable")[: max(1, int(round(r * n_t)))]
                 h = np.minimum(b[hard], stack[i, k, hard]) - np.minimum(b[hard], stack[i, k2, hard])
-                out[m][s, hard] += h * n_t / len(hard)
+                out[m][s, hard] += h * weight * n_t / len(hard)
     return out
 
 
-def memory_areas(per_seed: dict[str, np.ndarray], contexts, units, pairs, served, level: float = 0.95) -> list:
+def memory_areas(
+    per_seed: dict[str, np.ndarray], contexts, units, pairs, served, level: float = 0.95, delta: int | None = None
+) -> list:
     """For each (a, b) of ``pairs`` (a cell with memory, the same without): the difference of their areas under
     the log-gain curve (``area_per_token``, r = 1) up to the longest c both serve (``served``: cell -> the
     contexts it serves), judged by ``stats.paired_difference`` over seeds and ``units`` [tokens]. Returns
@@ -316,10 +332,10 @@ def memory_areas(per_seed: dict[str, np.ndarray], contexts, units, pairs, served
     out = []
     for a, b in pairs:
         both = [c for c in contexts if c in served[a] and c in served[b]]
-        if len(both) < 2:
-            continue
+        if len(both) < 2 or max(both) - min(both) < (delta or both[1] - both[0]):
+            continue  # no increment (c, c + delta) that both serve
         c_max = max(both)
-        area = area_per_token(per_seed, contexts, c_max=c_max)
+        area = area_per_token(per_seed, contexts, delta=delta, c_max=c_max)
         out.append((a, b, c_max, paired_difference(area[a], area[b], units, level)))
     return out
 
@@ -341,6 +357,14 @@ def crossing(curve: np.ndarray, c: Sequence[float], threshold: float = THRESHOLD
         return float(c[0]), False
     g0, g1 = curve[i - 1], curve[i]
     return float(c[i - 1] + (g0 - threshold) / (g0 - g1) * (c[i] - c[i - 1])), False
+
+
+def crossings(curve: np.ndarray, c: Sequence[float], threshold: float = THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
+    """``crossing`` of every fitted curve [n_pairs, n_r, n_m] along its first axis: (c* [n_r, n_m], censored)."""
+    flat = curve.reshape(len(curve), -1)
+    out = [crossing(flat[:, col], c, threshold) for col in range(flat.shape[1])]
+    shape = curve.shape[1:]
+    return np.array([x for x, _ in out]).reshape(shape), np.array([y for _, y in out]).reshape(shape)
 
 
 def interval_text(estimate: float, low: float, high: float, step: float) -> str:
@@ -371,11 +395,13 @@ def from_dumps(paths, n_boot: int = 200, level: float = 0.95, delta: int | None 
     for d in loaded.values():
         cells.setdefault(d.meta["cell"], []).append(d.loss[:, d.scored])
     contexts = list(next(iter(grids)))
-    step = delta or int(np.gcd.reduce(np.diff(contexts)))
-    grid = [c for c in contexts if c % step == contexts[0] % step]
+    # the grid: the most common spacing (a run's own attention length may sit between its points)
+    diffs, counts = np.unique(np.diff(contexts), return_counts=True)
+    step = int(diffs[counts.argmax()])
+    grid = [c for c in contexts if (c - contexts[-1]) % step == 0]
     k = [contexts.index(c) for c in grid]
     per_seed = {c: np.stack(v)[:, k] for c, v in cells.items()}
-    return recl(per_seed, grid, documents, delta=step, n_boot=n_boot, level=level)
+    return recl(per_seed, grid, documents, delta=delta or step, n_boot=n_boot, level=level)
 
 
 def main(argv=None) -> int:

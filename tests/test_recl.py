@@ -223,3 +223,61 @@ def test_memory_areas_stop_at_the_longest_context_both_cells_serve():
     ((_, _, c_cap, part),) = memory_areas(group, CONTEXTS, DOCS, [("with", "without")], capped)
     assert c_cap == 48 and 0 < part.low and part.estimate < 0.75 * full.estimate
     assert memory_areas(group, CONTEXTS, DOCS, [("with", "without")], {**everywhere, "without": [8]}) == []
+
+
+def _knee_cell(rng, base, contexts, knee: int, seeds: int = 2, noise: float = 0.02) -> np.ndarray:
+    """[seeds, n_c, n_tokens]: loss falls 0.1 nats per 8 tokens of context up to ``knee``, then stays flat."""
+    level = -0.1 * (np.minimum(contexts, knee) - contexts[0]) / 8
+    return np.stack(
+        [base[None] + level[:, None] + rng.normal(0, noise, (len(contexts), N_TOKENS)) for _ in range(seeds)]
+    )
+
+
+def test_a_finer_grid_step_reads_recl_between_the_gain_increments():
+    """The grid at step 4 with the gain's delta kept at 8 (ablate.analysis.context.step): the first-below RECL
+    lands on the 4-token grid, at the planted knee within a step, and the interpolated crossing (descriptive) lies
+    between the grid points around it, inside its own bootstrap interval."""
+    rng = np.random.default_rng(7)
+    fine = np.array(range(8, 129, 4))
+    base = rng.gamma(2.0, 1.0, N_TOKENS)
+    cells = {
+        "a": _knee_cell(rng, base, fine, 60),
+        "b": _knee_cell(rng, base, fine, 100),
+        "c": _knee_cell(rng, base, fine, 8),
+    }
+    res = recl(cells, list(fine), DOCS, delta=8, n_boot=60, r_values=(1.0,))
+    row = res.table.set_index("model").loc["a"]
+    # the gain g(c, c + 8) falls below 1% once c reaches the knee: 60, a point of the 4-token grid only
+    assert row["recl"] == 60
+    assert row["recl"] - 4 <= row["crossing"] <= row["recl"] and not row["crossing_censored"]
+    assert row["crossing_low"] <= row["crossing"] <= row["crossing_high"]
+    assert res.table.set_index("model").loc["b", "crossing"] > row["crossing"] + 30
+
+
+def test_the_area_is_the_same_estimand_at_any_grid_step():
+    """area_per_token weighs each (c, c + delta) pair by step / delta: on noise-free cells, the area of the step-4
+    grid equals that of the step-8 grid to within one half-increment at the ends."""
+    from posenc_lab_analysis.recl import area_per_token
+
+    rng = np.random.default_rng(8)
+    base = rng.gamma(2.0, 1.0, N_TOKENS)
+    areas = {}
+    for step in (8, 4):
+        grid = np.array(range(8, 129, step))
+        cells = {m: _knee_cell(rng, base, grid, k, seeds=1, noise=0.0) for m, k in (("a", 64), ("b", 32), ("c", 8))}
+        areas[step] = area_per_token(cells, list(grid), delta=8)["a"].mean()
+    assert areas[8] > 0.5  # 7 increments of 0.1 nats, capped by the others' best
+    assert areas[4] == pytest.approx(areas[8], rel=0.1)
+
+
+def test_a_grid_step_that_does_not_divide_delta_is_refused_by_name():
+    from posenc_lab_analysis.dumps import ContextSettings
+
+    class Run:
+        segment_len = 32
+
+    s = ContextSettings(n_rows=1, n_score=1, delta=8, step=3, c_min=None, c_max=64, window_max=None, n_boot=50)
+    with pytest.raises(ValueError, match=r"context\.step must divide delta = 8.*got 3"):
+        s.grid([Run()])
+    s.step = 4
+    assert s.grid([Run()]) == list(range(8, 65, 4))
