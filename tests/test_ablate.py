@@ -30,7 +30,7 @@ from posenc_lab_analysis.ablate.jobs import continue_command
 from posenc_lab_analysis.ablate.plan import plan as make_plan
 from posenc_lab_analysis.ablate.plan import seeds_by_cell
 from posenc_lab_analysis.report import ReportSettings
-from tests.schemes import GLOBAL_SINUSOID, LEARNED, SHAW, SINUSOID, XL
+from tests.schemes import FOX, GLOBAL_SINUSOID, LEARNED, PATH, SHAW, SINUSOID, STICKBREAKING, XL
 
 CONF = Path(config_dir())
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "\nablate:" in p.read_text())
@@ -43,7 +43,8 @@ CLAIMS = {
     "ablation": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32), seeds=[0, 1, 2],
                      without_memory={XL}, recall={XL}, half_loss=set()),
     "zoo": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32), seeds=[0], without_memory=set(),
-                recall=set(), schemes="all"),
+                recall={XL, FOX, STICKBREAKING, PATH}, recall_without_memory={XL, FOX, STICKBREAKING, PATH},
+                schemes="all"),
     "quick": dict(smoke=True, steps=120, model=(2, 64), lengths=(32, 32), half_loss={SINUSOID, XL}, recall=set()),
     "tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16), half_loss={SINUSOID, XL}, recall={XL}),
     "wt103_table6": dict(smoke=False, steps=200_000, model=(16, 410), lengths=(150, 150), seeds=[0],
@@ -70,6 +71,8 @@ def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
     if "half_loss" in claims:
         assert {s.scheme for s in main if s.loss_frac != 1.0} == claims["half_loss"]
     assert {s.scheme for s in specs if s.group == "recall"} == claims["recall"]
+    if "recall_without_memory" in claims:
+        assert {s.scheme for s in specs if s.group == "recall" and s.mem_len == 0} == claims["recall_without_memory"]
     # every run of the preset is a valid `posenc-lab train` config (the one validator, nothing loaded)
     run = compose("train", [*specs[0].overrides, f"run_dir={tmp_path / specs[0].name}"])
     assert config_problems(run, "train") == []
