@@ -75,21 +75,36 @@ def _stack(losses: dict[str, np.ndarray], contexts: Sequence[int]) -> tuple[list
     return names, stack, ~nan[:, :, 0]
 
 
+def _hardest(b: np.ndarray, k: int) -> np.ndarray | slice:
+    """The indices of the k largest entries of ``b`` [n], ties taken by the lower index (the first k of a stable
+    descending sort, as a set); a partition, not a sort: the bootstrap asks this thousands of times."""
+    n = len(b)
+    if k >= n:
+        return slice(None)  # every token, in order
+    v = np.partition(b, n - k)[n - k]  # the k-th largest value
+    above = np.flatnonzero(b > v)
+    return np.concatenate([above, np.flatnonzero(b == v)[: k - len(above)]])
+
+
 def gains(stack: np.ndarray, served: np.ndarray, pairs, r_values=R_VALUES) -> np.ndarray:
     """[n_pairs, n_r, n_m] leave-one-out gains g_m(c, c + delta); NaN where m cannot serve c or c', or
     where no other model serves c (one model alone has no baseline)."""
     n_m, _, n_t = stack.shape
     out = np.full((len(pairs), len(r_values), n_m), np.nan)
     for i, (k, k2) in enumerate(pairs):
-        for m in range(n_m):
-            others = served[:, k].copy()
-            others[m] = False
-            if not (served[m, k] and served[m, k2] and others.any()):
+        at_k = np.flatnonzero(served[:, k])
+        if len(at_k) < 2:  # one model alone has no baseline
+            continue
+        # b_{-m}(c, t) for every m at once: the lowest loss of the served models, or the second lowest where m
+        # is the lowest (ties: equal values, so the same minimum as over the others)
+        low2 = np.partition(stack[at_k, k], 1, axis=0)[:2]
+        lowest_model = at_k[stack[at_k, k].argmin(0)]
+        for m in at_k:
+            if not served[m, k2]:
                 continue
-            b = stack[others, k].min(0)  # b_{-m}(c, t)
-            order = np.argsort(-b, kind="stable")  # hardest first
+            b = np.where(lowest_model == m, low2[1], low2[0])
             for j, r in enumerate(r_values):
-                hard = order[: max(1, int(round(r * n_t)))]
+                hard = _hardest(b, max(1, int(round(r * n_t))))
                 f_cc = np.minimum(b[hard], stack[m, k, hard]).mean()
                 f_cc2 = np.minimum(b[hard], stack[m, k2, hard]).mean()
                 out[i, j, m] = 1.0 - np.exp(f_cc2 - f_cc)

@@ -281,3 +281,17 @@ def test_a_grid_step_that_does_not_divide_delta_is_refused_by_name():
         s.grid([Run()])
     s.step = 4
     assert s.grid([Run()]) == list(range(8, 65, 4))
+
+
+def test_hardest_tokens_are_the_first_of_a_stable_descending_sort_ties_included():
+    """RECL's r-fraction of the hardest tokens, taken by a partition: the same set as the first k of the stable
+    descending sort it replaces, when losses tie (integers) and when they do not."""
+    from posenc_lab_analysis.recl import _hardest
+
+    rng = np.random.default_rng(0)
+    for trial in range(500):
+        n = int(rng.integers(1, 40))
+        b = rng.integers(0, 4, n).astype(float) if trial % 2 else rng.random(n)
+        k = int(rng.integers(1, n + 1))
+        taken = np.arange(n)[_hardest(b, k)]  # an index array, or every token (k = n)
+        assert sorted(taken) == sorted(np.argsort(-b, kind="stable")[:k]), (b, k)
