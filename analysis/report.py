@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import multiprocessing
 import platform
 import sys
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
@@ -30,7 +36,7 @@ from posenc_lab.errors import ConfigError, PosencLabError
 from posenc_lab.metrics import figure_name, figure_scale
 
 from . import dumps, evidence, verdicts
-from .runs import Run, add_threads_argument, apply_threads, cells, find_runs, set_device
+from .runs import Run, add_threads_argument, analysis_device, apply_threads, cells, find_runs, load_run, set_device
 from .sections import CORPUS, RECALL, REPORT, SECTIONS, Part, Section, render, section_class
 from .sections.speed import Speed
 from .settings import PREFIX, conf_block, structured
@@ -119,13 +125,23 @@ class Group:
             f"{', '.join(map(str, steps))} steps"
         )
 
+    def _dumps(self, compute: Callable, args: tuple, folder: str, what: str, first=None) -> dict:
+        """run name -> ``compute(run, *args, path, log)`` for every run, kept in dumps/<folder>/<run>.npz; the
+        report's worker processes compute them first where it has them (``first``: the key of the runs to start
+        first, the longest), then each is read where it is kept."""
+        paths = {r.name: self.out / "dumps" / folder / f"{r.name}.npz" for r in self.runs}
+        order = sorted(self.runs, key=first) if first else self.runs
+        done = self.report.prefetch(compute, [(r, args, paths[r.name]) for r in order], what)
+        out = {}
+        for i, r in enumerate(self.runs, 1):
+            if r.name not in done:
+                self.report.log(f"  {what} [{i}/{len(self.runs)}] {r.label}")
+            out[r.name] = compute(r, *args, paths[r.name], self.report.log)
+        return out
+
     def as_trained(self, s: dumps.AsTrained, folder: str, what: str = "as trained") -> dict[str, dumps.TokenLosses]:
         """Every run evaluated as trained with ``s`` on the judging split (dumps kept in dumps/<folder>/)."""
-        out, split, log = {}, self.report.settings.shared.split, self.report.log
-        for i, r in enumerate(self.runs, 1):
-            log(f"  {what} [{i}/{len(self.runs)}] {r.label}")
-            out[r.name] = dumps.as_trained(r, s, split, self.out / "dumps" / folder / f"{r.name}.npz", log)
-        return out
+        return self._dumps(dumps.as_trained, (s, self.report.settings.shared.split), folder, what)
 
     @cached_property
     def trained(self) -> dict[str, dumps.TokenLosses]:
@@ -142,13 +158,9 @@ class Group:
         """run name -> its dump at every attention length of the grid and every run's training length."""
         s = self.report.settings.shared
         spec = s.context.evaluation(self.runs, s.split)
-        out = {}
-        for i, r in enumerate(self.runs, 1):
-            self.report.log(
-                f"  attention lengths {spec.contexts[0]}..{spec.contexts[-1]} [{i}/{len(self.runs)}] {r.label}"
-            )
-            out[r.name] = dumps.at_contexts(r, spec, self.out / "dumps" / "contexts" / f"{r.name}.npz", self.report.log)
-        return out
+        what = f"attention lengths {spec.contexts[0]}..{spec.contexts[-1]}"
+        # the runs without memory first: their fresh windows cost the most
+        return self._dumps(dumps.at_contexts, (spec,), "contexts", what, first=lambda r: bool(r.recurrence))
 
     @cached_property
     def evidence(self) -> dict[str, verdicts.Evidence]:
@@ -206,6 +218,7 @@ class Report:
         self.main = self.corpora[0] if self.corpora else None  # the corpus the verdicts judge on
         self.sections = {name: SECTIONS[name]() for name in settings.shared.sections}
         self._measured: dict[tuple[str, int], Any] = {}
+        self._pool, self._jobs, self._threads = None, 1, 1  # the worker processes of ``parallel``
 
     def groups(self, scope: str) -> list[Group | None]:
         return {CORPUS: self.corpora, RECALL: self.recalls, REPORT: [None]}[scope]
@@ -226,6 +239,61 @@ class Report:
             for group in groups:
                 out.update(section.evidence(Context(self, section, group), self.measured(name, group)))
         return out
+
+    @contextmanager
+    def parallel(self, jobs: int, threads: int | None):
+        """For the block, ``prefetch`` computes the runs' dumps in ``jobs`` worker processes of ``threads`` torch
+        threads each (started when first needed): small models use two processes of one thread better than one
+        of two. Not on a GPU (one device, one process) and not for jobs = 1."""
+        if jobs <= 1 or analysis_device() != "cpu":
+            yield
+            return
+        self._jobs, self._threads = jobs, threads or max(1, torch.get_num_threads() // jobs)
+        try:
+            yield
+        except BaseException:  # an interrupt or an error: the workers stop now, not after their dumps
+            if self._pool is not None:
+                for process in list(getattr(self._pool, "_processes", {}).values()):
+                    process.terminate()
+            raise
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._jobs = None, 1
+
+    def prefetch(self, compute: Callable, tasks: list[tuple[Run, tuple, Path]], what: str) -> set[str]:
+        """``compute(run, *args, path)`` for every (run, args, path) of ``tasks`` in the worker processes, started
+        in that order; the names of those computed (none without workers). A task that fails there (or a worker
+        that dies) is left to the caller, which computes it in this process and so raises its error where a
+        sequential report would."""
+        if self._jobs <= 1 or len(tasks) < 2:
+            return set()
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                self._jobs, multiprocessing.get_context("spawn"), _worker_init, (self._threads, analysis_device())
+            )
+        try:
+            futures = {
+                self._pool.submit(_dump_in_worker, compute, str(r.path), args, str(path)): r for r, args, path in tasks
+            }
+        except BrokenProcessPool:  # a worker died earlier (e.g. out of memory): the rest in this process
+            self.log("  the report's worker processes stopped; computing the rest in this process")
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self._jobs = None, 1
+            return set()
+        done: set[str] = set()
+        for i, future in enumerate(as_completed(futures), 1):
+            run = futures[future]
+            try:
+                messages, seconds = future.result()
+            except Exception as e:  # noqa: BLE001 - computed again here, where its error is raised
+                self.log(f"  {what}: {run.label} failed in a worker ({type(e).__name__}: {e}); computing it here")
+                continue
+            for m in messages:
+                self.log(m)
+            done.add(run.name)
+            self.log(f"  {what} [{i}/{len(tasks)}] {run.label} ({seconds:.0f} s, {self._jobs} at a time)")
+        return done
 
     def measure(self) -> None:
         """Every listed section's measurement: each corpus, each recall group, then the report-wide ones."""
@@ -291,6 +359,19 @@ def _preamble(runs: list[Run], device: str, smoke: bool, meta: dict[str, Any]) -
     return lines
 
 
+def _worker_init(threads: int, device: str) -> None:
+    torch.set_num_threads(threads)
+    set_device(device)
+
+
+def _dump_in_worker(compute: Callable, run_path: str, args: tuple, path: str) -> tuple[list[str], float]:
+    """In a worker: ``compute`` one run's dump, kept where the report reads it; (its log lines, seconds)."""
+    messages: list[str] = []
+    t0 = time.perf_counter()
+    compute(load_run(run_path), *args, Path(path), messages.append)
+    return messages, time.perf_counter() - t0
+
+
 def _remove_stale_temporaries(out: Path) -> None:
     """Temporary files a killed report left (io.atomic_path names them .<name>.*.tmp*)."""
     for p in out.rglob(".*.tmp*"):
@@ -307,10 +388,13 @@ def build_report(
     log: Callable[[str], None] = print,
     without: Collection[str] = (),
     paper_path: Path | None = None,
+    jobs: int = 1,
+    threads: int | None = None,
 ) -> Path:
     """Run every section of ``settings`` (default: conf/ablate.yaml's) but those named in ``without`` on
     ``runs`` and write ``out/report.md`` with its CSVs and PNGs. meta: command (a line), notes (bullets), smoke
-    (bool: a smoke run judges nothing)."""
+    (bool: a smoke run judges nothing). jobs: worker processes for the runs' dumps (``threads`` torch
+    threads each; 1: all in this process)."""
     s = settings or ReportSettings.defaults()
     if without:
         s = ReportSettings(replace(s.shared, sections=[n for n in s.shared.sections if n not in without]), s.blocks)
@@ -321,7 +405,8 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out)
     report = Report(runs, out, s, verdicts.paper(paper_path), bool(meta.get("smoke")), log)
-    report.measure()
+    with report.parallel(jobs, threads):
+        report.measure()
     return render(report.parts(), out, title, _preamble(runs, device, report.smoke, meta))
 
 
@@ -343,8 +428,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--experiment", help="take the analysis settings from this ablation preset (e.g. quick, ablation)")
     p.add_argument("--wandb", metavar="PROJECT", help="also log the report's tables and figures to this wandb project")
     p.add_argument("--no-speed", action="store_true", help="skip the evaluation-speed timing")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="worker processes for the runs' dumps, --threads each (default 1: none)"
+    )
     add_threads_argument(p)
     a = p.parse_args(argv)
+    if a.jobs < 1:
+        p.error(f"--jobs must be >= 1 (worker processes), got {a.jobs}")
     apply_threads(a.threads)
     try:
         settings, smoke = None, False
@@ -360,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             title=a.title,
             without={Speed.name} if a.no_speed else (),
             meta={"command": f"Command: `{command}`.", "smoke": smoke},
+            jobs=a.jobs,
+            threads=a.threads or None,
         )
     except (PosencLabError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -167,6 +167,26 @@ def test_report_reads_a_multirun_folder(tiny, tmp_path):
     assert sorted(t6["cell"]) == ["xl:mem16", "xl:nomem"]
 
 
+def test_dumps_computed_in_worker_processes_equal_those_of_one_process(tiny, tmp_path, capsys):
+    """`--jobs 2` computes the runs' per-token dumps in two worker processes (one torch thread each): the same
+    losses and settings, to the bit, as one process computing them all; the log says the workers did it."""
+    names = ["xl_mem16_full_seed0", "xl_mem0_full_seed0", "shaw_mem16_full_seed0"]
+    runs = [str(tiny / "runs" / n) for n in names]
+    for jobs in (1, 2):
+        args = [*runs, "--out", str(tmp_path / f"jobs{jobs}"), "--no-speed", "--experiment", "tiny"]
+        assert report.main([*args, "--jobs", str(jobs)]) == 0
+        log = capsys.readouterr().out
+        assert ("2 at a time" in log) == (jobs == 2), log
+    for folder in ("as_trained", "contexts"):
+        for name in names:
+            one, two = (read_dump(tmp_path / f"jobs{j}" / "dumps" / folder / f"{name}.npz") for j in (1, 2))
+            assert one.meta == two.meta and one.contexts == two.contexts
+            assert np.array_equal(one.loss, two.loss, equal_nan=True) and np.array_equal(one.units, two.units)
+    with pytest.raises(SystemExit) as stop:  # argparse's error, before any compute
+        report.main([*runs, "--out", str(tmp_path / "bad"), "--jobs", "0"])
+    assert stop.value.code == 2 and "--jobs must be >= 1 (worker processes), got 0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_quick_preset_report(tmp_path):
     """The `quick` preset as users run it: every table and figure; numbers equal the CSVs."""

@@ -205,6 +205,8 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         title=f"posenc-lab ablation report: {a.name}",
         meta={"command": f"Command: `{command}`.", "notes": notes, "smoke": bool(a.get("smoke"))},
         log=log,
+        jobs=jobs,  # the runs' dumps in as many processes as trained at once, with their threads
+        threads=a.get("threads"),
     )
     if a.get("wandb_project"):
         from ..wandb_upload import upload  # wandb loads only when asked for
