@@ -160,6 +160,22 @@ def test_no_interval_narrower_than_the_grid_step_reads_as_certainty():
     assert interval_text(16.0, -8.0, 40.0, 8) == "+16 [-8, +40]"
 
 
+def test_the_recl_table_marks_the_grid_floor_and_intervals_narrower_than_a_step():
+    """A cell that gains nothing reads '<=8' (below the threshold at the first c tested: the truth may be smaller,
+    not exactly 8), and so does its crossing; an interval narrower than the step is starred, never bare."""
+    from posenc_lab_analysis.sections.recl import table
+
+    rng = np.random.default_rng(3)
+    res = recl(group(rng, knees=(64, 96, None), noise=0.01), CONTEXTS, DOCS, n_boot=50, r_values=(0.5,))
+    rows = table(res, step=8).set_index("cell")
+    assert rows.loc["m2", "recl_r0.5"] == "<=8" and rows.loc["m2", "crossing_r0.5"] == "<=8"
+    assert rows.loc["m2", "interval_r0.5"] == "[8, 8]*"
+    assert rows.loc["m1", "recl_r0.5"] not in ("<=8", "8") and not rows.loc["m1", "recl_r0.5"].startswith("<=")
+    for interval in rows["interval_r0.5"]:
+        low, high = (int(x) for x in interval.strip("[]*").split(", "))
+        assert interval.endswith("*") == (high - low < 8), interval
+
+
 def _memory_group(rng, extra: float, seeds: int = 3):
     """Two cells that gain alike up to c = 32, one of which (``with``) keeps gaining ``extra`` nats per step up
     to c = 64, and a third that never gains; per-seed noise."""

@@ -14,31 +14,41 @@ from ..stats import p_text
 from .base import Figure, Part, Section, Table, register
 
 
-def table(res: ReclResult) -> pd.DataFrame:
+def table(res: ReclResult, step: int) -> pd.DataFrame:
+    """A row per cell: RECL per r with its interval, then the interpolated crossings. Read at the grid, so: a
+    value at the first c the cell was tested at is '<=c' (already below the threshold there: the truth may be
+    smaller), and an interval narrower than the grid step is marked '*' (the grid's resolution, not certainty)."""
     rows = []
     for cell, g in res.table.groupby("model", sort=False):
+        c = res.curves[(res.curves["model"] == cell) & np.isfinite(res.curves["fitted"])]["c"]
+        first = float(c.min()) if len(c) else float("nan")
         row = {"cell": cell}
         for r in res.r_values:
             h = g[g["r"] == r].iloc[0]
-            row[f"recl_r{r:g}"] = recl_text(h["recl"], bool(h["censored"]))
-            row[f"interval_r{r:g}"] = (
-                f"[{recl_text(h['recl_low'], False)}, {recl_text(h['recl_high'], False)}]"
-                if np.isfinite(h["recl_low"])
-                else "n/a"
-            )
+            at_first = not h["censored"] and h["recl"] == first
+            row[f"recl_r{r:g}"] = f"<={int(first)}" if at_first else recl_text(h["recl"], bool(h["censored"]))
+            if np.isfinite(h["recl_low"]):
+                narrow = "*" if h["recl_high"] - h["recl_low"] < step else ""
+                low, high = recl_text(h["recl_low"], False), recl_text(h["recl_high"], False)
+                row[f"interval_r{r:g}"] = f"[{low}, {high}]{narrow}"
+            else:
+                row[f"interval_r{r:g}"] = "n/a"
         for r in res.r_values:  # descriptive: read between the grid points, judged by nothing
             h = g[g["r"] == r].iloc[0]
-            row[f"crossing_r{r:g}"] = crossing_text(h)
+            row[f"crossing_r{r:g}"] = crossing_text(h, first)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def crossing_text(h) -> str:
-    """'43.5 [38.1, 50.2]', '>128' (censored), 'n/a': the interpolated crossing of a table row."""
+def crossing_text(h, first: float = float("nan")) -> str:
+    """'43.5 [38.1, 50.2]', '>128' (censored), '<=8' (below the threshold at the first c tested: no crossing
+    to interpolate), 'n/a': the interpolated crossing of a table row."""
     if not np.isfinite(h["crossing"]):
         return "n/a"
     if h["crossing_censored"]:
         return f">{h['crossing']:.0f}"
+    if h["crossing"] == first:
+        return f"<={first:.0f}"
     band = f" [{h['crossing_low']:.1f}, {h['crossing_high']:.1f}]" if np.isfinite(h["crossing_low"]) else ""
     return f"{h['crossing']:.1f}{band}"
 
@@ -132,7 +142,9 @@ class Recl(Section):
             f"paper's estimator, so that noise cannot fake a gain: the baseline of model m is the best of the *other* "
             f"models (leave-one-out: a model that gains nothing then gains nothing in expectation), and the gain "
             f"curve is fitted by a non-increasing function of c before the first c below 1% is read. '>c': the "
-            f"fitted gain stayed above 1% up to the last c tested. `crossing`: RECL read between the grid points, "
+            f"fitted gain stayed above 1% up to the last c tested; '<={grid[0]}': it was below 1% at the first c "
+            f"tested (the truth may be smaller); '*': an interval narrower than the step of {step} tokens, which is "
+            f"the grid's resolution, not certainty. `crossing`: RECL read between the grid points, "
             f"where the fitted curve crosses 1% by linear interpolation (descriptive: no verdict reads it; it has no "
             f"grid step in it, the first-below value has). Brackets: {level:.0%} percentile intervals of a "
             f"cluster bootstrap over the units and each cell's seeds ({n_boot} replicates; {seed_caveat(g.cells)}). "
@@ -151,7 +163,7 @@ class Recl(Section):
             [
                 Table(
                     "table_recl",
-                    table(res),
+                    table(res, step),
                     f"RECL in tokens per r (first c below 1%, step {step}), with {level:.0%} intervals over units and "
                     "seeds; crossing: interpolated, descriptive",
                 ),
