@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -61,15 +61,24 @@ def signal_name(signum: int) -> str:
 
 
 @contextlib.contextmanager
-def stop_at_once(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
-    """While the body runs, each of ``signals`` raises Interrupted where the program is, as Ctrl-C raises
-    KeyboardInterrupt (files are written atomically, io.py: nothing is left half-written). Training replaces
-    this with a stop at the end of the step (checkpoints.Checkpointing)."""
+def stop_at_once(
+    signals: tuple[int, ...] = STOP_SIGNALS, raising: Callable[[int], BaseException] | None = None
+) -> Iterator[None]:
+    """While the body runs, each of ``signals`` raises ``raising(signum)`` (default Interrupted) where the program
+    is, as Ctrl-C raises KeyboardInterrupt (files are written atomically, io.py: nothing is left half-written).
+    Training replaces this with a stop at the end of the step (checkpoints.Checkpointing).
+
+    A signal received wins however the body ends: code that catches ``Exception`` (Hydra's compose, a config
+    check) can swallow the raised error or replace it by its own (an ``UnboundLocalError`` in a ``finally`` it
+    interrupted, read as "does not compose"); the body's end then raises the stop again, from what it became."""
+    make = raising or (lambda signum: Interrupted(signum, f"stopped by {signal_name(signum)}"))
+    received: list[int] = []
 
     def stop(signum, frame):
         for s in signals:  # the cleanup on the way out is not interrupted again (as Lightning does for Ctrl-C)
             signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signum, f"stopped by {signal_name(signum)}")
+        received.append(signum)
+        raise make(signum)
 
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
@@ -77,9 +86,20 @@ def stop_at_once(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
     previous = {s: signal.signal(s, stop) for s in signals}
     try:
         yield
+    except BaseException as e:
+        if received and not _is_stop(e, received[0]):
+            raise make(received[0]) from e
+        raise
+    else:
+        if received:  # swallowed on the way
+            raise make(received[0])
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _is_stop(e: BaseException, signum: int) -> bool:
+    return getattr(e, "signum", None) == signum
 
 
 def no_space(e: BaseException | None) -> bool:

@@ -132,3 +132,53 @@ def test_a_real_signal_stops_within_seconds_with_one_line_and_the_run_resumes(tm
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((run / "results.json").read_text())
     assert results["steps"] == step + 2 and results["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
+
+
+def _signal_here(signum: int) -> None:
+    """Sends ``signum`` to this process and waits for its handler, which runs between two bytecodes of this loop."""
+    os.kill(os.getpid(), signum)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise AssertionError("the signal's handler never ran")
+
+
+def test_a_stop_that_the_body_turns_into_another_error_is_still_the_stop():
+    """CI, 2026-12-02: SIGTERM during `posenc-lab sweep`'s checks landed inside a `try ... finally` of Hydra's compose,
+    whose `finally` then failed on a variable the `try` had not set yet; the check read that error as "does not
+    compose" and the command exited 2 with a false problem. The stop must come out whatever the body made of it."""
+    from posenc_lab.errors import stop_at_once
+    from posenc_lab.sweeps.run import _StoppedBeforeTrials
+
+    def compose_like() -> None:
+        try:
+            _signal_here(signal.SIGTERM)
+            handle = 1
+        finally:
+            handle  # noqa: B018 - UnboundLocalError: the try was left before the assignment
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(_StoppedBeforeTrials) as stopped:
+        with stop_at_once((signal.SIGTERM, signal.SIGINT), raising=_StoppedBeforeTrials):
+            try:
+                compose_like()
+            except Exception as e:  # what the sweep's check does with a trial that does not compose
+                raise ValueError(f"does not compose: {e}") from e
+    assert stopped.value.signum == signal.SIGTERM
+    assert isinstance(stopped.value.__cause__, ValueError)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_that_the_body_swallows_is_raised_when_the_body_ends():
+    """An `except Exception: pass` in the body (a check that returns None on any error) does not lose the stop."""
+    from posenc_lab.errors import stop_at_once
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted) as stopped:
+        with stop_at_once((signal.SIGINT,)):
+            try:
+                _signal_here(signal.SIGINT)
+            except Exception:  # noqa: BLE001 - swallowed, as such code does
+                pass
+    assert stopped.value.exit_code == 130
+    assert signal.getsignal(signal.SIGINT) is before  # the handler it replaced is back

@@ -35,7 +35,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..compose import Composer
-from ..errors import signal_name
+from ..errors import signal_name, stop_at_once
 from ..io import CorruptFileError
 from ..processes import spawn, stop
 from ..rundir import RunDir
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out or f"runs/sweep-{Path(args.sweep).stem}").resolve()
     with contextlib.ExitStack() as held:
         try:
-            with _stopped_at_once():
+            with stop_at_once(tuple(EXIT_CODES), raising=_StoppedBeforeTrials):  # the runner then has its own
                 if args.count is not None and args.count < 1:
                     raise SweepError(f"--count {args.count}: a sweep runs at least one trial")
                 if args.jobs < 1:
@@ -386,23 +386,6 @@ class _StoppedBeforeTrials(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
-
-
-@contextlib.contextmanager
-def _stopped_at_once() -> Iterator[None]:
-    """SIGINT and SIGTERM end the start-up where it is (the runner then installs its own handlers)."""
-
-    def stop(signum: int, frame: Any) -> None:
-        for s in EXIT_CODES:  # the way out is not interrupted again
-            signal.signal(s, signal.SIG_IGN)
-        raise _StoppedBeforeTrials(signum)
-
-    previous = {s: signal.signal(s, stop) for s in EXIT_CODES}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _one_line(text: str) -> str:
