@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc_lab.context import context_losses, stream_losses, stream_rows
+from posenc_lab.context import context_losses, stream_losses, stream_rows, window_losses
 from posenc_lab.io import CorruptFileError, load_npz, save_npz
 
 from .runs import Run, RunError
@@ -250,21 +250,34 @@ def at_contexts(run: Run, s: AtContexts, path: Path, log=print) -> TokenLosses:
     stride = (len(data) - 1) // s.n_rows
     targets = (np.arange(s.n_rows) * stride)[:, None] + start + 1 + np.arange(s.n_score)
     shape = (s.n_rows, s.n_score)
-    loss, correct, not_served = [], [], {}
     model = run.model()
-    for c in s.contexts:
+    not_served: dict[int, str] = {}
+    for c in s.contexts:  # before any compute: what the scheme (or window_max) refuses is NaN, with its reason
         try:
             if mode == "window" and s.window_max is not None and c > s.window_max:
                 raise ValueError(f"windows longer than {s.window_max} tokens are not evaluated (window_max)")
-            res = context_losses(
-                model,
-                rows,
-                c,
-                score_start=start,
-                n_score=s.n_score,
-                mode=mode,
-                segment_len=run.segment_len,
-                window_batch_tokens=s.window_batch_tokens,
+            if mode == "window":
+                model.validate_lengths(c + 1, 0, max_offset=c)
+        except ValueError as e:
+            not_served[c] = str(e)
+    served = [c for c in s.contexts if c not in not_served]
+    if mode == "window" and served:  # every window length from one pass per window start
+        results = window_losses(
+            model, rows, served, score_start=start, n_score=s.n_score, window_batch_tokens=s.window_batch_tokens
+        )
+    else:
+        results = {}
+    loss, correct = [], []
+    for c in s.contexts:
+        try:
+            if c in not_served:
+                raise ValueError(not_served[c])
+            res = (
+                results[c]
+                if c in results
+                else context_losses(
+                    model, rows, c, score_start=start, n_score=s.n_score, mode=mode, segment_len=run.segment_len
+                )
             )
             loss.append(res.loss.numpy())
             correct.append(res.correct.numpy())

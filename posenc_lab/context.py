@@ -11,7 +11,8 @@ targets ``tokens[:, 1:]``):
 - ``context_losses(mode="memory")``: every scored token sees exactly ``c`` previous tokens through
   memory ``M' = c`` and the same-length mask (query i attends to keys i-c..i in every layer).
 - ``context_losses(mode="window")``: every scored token is the last of a fresh window of ``c + 1``
-  tokens, no memory (the vanilla Transformer's sliding-window evaluation).
+  tokens, no memory (the vanilla Transformer's sliding-window evaluation); ``window_losses`` does it for
+  many c from one causal pass per window start.
 
 Lengths a scheme cannot serve raise ``ValueError`` from ``model.validate_lengths`` before any compute.
 """
@@ -175,23 +176,65 @@ def context_losses(
         res = stream_losses(model, feed, segment_len=segment_len, mem_len=c, same_length=True)
         return StreamResult(res.loss[:, c:], res.correct[:, c:], res.offset[:, c:])
 
-    # window: rows of c + 1 inputs ending at each scored input; one target each (the last)
-    model.validate_lengths(c + 1, 0, max_offset=c)
-    B = tokens.shape[0]
-    starts = torch.arange(score_start - c, score_start - c + n_score)  # window start per scored input
-    idx = starts[:, None] + torch.arange(c + 2)  # [n_score, c + 2]: c + 1 inputs and the last target
-    windows = tokens[:, idx].reshape(B * n_score, c + 2)
-    chunk = max(1, window_batch_tokens // (c + 1))
+    return window_losses(
+        model, tokens, [c], score_start=score_start, n_score=n_score, window_batch_tokens=window_batch_tokens
+    )[c]
+
+
+def window_losses(
+    model: MemoryTransformer,
+    tokens,
+    contexts,
+    *,
+    score_start: int,
+    n_score: int,
+    window_batch_tokens: int = 65536,
+) -> dict[int, StreamResult]:
+    """``context_losses(mode="window")`` at every c of ``contexts`` at once: {c: result}.
+
+    The window of the scored input i at context c is inputs i-c..i at positions 0..c. One causal pass over
+    the C + 1 inputs that start at s = i - c (C = max(contexts)) computes exactly that window at its
+    position c, since causal attention keeps the later inputs from reaching it; so one pass per start
+    serves every (i, c) with i - c = s. That is n_score + C - min(contexts) windows of C + 1 inputs per row,
+    instead of one window of c + 1 per scored input and c.
+    """
+    tokens = _as_rows(tokens)
+    contexts = sorted({int(c) for c in contexts})
+    if not contexts or contexts[0] < 1:
+        raise ValueError(f"context lengths must be integers >= 1, got {contexts}")
+    C, c_min = contexts[-1], contexts[0]
+    if C > score_start or n_score < 1 or score_start + n_score + 1 > tokens.shape[1]:
+        raise ValueError(
+            f"need max(contexts) {C} <= score_start {score_start}, 1 <= n_score {n_score} and "
+            f"score_start + n_score + 1 <= {tokens.shape[1]} tokens per row"
+        )
+    model.validate_lengths(C + 1, 0, max_offset=C)
+    B, last = tokens.shape[0], tokens.shape[1] - 1
+    starts = torch.arange(score_start - C, score_start + n_score - c_min)  # every start some (i, c) needs
+    # C + 1 inputs and their targets per start; past the row's end the index is clamped: those inputs come
+    # after every position read, so they change nothing
+    idx = (starts[:, None] + torch.arange(C + 2)).clamp(max=last)
+    windows = tokens[:, idx].reshape(B * len(starts), C + 2)
+    chunk = max(1, window_batch_tokens // (C + 1))
     device = next(model.parameters()).device
     loss, correct = [], []
     with evaluating(model), torch.inference_mode():
         for w in windows.split(chunk):
             w = w.to(device)
             out = model(w[:, :-1], w[:, 1:], mems=None, offset=0, mem_len=0, same_length=False)
-            loss.append(out.token_loss[:, -1].float().cpu())
-            correct.append((out.logits[:, -1].argmax(-1) == w[:, -1]).cpu())
-    offset = torch.full((B, n_score), c, dtype=torch.long)
-    return StreamResult(torch.cat(loss).view(B, n_score), torch.cat(correct).view(B, n_score), offset)
+            loss.append(out.token_loss.float().cpu())
+            correct.append((out.logits.argmax(-1) == w[:, 1:]).cpu())
+    loss_all = torch.cat(loss).view(B, len(starts), C + 1)  # [B, start, position]
+    correct_all = torch.cat(correct).view(B, len(starts), C + 1)
+    results: dict[int, StreamResult] = {}
+    for c in contexts:
+        rows = slice(C - c, C - c + n_score)  # the start of scored input score_start + k is k + C - c rows in
+        results[c] = StreamResult(
+            loss_all[:, rows, c].clone(),
+            correct_all[:, rows, c].clone(),
+            torch.full((B, n_score), c, dtype=torch.long),
+        )
+    return results
 
 
 def stream_rows(data, n_rows: int, row_len: int, start: int = 0) -> Tensor:
@@ -216,4 +259,5 @@ __all__ = [
     "iter_stream",
     "stream_losses",
     "stream_rows",
+    "window_losses",
 ]

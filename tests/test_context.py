@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc_lab.context import context_losses, stream_losses, stream_rows
+from posenc_lab.context import context_losses, stream_losses, stream_rows, window_losses
 from posenc_lab.model import MemoryTransformer
+from posenc_lab.positional import SCHEME_NAMES
 from tests import models
 from tests.schemes import GLOBAL_SINUSOID, LEARNED, SHAW, SINUSOID, XL
 
@@ -103,3 +104,27 @@ def test_stream_rows_are_contiguous_and_disjoint():
     assert (rows[:, 1:] - rows[:, :-1] == 1).all() and rows[1, 0] > rows[0, -1]
     with pytest.raises(ValueError, match="too few"):
         stream_rows(data, 20, 99)
+
+
+@pytest.mark.parametrize("name", SCHEME_NAMES)
+def test_window_losses_equal_a_fresh_window_per_token_and_context(name):
+    """One causal pass per window start (context.window_losses) gives, for every scheme, what a fresh window of
+    c + 1 inputs per scored token gives (the vanilla sliding window, computed here one window at a time), at
+    every c at once, including the scored tokens whose windows reach the row's end."""
+    model = make_model(name, n_layer=2)
+    tokens = torch.randint(V, (2, 30))
+    start, n, contexts = 9, 20, [2, 5, 9]
+    got = window_losses(model, tokens, contexts, score_start=start, n_score=n)
+    assert sorted(got) == contexts
+    with torch.no_grad():
+        model.eval()
+        for c in contexts:
+            for k in range(n):
+                i = start + k  # the scored input
+                w = tokens[:, i - c : i + 2]  # its c + 1 inputs and the target
+                out = model(w[:, :-1], w[:, 1:], mems=None, offset=0, mem_len=0)
+                torch.testing.assert_close(got[c].loss[:, k], out.token_loss[:, -1], atol=2e-5, rtol=1e-5)
+                assert torch.equal(got[c].correct[:, k], out.logits[:, -1].argmax(-1) == w[:, -1])
+            assert (got[c].offset == c).all()
+    with pytest.raises(ValueError, match="score_start"):
+        window_losses(model, tokens, [10], score_start=start, n_score=n)
