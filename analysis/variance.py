@@ -12,9 +12,10 @@ shift taken out). Moments, each unbiased under that model:
     intra-family correlation  rho = tau_f^2 / tau^2
     seed SD        sigma^2 = var_s(m[s]) - (token noise of one seed's mean)
 
-``python -m posenc_lab_analysis.variance DUMPS_DIR [--out FILE.json]``: DUMPS_DIR is a report's
-``dumps/as_trained/`` (or the report's ``dumps/``); pystdlib only, whose families are computed again from
-the standard library (about a minute). Pure numpy but for the family look-up.
+``python -m posenc_lab_analysis.variance DUMPS_DIR [--out FILE.json] [--components [FILE.json]]``: DUMPS_DIR is a
+report's ``dumps/as_trained/`` (or the report's ``dumps/``): the files are the dumps' documents and the families
+their units, on any corpus. ``--components`` writes what the simulation and the power statement read
+(``simulation_inputs``; default: analysis/variance_components.json). Pure numpy.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def measure(cells: dict[str, np.ndarray], files: np.ndarray, family: np.ndarray)
     ]
     return {
         "layout": layout(files, family),
+        "cells": {c: int(x.shape[0]) for c, x in cells.items()},
         "seeds": {
             c: dict(zip(("sd_of_means", "seed_sd"), seed_sd(x, files))) | {"n": x.shape[0]} for c, x in seeded.items()
         },
@@ -152,42 +154,64 @@ def measure(cells: dict[str, np.ndarray], files: np.ndarray, family: np.ndarray)
     }
 
 
-def pystdlib_families(split: str = "test") -> np.ndarray:
-    """[files of ``split``] the family of each file of the default pystdlib corpus, in split (text) order."""
-    import sysconfig
+def simulation_inputs(res: dict, pair: tuple[str, str]) -> dict:
+    """What ``coverage.py`` and ``ablate --plan`` read, from ``measure``'s result: the file SD of ``pair`` (the
+    difference whose interval the simulation studies: a close pair of the verdicts), the median intra-family
+    correlation over every pair (one pair's rests on few families; a negative one is simulated as 0), the token
+    noise law, each cell's seed SD (the median for ``default_seed_sd``), each cell's seeds and the layout."""
+    (found,) = [q for q in res["pairs"] if {q["a"], q["b"]} == set(pair)] or [None]
+    if found is None:
+        raise ValueError(f"no pair {pair[0]} - {pair[1]} in the dumps; their cells: {', '.join(res['cells'])}")
+    seed_sd = {c: round(s["seed_sd"], 4) for c, s in res["seeds"].items()}
+    return {
+        "components": {
+            "file_sd": round(found["file_sd"], 4),
+            "icc": round(max(0.0, res["median_icc"]), 2),
+            "kappa": round(res["noise"]["kappa"], 4),
+            "gamma": round(res["noise"]["gamma"], 3),
+            "default_seed_sd": round(float(np.median(list(seed_sd.values()))), 4),
+            "seed_sd": seed_sd,
+        },
+        "seeds": res["cells"],
+        "coverage_pair": list(pair),
+        "layout": res["layout"],
+    }
 
-    from posenc_lab.data.pystdlib import FILE_SEPARATOR, families, split_of_families, stdlib_files
 
-    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    rels = stdlib_files(stdlib)
-    texts = [(stdlib / r).read_bytes() + FILE_SEPARATOR for r in rels]
-    family = families(rels, texts)
-    split_of = split_of_families(rels, [len(t) for t in texts], family)
-    return np.array([f for r, f in zip(rels, family) if split_of[r] == split])
-
-
-def from_dumps(folder: Path, family: np.ndarray | None = None) -> dict:
-    """The components of the as-trained dumps in ``folder`` (a report's dumps/ or dumps/as_trained/)."""
+def from_dumps(folder: Path) -> dict:
+    """The components of the as-trained dumps in ``folder`` (a report's dumps/ or dumps/as_trained/): the files are
+    the dumps' documents, their families the dumps' units (``TokenLosses``), so any corpus serves."""
     from .dumps import read_dump, same_tokens
 
     folder = folder / "as_trained" if (folder / "as_trained").is_dir() else folder
     loaded = {p.stem: read_dump(p) for p in sorted(folder.glob("*.npz"))}
     if not loaded:
         raise ValueError(f"{folder} holds no as-trained dumps (<run>.npz)")
-    files = same_tokens(loaded)
+    same_tokens(loaded)  # one group: the same scored tokens in every dump
+    first = next(iter(loaded.values()))
+    documents, files = np.unique(first.token_documents, return_inverse=True)
+    family = np.zeros(len(documents), dtype=np.int64)
+    family[files] = first.token_units
     cells: dict[str, list] = {}
     for d in loaded.values():
         cells.setdefault(d.meta["cell"], []).append(d.at().astype(np.float64))
-    family = pystdlib_families(next(iter(loaded.values())).meta.get("split", "test")) if family is None else family
     return measure({c: np.stack(v) for c, v in cells.items()}, files, family)
 
 
 def main(argv=None) -> int:
-    """python -m posenc_lab_analysis.variance DUMPS_DIR [--out FILE]: the variance components of a report's
-    as-trained dumps (pystdlib), printed and written as JSON."""
+    """python -m posenc_lab_analysis.variance DUMPS_DIR [--out FILE] [--components [FILE]]: the variance
+    components of a report's as-trained dumps, printed and written as JSON."""
     p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.variance", description=main.__doc__)
     p.add_argument("dumps", type=Path)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="every measured figure, as JSON")
+    p.add_argument(
+        "--components",
+        type=Path,
+        nargs="?",
+        const=Path(__file__).with_name("variance_components.json"),
+        help="write the simulation's inputs here (default: analysis/variance_components.json)",
+    )
+    p.add_argument("--pair", nargs=2, help="the simulated difference's two cells (default: the file's own pair)")
     a = p.parse_args(argv)
     try:
         res = from_dumps(a.dumps)
@@ -210,6 +234,15 @@ def main(argv=None) -> int:
     print(f"token noise of a file mean, one seed: {res['noise']['kappa']:.3g} n^-{res['noise']['gamma']:.2f}")
     if a.out:
         a.out.write_text(json.dumps(res, indent=1))
+    if a.components:
+        try:
+            pair = a.pair or json.loads(a.components.read_text())["coverage_pair"]
+            inputs = simulation_inputs(res, tuple(pair))
+        except (ValueError, OSError, KeyError) as e:
+            print(f"error: --components: {e} (name the pair with --pair A B)", file=sys.stderr)
+            return 2
+        a.components.write_text(json.dumps(inputs, indent=1) + "\n")
+        print(f"wrote {a.components}")
     return 0
 
 
