@@ -1,6 +1,7 @@
 """Coverage of the report's intervals and the error rates of its verdicts, simulated at the variance components
-measured on the default ablation (``variance.py``), for a layout of the test split: today's (42 scored files
-in 14 families, one of them 48% of the tokens) or a designed one (30 families or more, equal tokens each).
+measured on the default ablation (``variance.py``), for a layout of the test split: the one the default ablation
+scores (``SPLIT``, measured with the components), the split before it was designed for inference (``BEFORE``: 42
+scored files in 14 families, one of them 48% of the tokens) or a designed one (30 families, equal tokens each).
 
 The simulated losses of cell c, seed s, on the tokens of file k in family g (nats):
 
@@ -47,10 +48,11 @@ class Layout:
         return n / n.sum()
 
 
-# The default ablation's as-trained tokens (64 streams x 4,096 of the pystdlib test split), measured with
-# ``python -m posenc_lab_analysis.variance`` on its dumps: 42 files, 14 families, the largest 48.4%.
-TODAY = Layout(
-    "today (14 families, largest 48%)",
+# The scored tokens of the default ablation before the test split was designed for inference (64 streams x 4,096
+# of the old pystdlib test split), measured with ``python -m posenc_lab_analysis.variance`` on its dumps: 42 files,
+# 14 families, the largest (asyncio) 48.4%: the layout issue 29's audit found, kept as the case of a dominant unit.
+BEFORE = Layout(
+    "before the family split (14 families, largest 48%)",
     (1188, 2908, 15898, 486, 2710, 5482, 4096, 4096, 8192, 3725, 371, 8192, 8192, 8192, 4096, 4891, 791, 2510, 1173,
      11115, 8192, 4096, 4096, 4084, 12, 4096, 16384, 7505, 12975, 1602, 6590, 8192, 8192, 12288, 25964, 1, 2416, 8483,
      20480, 876, 3220, 4096),
@@ -87,16 +89,21 @@ class Components:
         return self.seed_sd.get(cell, self.default_seed_sd)
 
 
-# Measured on the default ablation's dumps (analysis/README.md, "Variance components"; 2-3 seeds a cell): the
-# verdicts' close pairs have file SDs of 0.007-0.021 nats and intra-family correlations of -0.03 to 0.72; the
-# cells' seed SDs are 0-0.006 nats. The figures (and the cells they name) are data, in variance_components.json:
-# scheme names live in the registry, conf/ and the measurements, never in analysis/'s code.
-_MEASURED_FILE = Path(__file__).with_name("variance_components.json")
-_measured = json.loads(_MEASURED_FILE.read_text())
+# Measured on the default ablation's dumps (analysis/README.md, "Variance components"), written by
+# ``python -m posenc_lab_analysis.variance DUMPS --components``: the components, each cell's seeds, the pair whose
+# interval coverage() studies and the layout of the scored tokens. The figures (and the cells they name) are
+# data: scheme names live in the registry, conf/ and the measurements, never in analysis/'s code.
+COMPONENTS_FILE = Path(__file__).with_name("variance_components.json")
+_measured = json.loads(COMPONENTS_FILE.read_text())
 MEASURED = Components(**_measured["components"])
-# the simulated cells (those of the default ablation) and the pair whose interval coverage() studies
-CELLS = tuple(MEASURED.seed_sd)
+SEEDS: dict[str, int] = _measured["seeds"]  # the simulated cells (the default ablation's) and their seeds
+CELLS = tuple(SEEDS)
 PAIR = tuple(_measured["coverage_pair"])
+SPLIT = Layout(
+    f"the default test split ({_measured['layout']['families']} families)",
+    tuple(_measured["layout"]["file_tokens"]),
+    tuple(_measured["layout"]["file_family"]),
+)
 
 
 def _key(name: str) -> CellName:
@@ -116,8 +123,10 @@ class Simulator:
         self.noise_sd = np.sqrt(comps.kappa * n_k**-comps.gamma * m_k)[self.file]
         self.comps = comps
 
-    def cell(self, rng, name: str, seeds: int = 3) -> np.ndarray:
-        """[seeds, pseudo-tokens] of one cell at the null."""
+    def cell(self, rng, name: str, seeds: int | None = None) -> np.ndarray:
+        """[seeds, pseudo-tokens] of one cell at the null; seeds: the cell's in the default ablation (``SEEDS``),
+        else 3."""
+        seeds = seeds or SEEDS.get(name, 3)
         c = self.comps
         f = rng.normal(0, np.sqrt(c.icc / 2) * c.file_sd, self.G)[self.family]
         u = rng.normal(0, np.sqrt((1 - c.icc) / 2) * c.file_sd, self.K)[self.file]
@@ -126,7 +135,7 @@ class Simulator:
 
 
 def coverage(layout: Layout, comps: Components, reps: int, seed: int = 0, units: str = "family") -> dict:
-    """One difference (3 seeds a side) at the null: the coverage of its 95% interval, the rate at which a
+    """One difference (``PAIR``, each side its seeds) at the null: the coverage of its 95% interval, the rate at which a
     one-sided test at 5% rejects (either direction, each counted), and the median df."""
     rng = np.random.default_rng(seed)
     sim = Simulator(layout, comps)
@@ -176,18 +185,18 @@ def error_rates(
 
 def main(argv=None) -> int:
     """python -m posenc_lab_analysis.coverage [--reps N]: coverage and verdict error rates at the measured
-    components, for today's layout and a designed one (the tables of analysis/README.md)."""
+    components, for the default split, the split before it and a designed one (the tables of analysis/README.md)."""
     p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.coverage", description=main.__doc__)
     p.add_argument("--reps", type=int, default=2000)
     p.add_argument("--verdict-reps", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args(argv)
-    layouts = (TODAY, designed())
+    layouts = (SPLIT, BEFORE, designed())
     print("| layout | units | ICC | coverage of the 95% interval | one-sided 5% test rejects | median df |")
     print("|---|---|---|---|---|---|")
     for lay in layouts:
         for units in ("file", "family"):
-            for icc in (0.0, MEASURED.icc, 0.5, 0.72):
+            for icc in sorted({0.0, MEASURED.icc, 0.1, 0.5, 0.72}):
                 comps = Components(**{**MEASURED.__dict__, "icc": icc})
                 r = coverage(lay, comps, a.reps, a.seed, units)
                 print(

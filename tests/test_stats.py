@@ -193,14 +193,14 @@ def test_one_family_holding_half_the_tokens_gives_a_wide_interval():
     """The issue's layout (42 files, 14 families, asyncio 48% of the tokens), files of a family sharing half of
     their effect: with the files as units the 95% interval covers far less than 95% and is confident; with the
     families it covers, on one or two degrees of freedom, and is wide."""
-    from posenc_lab_analysis.coverage import MEASURED, TODAY, Components, Simulator
+    from posenc_lab_analysis.coverage import BEFORE, MEASURED, Components, Simulator
 
     comps = Components(**{**MEASURED.__dict__, "icc": 0.5, "file_sd": 0.05})
-    sim, rng = Simulator(TODAY, comps), np.random.default_rng(21)
+    sim, rng = Simulator(BEFORE, comps), np.random.default_rng(21)
     hits = {"file": 0, "family": 0}
     width = {"file": [], "family": []}
     for _ in range(200):
-        a, b = sim.cell(rng, "a"), sim.cell(rng, "b")
+        a, b = sim.cell(rng, "a", 3), sim.cell(rng, "b", 3)
         for name, units in (("file", sim.file), ("family", sim.family)):
             d = paired_difference(a, b, units)
             hits[name] += d.low <= 0 <= d.high
