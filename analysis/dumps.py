@@ -202,22 +202,27 @@ def _side(side: dict, key: str, positions: np.ndarray, default) -> np.ndarray:
     return np.asarray(side[key])[positions] if key in side else np.full(positions.shape, default)
 
 
+def as_trained_targets(n_data: int, s: AsTrained, split: str = "test") -> np.ndarray:
+    """[n_streams, n] the positions, in a split of ``n_data`` tokens, of the targets the as-trained evaluation
+    scores: ``s.n_streams`` streams spread evenly over the split, ``s.n_tokens`` each (fewer if it is short)."""
+    stride = (n_data - 1) // s.n_streams
+    n = min(s.n_tokens, stride)
+    if n < 1:
+        raise RunError(f"the {split} split ({n_data:,} tokens) is too short for {s.n_streams} streams")
+    return (np.arange(s.n_streams) * stride)[:, None] + 1 + np.arange(n)
+
+
 def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> TokenLosses:
     """The run evaluated as trained on ``s.n_streams`` x ``s.n_tokens`` targets of ``split`` (module doc)."""
     meta = {**_fingerprint(run), "kind": "as_trained", "split": split, "units": UNITS, **asdict(s)}
     if (d := _reuse(path, meta, log)) is not None:
         return d
     data, side = run.split(split)
-    stride = (len(data) - 1) // s.n_streams
-    n = min(s.n_tokens, stride)
-    if n < 1:
-        raise RunError(f"the {split} split ({len(data):,} tokens) is too short for {s.n_streams} streams")
-    starts = np.arange(s.n_streams) * stride
-    rows = np.asarray(data)[starts[:, None] + np.arange(n + 1)].astype(np.int64)
+    targets = as_trained_targets(len(data), s, split)
+    rows = np.asarray(data)[np.concatenate([targets[:, :1] - 1, targets], axis=1)].astype(np.int64)
     res = stream_losses(
         run.model(), rows, segment_len=run.segment_len, mem_len=run.mem_len, episode_len=run.episode_len
     )
-    targets = starts[:, None] + 1 + np.arange(n)
     d = TokenLosses(
         loss=res.loss.numpy()[None],
         correct=res.correct.numpy()[None],

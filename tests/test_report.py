@@ -213,6 +213,20 @@ def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
     assert cli.main(["ablate", "experiment=no_such_preset"]) == 2
 
 
+def test_the_plan_states_power_on_the_families_the_report_scores(tiny, capsys):
+    """`ablate --plan`'s power line names the families of the very tokens the report's as-trained evaluation
+    scores: their number and the largest one's share are those of the report's held-out-text section."""
+    from posenc_lab_analysis import ablate
+
+    assert ablate.main(["experiment=tiny", f"ablate.out={tiny}", "--plan"]) == 0
+    planned = re.search(
+        r"# power: (\d+) families in the scored tokens \(the largest (\d+\.\d)%\)", capsys.readouterr().out
+    )
+    report = (tiny / "report" / "report.md").read_text()
+    scored = re.search(r"They fall in (\d+) (?:families|documents), .*?the largest holding (\d+\.\d)% of them", report)
+    assert planned and scored and planned.groups() == scored.groups(), (planned, scored)
+
+
 def test_report_logs_to_wandb_offline(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))

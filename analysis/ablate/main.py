@@ -75,9 +75,13 @@ def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
 
 
 def _power_lines(cfg, specs) -> list[str]:
-    """The plan's power statement (``power.plan_lines``): the seeds of its main corpus's cells, the test split's
-    families, the verdicts of conf/paper.yaml and the measured components."""
+    """The plan's power statement (``power.plan_lines``): the seeds of its main corpus's cells, the families of the
+    test tokens the as-trained evaluation scores (``dumps.as_trained_targets``), the verdicts of conf/paper.yaml
+    and the measured components."""
+    import numpy as np
+
     from ..coverage import MEASURED
+    from ..dumps import AsTrained, as_trained_targets
     from ..power import plan_lines
     from ..runs import load_corpus_cached
     from ..verdicts import paper
@@ -88,11 +92,12 @@ def _power_lines(cfg, specs) -> list[str]:
     seeds = sorted({len(v) for k, v in seeds_by_cell(main_cells).items()})
     corpus = load_corpus_cached(cfg.data.name, cfg.data.get("root"), OmegaConf.to_container(cfg.data.corpus or {}))
     t = cfg.ablate.analysis.trained
+    targets = as_trained_targets(len(corpus.split("test")), AsTrained(int(t.n_streams), int(t.n_tokens)))
+    _, tokens_per_family = np.unique(corpus.families("test")[targets], return_counts=True)
     config = paper()
-    n_scored = int(t.n_streams) * int(t.n_tokens)
     return plan_lines(
-        corpus.family_sizes("test"),
-        n_scored,
+        tokens_per_family,
+        int(tokens_per_family.sum()),
         seeds,
         len(config["verdicts"]),
         float(config.get("alpha", 0.05)),
