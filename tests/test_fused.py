@@ -20,7 +20,7 @@ import torch.nn.attention.flex_attention as torch_flex
 from posenc_lab import bench
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import fused
-from tests.schemes import ALIBI, SHAW, SINUSOID, T5, XL
+from tests.schemes import ALIBI, FOX, SHAW, SINUSOID, T5, XL
 from tests.test_schemes import (
     MASKS,
     make_positions,
@@ -289,7 +289,7 @@ def test_attention_impl_is_no_part_of_a_runs_identity(tmp_path):
     not torch.cuda.is_available(),
     reason="needs a CUDA GPU: only there does the compiled flex_attention kernel run with its backward",
 )
-@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("name", (*FUSED, FOX))
 def test_compiled_cuda_fused_equals_unfused(monkeypatch, name):
     """What attention_impl=auto trains with on a GPU: the compiled kernels, forward and backward, over two
     segments with memory (the memory given from the start, so that one shape compiles)."""

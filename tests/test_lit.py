@@ -15,7 +15,7 @@ from posenc_lab.metrics import EvalStats, logged_metrics
 from posenc_lab.optim import warmup_cosine
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, record, recorded, tiny
-from tests.schemes import LEARNED, XL
+from tests.schemes import FOX, LEARNED, PATH, STICKBREAKING, XL
 
 
 def test_warmup_cosine_schedule():
@@ -26,56 +26,57 @@ def test_warmup_cosine_schedule():
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
 
 
-def test_resume_gives_the_same_next_losses(tmp_path, cache):
-    """Interrupt after step 4 of 8, resume from that checkpoint: steps 5..8 are those of the run
-    that never stopped. Dropout is on (RNG), memory carries across the cut, validation interleaves."""
-    common = [
-        "model.dropout=0.1",
-        "checkpoint_every=4",
-        "callbacks.checkpoint.save_top_k=-1",
-        "trainer.val_check_interval=3",
-    ]
-    full = train(
-        compose_config("train", tiny(tmp_path / "full", cache, *common, *record(tmp_path / "rec_full"), steps=8))
-    )
-    assert full["steps"] == 8
-    ckpt = tmp_path / "full" / "checkpoints" / "step0000004.ckpt"
+RESUME_AT, RESUME_STEPS = 4, 8
+RESUME_COMMON = [
+    "model.dropout=0.1",
+    f"checkpoint_every={RESUME_AT}",
+    "callbacks.checkpoint.save_top_k=-1",
+    "trainer.val_check_interval=3",
+]
+
+
+def resume_is_exact(tmp_path, cache, *extra: str) -> dict:
+    """Interrupt after step 4 of 8 and resume from that checkpoint: steps 5..8 must be those of the run that never
+    stopped (dropout on, validation interleaved, the data position and the memory carried across the cut). The
+    check can tell: resumed without the saved memory, step 5's loss differs. Returns the step-4 checkpoint."""
+    common = [*RESUME_COMMON, *extra]
+
+    def run(name: str, *more: str, steps: int = RESUME_STEPS) -> list[dict]:
+        overrides = tiny(tmp_path / name, cache, *common, *more, *record(tmp_path / f"rec_{name}"), steps=steps)
+        train(compose_config("train", overrides))
+        return recorded(tmp_path / f"rec_{name}")
+
+    before = run("full")
+    assert len(before) == RESUME_STEPS
+    ckpt = tmp_path / "full" / "checkpoints" / f"step{RESUME_AT:07d}.ckpt"
+    after = run("resumed", f"resume={ckpt}")
+    assert [s["step"] for s in after] == list(range(RESUME_AT + 1, RESUME_STEPS + 1))
+    assert [s["tokens"] for s in after] == [s["tokens"] for s in before[RESUME_AT:]]  # data position
+    assert not any(s["reset"] for s in after)  # so the memory matters
+    for x, y in zip(before[RESUME_AT:], after):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-6, rel=0)
+
     state = read_checkpoint(ckpt)
-    assert state["global_step"] == 4
+    forgetful = {**state, "posenc_lab": {**state["posenc_lab"], "train_mems": []}}
+    torch.save(forgetful, tmp_path / "no_mem.ckpt")
+    no_mem = run("no_mem", f"resume={tmp_path / 'no_mem.ckpt'}", steps=RESUME_AT + 1)
+    assert no_mem[0]["loss"] != pytest.approx(before[RESUME_AT]["loss"], abs=1e-6, rel=0)
+    return state
+
+
+def test_resume_gives_the_same_next_losses(tmp_path, cache):
+    state = resume_is_exact(tmp_path, cache)
+    assert state["global_step"] == RESUME_AT
     mems = state["posenc_lab"]["train_mems"]
     assert len(mems) == 2 and mems[0].shape == (4, 16, 64)  # n_layer x [B, mem_len, d_model]
-    assert state["SegmentDataModule"]["train"]["batch"] == 4
+    assert state["SegmentDataModule"]["train"]["batch"] == RESUME_AT
 
-    train(
-        compose_config(
-            "train",
-            tiny(tmp_path / "resumed", cache, *common, f"resume={ckpt}", *record(tmp_path / "rec_resumed"), steps=8),
-        )
-    )
-    before, after = recorded(tmp_path / "rec_full"), recorded(tmp_path / "rec_resumed")
-    assert [s["step"] for s in after] == [5, 6, 7, 8]
-    assert [s["tokens"] for s in after] == [s["tokens"] for s in before[4:]]  # data position
-    assert not any(s["reset"] for s in after)  # so the memory matters
-    for a, b in zip(before[4:], after):
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6, rel=0)
 
-    # The test can tell: without the saved memory the next loss differs.
-    state["posenc_lab"]["train_mems"] = []
-    torch.save(state, tmp_path / "no_mem.ckpt")
-    train(
-        compose_config(
-            "train",
-            tiny(
-                tmp_path / "no_mem",
-                cache,
-                *common,
-                f"resume={tmp_path / 'no_mem.ckpt'}",
-                *record(tmp_path / "rec_no_mem"),
-                steps=5,
-            ),
-        )
-    )
-    assert recorded(tmp_path / "rec_no_mem")[0]["loss"] != pytest.approx(before[4]["loss"], abs=1e-6, rel=0)
+@pytest.mark.parametrize("name", [FOX, STICKBREAKING, PATH])
+def test_the_data_dependent_schemes_resume_exactly(tmp_path, cache, name):
+    """Their gates and transforms of memory positions come from the memory's hidden states, which the
+    checkpoint carries as it carries any scheme's memory."""
+    resume_is_exact(tmp_path, cache, f"posenc={name}")
 
 
 def test_auto_resume_from_the_run_dir(tmp_path, cache):

@@ -27,7 +27,14 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: list[float]) -> torc
 
 
 def naive_theta(
-    scaling: str, s: float, L_orig: int, base: float = 10000.0, d: int = DH, partial: float = 1.0
+    scaling: str,
+    s: float,
+    L_orig: int,
+    base: float = 10000.0,
+    d: int = DH,
+    partial: float = 1.0,
+    low: float = 1.0,
+    high: float = 4.0,
 ) -> list[float]:
     theta = [base ** (-2 * c / d) for c in range(d // 2)]
     if scaling == "linear":
@@ -41,16 +48,16 @@ def naive_theta(
             g = 0.0 if r < 1 else 1.0 if r > 32 else (r - 1) / 31
             out.append((1 - g) * t / s + g * t)
         theta = out
-    if scaling == "llama3":  # Llama 3.1's apply_scaling, by wavelength, low_freq_factor 1, high_freq_factor 4
+    if scaling == "llama3":  # Llama 3.1's apply_scaling, by wavelength (low_freq_factor, high_freq_factor)
         out = []
         for t in theta:
             wavelength = 2 * math.pi / t
-            if wavelength < L_orig / 4:
+            if wavelength < L_orig / high:
                 out.append(t)
-            elif wavelength > L_orig / 1:
+            elif wavelength > L_orig / low:
                 out.append(t / s)
             else:
-                smooth = (L_orig / wavelength - 1) / (4 - 1)
+                smooth = (L_orig / wavelength - low) / (high - low)
                 out.append((1 - smooth) * t / s + smooth * t)
         theta = out
     rotated = int(partial * d // 2)  # p-RoPE: the first (highest-frequency) pairs turn, the others never
@@ -62,17 +69,24 @@ def naive_theta(
     [("none", 1.0), ("linear", 4.0), ("ntk", 4.0), ("yarn", 4.0), ("yarn", 1.0), ("llama3", 4.0), ("llama3", 8.0)],
 )
 @pytest.mark.parametrize("partial", [1.0, 0.5, 0.0])
-def test_scaled_rotation_equals_the_formula(scaling, factor, partial):
-    """With memory (keys at -M..-1); YaRN also multiplies the scores by (0.1 ln s + 1)^2."""
+@pytest.mark.parametrize("M", [7, 0])
+def test_scaled_rotation_equals_the_formula(scaling, factor, partial, M):
+    """With memory (keys at -M..-1) and without; YaRN also multiplies the scores by (0.1 ln s + 1)^2. Forward and
+    backward (q, k, v)."""
     L_orig = 600  # at d_h = 4: r_0 = 95 turns (kept), r_1 = 0.95 (interpolated): both ends of the ramp
     scheme = rope(scaling=scaling, factor=factor, original_len=L_orig, partial=partial)
-    pos, (q, k, v) = make_positions(5, 7), qkv(5, 7)
+    pos, (q, k, v) = make_positions(5, M), qkv(5, M)
     theta = naive_theta(scaling, factor, L_orig, partial=partial)
     temperature = (0.1 * math.log(factor) + 1) ** 2 if scaling == "yarn" else 1.0
-    scores = rotate(q, pos.q, theta) @ rotate(k, pos.k, theta).transpose(-1, -2) / math.sqrt(DH) * temperature
-    with torch.no_grad():
-        got = scheme.attend(0, q, k, v, pos, 0.0)
-    torch.testing.assert_close(got, masked_softmax(scores, pos.visible) @ v, atol=1e-5, rtol=1e-5)
+    got_in, want_in = ([t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2))
+    got = scheme.attend(0, *got_in, pos, 0.0)
+    scores = rotate(want_in[0], pos.q, theta) @ rotate(want_in[1], pos.k, theta).transpose(-1, -2) / math.sqrt(DH)
+    want = masked_softmax(scores * temperature, pos.visible) @ want_in[2]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    weights = torch.randn_like(got)
+    got_grads = torch.autograd.grad((got * weights).sum(), got_in)
+    for a, b in zip(got_grads, torch.autograd.grad((want * weights).sum(), want_in)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_linear_scaling_is_positions_divided_by_the_factor_and_yarn_at_one_is_none():
@@ -89,18 +103,22 @@ def test_linear_scaling_is_positions_divided_by_the_factor_and_yarn_at_one_is_no
         )
 
 
-def test_llama3_blends_between_its_two_wavelengths():
-    """d_h = 64, base 10000, L_orig 8192 (Llama 3.1's span at its head size): the pairs that turn more than 4 times
-    keep theta, fewer than once are divided by the factor, and one pair lies on the blend."""
-    scheme = build_scheme(ROPE, Dims(1, 128, 2), scaling="llama3", factor=8.0, original_len=8192)
+@pytest.mark.parametrize("low, high", [(1.0, 4.0), (2.0, 8.0)])
+def test_llama3_blends_between_its_two_wavelengths(low, high):
+    """d_h = 64, base 10000, L_orig 8192 (Llama 3.1's span at its head size): the pairs that turn more than
+    ``high`` times keep theta, fewer than ``low`` times are divided by the factor, and those between (a few pairs)
+    are Llama 3.1's blend, each pair against its formula by wavelength."""
+    options = {"scaling": "llama3", "factor": 8.0, "original_len": 8192, "low_freq_factor": low}
+    scheme = build_scheme(ROPE, Dims(1, 128, 2), **options, high_freq_factor=high)
     plain = build_scheme(ROPE, Dims(1, 128, 2)).inv_freq
     turns = 8192 * plain / (2 * math.pi)
-    kept, divided = turns > 4, turns < 1
-    assert kept.any() and divided.any() and (~kept & ~divided).any()
+    kept, divided = turns > high, turns < low
+    between = ~kept & ~divided
+    assert kept.any() and divided.any() and between.sum() >= 2
+    want = torch.tensor(naive_theta("llama3", 8.0, 8192, d=64, low=low, high=high))
+    torch.testing.assert_close(scheme.inv_freq, want, atol=0, rtol=1e-5)
     torch.testing.assert_close(scheme.inv_freq[kept], plain[kept])
     torch.testing.assert_close(scheme.inv_freq[divided], plain[divided] / 8)
-    between = ~kept & ~divided
-    assert ((scheme.inv_freq[between] < plain[between]) & (scheme.inv_freq[between] > plain[between] / 8)).all()
 
 
 def test_partial_rotation_leaves_the_low_frequencies_unrotated():

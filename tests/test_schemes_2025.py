@@ -131,6 +131,20 @@ def test_fox_fused_path_equals_naive(reference, L, M, same_length):  # noqa: F81
     assert_equals_naive(FOX, scheme, q, k, v, make_positions(L, M, same_length), x)
 
 
+@pytest.mark.slow  # compiles flex_attention for the CPU: 15-60 s on 2 shared cores
+def test_fox_compiled_cpu_forward_equals_naive():
+    """What attention_impl=fused runs in CPU evaluation: the compiled kernel with the cumulative gates captured
+    (no gradient: torch refuses flex_attention's backward on CPU; the CUDA test of tests/test_fused.py runs it)."""
+    scheme = make_scheme(FOX).eval()
+    scheme.attention_impl = "fused"
+    q, k, v, x = (t.detach() for t in new_inputs(5, 9))
+    pos = make_positions(5, 9, same_length=True)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            scheme.attend(1, q, k, v, pos, 0.0, x), naive_fox(scheme, 1, q, k, v, pos, x), atol=1e-5, rtol=1e-5
+        )
+
+
 def test_fox_takes_the_fused_path_on_cuda_and_sdpa_on_cpu(monkeypatch):
     scheme = make_scheme(FOX)
     on_cuda = type("Q", (), {"device": torch.device("cuda")})()
@@ -158,6 +172,36 @@ def test_path_chunks_equal_the_product_per_pair(L, M, C):
     visible = make_positions(L, M).visible
     got = path_scores(q, k, w, beta, chunk=C)
     torch.testing.assert_close(got.double()[..., visible], want[..., visible], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("L, M, C", [(5, 3, 2), (4, 9, 3), (7, 6, 4)])
+def test_path_chunks_carry_the_gradient_across_chunks(L, M, C):
+    """Backward through three to seven chunks (q carried back through U of each chunk passed, k to its chunk's end):
+    the gradients of q, k, w and beta against autograd through the per-pair product, in float64."""
+    q, k = torch.randn(B, H, L, DH, dtype=torch.float64), torch.randn(B, H, M + L, DH, dtype=torch.float64)
+    w = F.normalize(torch.randn(B, H, M + L, DH, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(B, H, M + L, dtype=torch.float64)
+    visible = make_positions(L, M).visible
+    weights = torch.randn(B, H, L, M + L, dtype=torch.float64) * visible
+
+    def per_pair(q, k, w, beta):
+        rows = []
+        for i in range(L):
+            row = []
+            for j in range(M + L):
+                key = k[:, :, j]
+                for t in range(j + 1, M + i + 1):
+                    key = key - beta[:, :, t, None] * (w[:, :, t] * key).sum(-1, keepdim=True) * w[:, :, t]
+                row.append((q[:, :, i] * key).sum(-1) if j <= M + i else torch.zeros(B, H, dtype=q.dtype))
+            rows.append(torch.stack(row, -1))
+        return torch.stack(rows, -2)
+
+    grads = []
+    for f in (lambda *x: path_scores(*x, chunk=C), per_pair):
+        leaves = [t.clone().requires_grad_() for t in (q, k, w, beta)]
+        grads.append(torch.autograd.grad((f(*leaves) * weights).sum(), leaves))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,18 +315,48 @@ def test_without_the_layer_input_they_say_what_they_need():
             make_scheme(name).attend(0, q, k, v, make_positions(5, 3), 0.0)
 
 
-@pytest.mark.parametrize("name", NEW)
-def test_each_trains_and_evaluates_past_its_training_memory(name, tmp_path):
-    """The entry points with no other edit: posenc=<name> trains with memory (episode resets included in the
-    recall stream), the checkpoint resumes exactly its state_dict, and evaluates at three times the memory."""
-    from posenc_lab.evaluate import evaluate_checkpoint, load_model
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, dict]:
+    """posenc=<name> with no other edit: each trained 2 tiny steps with memory on the recall stream (episode
+    resets included); name -> results.json. Exact resume: tests/test_lit.py."""
     from posenc_lab.train import train
     from tests.helpers_train import compose_config, tiny
 
-    results = train(compose_config("train", tiny(tmp_path / "run", tmp_path / "cache", f"posenc={name}", steps=2)))
-    longer = evaluate_checkpoint(results["checkpoint"], mem_len=48, max_batches=2)
-    assert math.isfinite(longer["loss"]) and longer["mem_len"] == 48
-    model = load_model(results["checkpoint"])
-    state = torch.load(results["checkpoint"], weights_only=True)["state_dict"]
-    for key, value in model.scheme.state_dict().items():
-        torch.testing.assert_close(state[f"model.scheme.{key}"], value, atol=0, rtol=0)
+    work = tmp_path_factory.mktemp("datadep-runs")
+    return {
+        name: train(compose_config("train", tiny(work / name, work / "cache", f"posenc={name}", steps=2)))
+        for name in NEW
+    }
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_each_evaluates_past_its_training_memory(trained, name):
+    from posenc_lab.evaluate import evaluate_checkpoint
+
+    longer = evaluate_checkpoint(trained[name]["checkpoint"], mem_len=48, max_batches=2)
+    assert math.isfinite(longer["loss"]) and longer["mem_len"] == 48 and longer["scheme"] == name
+
+
+def test_compare_reads_their_runs(trained, tmp_path, capsys):
+    """posenc-lab compare, fox against path on the recall stream (a word corpus): each side's figure is the
+    perplexity of its own dump's mean loss, the difference theirs in nats per word."""
+    import re
+    from pathlib import Path
+
+    import numpy as np
+
+    from posenc_lab_analysis import compare
+
+    runs = [str(Path(trained[n]["checkpoint"]).parents[1]) for n in (FOX, PATH)]
+    assert compare.main([*runs, "--n-streams", "4", "--n-tokens", "32", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    means = []
+    for side, run in zip("AB", runs):
+        (dump,) = tmp_path.glob(f"{side}_*.npz")
+        with np.load(dump) as d:
+            means.append(float(d["loss"][0][d["scored"]].mean()))
+        ppl = re.search(rf"^{side}: {re.escape(run)} \(1 seed\(s\)\): val ppl (\d+\.\d+) ", out, re.M)
+        assert ppl and float(ppl.group(1)) == pytest.approx(math.exp(means[-1]), rel=1e-3), out
+    shown = re.search(r"^A - B: ([-+]\d+\.\d+) .* nats per word", out, re.M)
+    assert shown and float(shown.group(1)) == pytest.approx(means[0] - means[1], abs=1e-4), out
+    assert "one seed" in out

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from posenc_lab.sweeps import engine
+from posenc_lab.sweeps.check import check_sweep
 from posenc_lab.sweeps.command import merge_overrides
 from posenc_lab.sweeps.run import main
 from posenc_lab.sweeps.state import SweepState
@@ -272,6 +273,26 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     rows = (out / "sweep.csv").read_text().splitlines()
     assert rows[0].startswith("trial,number,state,data.batch_size,metric,value") and len(rows) == 4
     assert (out / "sweep.png").is_file() and "**Best trial**" in (out / "sweep.md").read_text()
+
+
+def test_a_grid_over_the_data_dependent_schemes_runs(here):
+    """posenc=fox, stickbreaking and path in a sweep file, with no other edit: each trial trains its scheme with
+    memory, two at a time; and a grid over p-RoPE's fraction and Llama 3.1's scaling composes point by point."""
+    params = {"posenc": {"values": ["fox", "stickbreaking", "path"]}, "model.mem_len": {"values": [16]}}
+    out = here / "out"
+    assert main([str(sweep_file(here, parameters=params)), "--out", str(out), "--jobs", "2", *tiny()]) == 0
+    trials = state_of(out)["trials"]
+    assert [t["state"] for t in trials] == ["finished"] * 3
+    for t in trials:
+        config = yaml.safe_load((Path(t["run_dir"]) / "config.yaml").read_text())
+        assert config["posenc"]["name"] == t["params"]["posenc"] and config["model"]["mem_len"] == 16
+        assert json.loads((Path(t["run_dir"]) / "results.json").read_text())["steps"] == 6
+    rope = {"posenc": {"values": ["rope"]}, "posenc.partial": {"values": [0.25, 1.0]}}
+    rope["posenc.scaling"] = {"values": ["none", "llama3"]}
+    trials = check_sweep(sweep_file(here, name="rope.yaml", parameters=rope))
+    assert {(t[1], t[2]) for t in trials} == {
+        (f"posenc.partial={p}", f"posenc.scaling={s}") for p in (0.25, 1.0) for s in ("none", "llama3")
+    }
 
 
 def test_hyperband_stops_a_planted_bad_trial(here):
