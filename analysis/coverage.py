@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -30,6 +29,7 @@ from posenc_lab.tables import markdown_table
 
 from .cellnames import CellName
 from .stats import paired_difference
+from .variance import COMPONENTS_FILE
 from .verdicts import CONTRADICTED, REPRODUCED, Evidence, judge, paper
 
 TOKENS_PER_PSEUDO = 64
@@ -75,8 +75,9 @@ def designed(families: int = 30, n_tokens: int = 262144, seed: int = 0) -> Layou
 
 @dataclass(frozen=True)
 class Components:
-    """Measured components (nats): each cell's seed SD (``seed_sd``, or ``default_seed_sd``), the file SD of a
-    difference, its intra-family correlation, the token noise law of a file mean (kappa n^-gamma)."""
+    """Measured components (nats): each cell's seed SD, token noise out (``seed_sd``, or ``default_seed_sd``), the
+    file SD of a difference, its intra-family correlation, the token noise law of a file mean (kappa n^-gamma),
+    and the median SD of a cell's seed means, token noise in (``power.plan_lines``)."""
 
     file_sd: float
     icc: float
@@ -84,6 +85,7 @@ class Components:
     gamma: float
     default_seed_sd: float
     seed_sd: dict[str, float] = field(default_factory=dict)
+    seed_sd_of_means: float = float("nan")
 
     def of(self, cell: str) -> float:
         return self.seed_sd.get(cell, self.default_seed_sd)
@@ -93,7 +95,6 @@ class Components:
 # ``python -m posenc_lab_analysis.variance DUMPS --components``: the components, each cell's seeds, the pair whose
 # interval coverage() studies and the layout of the scored tokens. The figures (and the cells they name) are
 # data: scheme names live in the registry, conf/ and the measurements, never in analysis/'s code.
-COMPONENTS_FILE = Path(__file__).with_name("variance_components.json")
 _measured = json.loads(COMPONENTS_FILE.read_text())
 MEASURED = Components(**_measured["components"])
 SEEDS: dict[str, int] = _measured["seeds"]  # the simulated cells (the default ablation's) and their seeds

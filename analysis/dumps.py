@@ -212,6 +212,18 @@ def as_trained_targets(n_data: int, s: AsTrained, split: str = "test") -> np.nda
     return (np.arange(s.n_streams) * stride)[:, None] + 1 + np.arange(n)
 
 
+def scored_files(corpus, s: AsTrained, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(scored tokens of each document, its family) of the targets the as-trained evaluation of ``corpus`` scores
+    (``as_trained_targets``, less those its ``loss_mask`` leaves out): the layout of a report's intervals, before
+    any run is trained."""
+    targets = as_trained_targets(len(corpus.split(split)), s, split)
+    scored = _side(corpus.side.get(split, {}), "loss_mask", targets, True).astype(bool)
+    documents, files = np.unique(corpus.documents(split)[targets][scored], return_inverse=True)
+    family = np.zeros(len(documents), dtype=np.int64)
+    family[files] = corpus.families(split)[targets][scored]
+    return np.bincount(files, minlength=len(documents)), family
+
+
 def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> TokenLosses:
     """The run evaluated as trained on ``s.n_streams`` x ``s.n_tokens`` targets of ``split`` (module doc)."""
     meta = {**_fingerprint(run), "kind": "as_trained", "split": split, "units": UNITS, **asdict(s)}

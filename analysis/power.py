@@ -74,31 +74,34 @@ def planned(
     return {"n_seeds": n_seeds, "se": se, "df": float(df), "detectable": detectable(se, df, alpha, power)}
 
 
-def scored_layout(family_sizes: Sequence[int], n_scored: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, family) of the units an as-trained evaluation of ``n_scored`` tokens spread evenly over a split
-    scores: each family's share of the split's tokens (``Corpus.family_sizes``), one "file" per family."""
-    sizes = np.asarray(family_sizes, dtype=float)
-    tokens = np.maximum(1, np.round(sizes / sizes.sum() * n_scored)).astype(int)
-    return tokens, np.arange(len(tokens))
-
-
-def plan_lines(family_sizes: Sequence[int], n_scored: int, seeds: Sequence[int], n_verdicts: int, alpha: float, comps):
+def plan_lines(
+    file_tokens: Sequence[int],
+    file_family: Sequence[int],
+    seeds: Sequence[int],
+    n_verdicts: int,
+    alpha: float,
+    comps,
+):
     """What ``posenc-lab ablate --plan`` says a study can detect: for each number of seeds a cell, the smallest
     difference of two cells that a verdict tested at Holm's first step (alpha / (2 m): the strictest) finds with
-    80% power, at the measured components ``comps`` (``coverage.MEASURED``) on the split's families. The
-    intra-family correlation of the components is used; the cell-by-file SD is that of the closest pairs."""
-    tokens, family = scored_layout(family_sizes, n_scored)
-    share = tokens.max() / tokens.sum()
+    80% power, at the measured components ``comps`` (``coverage.MEASURED``: the median SD of a cell's seed means,
+    the file SD of the close pair and the intra-family correlation) on the layout the report will score (files
+    with their scored tokens and families: ``dumps.scored_files``). A projection: a verdict whose cells spread
+    more than the median, or whose pairs differ more from file to file, detects less (the report states each)."""
+    tokens, family = np.asarray(file_tokens), np.asarray(file_family)
+    _, per_family = np.unique(family, return_inverse=True)
+    by_family = np.bincount(per_family, weights=tokens)
+    share = by_family.max() / by_family.sum()
     level = alpha / (2 * max(1, n_verdicts))
     out = [
-        f"# power: {len(tokens)} families in the scored tokens (the largest {share:.1%}), {n_verdicts} verdicts "
-        f"(Holm's first step: one-sided alpha {level:.2g}); measured components: seed SD {comps.default_seed_sd} "
-        f"nats, cell-by-file SD {comps.file_sd} nats, intra-family correlation {comps.icc}"
+        f"# power: {len(by_family)} families in the scored tokens (the largest {share:.1%}), {n_verdicts} verdicts "
+        f"(Holm's first step: one-sided alpha {level:.2g}); measured components: SD of a cell's seed means "
+        f"{comps.seed_sd_of_means} nats, cell-by-file SD {comps.file_sd} nats, intra-family correlation {comps.icc}"
     ]
     for n in seeds:
         if n < 2:
             out.append(f"#   {n} seed a cell: no verdict is judged (one seed has no spread)")
             continue
-        p = planned(comps.default_seed_sd, comps.file_sd, comps.icc, tokens, family, n, level)
+        p = planned(comps.seed_sd_of_means, comps.file_sd, comps.icc, tokens, per_family, n, level)
         out.append(f"#   {n} seeds a cell: detects a difference of {p['detectable']:.4f} nats with 80% power")
     return out

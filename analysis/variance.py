@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+COMPONENTS_FILE = Path(__file__).with_name("variance_components.json")  # what coverage.py and ablate --plan read
+
 
 @dataclass(frozen=True)
 class PairComponents:
@@ -158,7 +160,8 @@ def simulation_inputs(res: dict, pair: tuple[str, str]) -> dict:
     """What ``coverage.py`` and ``ablate --plan`` read, from ``measure``'s result: the file SD of ``pair`` (the
     difference whose interval the simulation studies: a close pair of the verdicts), the median intra-family
     correlation over every pair (one pair's rests on few families; a negative one is simulated as 0), the token
-    noise law, each cell's seed SD (the median for ``default_seed_sd``), each cell's seeds and the layout."""
+    noise law, each cell's seed SD (the median for ``default_seed_sd``), the median SD of the seed means (for the
+    power statement), each cell's seeds and the layout."""
     (found,) = [q for q in res["pairs"] if {q["a"], q["b"]} == set(pair)] or [None]
     if found is None:
         raise ValueError(f"no pair {pair[0]} - {pair[1]} in the dumps; their cells: {', '.join(res['cells'])}")
@@ -171,6 +174,7 @@ def simulation_inputs(res: dict, pair: tuple[str, str]) -> dict:
             "gamma": round(res["noise"]["gamma"], 3),
             "default_seed_sd": round(float(np.median(list(seed_sd.values()))), 4),
             "seed_sd": seed_sd,
+            "seed_sd_of_means": round(float(np.median([s["sd_of_means"] for s in res["seeds"].values()])), 4),
         },
         "seeds": res["cells"],
         "coverage_pair": list(pair),
@@ -181,12 +185,14 @@ def simulation_inputs(res: dict, pair: tuple[str, str]) -> dict:
 def from_dumps(folder: Path) -> dict:
     """The components of the as-trained dumps in ``folder`` (a report's dumps/ or dumps/as_trained/): the files are
     the dumps' documents, their families the dumps' units (``TokenLosses``), so any corpus serves."""
-    from .dumps import read_dump, same_tokens
+    from .dumps import UNITS, read_dump, same_tokens
 
     folder = folder / "as_trained" if (folder / "as_trained").is_dir() else folder
     loaded = {p.stem: read_dump(p) for p in sorted(folder.glob("*.npz"))}
     if not loaded:
         raise ValueError(f"{folder} holds no as-trained dumps (<run>.npz)")
+    if stale := sorted(name for name, d in loaded.items() if d.meta.get("units") != UNITS):
+        raise ValueError(f"{', '.join(stale)}: dumps of before the units were families; rerun the report first")
     same_tokens(loaded)  # one group: the same scored tokens in every dump
     first = next(iter(loaded.values()))
     documents, files = np.unique(first.token_documents, return_inverse=True)
@@ -208,7 +214,7 @@ def main(argv=None) -> int:
         "--components",
         type=Path,
         nargs="?",
-        const=Path(__file__).with_name("variance_components.json"),
+        const=COMPONENTS_FILE,
         help="write the simulation's inputs here (default: analysis/variance_components.json)",
     )
     p.add_argument("--pair", nargs=2, help="the simulated difference's two cells (default: the file's own pair)")

@@ -130,6 +130,15 @@ def test_unknown_override_is_an_error(capsys):
     assert "no_such_key" in capsys.readouterr().err
 
 
+def test_a_power_statement_that_cannot_be_made_is_one_line(capsys, tmp_path):
+    """More streams than the split holds tokens: the plan names the split and the streams, exit 2."""
+    args = ["experiment=quick", f"ablate.out={tmp_path}", "ablate.analysis.trained.n_streams=100000000", "--plan"]
+    assert ablate.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc-lab ablate: error: the power statement: the test split (") and "\n" not in err
+    assert err.endswith("tokens) is too short for 100000000 streams")
+
+
 def plan(preset: str, *overrides: str):
     args = [f"experiment={preset}", *overrides]
     return make_plan(compose("ablate", args), args)

@@ -56,9 +56,15 @@ def test_the_plan_states_what_each_seed_count_detects_and_a_dominant_family_cost
     from posenc_lab_analysis.coverage import MEASURED
     from posenc_lab_analysis.power import plan_lines
 
-    def effects(sizes, seeds):
-        lines = plan_lines(sizes, 262_144, seeds, 7, 0.05, MEASURED)
-        assert lines[0].startswith(f"# power: {len(sizes)} families")
+    def layout(family_tokens):  # two files a family, of 1/3 and 2/3 of its scored tokens
+        tokens = [round(n * share) for n in family_tokens for share in (1 / 3, 2 / 3)]
+        return tokens, [g for g in range(len(family_tokens)) for _ in range(2)]
+
+    def effects(family_tokens, seeds):
+        lines = plan_lines(*layout(family_tokens), seeds, 7, 0.05, MEASURED)
+        share = max(family_tokens) / sum(family_tokens)
+        header = f"# power: {len(family_tokens)} families in the scored tokens (the largest {share:.1%})"
+        assert lines[0].startswith(header), lines[0]
         return [float(x) for line in lines[1:] for x in re.findall(r"difference of (\d+\.\d+) nats", line)]
 
     even = [1000] * 40
@@ -66,4 +72,4 @@ def test_the_plan_states_what_each_seed_count_detects_and_a_dominant_family_cost
     assert three > five > eight > 0
     (dominated,) = effects([40_000] + [1000] * 39, [5])
     assert dominated > 1.3 * five
-    assert "no verdict is judged" in plan_lines(even, 262_144, [1], 7, 0.05, MEASURED)[1]
+    assert "no verdict is judged" in plan_lines(*layout(even), [1], 7, 0.05, MEASURED)[1]

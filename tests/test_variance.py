@@ -11,7 +11,7 @@ import pytest
 
 from posenc_lab_analysis import variance
 from posenc_lab_analysis.coverage import Components, Simulator, designed
-from posenc_lab_analysis.dumps import TokenLosses, _write
+from posenc_lab_analysis.dumps import UNITS, TokenLosses, _write
 
 
 def _planted(file_sd: float, icc: float, seed_sd: float) -> Components:
@@ -47,7 +47,7 @@ def test_the_seed_sd_takes_the_token_noise_out():
     assert np.sqrt(np.mean(np.square(loud))) == pytest.approx(0.02, rel=0.2)
 
 
-def _dump(folder, run, cell, loss, documents, units):
+def _dump(folder, run, cell, loss, documents, units, kind=UNITS):
     rows = 1
     scored = np.ones((rows, loss.size), dtype=bool)
     d = TokenLosses(
@@ -58,7 +58,7 @@ def _dump(folder, run, cell, loss, documents, units):
         scored=scored,
         distance=np.zeros((rows, loss.size), dtype=np.int64),
         contexts=[64],
-        meta={"cell": cell, "run": run},
+        meta={"cell": cell, "run": run, "units": kind},
     )
     _write(folder / f"{run}.npz", d)
 
@@ -76,14 +76,32 @@ def test_the_command_reads_files_and_families_from_the_dumps_and_writes_the_simu
             _dump(folder, f"{cell}_{s}", cell, 2.0 + shift + rng.normal(0, 0.5, documents.size), documents, units)
     components = tmp_path / "components.json"
     components.write_text(json.dumps({"coverage_pair": ["y:mem8", "x:mem8"]}))
-    assert variance.main([str(tmp_path / "dumps"), "--components", str(components)]) == 0
+    assert (
+        variance.main([str(tmp_path / "dumps"), "--components", str(components), "--out", str(tmp_path / "all")]) == 0
+    )
     out = capsys.readouterr().out
+    measured = json.loads((tmp_path / "all").read_text())
     assert "3 files in 2 families; largest family 75.0% of the scored tokens" in out
     written = json.loads(components.read_text())
     assert written["seeds"] == {"x:mem8": 3, "y:mem8": 2} and written["coverage_pair"] == ["y:mem8", "x:mem8"]
     assert written["layout"]["file_tokens"] == [300, 300, 200] and written["layout"]["file_family"] == [0, 0, 1]
     comps = Components(**written["components"])
-    assert set(comps.seed_sd) == {"x:mem8", "y:mem8"} and comps.icc >= 0 and comps.kappa > 0
+    (pair,) = measured["pairs"]
+    assert comps.file_sd == round(pair["file_sd"], 4) and comps.icc == round(max(0.0, measured["median_icc"]), 2)
+    seeds = measured["seeds"]
+    assert comps.seed_sd == {c: round(seeds[c]["seed_sd"], 4) for c in ("x:mem8", "y:mem8")}
+    assert comps.default_seed_sd == round(float(np.median([seeds[c]["seed_sd"] for c in seeds])), 4)
+    assert comps.seed_sd_of_means == round(float(np.median([seeds[c]["sd_of_means"] for c in seeds])), 4)
+    assert comps.seed_sd_of_means > comps.default_seed_sd  # the token noise of the seed means is in it
 
     assert variance.main([str(tmp_path / "dumps"), "--components", str(components), "--pair", "x:mem8", "z"]) == 2
     assert "no pair x:mem8 - z in the dumps; their cells: x:mem8, y:mem8" in capsys.readouterr().err
+
+
+def test_dumps_of_before_the_family_units_are_refused_by_name(tmp_path):
+    """A dump whose units were its documents would make every file its own family: named, not measured."""
+    documents = np.repeat([0, 1], 50)
+    for run, kind in (("a_0", UNITS), ("a_1", UNITS), ("b_0", "document")):
+        _dump(tmp_path, run, run[0], np.ones(100), documents, documents, kind)
+    with pytest.raises(ValueError, match=r"^b_0: dumps of before the units were families; rerun the report first"):
+        variance.from_dumps(tmp_path)

@@ -75,13 +75,11 @@ def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
 
 
 def _power_lines(cfg, specs) -> list[str]:
-    """The plan's power statement (``power.plan_lines``): the seeds of its main corpus's cells, the families of the
-    test tokens the as-trained evaluation scores (``dumps.as_trained_targets``), the verdicts of conf/paper.yaml
-    and the measured components."""
-    import numpy as np
-
+    """The plan's power statement (``power.plan_lines``): the seeds of its main corpus's cells, the files and
+    families of the tokens the report's as-trained evaluation will score on its split (``dumps.scored_files``),
+    the verdicts of conf/paper.yaml and the measured components."""
     from ..coverage import MEASURED
-    from ..dumps import AsTrained, as_trained_targets
+    from ..dumps import scored_files
     from ..power import plan_lines
     from ..runs import load_corpus_cached
     from ..verdicts import paper
@@ -91,18 +89,10 @@ def _power_lines(cfg, specs) -> list[str]:
         return []
     seeds = sorted({len(v) for k, v in seeds_by_cell(main_cells).items()})
     corpus = load_corpus_cached(cfg.data.name, cfg.data.get("root"), OmegaConf.to_container(cfg.data.corpus or {}))
-    t = cfg.ablate.analysis.trained
-    targets = as_trained_targets(len(corpus.split("test")), AsTrained(int(t.n_streams), int(t.n_tokens)))
-    _, tokens_per_family = np.unique(corpus.families("test")[targets], return_counts=True)
+    shared = ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis, resolve=True)).shared
+    tokens, family = scored_files(corpus, shared.trained, shared.split)
     config = paper()
-    return plan_lines(
-        tokens_per_family,
-        int(tokens_per_family.sum()),
-        seeds,
-        len(config["verdicts"]),
-        float(config.get("alpha", 0.05)),
-        MEASURED,
-    )
+    return plan_lines(tokens, family, seeds, len(config["verdicts"]), float(config.get("alpha", 0.05)), MEASURED)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,8 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for sp in specs:
             print(f"#   {sp.name} ({statuses[sp.name]}): posenc-lab train {' '.join(sp.overrides)}")
         if "--plan" in flags:
-            for line in _power_lines(cfg, specs):
-                print(line)
+            try:
+                print("\n".join(_power_lines(cfg, specs)))
+            except (ValueError, PosencLabError) as e:
+                print(f"posenc-lab ablate: error: the power statement: {e}", file=sys.stderr)
+                return 2
         return 0
     with contextlib.ExitStack() as held:
         try:
