@@ -77,16 +77,24 @@ def naive_path_transforms(scheme, layer, x):
 def naive_path(scheme, layer, q, k, v, pos, x):
     """s_ij = q_i^T H_{M+i} ... H_{j+1} k_j / sqrt(d_h): k_j carried through H_{j+1}, then H_{j+2}, ... one by one."""
     w, beta = naive_path_transforms(scheme, layer, x)
-    L, N = pos.visible.shape
+    return masked_softmax(path_per_pair(q, k, w, beta) / math.sqrt(DH), pos.visible) @ v
+
+
+def path_per_pair(q, k, w, beta):
+    """[B, H, L, N] q_i^T H_{M+i} ... H_{j+1} k_j, k_j carried through H_{j+1}, then H_{j+2}, ... one by one (later
+    keys: 0)."""
+    L, N = q.shape[2], k.shape[2]
     M = N - L
-    scores = torch.zeros(B, H, L, N)
+    rows = []
     for i in range(L):
-        for j in range(M + i + 1):
+        row = []
+        for j in range(N):
             key = k[:, :, j]
             for t in range(j + 1, M + i + 1):  # H_t key = key - beta_t (w_t . key) w_t
                 key = key - beta[:, :, t, None] * (w[:, :, t] * key).sum(-1, keepdim=True) * w[:, :, t]
-            scores[:, :, i, j] = (q[:, :, i] * key).sum(-1) / math.sqrt(DH)
-    return masked_softmax(scores, pos.visible) @ v
+            row.append((q[:, :, i] * key).sum(-1) if j <= M + i else torch.zeros(B, H, dtype=q.dtype))
+        rows.append(torch.stack(row, -1))
+    return torch.stack(rows, -2)
 
 
 NAIVE = {FOX: naive_fox, STICKBREAKING: naive_stickbreaking, PATH: naive_path}
@@ -161,14 +169,7 @@ def test_path_chunks_equal_the_product_per_pair(L, M, C):
     (0, 2) and every w a unit vector, against the per-pair product in float64."""
     q, k = torch.randn(B, H, L, DH), torch.randn(B, H, M + L, DH)
     w, beta = F.normalize(torch.randn(B, H, M + L, DH), dim=-1), 2 * torch.rand(B, H, M + L)
-    want = torch.zeros(B, H, L, M + L, dtype=torch.float64)
-    for i in range(L):
-        for j in range(M + i + 1):
-            key = k[:, :, j].double()
-            for t in range(j + 1, M + i + 1):
-                wt = w[:, :, t].double()
-                key = key - beta[:, :, t, None] * (wt * key).sum(-1, keepdim=True) * wt
-            want[:, :, i, j] = (q[:, :, i].double() * key).sum(-1)
+    want = path_per_pair(*(x.double() for x in (q, k, w, beta)))
     visible = make_positions(L, M).visible
     got = path_scores(q, k, w, beta, chunk=C)
     torch.testing.assert_close(got.double()[..., visible], want[..., visible], atol=1e-5, rtol=1e-5)
@@ -184,20 +185,8 @@ def test_path_chunks_carry_the_gradient_across_chunks(L, M, C):
     visible = make_positions(L, M).visible
     weights = torch.randn(B, H, L, M + L, dtype=torch.float64) * visible
 
-    def per_pair(q, k, w, beta):
-        rows = []
-        for i in range(L):
-            row = []
-            for j in range(M + L):
-                key = k[:, :, j]
-                for t in range(j + 1, M + i + 1):
-                    key = key - beta[:, :, t, None] * (w[:, :, t] * key).sum(-1, keepdim=True) * w[:, :, t]
-                row.append((q[:, :, i] * key).sum(-1) if j <= M + i else torch.zeros(B, H, dtype=q.dtype))
-            rows.append(torch.stack(row, -1))
-        return torch.stack(rows, -2)
-
     grads = []
-    for f in (lambda *x: path_scores(*x, chunk=C), per_pair):
+    for f in (lambda *x: path_scores(*x, chunk=C), path_per_pair):
         leaves = [t.clone().requires_grad_() for t in (q, k, w, beta)]
         grads.append(torch.autograd.grad((f(*leaves) * weights).sum(), leaves))
     for got, want in zip(*grads):
@@ -331,10 +320,14 @@ def trained(tmp_path_factory) -> dict[str, dict]:
 
 @pytest.mark.parametrize("name", NEW)
 def test_each_evaluates_past_its_training_memory(trained, name):
-    from posenc_lab.evaluate import evaluate_checkpoint
+    """Evaluation loads every parameter of the scheme (its gates and maps) and serves three times the memory."""
+    from posenc_lab.evaluate import evaluate_checkpoint, load_model
 
     longer = evaluate_checkpoint(trained[name]["checkpoint"], mem_len=48, max_batches=2)
     assert math.isfinite(longer["loss"]) and longer["mem_len"] == 48 and longer["scheme"] == name
+    saved = torch.load(trained[name]["checkpoint"], weights_only=True)["state_dict"]
+    loaded = load_model(trained[name]["checkpoint"]).scheme.state_dict()
+    assert loaded and all(torch.equal(saved[f"model.scheme.{key}"], value) for key, value in loaded.items())
 
 
 def test_compare_reads_their_runs(trained, tmp_path, capsys):

@@ -23,6 +23,7 @@ from posenc_lab.sweeps.run import main
 from posenc_lab.sweeps.state import SweepState
 from posenc_lab.sweeps.table import seed_interval, sweep_frame, write_table
 from tests.helpers_train import CORPUS
+from tests.schemes import FOX, PATH, ROPE, STICKBREAKING
 from tests.test_slurm import slurm  # noqa: F401 - the real one-node SLURM fixture, for the slow SLURM test
 from tests.test_sweeps import read_wandb_records, wandb_run_summary
 
@@ -278,7 +279,7 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
 def test_a_grid_over_the_data_dependent_schemes_runs(here):
     """posenc=fox, stickbreaking and path in a sweep file, with no other edit: each trial trains its scheme with
     memory, two at a time; and a grid over p-RoPE's fraction and Llama 3.1's scaling composes point by point."""
-    params = {"posenc": {"values": ["fox", "stickbreaking", "path"]}, "model.mem_len": {"values": [16]}}
+    params = {"posenc": {"values": [FOX, STICKBREAKING, PATH]}, "model.mem_len": {"values": [16]}}
     out = here / "out"
     assert main([str(sweep_file(here, parameters=params)), "--out", str(out), "--jobs", "2", *tiny()]) == 0
     trials = state_of(out)["trials"]
@@ -287,7 +288,7 @@ def test_a_grid_over_the_data_dependent_schemes_runs(here):
         config = yaml.safe_load((Path(t["run_dir"]) / "config.yaml").read_text())
         assert config["posenc"]["name"] == t["params"]["posenc"] and config["model"]["mem_len"] == 16
         assert json.loads((Path(t["run_dir"]) / "results.json").read_text())["steps"] == 6
-    rope = {"posenc": {"values": ["rope"]}, "posenc.partial": {"values": [0.25, 1.0]}}
+    rope = {"posenc": {"values": [ROPE]}, "posenc.partial": {"values": [0.25, 1.0]}}
     rope["posenc.scaling"] = {"values": ["none", "llama3"]}
     trials = check_sweep(sweep_file(here, name="rope.yaml", parameters=rope))
     assert {(t[1], t[2]) for t in trials} == {
