@@ -218,10 +218,16 @@ def scored_files(corpus, s: AsTrained, split: str) -> tuple[np.ndarray, np.ndarr
     any run is trained."""
     targets = as_trained_targets(len(corpus.split(split)), s, split)
     scored = _side(corpus.side.get(split, {}), "loss_mask", targets, True).astype(bool)
-    documents, files = np.unique(corpus.documents(split)[targets][scored], return_inverse=True)
-    family = np.zeros(len(documents), dtype=np.int64)
-    family[files] = corpus.families(split)[targets][scored]
-    return np.bincount(files, minlength=len(documents)), family
+    files, family = file_layout(corpus.documents(split)[targets][scored], corpus.families(split)[targets][scored])
+    return np.bincount(files, minlength=len(family)), family
+
+
+def file_layout(documents: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """documents, units: [tokens] -> (the file of each token, numbered 0..K-1; [K] the family of each file)."""
+    ids, files = np.unique(documents, return_inverse=True)
+    family = np.zeros(len(ids), dtype=np.int64)
+    family[files] = units
+    return files, family
 
 
 def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> TokenLosses:

@@ -185,7 +185,7 @@ def simulation_inputs(res: dict, pair: tuple[str, str]) -> dict:
 def from_dumps(folder: Path) -> dict:
     """The components of the as-trained dumps in ``folder`` (a report's dumps/ or dumps/as_trained/): the files are
     the dumps' documents, their families the dumps' units (``TokenLosses``), so any corpus serves."""
-    from .dumps import UNITS, read_dump, same_tokens
+    from .dumps import UNITS, file_layout, read_dump, same_tokens
 
     folder = folder / "as_trained" if (folder / "as_trained").is_dir() else folder
     loaded = {p.stem: read_dump(p) for p in sorted(folder.glob("*.npz"))}
@@ -195,9 +195,7 @@ def from_dumps(folder: Path) -> dict:
         raise ValueError(f"{', '.join(stale)}: dumps of before the units were families; rerun the report first")
     same_tokens(loaded)  # one group: the same scored tokens in every dump
     first = next(iter(loaded.values()))
-    documents, files = np.unique(first.token_documents, return_inverse=True)
-    family = np.zeros(len(documents), dtype=np.int64)
-    family[files] = first.token_units
+    files, family = file_layout(first.token_documents, first.token_units)
     cells: dict[str, list] = {}
     for d in loaded.values():
         cells.setdefault(d.meta["cell"], []).append(d.at().astype(np.float64))
