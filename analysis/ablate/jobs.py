@@ -8,6 +8,7 @@ then carries the signal to ``ablate.main``, which says what was kept and how to 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -21,12 +22,12 @@ from pathlib import Path
 from posenc_lab.checkpoints import CheckpointError, read_checkpoint
 from posenc_lab.compose import quote
 from posenc_lab.errors import Interrupted, signal_name
-from posenc_lab.io import CorruptFileError, read_json, write_json
-from posenc_lab.processes import spawn, stop
+from posenc_lab.processes import spawn
 from posenc_lab.rundir import RunDir
 
 from .outdir import AblationDir
 from .plan import RunSpec
+from .times import Times, process_cpu_s
 
 GRACE_S = 60  # a training process gets this long to save its checkpoint after the signal
 
@@ -69,9 +70,11 @@ def run_jobs(
     threads: int | None,
     progress: Progress,
     log,
+    ledger: Times,
 ) -> dict[str, dict]:
-    """Train every spec whose status is not "reused"; {name: {status, wall_s, cpu_s}}. RuntimeError naming a
-    run that failed (with the end of its log); Interrupted on a signal, after stopping the processes."""
+    """Train every spec whose status is not "reused"; {name: {status, wall_s, cpu_s}} of this invocation, each
+    run's seconds also in ``ledger`` as soon as its process ends (and while it runs). RuntimeError naming a run
+    that failed (with the end of its log); Interrupted on a signal, after stopping the processes."""
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
@@ -94,6 +97,7 @@ def run_jobs(
                     progress.done += 1
                     log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(out.run(spec.name))})")
                     continue
+                ledger.start(spec.name, fresh=not out.run(spec.name).exists())
                 with open(out.log(spec.name), "ab") as f:
                     proc = spawn(train_command(spec, out.run(spec.name)), env, f)
                 running[proc.pid] = (spec, proc, time.perf_counter(), status[spec.name])
@@ -102,43 +106,63 @@ def run_jobs(
                     f"(pid {proc.pid}; {show()})"
                 )
             finished = []
-            for pid, (_, proc, *_) in running.items():
+            for pid, (spec, proc, start, _) in running.items():
                 got, wait_status, usage = os.wait4(pid, os.WNOHANG)
                 if got:
                     proc.returncode = os.waitstatus_to_exitcode(wait_status)
                     finished.append((pid, usage))
+                else:  # its seconds so far, for a kill -9 of this process
+                    ledger.update(spec.name, time.perf_counter() - start, process_cpu_s(pid), "running")
             for pid, usage in finished:
                 spec, proc, start, what = running.pop(pid)
+                t = {"status": what, "wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime}
+                ledger.end(spec.name, t["wall_s"], t["cpu_s"], what if proc.returncode == 0 else "failed")
                 if proc.returncode != 0:
                     tail = out.log(spec.name).read_text(errors="replace").strip().splitlines()[-15:]
                     raise RuntimeError(
                         f"training {spec.name} exited with code {proc.returncode}; the end of its log "
                         f"{out.log(spec.name)}:\n  " + "\n  ".join(tail)
                     )
-                times[spec.name] = {
-                    "status": what,
-                    "wall_s": time.perf_counter() - start,
-                    "cpu_s": usage.ru_utime + usage.ru_stime,
-                }
+                times[spec.name] = t
                 progress.done += 1
                 log(
-                    f"[{index[spec.name]}/{len(specs)}] {spec.name}: {what} ({_seconds(times[spec.name])}, "
+                    f"[{index[spec.name]}/{len(specs)}] {spec.name}: {what} ({_seconds(t)}, "
                     f"{result_line(out.run(spec.name))}; {show()})"
                 )
             if running and not finished:
                 time.sleep(0.5)
     except Interrupted as e:
-        stop_running(running, e.signum)
+        stop_running(running, e.signum, ledger)
         raise
     finally:
-        stop_running(running, signal.SIGTERM)
+        stop_running(running, signal.SIGTERM, ledger)
     return times
 
 
-def stop_running(running: dict, signum: int) -> None:
-    """Pass ``signum`` on to the training processes still running, give them GRACE_S to save, then kill."""
-    stop([proc for _, proc, *_ in running.values()], signum, GRACE_S)
-    running.clear()
+def stop_running(running: dict, signum: int, ledger: Times) -> None:
+    """Pass ``signum`` on to the training processes still running, give them GRACE_S to save, then kill; each
+    one's seconds go to ``ledger`` as "stopped" when it is reaped (``os.wait4``: its CPU seconds with it)."""
+    for _, proc, *_ in running.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+    deadline = time.monotonic() + GRACE_S
+    while running:
+        late = time.monotonic() >= deadline
+        for pid in list(running):
+            if late:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            try:
+                got, wait_status, usage = os.wait4(pid, 0 if late else os.WNOHANG)
+            except ChildProcessError:  # reaped just before the signal came: its CPU seconds are not known
+                got, wait_status, usage = pid, 0, None
+            if got:
+                spec, proc, start, _ = running.pop(pid)
+                proc.returncode = os.waitstatus_to_exitcode(wait_status)
+                cpu = usage.ru_utime + usage.ru_stime if usage else None
+                ledger.end(spec.name, time.perf_counter() - start, cpu, "stopped")
+        if running:
+            time.sleep(0.2)
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
@@ -183,19 +207,8 @@ def interrupted_message(signum: int, progress: Progress, specs: Sequence[RunSpec
                 )
             )
     if progress.stage.startswith("analysis"):
-        lines.append(f"The report in {out.report} is not complete; it is written again when you continue.")
+        lines.append(
+            f"The new report is not complete ({out.report} is left as it was); it is written when you continue."
+        )
     lines.append(f"Continue with: {continue_command(overrides, out)}")
     return "\n".join(lines)
-
-
-def record_times(path: Path, times: dict[str, dict], log) -> None:
-    """Add this invocation's training times to ``ablate_times.json`` (a damaged file is named and replaced)."""
-    recorded = {}
-    if path.is_file():
-        try:
-            recorded = read_json(path)
-        except CorruptFileError as e:
-            log(f"{e.args[0].split(';')[0]}: starting it afresh")
-        recorded = recorded if isinstance(recorded, dict) else {}
-    recorded.update({k: v for k, v in times.items() if v["status"] != "reused"})
-    write_json(path, recorded)

@@ -27,11 +27,11 @@ from .jobs import (
     continue_command,
     interrupted_message,
     raise_interrupted,
-    record_times,
     run_jobs,
 )
 from .outdir import AblationDir
 from .plan import check_grid, experiment_of, plan, seeds_by_cell, status
+from .times import Times
 
 FLAGS = ("--cfg", "--plan", "--train-only")
 
@@ -53,7 +53,7 @@ def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
     """(out, specs, statuses, jobs): everything checked before anything is trained or written."""
     a = cfg.ablate
     out = AblationDir(a.out)
-    if problem := out.problem():
+    if problem := out.problem() or out.foreign():  # before anything is loaded, trained or written
         raise ValueError(problem)
     specs = plan(cfg, overrides)
     jobs = a.get("jobs")
@@ -134,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(out.lock())  # one ablate at a time writes the folder
+            out.claim()
         except RunDirError as e:
             print(f"posenc-lab ablate: error: {e}", file=sys.stderr)
             return 2
@@ -167,14 +168,13 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
             shutil.rmtree(out.run(spec.name), ignore_errors=True)
     progress.stage = "training"
     try:
-        times = run_jobs(specs, statuses, out, jobs, a.get("threads"), progress, log)
+        times = run_jobs(specs, statuses, out, jobs, a.get("threads"), progress, log, Times(out.times, log))
     except RuntimeError as e:
         finished = sum(1 for s in specs if RunDir(out.run(s.name)).finished)
         log(f"training FAILED: {e}")
         kept = f"{finished} finished run(s) are kept in {out.runs}; " if finished else "no run finished; "
         log(f"{kept}continue with: {continue_command(overrides, out)}")
         return 1
-    record_times(out.times, times, log)
     fresh = [t for t in times.values() if t["status"] != "reused"]
     train_note = (
         f"{sum(t['wall_s'] for t in fresh):.0f} s wall / {sum(t['cpu_s'] or 0 for t in fresh):.0f} s CPU of training "
@@ -196,9 +196,10 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         f"{', '.join(multi) or 'none'}.",
     ]
     command = "posenc-lab ablate" + ("" if not overrides else " " + " ".join(overrides))
+    new = out.new_report()  # swapped in for report/ when complete (outdir's docstring)
     path = build_report(
         loaded,
-        out.report,
+        new,
         settings,
         title=f"posenc-lab ablation report: {a.name}",
         meta={"command": f"Command: `{command}`.", "notes": notes, "smoke": bool(a.get("smoke"))},
@@ -206,6 +207,7 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         jobs=jobs,  # the runs' dumps in as many processes as trained at once, with their threads
         threads=a.get("threads"),
     )
+    path = out.publish_report(new) / path.relative_to(new)
     if a.get("wandb_project"):
         from ..wandb_upload import upload  # wandb loads only when asked for
 
