@@ -31,6 +31,10 @@ SLOW = {
     "test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[2-15]": "the [1-2] case",
     "test_ablate.py::test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work": "test_report's damaged files",
     "test_ablate.py::test_a_failed_run_says_no_run_finished_when_none_did": "test_ablate's bad grid settings",
+    "test_ablate_outdir.py::test_ablate_times_keeps_every_run_through_sigterm_and_a_kill_9_of_ablate": "test_ablate_"
+    "outdir's stopped attempt (the ledger with a real process)",
+    "test_ablate_outdir.py::test_the_report_is_rewritten_whole_and_keeps_its_dumps": "test_ablate_outdir's "
+    "interrupted report (the swap itself)",
     "test_sweep_run.py::test_hyperband_stops_a_planted_bad_trial": "the sweep runner's grid tests",
     "test_sweep_run.py::test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues": "the runner's state tests",
     "test_sweeps.py::test_two_job_multirun_and_report": "test_report's multirun folder, test_sweeps' composition",

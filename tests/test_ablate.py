@@ -27,6 +27,7 @@ from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind
 from posenc_lab_analysis import ablate
 from posenc_lab_analysis.ablate.jobs import continue_command
+from posenc_lab_analysis.ablate.outdir import AblationDir
 from posenc_lab_analysis.ablate.plan import plan as make_plan
 from posenc_lab_analysis.ablate.plan import seeds_by_cell
 from posenc_lab_analysis.report import ReportSettings
@@ -360,6 +361,7 @@ def test_a_failed_run_says_no_run_finished_when_none_did(tmp_path, capsys):
     args = [*SMALL_GRID, "ablate.recurrence=[true]", "trainer.max_steps=2", f"ablate.out={out}", "--train-only"]
     assert ablate.main([*args, "+trainer.no_such_argument=1"]) == 2  # refused by the validator before training
     assert not (out / "runs").exists()
+    AblationDir(out).claim()  # a folder an earlier ablate made, where a run directory holds a file of another's
     (out / "runs" / "xl_mem16_full_seed0").mkdir(parents=True)
     (out / "runs" / "xl_mem16_full_seed0" / "notes.txt").write_text("not a run")  # train refuses this folder
     assert ablate.main(args) == 1

@@ -97,10 +97,11 @@ def run_jobs(
                     progress.done += 1
                     log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(out.run(spec.name))})")
                     continue
-                ledger.start(spec.name, fresh=not out.run(spec.name).exists())
+                ledger.start(spec.name, out.run(spec.name))
                 with open(out.log(spec.name), "ab") as f:
                     proc = spawn(train_command(spec, out.run(spec.name)), env, f)
                 running[proc.pid] = (spec, proc, time.perf_counter(), status[spec.name])
+                ledger.update(spec.name, 0.0, 0.0, "running", force=True)
                 log(
                     f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status[spec.name].replace('ed', 'ing')} "
                     f"(pid {proc.pid}; {show()})"

@@ -163,12 +163,14 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         f"ablate {a.name}: {len(specs)} runs -> {out.runs}; report -> {out.report} ({jobs} at a time, "
         f"{a.get('threads') or 'all'} torch thread(s) each)"
     )
+    ledger = Times(out.times, log)
     if a.retrain:
         for spec in specs:
             shutil.rmtree(out.run(spec.name), ignore_errors=True)
+            ledger.drop(spec.name)
     progress.stage = "training"
     try:
-        times = run_jobs(specs, statuses, out, jobs, a.get("threads"), progress, log, Times(out.times, log))
+        times = run_jobs(specs, statuses, out, jobs, a.get("threads"), progress, log, ledger)
     except RuntimeError as e:
         finished = sum(1 for s in specs if RunDir(out.run(s.name)).finished)
         log(f"training FAILED: {e}")

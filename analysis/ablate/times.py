@@ -7,8 +7,9 @@ and the one that continued it, each count), so they say what the run cost. ``sta
 "trained" or "resumed" (it ended well, from the start or from a checkpoint), "stopped" (by a signal), "failed"
 (another exit), or "running" (in progress; while a run trains its entry is rewritten every ``HEARTBEAT_S``, so
 that a kill -9 of ablate itself loses at most that much; the next attempt continues the sum). A run reused
-finished adds nothing. A run whose directory is made anew (``ablate.retrain``, or deleted by hand) starts a new
-sum. The file is rewritten atomically each time; only the ablate that holds the folder's lock writes it.
+finished adds nothing. A run trained anew (``ablate.retrain``, or a finished run whose directory was deleted by
+hand) starts a new sum. The file is rewritten atomically each time; only the ablate that holds the folder's lock
+writes it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from posenc_lab.io import CorruptFileError, read_json, write_json
 
 HEARTBEAT_S = 5.0  # how often a running run's entry is rewritten
+FINISHED = ("trained", "resumed")  # the status of an attempt that ended well
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -48,11 +50,16 @@ class Times:
         self._before: dict[str, dict] = {}  # run -> its entry before the attempt in progress
         self._written = 0.0
 
-    def start(self, name: str, fresh: bool) -> None:
-        """An attempt of run ``name`` begins (``fresh``: its run directory is new, the earlier sum is dropped)."""
-        before = {} if fresh else self.recorded.get(name, {})
-        self._before[name] = before
-        self.update(name, 0.0, 0.0, "running", force=True)
+    def drop(self, name: str) -> None:
+        """Run ``name`` is trained anew (``ablate.retrain``): its earlier attempts are no part of it."""
+        self.recorded.pop(name, None)
+
+    def start(self, name: str, run_dir: Path) -> None:
+        """An attempt of run ``name`` into ``run_dir`` is about to start its process (``update`` writes it once the
+        process runs). A run that had finished and whose directory is gone (deleted by hand) starts a new sum; an
+        attempt killed before it made the directory is still counted."""
+        before = self.recorded.get(name, {})
+        self._before[name] = {} if before.get("status") in FINISHED and not run_dir.exists() else before
 
     def update(self, name: str, wall_s: float, cpu_s: float | None, status: str, force: bool = False) -> None:
         """The attempt in progress of ``name`` has taken ``wall_s`` and ``cpu_s`` so far; rewritten at most every
