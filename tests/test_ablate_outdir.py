@@ -208,6 +208,19 @@ def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
     }
 
 
+def test_an_entry_of_before_the_attempt_count_counts_as_one_attempt(tmp_path):
+    path = tmp_path / "ablate_times.json"
+    path.write_text('{"r": {"status": "trained", "wall_s": 5.0, "cpu_s": 4.0}}')
+    ledger = Times(path)
+    ledger.start("r", tmp_path)  # the run's directory is there: the run is extended
+    ledger.end("r", 1.0, 1.0, "resumed")
+    assert {k: json.loads(path.read_text())["r"][k] for k in ("attempts", "wall_s", "cpu_s")} == {
+        "attempts": 2,
+        "wall_s": 6.0,
+        "cpu_s": 5.0,
+    }
+
+
 class SlowSteps(L.Callback):
     """Each training step takes ``seconds`` longer: a run lasts long enough to be stopped where the test wants."""
 

@@ -4,8 +4,12 @@ Trains the grid of a preset (the schemes of ``ablate.schemes`` with and without 
 the optional recall grid it asks for), each cell once per seed, then runs every analysis and writes the report:
 
     <ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/   one `posenc-lab train` run directory each
-    <ablate.out>/report/report.md                        the report, its CSVs and PNGs
-    <ablate.out>/ablate_times.json                       wall and CPU seconds of every run
+    <ablate.out>/report/report.md                        the report, its CSVs and PNGs (rewritten whole each time)
+    <ablate.out>/ablate_times.json                       wall and CPU seconds of every run, summed over its attempts
+
+``ablate.out`` is a new or empty folder, or one an earlier `posenc-lab ablate` made (marked by its
+``.ablate.json``), which it continues; a folder of other files is refused in one line before anything is loaded
+(``outdir.py``).
 
 Config: conf/ablate.yaml (which composes conf/train.yaml) and a preset from conf/experiment/ (`ablation` by
 default, `quick` as a smoke run of a few minutes, `zoo` for every registered scheme, `wt103_table6` for the
@@ -19,7 +23,8 @@ its last checkpoint. Ctrl-C or SIGTERM stops cleanly (exit 130 / 143) and prints
     posenc-lab ablate --train-only                  # train the grid, no analysis or report
 
 Layout: ``plan.py`` (the grid and what each run needs), ``jobs.py`` (training processes, signals),
-``outdir.py`` (the output folder: its files and its lock), ``main.py`` (the command).
+``outdir.py`` (the output folder: its files, whose it is, its lock, the report's swap), ``times.py``
+(ablate_times.json), ``main.py`` (the command).
 """
 
 from .main import main

@@ -70,7 +70,7 @@ class Times:
             "status": status,
             "wall_s": round(float(before.get("wall_s") or 0.0) + wall_s, 3),
             "cpu_s": None if all(c is None for c in cpu) else round(sum(float(c or 0.0) for c in cpu), 3),
-            "attempts": int(before.get("attempts") or 0) + 1,
+            "attempts": int(before.get("attempts") or (1 if before else 0)) + 1,  # an entry of before the count: 1
             "updated": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         if force or time.monotonic() - self._written >= HEARTBEAT_S:
