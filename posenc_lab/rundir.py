@@ -269,6 +269,15 @@ class RunDir:
             )
         return config
 
+    def composed_config(self) -> dict[str, Any] | None:
+        """.hydra/config.yaml: the config as composed, its interpolations unresolved (``data.seed: ${seed}``);
+        None without a readable one (a run trained from Python has none)."""
+        try:
+            config = yaml.safe_load((self.hydra_dir / self.CONFIG).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            return None
+        return config if isinstance(config, dict) else None
+
     def check_folders(self) -> None:
         """RunDirError naming the problem if this directory, its checkpoints/ or its .lock cannot be what they must
         (checked before anything is loaded or written)."""
