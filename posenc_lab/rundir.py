@@ -128,7 +128,9 @@ class Results:
     ``val`` and ``test`` hold ``{loss, <figure>, tokens}`` (loss in nats per scored token; the figure is
     ``metrics.figure_name`` of the corpus unit: bpb, bpc or ppl) plus, on recall, ``{acc, answers,
     acc_by_distance: {"1-7": ..., "8-15": ...}}``; ``schedule``: the learning-rate schedule each stretch
-    of steps was trained under (one entry per invocation that trained)."""
+    of steps was trained under (one entry per invocation that trained); ``health``: whether the final state is
+    healthy by the rule of a good checkpoint (``{ok, checkpoint, step, loss, loss_from, loss_limit, weights, good}``,
+    ``checkpoints.Checkpointing.final_health``; None without checkpoints)."""
 
     scheme: str
     posenc: dict  # the scheme's options
@@ -154,6 +156,7 @@ class Results:
     val: dict | None = None
     test: dict | None = None
     schedule: list = field(default_factory=list)
+    health: dict | None = None
 
 
 class RunDir:
