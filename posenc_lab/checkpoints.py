@@ -11,8 +11,8 @@ was finite and no weight or memory value beyond SANE_*_ABS (trained weights are 
 stream O(10-100); a diverging run reaches 1e6 and more), and (2) the training step right after it, from
 exactly its weights and memory, gave a finite loss of at most SANE_LOSS_RATIO times the loss of a
 uniform guess, ln(vocab_size) (a model far worse than guessing is broken). The final state, which no step
-follows, is judged by the same rule at the end of training (``Checkpointing.final_health``): its val loss stands in
-for the next step's.
+follows, is judged by the same rule at the end of training (``Checkpointing.final_health``): its val loss and the
+last training step's stand in for the next step's.
 """
 
 from __future__ import annotations
@@ -332,21 +332,24 @@ class Checkpointing(ModelCheckpoint):
         return True
 
     def final_health(self, trainer: L.Trainer, pl_module: L.LightningModule, val_loss: float | None) -> dict:
-        """results.json's ``health``: whether the final state (last.ckpt) is healthy by the rule of a good checkpoint
-        (the module doc), ``ok``; its ``step``; ``loss``, of exactly its weights: the final val loss (else the last
-        training step's, ``loss_from``), against ``loss_limit``; ``weights``: ``checkpoint_health`` of its save;
-        ``good``: good.ckpt's path, step and confirming loss (None without one)."""
+        """results.json's ``health``: is the final state (last.ckpt) healthy by the rule of a good checkpoint (the
+        module doc)? ``weights``: ``checkpoint_health`` of its save; its losses: ``val_loss``, of exactly its weights,
+        and ``train_loss``, the last training step's (from the weights just before it). ``ok`` is false if the
+        weights are not, or every loss there is exceeds ``loss_limit`` (one alone may be a spike, or a val text
+        unlike training's: recall's eval_max_distance). ``good``: good.ckpt's path, step and confirming loss."""
         vocab = pl_module.model.cfg.vocab_size
-        last = None if self._last_loss is None else float(self._last_loss)
-        loss, loss_from = (val_loss, "val") if val_loss is not None else (last, "last training step")
+        train_loss = None if self._last_loss is None else float(self._last_loss)
+        losses = [x for x in (val_loss, train_loss) if x is not None]
         weights = getattr(pl_module, "saved_health", None)
         good = Path(self.dirpath) / GOOD_CHECKPOINTS[0]
         return {
-            "ok": bool((weights or {}).get("ok", True) and (loss is None or sane_loss(loss, vocab))),
+            "ok": bool(
+                (weights or {}).get("ok", True) and not (losses and not any(sane_loss(x, vocab) for x in losses))
+            ),
             "checkpoint": str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"),
             "step": trainer.global_step,
-            "loss": loss,
-            "loss_from": loss_from if loss is not None else None,
+            "val_loss": val_loss,
+            "train_loss": train_loss,
             "loss_limit": SANE_LOSS_RATIO * math.log(vocab),
             "weights": weights,
             "good": {"checkpoint": str(good), **(self.good or {})} if good.is_file() else None,

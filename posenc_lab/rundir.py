@@ -129,8 +129,8 @@ class Results:
     ``metrics.figure_name`` of the corpus unit: bpb, bpc or ppl) plus, on recall, ``{acc, answers,
     acc_by_distance: {"1-7": ..., "8-15": ...}}``; ``schedule``: the learning-rate schedule each stretch
     of steps was trained under (one entry per invocation that trained); ``health``: whether the final state is
-    healthy by the rule of a good checkpoint (``{ok, checkpoint, step, loss, loss_from, loss_limit, weights, good}``,
-    ``checkpoints.Checkpointing.final_health``; None without checkpoints)."""
+    healthy by the rule of a good checkpoint, ``{ok, checkpoint, step, val_loss, train_loss, loss_limit, weights,
+    good}`` (``checkpoints.Checkpointing.final_health``; None without checkpoints)."""
 
     scheme: str
     posenc: dict  # the scheme's options

@@ -275,10 +275,11 @@ def _fit_and_evaluate(
 
 def _unhealthy(health: dict[str, Any]) -> str:
     """One line: the final checkpoint is not healthy (``Checkpointing.final_health``), and the good one kept."""
-    why, weights, good = [], health["weights"] or {}, health["good"]
-    if health["loss"] is not None and not health["loss"] <= health["loss_limit"]:  # NaN too
-        limit = f"{health['loss_limit']:.4g}, {SANE_LOSS_RATIO:g} x a uniform guess's"
-        why.append(f"its {health['loss_from']} loss {health['loss']:.5g} nats is above {limit}")
+    weights, good, limit = health["weights"] or {}, health["good"], health["loss_limit"]
+    names = (("val", "val_loss"), ("last training step's", "train_loss"))
+    losses, why = [f"{n} loss {health[k]:.5g}" for n, k in names if health[k] is not None], []
+    if losses and not any(health[k] <= limit for _, k in names if health[k] is not None):
+        why.append(f"its {' and '.join(losses)} nats exceed {limit:.4g}, {SANE_LOSS_RATIO:g} x a uniform guess's")
     if not weights.get("ok", True):
         why.append(f"its largest |weight| is {weights['max_abs_weight']:.3g}, |memory| {weights['max_abs_memory']:.3g}")
     kept = "no healthy checkpoint was kept (a lower checkpoint_every keeps more); train again with a lower optim.lr"

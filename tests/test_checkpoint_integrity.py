@@ -175,12 +175,14 @@ def test_a_run_that_diverges_to_a_finite_loss_says_its_final_checkpoint_is_unhea
     last, good = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "good.ckpt"
     vocab = read_checkpoint(last)["hyper_parameters"]["model"]["vocab_size"]
     assert health["ok"] is False and health["checkpoint"] == str(last) and health["step"] == step_of(last) == 10
-    assert health["loss_from"] == "val" and health["loss_limit"] == pytest.approx(SANE_LOSS_RATIO * math.log(vocab))
-    assert health["loss"] > health["loss_limit"] and math.isfinite(health["loss"])
+    assert health["loss_limit"] == pytest.approx(SANE_LOSS_RATIO * math.log(vocab))
+    for loss in ("val_loss", "train_loss"):
+        assert math.isfinite(health[loss]) and health[loss] > health["loss_limit"], health
     assert health["good"]["checkpoint"] == str(good) and health["good"]["step"] == step_of(good) < 10
     assert health["good"]["loss"] <= health["loss_limit"]  # the loss that confirmed it
     line = lines[0]
-    assert f"{last} (step 10) is not healthy" in line and f"val loss {health['loss']:.5g} nats" in line
+    assert f"{last} (step 10) is not healthy" in line and f"val loss {health['val_loss']:.5g}" in line
+    assert f"last training step's loss {health['train_loss']:.5g} nats exceed" in line
     assert (
         f"good.ckpt (step {step_of(good)}, loss {health['good']['loss']:.5g} nats" in line and f"resume={good}" in line
     )
@@ -188,6 +190,14 @@ def test_a_run_that_diverges_to_a_finite_loss_says_its_final_checkpoint_is_unhea
     states = read_checkpoint(last)["callbacks"]
     assert [s["good"]["step"] for k, s in states.items() if k.startswith("Checkpointing")] == [step_of(good)]
 
+    # Without a confirmed checkpoint (none saved before the divergence) the line says none was kept.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="posenc_lab"):
+        run_train(tmp_path / "no-good", cache, *DIVERGES, "checkpoint_every=100", steps=10)
+    (line,) = [r.getMessage() for r in caplog.records if "is not healthy" in r.getMessage()]
+    assert "no healthy checkpoint was kept (a lower checkpoint_every keeps more)" in line, line
+    assert json.loads((tmp_path / "no-good" / "results.json").read_text())["health"]["good"] is None
+
     # A healthy run says nothing and records ok.
     healthy = json.loads((finished / "results.json").read_text())["health"]
-    assert healthy["ok"] is True and healthy["loss"] <= healthy["loss_limit"] and healthy["good"]["step"] == 2
+    assert healthy["ok"] is True and healthy["val_loss"] <= healthy["loss_limit"] and healthy["good"]["step"] == 2
