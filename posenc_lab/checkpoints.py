@@ -335,17 +335,17 @@ class Checkpointing(ModelCheckpoint):
         """results.json's ``health``: is the final state (last.ckpt) healthy by the rule of a good checkpoint (the
         module doc)? ``weights``: ``checkpoint_health`` of its save; its losses: ``val_loss``, of exactly its weights,
         and ``train_loss``, the last training step's (from the weights just before it). ``ok`` is false if the
-        weights are not, or every loss there is exceeds ``loss_limit`` (one alone may be a spike, or a val text
-        unlike training's: recall's eval_max_distance). ``good``: good.ckpt's path, step and confirming loss."""
+        weights are not, a loss is not finite, or every loss there is exceeds ``loss_limit`` (one alone may be a
+        spike, or a val text unlike training's: recall's eval_max_distance). ``good``: good.ckpt's path, step and
+        confirming loss (None without one)."""
         vocab = pl_module.model.cfg.vocab_size
         train_loss = None if self._last_loss is None else float(self._last_loss)
         losses = [x for x in (val_loss, train_loss) if x is not None]
         weights = getattr(pl_module, "saved_health", None)
         good = Path(self.dirpath) / GOOD_CHECKPOINTS[0]
+        broken = not all(map(math.isfinite, losses)) or (losses and not any(sane_loss(x, vocab) for x in losses))
         return {
-            "ok": bool(
-                (weights or {}).get("ok", True) and not (losses and not any(sane_loss(x, vocab) for x in losses))
-            ),
+            "ok": bool((weights or {}).get("ok", True)) and not broken,
             "checkpoint": str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"),
             "step": trainer.global_step,
             "val_loss": val_loss,

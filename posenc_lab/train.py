@@ -20,10 +20,7 @@ sweep (``-m``) every job gets its own run directory: ``run_dir/<job number>_<sch
 SIGTERM, SIGINT and SIGHUP (and, in a SLURM job, its requeue signal) stop training at the end of the step, or of
 the validation batch, with last.ckpt saved (checkpoints.Checkpointing), print one line with the command that
 continues the run and exit 143 / 130 / 129; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
-
-A run that ends unhealthy (checkpoints.py's rule; a divergence to a finite loss) warns in one line naming last.ckpt
-and good.ckpt with their losses, records ``health`` in results.json and exits 0: its figures are true of its final
-weights, so a sweep ranks it as a finished trial and an ablation reaches its report (a non-finite loss exits 1).
+A run that ends unhealthy (a divergence to a finite loss) warns in one line and exits 0 (``_unhealthy``).
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -274,19 +272,22 @@ def _fit_and_evaluate(
 
 
 def _unhealthy(health: dict[str, Any]) -> str:
-    """One line: the final checkpoint is not healthy (``Checkpointing.final_health``), and the good one kept."""
+    """One line: the final checkpoint is not healthy (``Checkpointing.final_health``), and the good one kept. Exit 0
+    all the same: its figures are true of its final weights, so a sweep ranks it and an ablation reaches its report."""
     weights, good, limit = health["weights"] or {}, health["good"], health["loss_limit"]
     names = (("val", "val_loss"), ("last training step's", "train_loss"))
-    losses, why = [f"{n} loss {health[k]:.5g}" for n, k in names if health[k] is not None], []
-    if losses and not any(health[k] <= limit for _, k in names if health[k] is not None):
-        why.append(f"its {' and '.join(losses)} nats exceed {limit:.4g}, {SANE_LOSS_RATIO:g} x a uniform guess's")
+    values = [health[k] for _, k in names if health[k] is not None]
+    losses, why = " and ".join(f"{n} loss {health[k]:.5g}" for n, k in names if health[k] is not None), []
+    if values and not all(map(math.isfinite, values)):
+        why.append(f"its {losses} nats are not all finite")
+    elif values and not any(x <= limit for x in values):
+        why.append(f"its {losses} nats exceed {limit:.4g}, {SANE_LOSS_RATIO:g} x a uniform guess's")
     if not weights.get("ok", True):
         why.append(f"its largest |weight| is {weights['max_abs_weight']:.3g}, |memory| {weights['max_abs_memory']:.3g}")
     kept = "no healthy checkpoint was kept (a lower checkpoint_every keeps more); train again with a lower optim.lr"
     if good:
         after = f" (step {good['step']}, loss {good['loss']:.5g} nats on the step after it)" if "step" in good else ""
-        kept = f"good.ckpt{after} is the newest healthy state; continue from it: resume={good['checkpoint']} "
-        kept += "run_dir=NEW_DIR optim.lr=LOWER"
+        kept = f"good.ckpt{after} is healthy; continue: resume={good['checkpoint']} run_dir=NEW_DIR optim.lr=LOWER"
     return (
         f"the final checkpoint {health['checkpoint']} (step {health['step']}) is not healthy by the rule of a good "
         f"checkpoint (posenc_lab/checkpoints.py): {'; '.join(why)}; {kept}"
