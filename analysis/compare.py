@@ -9,19 +9,25 @@ text's independent units (families on a corpus split by family, documents elsewh
     posenc-lab compare runs/ablate/ablation/runs/xl_mem32_full_seed0 runs/ablate/ablation/runs/xl_mem0_full_seed0
 
 Refused, with the reason, before any evaluation: sides of different corpora or tokenizers (vocabulary, unit,
-the corpus's SHA-256 in run.json), and a folder whose runs differ by more than their seed.
+the corpus's SHA-256 in run.json), a folder whose runs differ by more than their seed (and the keys whose value
+derives from it, ``data.seed: ${seed}``), and sides that are one run or folder, or share a run.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
+from posenc_lab.compose import compose, derived_keys
 from posenc_lab.io import path_problem
 from posenc_lab.metrics import figure, figure_name, figure_scale
 from posenc_lab.rundir import RunDir, differences
@@ -33,19 +39,66 @@ from .stats import Difference, mean_interval, paired_difference
 
 
 def side(path: Path) -> list[Run]:
-    """The runs of one side: one run, or a folder of runs equal but for their seed."""
+    """The runs of one side: one run, or a folder of runs equal but for their seed and what derives from it
+    (``seed_keys``: ``data.seed`` is ``${seed}``)."""
     runs = find_runs([path])
     if len(runs) > 1:
-        first = RunDir(runs[0].path).identity() or {}
+        first, first_keys = RunDir(runs[0].path).identity() or {}, seed_keys(runs[0])
         for r in runs[1:]:
-            now = RunDir(r.path).identity() or {}
-            diff = [d for d in differences({**first, "seed": None}, {**now, "seed": None}) if d]
+            keys = first_keys & seed_keys(r)  # derived in both: a key one run fixed differs by more than the seed
+            diff = differences(_cleared(first, keys), _cleared(RunDir(r.path).identity() or {}, keys))
             if diff:
                 raise RunError(
                     f"{path} holds runs that differ by more than their seed ({runs[0].name} vs {r.name}: "
                     f"{'; '.join(diff[:4])}); give one run or a folder of one cell's seeds"
                 )
     return runs
+
+
+def sides(path_a: Path, path_b: Path) -> tuple[list[Run], list[Run]]:
+    """Both sides' runs; RunError if they are one run or folder, or share a run (a difference with itself, whose
+    interval has no spread: "t with inf df")."""
+    valid = "compare two different runs or cells (a run directory, or a folder of one cell's seeds, on each side)"
+    if path_a.exists() and path_b.exists() and os.path.samefile(path_a, path_b):
+        raise RunError(
+            f"A and B are the same {'run' if RunDir(path_a).config_file.is_file() else 'folder'} ({path_a}); {valid}"
+        )
+    a, b = side(path_a), side(path_b)
+    shared = sorted({r.path.resolve() for r in a} & {r.path.resolve() for r in b})
+    if shared:
+        raise RunError(f"A ({path_a}) and B ({path_b}) both hold the run {shared[0]}; {valid}")
+    return a, b
+
+
+def seed_keys(run: Run) -> set[str]:
+    """The keys of a run's config that derive from its top-level seed, ``seed`` included (``compose.derived_keys``):
+    from the config as it was composed (.hydra/config.yaml, written by ``posenc-lab train``), else from the
+    project's config for the run's corpus (a run trained from Python)."""
+    composed = RunDir(run.path).composed_config()
+    return derived_keys(composed if composed is not None else _project_config(run.corpus_name))
+
+
+@functools.cache
+def _project_config(corpus: str) -> dict:
+    try:
+        cfg = compose("train", [f"data={corpus}"])
+    except Exception:  # noqa: BLE001 - a corpus with no data/ option of its own (hf): the base they all inherit
+        cfg = compose("train")
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _cleared(identity: dict, keys: set[str]) -> dict:
+    """A copy of a run identity with these dotted keys set to None (``data.seed``; the identity's sections are the
+    config's)."""
+    out = copy.deepcopy(identity)
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            node[leaf] = None
+    return out
 
 
 def comparable(a: list[Run], b: list[Run]) -> None:
@@ -130,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     apply_threads(args.threads)
     try:
-        a, b = side(args.a), side(args.b)
+        a, b = sides(args.a, args.b)
         settings = AsTrained(args.n_streams, args.n_tokens)
         with tempfile.TemporaryDirectory() as tmp:
             r = compare(a, b, settings, args.split, args.out or Path(tmp), args.level)

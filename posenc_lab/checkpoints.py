@@ -10,7 +10,9 @@ A checkpoint is called good only if (1) when saved, every weight, optimizer mome
 was finite and no weight or memory value beyond SANE_*_ABS (trained weights are O(1), the residual
 stream O(10-100); a diverging run reaches 1e6 and more), and (2) the training step right after it, from
 exactly its weights and memory, gave a finite loss of at most SANE_LOSS_RATIO times the loss of a
-uniform guess, ln(vocab_size) (a model far worse than guessing is broken).
+uniform guess, ln(vocab_size) (a model far worse than guessing is broken). The final state, which no step
+follows, is judged by the same rule at the end of training (``Checkpointing.final_health``): its val loss and the
+last training step's stand in for the next step's.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ CHECKPOINT_SAFE_GLOBALS: list = []
 SANE_WEIGHT_ABS = 1e4
 SANE_MEMORY_ABS = 1e6
 SANE_LOSS_RATIO = 2.0
+
+
+def sane_loss(loss: float | None, vocab_size: int) -> bool:
+    """Rule (2) of a good checkpoint: a finite loss of at most SANE_LOSS_RATIO times ln(vocab_size)."""
+    return loss is not None and math.isfinite(loss) and loss <= SANE_LOSS_RATIO * math.log(vocab_size)
 
 
 def _refused(path: Path, detail: str) -> CheckpointError:
@@ -225,6 +232,8 @@ class Checkpointing(ModelCheckpoint):
     is a SystemExit that exits with status 0."""
 
     _candidate_step: int | None = None
+    good: dict[str, Any] | None = None  # {step, loss}: good.ckpt's step and the loss of the step that confirmed it
+    _last_loss: Tensor | None = None  # the last training step's loss (a tensor: no device sync per step)
     stop_signals: tuple[int, ...] = STOP_SIGNALS  # + the SLURM requeue signal under SLURM (train.py)
     _stop: int | None = None  # the stop signal received during training
     _stopping: Interrupted | None = None  # saved at the end of a step; raised at the next hook
@@ -232,6 +241,14 @@ class Checkpointing(ModelCheckpoint):
 
     def __init__(self, *args: Any, enable_version_counter: bool = False, **kwargs: Any):
         super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "good": self.good}  # kept through resumes, for final_health
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:  # good.ckpt of another folder is not ours
+            self.good = state_dict.get("good")
 
     @property
     def state_key(self) -> str:
@@ -291,23 +308,52 @@ class Checkpointing(ModelCheckpoint):
         if self._candidate_step is not None and self._candidate_step == trainer.global_step - 1:
             loss = float(outputs["loss"]) if isinstance(outputs, dict) else float("nan")
             candidate = Path(self.dirpath) / _CANDIDATE
-            if loss <= SANE_LOSS_RATIO * math.log(pl_module.model.cfg.vocab_size) and candidate.is_file():
-                self._confirm(candidate)
+            if sane_loss(loss, pl_module.model.cfg.vocab_size) and candidate.is_file() and self._confirm(candidate):
+                self.good = {"step": self._candidate_step, "loss": loss}
             self._candidate_step = None
+        if isinstance(outputs, dict) and isinstance(outputs.get("loss"), Tensor):
+            self._last_loss = outputs["loss"].detach()
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._stop_if_asked(trainer, pl_module)
 
     @staticmethod
-    def _confirm(candidate: Path) -> None:
+    def _confirm(candidate: Path) -> bool:
         """The candidate is good: good.ckpt, and the good.ckpt before it good.prev.ckpt; unless it already is one
-        of them (a resume from a good last.ckpt): rotating it would leave one file under both names."""
+        of them (a resume from a good last.ckpt): rotating it would leave one file under both names. True if it
+        is good.ckpt now."""
         good, prev = (candidate.parent / name for name in GOOD_CHECKPOINTS)
         if any(p.exists() and os.path.samefile(candidate, p) for p in (good, prev)):
+            is_good = good.exists() and os.path.samefile(candidate, good)
             candidate.unlink()
-            return
+            return is_good
         if good.exists():
             os.replace(good, prev)
         os.replace(candidate, good)
+        return True
+
+    def final_health(self, trainer: L.Trainer, pl_module: L.LightningModule, val_loss: float | None) -> dict:
+        """results.json's ``health``: is the final state (last.ckpt) healthy by the rule of a good checkpoint (the
+        module doc)? ``weights``: ``checkpoint_health`` of its save; its losses: ``val_loss``, of exactly its weights,
+        and ``train_loss``, the last training step's (from the weights just before it). ``ok`` is false if the
+        weights are not, a loss is not finite, or every loss there is exceeds ``loss_limit`` (one alone may be a
+        spike, or a val text unlike training's: recall's eval_max_distance). ``good``: good.ckpt's path, step and
+        confirming loss (None without one)."""
+        vocab = pl_module.model.cfg.vocab_size
+        train_loss = None if self._last_loss is None else float(self._last_loss)
+        losses = [x for x in (val_loss, train_loss) if x is not None]
+        weights = getattr(pl_module, "saved_health", None)
+        good = Path(self.dirpath) / GOOD_CHECKPOINTS[0]
+        broken = not all(map(math.isfinite, losses)) or (losses and not any(sane_loss(x, vocab) for x in losses))
+        return {
+            "ok": bool((weights or {}).get("ok", True)) and not broken,
+            "checkpoint": str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"),
+            "step": trainer.global_step,
+            "val_loss": val_loss,
+            "train_loss": train_loss,
+            "loss_limit": SANE_LOSS_RATIO * math.log(vocab),
+            "weights": weights,
+            "good": {"checkpoint": str(good), **(self.good or {})} if good.is_file() else None,
+        }
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._raise_if_stopping(trainer)  # before the validation Lightning runs when training should stop

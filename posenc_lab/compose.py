@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -123,6 +124,36 @@ class Composer:
         if key not in self._groups_cfg:
             self._groups_cfg[key] = self.compose(groups)
         return self._groups_cfg[key]
+
+
+_REFERENCE = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*\}")  # ${seed}, ${data.seed}, and inside ${add:${seed},1}
+
+
+def derived_keys(config: Any, root: str = "seed") -> set[str]:
+    """The dotted keys of a composed, unresolved config (plain containers, ``${...}`` as text) whose value derives
+    from ``root`` through interpolations, ``root`` included: ``data.seed: ${seed}``, and a key that interpolates
+    such a key (or a node holding one). What varies with the seed is read from the config itself, not listed."""
+    refs: dict[str, set[str]] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            if isinstance(v, str) and (names := set(_REFERENCE.findall(v))):
+                refs[f"{prefix}{k}"] = names
+            walk(v, f"{prefix}{k}.")
+
+    walk(config, "")
+    derived, grew = {root}, True
+    while grew:  # a fixed point: interpolations may chain
+        new = {
+            k
+            for k, names in refs.items()
+            if k not in derived
+            and any(n == d or d.startswith(f"{n}.") or n.startswith(f"{d}.") for n in names for d in derived)
+        }
+        derived |= new
+        grew = bool(new)
+    return derived
 
 
 # Where ``+KEY=VALUE`` may add a key that the config files lack: under a node whose keys an owner checks

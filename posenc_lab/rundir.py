@@ -128,7 +128,9 @@ class Results:
     ``val`` and ``test`` hold ``{loss, <figure>, tokens}`` (loss in nats per scored token; the figure is
     ``metrics.figure_name`` of the corpus unit: bpb, bpc or ppl) plus, on recall, ``{acc, answers,
     acc_by_distance: {"1-7": ..., "8-15": ...}}``; ``schedule``: the learning-rate schedule each stretch
-    of steps was trained under (one entry per invocation that trained)."""
+    of steps was trained under (one entry per invocation that trained); ``health``: whether the final state is
+    healthy by the rule of a good checkpoint, ``{ok, checkpoint, step, val_loss, train_loss, loss_limit, weights,
+    good}`` (``checkpoints.Checkpointing.final_health``; None without checkpoints)."""
 
     scheme: str
     posenc: dict  # the scheme's options
@@ -154,6 +156,7 @@ class Results:
     val: dict | None = None
     test: dict | None = None
     schedule: list = field(default_factory=list)
+    health: dict | None = None
 
 
 class RunDir:
@@ -268,6 +271,15 @@ class RunDir:
                 f"delete the run directory or train it again"
             )
         return config
+
+    def composed_config(self) -> dict[str, Any] | None:
+        """.hydra/config.yaml: the config as composed, its interpolations unresolved (``data.seed: ${seed}``);
+        None without a readable one (a run trained from Python has none)."""
+        try:
+            config = yaml.safe_load((self.hydra_dir / self.CONFIG).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            return None
+        return config if isinstance(config, dict) else None
 
     def check_folders(self) -> None:
         """RunDirError naming the problem if this directory, its checkpoints/ or its .lock cannot be what they must

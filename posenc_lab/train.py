@@ -20,6 +20,7 @@ sweep (``-m``) every job gets its own run directory: ``run_dir/<job number>_<sch
 SIGTERM, SIGINT and SIGHUP (and, in a SLURM job, its requeue signal) stop training at the end of the step, or of
 the validation batch, with last.ckpt saved (checkpoints.Checkpointing), print one line with the command that
 continues the run and exit 143 / 130 / 129; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
+A run that ends unhealthy (a divergence to a finite loss) warns in one line and exits 0 (``_unhealthy``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -49,7 +51,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, flush_denormals, keep_freed_memory
 from .build import build_datamodule, build_lit, build_trainer, check_splits
-from .checkpoints import CHECKPOINT_SAFE_GLOBALS, Checkpointing, CheckpointUnreadable
+from .checkpoints import CHECKPOINT_SAFE_GLOBALS, SANE_LOSS_RATIO, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
 from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
@@ -256,6 +258,10 @@ def _fit_and_evaluate(
         trainer.validate(lit, datamodule=datamodule, verbose=False)
         trainer.test(lit, datamodule=datamodule, verbose=False)
         results.val, results.test = lit.eval_results.get("val"), lit.eval_results.get("test")
+    if isinstance(trainer.checkpoint_callback, Checkpointing) and last.exists():
+        results.health = trainer.checkpoint_callback.final_health(trainer, lit, (results.val or {}).get("loss"))
+        if trainer.is_global_zero and not results.health["ok"]:
+            log.warning(_unhealthy(results.health))
     if _in_multirun() and trainer.world_size > 1:
         _end_local_ddp(env_before)
     if trainer.is_global_zero:
@@ -263,6 +269,29 @@ def _fit_and_evaluate(
         summary = {k: v for k, v in (("val", results.val), ("test", results.test)) if v}
         log.info("results (%s): %s", run.results_file, json.dumps(summary))
     return asdict(results)
+
+
+def _unhealthy(health: dict[str, Any]) -> str:
+    """One line: the final checkpoint is not healthy (``Checkpointing.final_health``), and the good one kept. Exit 0
+    all the same: its figures are true of its final weights, so a sweep ranks it and an ablation reaches its report."""
+    weights, good, limit = health["weights"] or {}, health["good"], health["loss_limit"]
+    names = (("val", "val_loss"), ("last training step's", "train_loss"))
+    values = [health[k] for _, k in names if health[k] is not None]
+    losses, why = " and ".join(f"{n} loss {health[k]:.5g}" for n, k in names if health[k] is not None), []
+    if values and not all(map(math.isfinite, values)):
+        why.append(f"its {losses} nats are not all finite")
+    elif values and not any(x <= limit for x in values):
+        why.append(f"its {losses} nats exceed {limit:.4g}, {SANE_LOSS_RATIO:g} x a uniform guess's")
+    if not weights.get("ok", True):
+        why.append(f"its largest |weight| is {weights['max_abs_weight']:.3g}, |memory| {weights['max_abs_memory']:.3g}")
+    kept = "no healthy checkpoint was kept (a lower checkpoint_every keeps more); train again with a lower optim.lr"
+    if good:
+        after = f" (step {good['step']}, loss {good['loss']:.5g} nats on the step after it)" if "step" in good else ""
+        kept = f"good.ckpt{after} is healthy; continue: resume={good['checkpoint']} run_dir=NEW_DIR optim.lr=LOWER"
+    return (
+        f"the final checkpoint {health['checkpoint']} (step {health['step']}) is not healthy by the rule of a good "
+        f"checkpoint (posenc_lab/checkpoints.py): {'; '.join(why)}; {kept}"
+    )
 
 
 def _given(argv: list[str], key: str = "run_dir") -> str | None:

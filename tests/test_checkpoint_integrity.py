@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import math
 import os
 import warnings
 from pathlib import Path
@@ -13,7 +15,7 @@ import lightning as L
 import pytest
 import torch
 
-from posenc_lab.checkpoints import Checkpointing
+from posenc_lab.checkpoints import SANE_LOSS_RATIO, Checkpointing, read_checkpoint
 from posenc_lab.errors import Interrupted
 from tests.test_reliability import no_stale_log_handlers, run_train, signal_at, step_of  # noqa: F401 - autouse fixture
 
@@ -154,3 +156,48 @@ def test_a_run_left_with_a_newer_last_v1_ckpt_resumes_from_it(tmp_path):
     (ckpts / "last-v1.ckpt").unlink()
     (ckpts / "last-v2.ckpt").unlink()
     assert RunDir(tmp_path / "run").newest_checkpoint() == ckpts / "last.ckpt"
+
+
+# The recall probe, tiny model: at lr 30 (warm-up over 200 steps, so the first updates are small) the loss climbs to
+# 10-200 nats without reaching inf or NaN; the checkpoint of step 3 is the last one the step after it confirms.
+DIVERGES = ("optim.lr=30", "optim.warmup_steps=200", "checkpoint_every=1")
+
+
+def test_a_run_that_diverges_to_a_finite_loss_says_its_final_checkpoint_is_unhealthy(tmp_path, cache, finished, caplog):
+    """It exited 0 with no word. Now one warning line names last.ckpt and good.ckpt with their losses, results.json
+    records health; train returns (exit 0, see train.py: a sweep ranks the trial, an ablation reaches its report)."""
+    run = tmp_path / "diverged"
+    with caplog.at_level(logging.WARNING, logger="posenc_lab"):
+        run_train(run, cache, *DIVERGES, steps=10)
+    lines = [r.getMessage() for r in caplog.records if "is not healthy" in r.getMessage()]
+    assert len(lines) == 1 and len(lines[0].splitlines()) == 1, caplog.text
+    health = json.loads((run / "results.json").read_text())["health"]
+    last, good = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "good.ckpt"
+    vocab = read_checkpoint(last)["hyper_parameters"]["model"]["vocab_size"]
+    assert health["ok"] is False and health["checkpoint"] == str(last) and health["step"] == step_of(last) == 10
+    assert health["loss_limit"] == pytest.approx(SANE_LOSS_RATIO * math.log(vocab))
+    for loss in ("val_loss", "train_loss"):
+        assert math.isfinite(health[loss]) and health[loss] > health["loss_limit"], health
+    assert health["good"]["checkpoint"] == str(good) and health["good"]["step"] == step_of(good) < 10
+    assert health["good"]["loss"] <= health["loss_limit"]  # the loss that confirmed it
+    line = lines[0]
+    assert f"{last} (step 10) is not healthy" in line and f"val loss {health['val_loss']:.5g}" in line
+    assert f"last training step's loss {health['train_loss']:.5g} nats exceed" in line
+    assert (
+        f"good.ckpt (step {step_of(good)}, loss {health['good']['loss']:.5g} nats" in line and f"resume={good}" in line
+    )
+    # good.ckpt's record travels in the checkpoints (a resumed run names it too)
+    states = read_checkpoint(last)["callbacks"]
+    assert [s["good"]["step"] for k, s in states.items() if k.startswith("Checkpointing")] == [step_of(good)]
+
+    # Without a confirmed checkpoint (none saved before the divergence) the line says none was kept.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="posenc_lab"):
+        run_train(tmp_path / "no-good", cache, *DIVERGES, "checkpoint_every=100", steps=10)
+    (line,) = [r.getMessage() for r in caplog.records if "is not healthy" in r.getMessage()]
+    assert "no healthy checkpoint was kept (a lower checkpoint_every keeps more)" in line, line
+    assert json.loads((tmp_path / "no-good" / "results.json").read_text())["health"]["good"] is None
+
+    # A healthy run says nothing and records ok.
+    healthy = json.loads((finished / "results.json").read_text())["health"]
+    assert healthy["ok"] is True and healthy["val_loss"] <= healthy["loss_limit"] and healthy["good"]["step"] == 2

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
+from posenc_lab.compose import derived_keys
 from posenc_lab.train import train
 from posenc_lab_analysis import compare
 from tests.helpers_train import compose_config, tiny
@@ -61,3 +66,66 @@ def test_compare_prints_perplexity_on_a_word_corpus(word_runs, tmp_path, capsys)
         assert shown[side][1] < shown[side][0] < shown[side][2]
     difference = float(re.search(r"A - B: ([-+]\d+\.\d+) \[.*\] nats per word", out).group(1))
     assert difference == pytest.approx(math.log(shown["A"][0] / shown["B"][0]), abs=2e-4)  # a log-ppl difference
+
+
+@pytest.fixture(scope="module")
+def cell(word_runs):
+    """A folder of one cell's seeds (the documented form of a side): mem16 with seeds 0 and 1, trained from Python
+    (no .hydra/: the seed's derived keys come from the project's config)."""
+    cache = word_runs / "cache"
+    for seed in (0, 1):
+        run = word_runs / "cell" / f"seed{seed}"
+        train(compose_config("train", tiny(run, cache, "model.mem_len=16", f"seed={seed}", data="wikitext2", steps=4)))
+    return word_runs / "cell"
+
+
+def test_a_folder_of_one_cells_seeds_is_compared_though_data_seed_is_the_seed(cell, word_runs, capsys):
+    """data.seed is ${seed}: it differs between the seeds, and was refused as a difference beyond the seed."""
+    seeds = sorted(p.name for p in cell.iterdir())
+    assert seeds == ["seed0", "seed1"]
+    identities = [json.loads((cell / s / "run.json").read_text())["identity"]["data"]["seed"] for s in seeds]
+    assert identities == [0, 1]  # what the refusal tripped on
+    args = [str(cell), str(word_runs / "mem0"), "--n-streams", "4", "--n-tokens", "64", "--split", "test"]
+    assert compare.main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert re.search(rf"^A: {re.escape(str(cell))} \(2 seed\(s\)\): test ppl ", out, re.M), out
+    assert "A - B: " in out and "a side has one seed" in out  # B is one run
+
+
+def test_a_key_the_run_fixed_is_a_difference_beyond_the_seed(cell, tmp_path, capsys):
+    """Which keys derive from the seed is read from the run's own composed config (.hydra/config.yaml, as
+    `posenc-lab train` writes it): a run whose data.seed was set on its own differs by more than its seed."""
+    folder = tmp_path / "cell"
+    shutil.copytree(cell, folder)
+    composed = OmegaConf.to_container(compose_config("train", ["data=wikitext2", "data.seed=0"]), resolve=False)
+    (folder / "seed0" / ".hydra").mkdir()
+    (folder / "seed0" / ".hydra" / "config.yaml").write_text(yaml.safe_dump(composed))
+    assert compare.main([str(folder), str(cell), "--n-streams", "2", "--n-tokens", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "differ by more than their seed (seed0 vs seed1: data.seed: run 0, now 1)" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_derived_keys_follow_chained_interpolations():
+    composed = compose_config("train", ["data=recall", "+data.corpus.stream_seed=${data.seed}"])
+    keys = derived_keys(OmegaConf.to_container(composed, resolve=False))
+    assert {"seed", "data.seed", "data.corpus.stream_seed"} <= keys
+    assert "data.corpus.seed" not in keys and "optim.lr" not in keys  # a fixed value, and one that is no seed
+
+
+@pytest.mark.parametrize("form", ["same run", "same folder", "a folder and a run in it", "a link to the run"])
+def test_a_run_compared_with_itself_is_refused_before_any_evaluation(cell, tmp_path, capsys, form):
+    """A difference of a run with itself printed "t with inf df"; now one line naming the path and what is valid."""
+    a, b = {
+        "same run": (cell / "seed0", cell / "seed0"),
+        "same folder": (cell, cell),
+        "a folder and a run in it": (cell, cell / "seed1"),
+        "a link to the run": (cell / "seed0", tmp_path / "link"),
+    }[form]
+    (tmp_path / "link").symlink_to(cell / "seed0")
+    assert compare.main([str(a), str(b), "--n-streams", "2", "--n-tokens", "32"]) == 2
+    captured = capsys.readouterr()
+    assert "evaluating" not in captured.out  # refused before any evaluation
+    line = captured.err.strip()
+    assert len(line.splitlines()) == 1 and str(a) in line, line
+    assert "compare two different runs or cells" in line, line

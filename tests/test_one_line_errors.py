@@ -451,6 +451,9 @@ CLI_CASES = [
      r"^--n-streams must be an integer >= 1, got 0$"),
     ("compare: --out is a file", "compare", lambda t, f: [f, f, "--out", _file(t, "out", b"mine")],
      r"^--out=\S+/out: \S+/out is a file, not a folder; use another --out$"),
+    ("compare: a run with itself", "compare", lambda t, f: [f, f],
+     r"^A and B are the same run \(\S+\); compare two different runs or cells \(a run directory, or a folder of one "
+     r"cell's seeds, on each side\)$"),
     ("bench: n_head does not divide d_model", "bench", lambda t, f: [*BENCH, "--model-set", "n_head=3"],
      r"^--model-set n_head=3 with --configs tiny: model\.n_head=3 does not divide model\.d_model=64; pick n_head "
      r"among the divisors of d_model$"),
