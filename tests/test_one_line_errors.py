@@ -219,7 +219,8 @@ CASES = [
     ("a memory of 1e11", "train", lambda t, c, f: tiny(t / "run", c, "model.mem_len=1e11"),
      r"^model\.mem_len must be an integer >= 0, got 100000000000\.0$"),
     ("a run_dir with a space and parentheses", "train", lambda t, c, f: tiny(t / "my run (1)", c),
-     r"""^run_dir=\S+/my run \(1\): Hydra's override grammar cannot read this value .*; quote it for Hydra, inside """
+     r"""^run_dir=\S+/my run \(1\): Hydra's override grammar cannot read the character\(s\) '\(', '\)' in this value """
+     r"""unquoted; quote it for Hydra, inside """
      r"""the shell's quotes: "run_dir='\S+/my run \(1\)'"$"""),
     ("an unknown +key of optim", "train", lambda t, c, f: tiny(t / "run", c, "+optim.lrr=0.1"),
      r"^optim\.lrr is not a key of optim; the keys are: .*\blr, .*; \+KEY adds a key only under model, posenc, data, "
