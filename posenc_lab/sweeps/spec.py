@@ -256,6 +256,8 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = " ".join(str(getattr(e, "problem", None) or e).split())
+        if getattr(e, "context", None) and getattr(e, "context_mark", None):
+            what += f" ({e.context} from line {e.context_mark.line + 1})"
         raise SweepError(f"{path}: not valid YAML{where}: {shown(what, quote=False)}") from None
     except RecursionError:  # the composer recurses once a level
         raise SweepError(f"{path}: nested too deeply for a sweep file (lists or mappings inside each other)") from None
