@@ -222,6 +222,12 @@ CASES = [
      r"""^run_dir=\S+/my run \(1\): Hydra's override grammar cannot read the character\(s\) '\(', '\)' in this value """
      r"""unquoted; quote it for Hydra, inside """
      r"""the shell's quotes: "run_dir='\S+/my run \(1\)'"$"""),
+    # issue 37: the quoting hint sweep-check shares (compose.unquoted); a long value is echoed cut (errors.shown)
+    ("a run_dir with non-ASCII letters", "train", lambda t, c, f: tiny(t / "grüße", c),
+     r"""^run_dir=\S+/grüße: Hydra's override grammar cannot read the character\(s\) 'ü', 'ß' in this value """
+     r"""unquoted; quote it for Hydra, inside the shell's quotes: "run_dir='\S+/grüße'"$"""),
+    ("a 200,000-character value", "train", lambda t, c, f: tiny(t / "run", c, "optim.lr=" + "a" * 200_000),
+     r"^optim\.lr must be a number > 0, got 'a{200}\.\.\.' \(200000 chars\)$"),
     ("an unknown +key of optim", "train", lambda t, c, f: tiny(t / "run", c, "+optim.lrr=0.1"),
      r"^optim\.lrr is not a key of optim; the keys are: .*\blr, .*; \+KEY adds a key only under model, posenc, data, "
      r"trainer, logger, callbacks, where it is checked$"),

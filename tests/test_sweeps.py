@@ -348,8 +348,8 @@ def test_a_sweep_file_that_expands_past_the_bound_is_one_line_before_it_expands(
     assert proc.returncode == (1 if command == "sweep-check" else 2) and len(lines) == 1, proc.stderr[-3000:]
     where = "parameters.seed.values" if bomb == "aliases" else "l11.<<"  # the key that holds most of it
     found = re.search(
-        rf"{re.escape(str(path))}: {re.escape(where)} expands to ([\d,]+) YAML nodes \(every alias \*NAME repeats all that its "
-        r"anchor holds\); a sweep file may expand to 100,000: write the values out, with fewer aliases$",
+        rf"{re.escape(str(path))}: {re.escape(where)} expands to ([\d,]+) YAML nodes \(every alias \*NAME repeats all "
+        r"that its anchor holds\); a sweep file may expand to 100,000: write the values out, with fewer aliases$",
         lines[0],
     )
     assert found and int(found[1].replace(",", "")) > (9**9 if bomb == "aliases" else 8**11), lines[0]
