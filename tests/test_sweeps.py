@@ -359,7 +359,7 @@ def test_a_sweep_file_that_expands_past_the_bound_is_one_line_before_it_expands(
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("values: &a [0, *a]", "a YAML alias refers to a list or mapping that holds it, which never ends"),
+        ("values: &a [0, *a]", "the list or mapping at line 5 holds an alias of itself, which never ends"),
         ("values: [" + ", ".join(map(str, range(1001))) + "]",
          "parameter 'seed': 1001 values, more than the 1000 a parameter may have; split it"),
         ("values: [" + ", ".join(map(str, range(100))) + "]\n  model.mem_len:\n    values: ["

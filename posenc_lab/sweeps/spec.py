@@ -270,7 +270,7 @@ def _refuse_expansion(path: Path, root: yaml.Node) -> None:
     the message names the key under which most of it lies (``parameters.seed.values``)."""
     size: dict[int, int] = {}  # id(node) -> the nodes it expands to (aliases shared: a sum over the composed graph)
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    open_: set[int] = set()  # on the path from the root: an alias back to one of them is a cycle
+    open_: set[int] = set()  # the nodes on the path from the root to the one in hand
     while stack:
         node, done = stack.pop()
         kids = _children(node)
@@ -280,13 +280,14 @@ def _refuse_expansion(path: Path, root: yaml.Node) -> None:
             continue
         if id(node) in size:
             continue
-        if id(node) in open_:
-            raise SweepError(f"{path}: a YAML alias refers to a list or mapping that holds it, which never ends")
         open_.add(id(node))
         stack.append((node, True))
         for k in kids:
-            if id(k) in open_:
-                raise SweepError(f"{path}: a YAML alias refers to a list or mapping that holds it, which never ends")
+            if id(k) in open_:  # an alias back to a node on the path from the root
+                raise SweepError(
+                    f"{path}: the list or mapping at line {k.start_mark.line + 1} holds an alias of itself, which "
+                    f"never ends; a sweep file's values are finite"
+                )
             if id(k) not in size:
                 stack.append((k, False))
     if size[id(root)] <= MAX_YAML_NODES:
