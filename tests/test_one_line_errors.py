@@ -228,6 +228,9 @@ CASES = [
      r"""unquoted; quote it for Hydra, inside the shell's quotes: "run_dir='\S+/grüße'"$"""),
     ("a 200,000-character value", "train", lambda t, c, f: tiny(t / "run", c, "optim.lr=" + "a" * 200_000),
      r"^optim\.lr must be a number > 0, got 'a{200}\.\.\.' \(200000 chars\)$"),
+    ("a 200,000-character scheme option", "train",
+     lambda t, c, f: tiny(t / "run", c, "posenc=rope", "posenc.base=" + "b" * 200_000),
+     r"^posenc: rope: posenc\.base must be a number, got 'b{399}\.\.\. \(200002 chars\)$"),
     ("an unknown +key of optim", "train", lambda t, c, f: tiny(t / "run", c, "+optim.lrr=0.1"),
      r"^optim\.lrr is not a key of optim; the keys are: .*\blr, .*; \+KEY adds a key only under model, posenc, data, "
      r"trainer, logger, callbacks, where it is checked$"),
