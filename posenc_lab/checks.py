@@ -30,7 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from .build import model_config
 from .data import CORPORA, EVAL_SPLITS, check_corpus_options
 from .datamodule import SegmentDataModule
-from .errors import ConfigError
+from .errors import ConfigError, shown
 from .model import ModelConfig
 from .positional import build_scheme
 from .precision import POLICIES as BF16_POLICIES
@@ -168,7 +168,7 @@ def _table_problems(cfg: DictConfig, checks: dict[str, Callable[[Any], str | Non
             continue
         expected = check(value)
         if expected is not None:
-            out.append(f"{key} must be {expected}{_HINTS.get(key, '')}, got {value!r}")
+            out.append(f"{key} must be {expected}{_HINTS.get(key, '')}, got {shown(value)}")
     return out
 
 
@@ -191,7 +191,7 @@ def _model_problems(cfg: DictConfig) -> list[str]:
     """The model node (ModelConfig owns its fields) and the scheme (it owns its options and lengths)."""
     model = _value(cfg, "model")
     if not isinstance(model, dict):
-        return [f"model must be a mapping of model options, got {model!r}"]
+        return [f"model must be a mapping of model options, got {shown(model)}"]
     fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size", "posenc", "posenc_kwargs"}
     unknown = sorted(set(model) - fields)
     if unknown:
@@ -219,10 +219,10 @@ def _data_problems(cfg: DictConfig) -> list[str]:
     out = []
     data = _value(cfg, "data")
     if not isinstance(data, dict):
-        return [f"data must be a mapping of data options, got {data!r}"]
+        return [f"data must be a mapping of data options, got {shown(data)}"]
     name = data.get("name")
     if name not in CORPORA:
-        out.append(f"data.name={name!r} is not a corpus; valid: {', '.join(sorted(CORPORA))}")
+        out.append(f"data.name={shown(name)} is not a corpus; valid: {', '.join(sorted(CORPORA))}")
     else:
         try:
             check_corpus_options(name, data.get("corpus") or {})
@@ -257,7 +257,7 @@ def _trainer_problems(cfg: DictConfig) -> list[str]:
         valid = lightning_precisions()
         if precision not in valid:
             out.append(
-                f"trainer.precision={precision!r} is not a Lightning precision; valid: "
+                f"trainer.precision={shown(precision)} is not a Lightning precision; valid: "
                 f"{', '.join(str(p) for p in valid if isinstance(p, str) and '-' in p)}"
             )
     for key, registered, kind in (
@@ -274,14 +274,14 @@ def _trainer_problems(cfg: DictConfig) -> list[str]:
             names = [n for n in registered if variants not in n]
             more = f" (each ddp* also as *{variants}true|false)" if len(names) < len(registered) else ""
             out.append(
-                f"trainer.{key}={value!r} is not a Lightning {key}; valid: auto, {', '.join(names)}{more}, or a "
+                f"trainer.{key}={shown(value)} is not a Lightning {key}; valid: auto, {', '.join(names)}{more}, or a "
                 f"Lightning {kind.__name__} by _target_"
             )
     devices, nodes, batch = (_value(cfg, k) for k in ("trainer.devices", "trainer.num_nodes", "data.batch_size"))
     if devices is not _MISSING and not (
         devices in ("auto", -1) or (_is_int(devices) and devices >= 1) or isinstance(devices, (list, ListConfig))
     ):
-        out.append(f"trainer.devices must be an integer >= 1, -1, a list or 'auto', got {devices!r}")
+        out.append(f"trainer.devices must be an integer >= 1, -1, a list or 'auto', got {shown(devices)}")
     if (
         _is_int(devices)
         and _is_int(nodes)
@@ -338,7 +338,7 @@ def _built_problems(cfg: DictConfig) -> list[str]:
         out.append(
             _target_problem(f"callbacks.{name}", node, Callback)
             if isinstance(node, DictConfig)
-            else f"callbacks.{name} must be a Lightning Callback by _target_ (or null), got {node!r}"
+            else f"callbacks.{name} must be a Lightning Callback by _target_ (or null), got {shown(node)}"
         )
     return [p for p in out if p]
 
@@ -353,7 +353,7 @@ def _eval_problems(cfg: DictConfig) -> list[str]:
         )
     if (scheme := _value(cfg, "posenc.name")) is not _MISSING:
         out.append(
-            f"posenc.name={scheme!r} cannot be set at evaluation: a checkpoint is evaluated with "
+            f"posenc.name={shown(scheme)} cannot be set at evaluation: a checkpoint is evaluated with "
             "the scheme it was trained with (its options, e.g. +posenc.scaling=yarn, can change)"
         )
     return out
@@ -369,7 +369,7 @@ def problems(cfg: DictConfig, command: str = "train") -> list[str]:
     out = _table_problems(cfg, TRAIN_CHECKS)
     resume = _value(cfg, "resume")
     if resume is not _MISSING and (resume is True or resume is not None and not isinstance(resume, (str, bool))):
-        out.append(f"resume must be auto, null or a checkpoint path, got {resume!r}")
+        out.append(f"resume must be auto, null or a checkpoint path, got {shown(resume)}")
     out += _data_problems(cfg) + _model_problems(cfg) + _trainer_problems(cfg) + _built_problems(cfg)
     return list(dict.fromkeys(out))
 

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import config_dir
 from .defaults import BASE
+from .errors import shown
 
 CONF_DIR = Path(config_dir())
 
@@ -223,9 +224,10 @@ def _override_problem(composer: Composer, overrides: Sequence[str], command: str
     return None
 
 
-def _unquoted_problem(composer: Composer, override: str) -> str | None:
+def unquoted(composer: Composer, override: str) -> tuple[str, str] | None:
     """For an override Hydra's grammar cannot read whose value it reads once quoted (a path with a space or a
-    parenthesis): the quoted form, to type in the shell; else None."""
+    parenthesis, a non-ASCII letter): what it cannot read, in words, and the quoted override; else None. The one
+    quoting hint of the command line (train, eval) and of sweep files (sweeps/check.py)."""
     try:
         composer.parse(override)
         return None
@@ -239,11 +241,31 @@ def _unquoted_problem(composer: Composer, override: str) -> str | None:
         composer.parse(quoted)
     except Exception:  # noqa: BLE001 - not a matter of quoting
         return None
-    typed = f'"{quoted}"' if not set(quoted) & set('"$`\\!') else shlex.quote(quoted)
+    bad = []  # the characters to name: the grammar reads ASCII letters, digits, spaces and -+./$%*@?|: unquoted
+    for c in dict.fromkeys(value):
+        try:
+            composer.parse(f"k=a{c}a")
+        except Exception:  # noqa: BLE001 - this character needs quotes
+            bad.append(c)
+        if len(bad) == 5:
+            break
+    if not bad:
+        return None  # not the characters (a 5000-digit number, say): Hydra's message says what
     return (
-        f"{override}: Hydra's override grammar cannot read this value (spaces, parentheses, quotes or = in it); "
-        f"quote it for Hydra, inside the shell's quotes: {typed}"
+        f"Hydra's override grammar cannot read the character(s) {', '.join(map(repr, bad))} in this value unquoted",
+        quoted,
     )
+
+
+def _unquoted_problem(composer: Composer, override: str) -> str | None:
+    """``unquoted``'s hint for a command line: the quoted form, to type in the shell; else None."""
+    found = unquoted(composer, override)
+    if found is None:
+        return None
+    reason, quoted = found
+    typed = f'"{quoted}"' if not set(quoted) & set('"$`\\!') else shlex.quote(quoted)
+    typed = shown(typed, quote=False)
+    return f"{shown(override, quote=False)}: {reason}; quote it for Hydra, inside the shell's quotes: {typed}"
 
 
 def job_problems(

@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -36,6 +38,27 @@ class ConfigError(PosencLabError, ValueError):
 # Bad input that posenc_lab's own code (model, data, schemes) raises as a builtin, with a message
 # written for the user: reported as one line too when the raise statement is in posenc_lab/.
 _USER_FACING = (ValueError, FileNotFoundError, ImportError)
+
+
+# What an error line echoes of one value: a longer one is cut (``shown``), so that a 200,000-character value makes
+# no 400 KB line; long enough for a path.
+ECHO_LIMIT = 200
+
+
+def shown(value: Any, limit: int = ECHO_LIMIT, quote: bool = True) -> str:
+    """``value`` as an error line echoes it: its repr (``quote=False``: its text); past ``limit`` characters its
+    head, an ellipsis and its length, ``'aaaa...' (200000 chars)``. Every one-line error echoes values through it."""
+    text = str(value) if isinstance(value, str) or not quote else repr(value)
+    if len(text) <= limit:
+        return repr(value) if quote else text
+    head = text[:limit] + "..."
+    return f"{head!r} ({len(text)} chars)" if quote and isinstance(value, str) else f"{head} ({len(text)} chars)"
+
+
+def bounded(line: str, limit: int = 2 * ECHO_LIMIT) -> str:
+    """``line`` with every run of over ``limit`` non-space characters cut as ``shown`` cuts a value: what an error
+    line printer applies to messages whose values were echoed whole (a scheme's or a corpus's own check)."""
+    return re.sub(rf"\S{{{limit + 1},}}", lambda m: shown(m[0], limit, quote=False), line)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -141,8 +164,10 @@ def reported(command: str) -> Iterator[None]:
         full = not deliberate(e) and no_space(e)  # a full disk under a library's writer (a logger, say)
         if not (deliberate(e) or full) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        message = (
-            f"no space left on a disk ({type(e).__name__}: {e}); free space and rerun the same command" if full else e
+        message = bounded(
+            f"no space left on a disk ({type(e).__name__}: {e}); free space and rerun the same command"
+            if full
+            else str(e)
         )
         print(
             f"posenc-lab {command}: error: {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .adaptive_softmax import AdaptiveSoftmax
+from .errors import shown
 from .positional import SCHEMES, Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
 from .positional.fused import IMPLS
@@ -41,7 +42,7 @@ INITS = ("gpt2", "published")
 def int_problem(name: str, value, minimum: int) -> str | None:
     """Why ``value`` is not an integer >= minimum (named ``name``), or None."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        return f"{name} must be an integer >= {minimum}, got {value!r}"
+        return f"{name} must be an integer >= {minimum}, got {shown(value)}"
     return None
 
 

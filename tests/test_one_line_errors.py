@@ -219,8 +219,18 @@ CASES = [
     ("a memory of 1e11", "train", lambda t, c, f: tiny(t / "run", c, "model.mem_len=1e11"),
      r"^model\.mem_len must be an integer >= 0, got 100000000000\.0$"),
     ("a run_dir with a space and parentheses", "train", lambda t, c, f: tiny(t / "my run (1)", c),
-     r"""^run_dir=\S+/my run \(1\): Hydra's override grammar cannot read this value .*; quote it for Hydra, inside """
+     r"""^run_dir=\S+/my run \(1\): Hydra's override grammar cannot read the character\(s\) '\(', '\)' in this value """
+     r"""unquoted; quote it for Hydra, inside """
      r"""the shell's quotes: "run_dir='\S+/my run \(1\)'"$"""),
+    # issue 37: the quoting hint sweep-check shares (compose.unquoted); a long value is echoed cut (errors.shown)
+    ("a run_dir with non-ASCII letters", "train", lambda t, c, f: tiny(t / "grüße", c),
+     r"""^run_dir=\S+/grüße: Hydra's override grammar cannot read the character\(s\) 'ü', 'ß' in this value """
+     r"""unquoted; quote it for Hydra, inside the shell's quotes: "run_dir='\S+/grüße'"$"""),
+    ("a 200,000-character value", "train", lambda t, c, f: tiny(t / "run", c, "optim.lr=" + "a" * 200_000),
+     r"^optim\.lr must be a number > 0, got 'a{200}\.\.\.' \(200000 chars\)$"),
+    ("a 200,000-character scheme option", "train",
+     lambda t, c, f: tiny(t / "run", c, "posenc=rope", "posenc.base=" + "b" * 200_000),
+     r"^posenc: rope: posenc\.base must be a number, got 'b{399}\.\.\. \(200002 chars\)$"),
     ("an unknown +key of optim", "train", lambda t, c, f: tiny(t / "run", c, "+optim.lrr=0.1"),
      r"^optim\.lrr is not a key of optim; the keys are: .*\blr, .*; \+KEY adds a key only under model, posenc, data, "
      r"trainer, logger, callbacks, where it is checked$"),

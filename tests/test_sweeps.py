@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import resource
 import socket
 import stat
 import struct
@@ -296,6 +297,135 @@ def test_cli_reports_bad_sweep(tmp_path):
     # registered for `posenc-lab sweep-check` through the entry-point group cli.py reads
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert pyproject["project"]["entry-points"]["posenc_lab.commands"]["sweep-check"] == "posenc_lab.sweeps:main"
+
+
+# ---- what a sweep file may expand to, and what its error lines echo (issue 37) ------------------------------
+
+# The probe's files: 1 KB each. Nine nested aliases under one parameter's values expand to 9**9 values (sweep-check
+# printed nothing for 120 s, `posenc-lab sweep` grew to 2.0 GB in 62 s); merge keys (<<) double a mapping's pairs
+# at every level before the dict drops the repeats.
+_HEAD = ["method: grid", "metric: {name: val/acc, goal: maximize}", "parameters:"]
+_TAIL = ['command: [posenc-lab, train, "${args_no_hyphens}", data=recall, model=tiny, logger=wandb]']
+_ALIASES = "abcdefghi"
+BOMBS = {
+    "aliases": [
+        *_HEAD, "  seed:", "    values:", "      - &a [x, x, x, x, x, x, x, x, x]",
+        *(f"      - &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip(_ALIASES, _ALIASES[1:])), *_TAIL,
+    ],
+    "merge keys": [
+        "base: &m0 {a: 1, b: 2, c: 3, d: 4}",
+        *(f"l{i}: &m{i} {{<<: [{', '.join([f'*m{i - 1}'] * 8)}]}}" for i in range(1, 12)),
+        *_HEAD, "  seed:", "    values: [0, 1]", *_TAIL,
+    ],
+}  # fmt: skip
+MEMORY_BOUND = 2 << 30  # bytes of data a sweep check may take here: a regression fails at once, not the machine
+
+
+def _bounded_memory() -> None:  # runs in the child before exec
+    resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_BOUND, MEMORY_BOUND))
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize(
+    "bomb, command", [("aliases", "sweep-check"), ("aliases", "sweep"), ("merge keys", "sweep-check")]
+)
+def test_a_sweep_file_that_expands_past_the_bound_is_one_line_before_it_expands(tmp_path, bomb, command):
+    """Each command refuses the file in one line, naming where it expands and the bound, in well under the timeout
+    and the memory bound, and writes nothing (``posenc-lab sweep``: no --out folder)."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(BOMBS[bomb]) + "\n")
+    assert path.stat().st_size < 1024
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "posenc_lab.cli", command, str(path), *(["--out", str(out)] * (command == "sweep"))]
+    before = _snapshot(tmp_path)
+    proc = subprocess.run(
+        argv, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240, preexec_fn=_bounded_memory
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == (1 if command == "sweep-check" else 2) and len(lines) == 1, proc.stderr[-3000:]
+    where = "parameters.seed.values" if bomb == "aliases" else "l11.<<"  # the key that holds most of it
+    found = re.search(
+        rf"{re.escape(str(path))}: {re.escape(where)} expands to ([\d,]+) YAML nodes \(every alias \*NAME repeats all "
+        r"that its anchor holds\); a sweep file may expand to 100,000: write the values out, with fewer aliases$",
+        lines[0],
+    )
+    assert found and int(found[1].replace(",", "")) > (9**9 if bomb == "aliases" else 8**11), lines[0]
+    assert not proc.stdout and _snapshot(tmp_path) == before and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("values: &a [0, *a]", "the list or mapping at line 5 holds an alias of itself, which never ends"),
+        ("values: [" + ", ".join(map(str, range(1001))) + "]",
+         "parameter 'seed': 1001 values, more than the 1000 a parameter may have; split it"),
+        ("values: [" + ", ".join(map(str, range(100))) + "]\n  model.mem_len:\n    values: ["
+         + ", ".join(map(str, range(60))) + "]",
+         "parameters: 6000 trials to check (seed: 100 x model.mem_len: 60), more than the 5000 a sweep file may have"),
+        ("values: [0, 1", "not valid YAML at line 6, column 8: expected ',' or ']', but got ':' (while parsing a "
+         "flow sequence from line 5)"),
+    ],
+    ids=["an alias in itself", "1001 values", "6000 trials", "invalid YAML"],
+)  # fmt: skip
+def test_what_a_sweep_file_may_hold_is_bounded_and_named(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text("\n".join([*_HEAD, "  seed:", f"    {text}", *_TAIL]) + "\n")
+    from posenc_lab import sweeps
+
+    assert sweeps.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) <= 2, err[-3000:]
+
+
+def _one_parameter(tmp_path: Path, key: str, values: list) -> Path:
+    path = tmp_path / "sweep.yaml"
+    spec = yaml.safe_load("\n".join([*_HEAD, "  x: {}", *_TAIL]))
+    spec["parameters"] = {key: {"values": values}}
+    path.write_text(yaml.safe_dump(spec, allow_unicode=True, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("value", ["grüße", "naïve (v2)"])
+def test_a_value_that_needs_quotes_gets_trains_hint_and_the_value_it_gives_passes(tmp_path, capsys, value):
+    """The same reason and quoted form as `posenc-lab train` gives (compose.unquoted), not Hydra's lexer exception
+    padded with spaces; written into the file as the line says, the value passes and reaches the trainer."""
+    from posenc_lab import sweeps
+    from posenc_lab.compose import override_problem
+
+    path = _one_parameter(tmp_path, "logger.group", [value])
+    assert sweeps.main([str(path)]) == 1
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("  - ")]
+    trains = override_problem("train", [f"logger.group={value}"], "train")
+    reason = trains.split(": ", 1)[1].split("; quote it", 1)[0]
+    assert line.startswith(f"  - parameter 'logger.group={value}': {reason}; quote it for Hydra, inside the YAML ")
+    assert "LexerNoViableAltException" not in line and "  " not in line[4:]
+    written = line.rsplit("write the value as ", 1)[1]
+    path = _one_parameter(tmp_path, "logger.group", [yaml.safe_load(written)])
+    configs: list = []
+    check_sweep(path, configs=configs)
+    assert configs[0][1].logger.group == value
+
+
+def test_a_200000_character_value_is_echoed_cut_with_its_length(tmp_path, capsys):
+    """sweep-check and `posenc-lab sweep` echoed it twice (a 400 KB line); each echo is now its head and length."""
+    from posenc_lab import sweeps
+    from posenc_lab.sweeps.run import main as sweep_main
+
+    path = _one_parameter(tmp_path, "model.mem_len", ["a" * 200_000, 16])
+    assert sweeps.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"model.mem_len must be an integer >= 0, got '{'a' * 200}...' (200000 chars)" in err
+    assert max(map(len, err.splitlines())) < 1000, max(map(len, err.splitlines()))
+    assert sweep_main([str(path), "--out", str(tmp_path / "out")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "(200000 chars)" in line and len(line) < 1000 and not (tmp_path / "out").exists()
+    path = _one_parameter(tmp_path, "logger.group", ["é" * 200_000])  # Hydra's grammar refuses it: the hint
+    assert sweeps.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read the character(s) 'é'" in err and max(map(len, err.splitlines())) < 1000
 
 
 def test_corpus_units_match_the_corpora(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import shlex
 import sys
@@ -26,8 +27,9 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..checks import problems as config_problems
-from ..compose import ADDABLE, CONF_DIR, Composer
+from ..compose import ADDABLE, CONF_DIR, Composer, unquoted
 from ..data import ANSWER_CORPORA, CORPUS_UNITS
+from ..errors import bounded, shown
 from ..metrics import logged_metrics as lit_metrics
 from ..metrics import renamed_figure
 from .spec import Sweep, SweepError, format_override, format_problems, load_sweep, multirun_overrides, override_key
@@ -48,7 +50,8 @@ def _missing_key_message(cfg: DictConfig, key: str) -> str | None:
                 close = difflib.get_close_matches(part, valid, n=1)
                 hint = f" (did you mean {'.'.join(parts[:depth] + [close[0]])!r}?)" if close else ""
                 return (
-                    f"config key {key!r} does not exist: {here} has no {part!r}{hint}; keys there: {', '.join(valid)}"
+                    f"config key {shown(key)} does not exist: {here} has no {shown(part)}{hint}; "
+                    f"keys there: {', '.join(valid)}"
                 )
             node = node._get_node(part)
             node = node if isinstance(node, (DictConfig, ListConfig)) else None
@@ -56,7 +59,7 @@ def _missing_key_message(cfg: DictConfig, key: str) -> str | None:
             node = node._get_node(int(part))
             node = node if isinstance(node, (DictConfig, ListConfig)) else None
         elif depth < len(parts):
-            return f"config key {key!r} does not exist: {here} is not a mapping"
+            return f"config key {shown(key)} does not exist: {shown(here, quote=False)} is not a mapping"
     return None
 
 
@@ -100,7 +103,7 @@ def sweep_problems(cfg: DictConfig, metric: dict[str, Any] | None, require_wandb
             if buckets:
                 listed += f"; val|test/acc_d<bucket> for buckets {', '.join(buckets)}"
             problems.append(
-                f"metric.name={mname!r} is never logged for data={cfg.data.name}"
+                f"metric.name={shown(mname)} is never logged for data={cfg.data.name}"
                 + (f" (did you mean {close[0]!r}?)" if close else "")
                 + f"; LitLM logs: {listed}"
             )
@@ -109,7 +112,10 @@ def sweep_problems(cfg: DictConfig, metric: dict[str, Any] | None, require_wandb
         want = "maximize" if leaf.startswith("acc") or leaf == "tokens_per_s" else "minimize"
         if leaf in ("loss", "bpb", "bpc", "ppl") or leaf.startswith("acc") or leaf == "tokens_per_s":
             if goal != want:
-                problems.append(f"metric.goal={goal} for {mname}: that metric should be {want}d")
+                problems.append(
+                    f"metric.goal={shown(goal, quote=False)} for {shown(mname, quote=False)}: "
+                    f"that metric should be {want}d"
+                )
     return problems
 
 
@@ -131,7 +137,7 @@ def validate_launcher(cfg: DictConfig) -> list[str]:
                 continue
             if v is not None and not _is_int(v):
                 problems.append(
-                    f"hydra.launcher.{key}={v!r}: SLURM needs an integer (hydra/launcher=slurm takes it "
+                    f"hydra.launcher.{key}={shown(v)}: SLURM needs an integer (hydra/launcher=slurm takes it "
                     f"from trainer.devices and trainer.num_nodes: set those to integers, e.g. "
                     f"trainer.devices=8 trainer.num_nodes=1)"
                 )
@@ -160,12 +166,12 @@ def check_sweep(
             src = "command override" if line in sweep.fixed else "parameter"
             try:
                 parsed = composer.parse(line)
-            except Exception as e:  # noqa: BLE001 - Hydra's grammar errors
-                problems.append(f"{src} {line!r} is not a valid Hydra override: {_first_line(e)}")
+            except Exception as e:  # noqa: BLE001 - Hydra's grammar errors; a value that needs quotes: the hint train gives
+                problems.append(_grammar_problem(composer, src, line, e))
                 continue
             if parsed.is_sweep_override():
                 problems.append(
-                    f"{src} {line!r} is a multirun sweep (a comma or range in the value); "
+                    f"{src} {shown(line)} is a multirun sweep (a comma or range in the value); "
                     f"a sweep trial takes one value per key"
                 )
                 continue
@@ -177,7 +183,7 @@ def check_sweep(
                     if v not in options:
                         close = difflib.get_close_matches(str(v), options, n=1)
                         problems.append(
-                            f"{src} {line!r}: {v!r} is not an option of config group {group!r}"
+                            f"{src} {shown(line)}: {shown(v)} is not an option of config group {group!r}"
                             + (f" (did you mean {close[0]!r}?)" if close else "")
                             + f"; options: {', '.join(options)}"
                         )
@@ -199,9 +205,9 @@ def check_sweep(
                     msg = _missing_key_message(raw, p.key_or_group)
                     if msg:
                         src = (
-                            f"command override {p.input_line!r}"
+                            f"command override {shown(p.input_line)}"
                             if p.input_line in sweep.fixed
-                            else f"parameter {p.key_or_group!r}"
+                            else f"parameter {shown(p.key_or_group)}"
                         )
                         raise SweepError(f"{src}: {msg}")
                 cfg = composer.compose_trial(trial, sweep.fixed)
@@ -229,15 +235,30 @@ def _blame(message: str, assignments: list[list[str]], sweep: Sweep, n_trials: i
     common = set(assignments[0]).intersection(*map(set, assignments[1:]))
     swept = {o for o in common if len(sweep.parameters.get(override_key(o), [])) > 1}
     if swept:
-        return f"  [from parameter {', '.join(sorted(swept))}; {len(assignments)} of {n_trials} trial(s)]"
+        named = ", ".join(shown(o, quote=False) for o in sorted(swept))
+        return f"  [from parameter {named}; {len(assignments)} of {n_trials} trial(s)]"
     if len(assignments) == n_trials:
         return "  [every trial]"
-    return f"  [{len(assignments)} of {n_trials} trial(s), e.g. {' '.join(assignments[0])}]"
+    example = " ".join(shown(o, quote=False) for o in assignments[0])
+    return f"  [{len(assignments)} of {n_trials} trial(s), e.g. {example}]"
+
+
+def _grammar_problem(composer: Composer, src: str, line: str, e: Exception) -> str:
+    """A line Hydra's grammar cannot read: for a value it reads once quoted, the quoting hint of the command line
+    (compose.unquoted: the same reason) with the string to write in the sweep file; else Hydra's own message."""
+    found = unquoted(composer, line)
+    if found is None:
+        return f"{src} {shown(line)} is not a valid Hydra override: {_first_line(e)}"
+    reason, quoted = found
+    text = quoted if src == "command override" else quoted.partition("=")[2]  # a parameter's value, or the line
+    written = shown(json.dumps(text, ensure_ascii=False), quote=False)  # a JSON string is a YAML string
+    where = "the command's item" if src == "command override" else "the value"
+    return f"{src} {shown(line)}: {reason}; quote it for Hydra, inside the YAML string: write {where} as {written}"
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
-    return " ".join(text.splitlines()[:3])
+    return shown(" ".join(" ".join(text.splitlines()[:3]).split()), quote=False)  # Hydra pads its caret line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -261,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             trials = check_sweep(path, conf_dir=args.conf_dir)
         except SweepError as e:
-            print(f"FAIL {e}", file=sys.stderr)
+            print(f"FAIL {bounded(str(e))}", file=sys.stderr)
             status = 1
             continue
         print(f"ok   {path}: {len(trials)} trial(s) compose into valid configs")

@@ -35,7 +35,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..compose import Composer
-from ..errors import signal_name, stop_at_once
+from ..errors import bounded, signal_name, stop_at_once
 from ..io import CorruptFileError
 from ..processes import spawn, stop
 from ..rundir import RunDir
@@ -371,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     devices=args.devices.split(",") if args.devices else None,
                 )  # fmt: skip
         except SweepError as e:
-            print(f"posenc-lab sweep: error: {_one_line(str(e))}", file=sys.stderr)
+            print(f"posenc-lab sweep: error: {bounded(_one_line(str(e)))}", file=sys.stderr)
             return 2
         except _StoppedBeforeTrials as e:
             print(f"posenc-lab sweep: stopped by {signal_name(e.signum)} before any trial ran", file=sys.stderr)

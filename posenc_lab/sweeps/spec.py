@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import PosencLabError
+from ..errors import PosencLabError, shown
 
 ENTRY_MODULE = "posenc_lab.train"
 METHODS = ("grid", "random", "bayes")
@@ -58,6 +58,11 @@ OTHER_ARGS_MACROS = (
     "${args_append_hydra}",
     "${args_override_hydra}",
 )
+# What a sweep file may expand to, before anything reads it: YAML nodes with every alias counted as often as it is
+# used (nine nested aliases, 1 KB, expand to 9**9 values: a "billion laughs"), values of one parameter, and trials
+# (grid points, or the values checked of a random or bayes search: spec.Sweep.combinations).
+MAX_YAML_NODES = 100_000
+MAX_VALUES = 1000
 MAX_COMBINATIONS = 5000
 # The commands a sweep file may run: posenc-lab's own trainer, as wandb's agent spells them (``${env}`` is
 # /usr/bin/env, ``${interpreter}`` python); the runner runs each with this Python (command.command_prefix).
@@ -109,9 +114,11 @@ def format_override(key: str, value: Any) -> str:
 
 
 def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) -> list[Any]:
-    where = f"parameter {name!r}"
+    where = f"parameter {shown(name)}"
     if not isinstance(spec, dict):
-        problems.append(f"{where}: expected a mapping such as {{values: [...]}} or {{min: .., max: ..}}, got {spec!r}")
+        problems.append(
+            f"{where}: expected a mapping such as {{values: [...]}} or {{min: .., max: ..}}, got {shown(spec)}"
+        )
         return []
     if "parameters" in spec:
         problems.append(
@@ -121,17 +128,20 @@ def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) ->
         return []
     unknown = sorted(set(spec) - SPEC_KEYS)
     if unknown:
-        problems.append(f"{where}: unknown field(s) {unknown}; valid: {sorted(SPEC_KEYS)}")
+        problems.append(f"{where}: unknown field(s) {shown(unknown)}; valid: {sorted(SPEC_KEYS)}")
     dist = spec.get("distribution")
     if dist is not None and dist not in DISTRIBUTIONS:
-        problems.append(f"{where}: unknown distribution {dist!r}; valid: {sorted(DISTRIBUTIONS)}")
+        problems.append(f"{where}: unknown distribution {shown(dist)}; valid: {sorted(DISTRIBUTIONS)}")
         return []
     if "value" in spec:
         return [spec["value"]]
     if "values" in spec:
         values = spec["values"]
         if not isinstance(values, list) or not values:
-            problems.append(f"{where}: values must be a non-empty list, got {values!r}")
+            problems.append(f"{where}: values must be a non-empty list, got {shown(values)}")
+            return []
+        if len(values) > MAX_VALUES:
+            problems.append(f"{where}: {len(values)} values, more than the {MAX_VALUES} a parameter may have; split it")
             return []
         return list(values)
     if method == "grid":
@@ -140,7 +150,7 @@ def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) ->
     if "min" in spec and "max" in spec:
         lo, hi = spec["min"], spec["max"]
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)) or lo > hi:
-            problems.append(f"{where}: min and max must be numbers with min <= max, got {lo!r}, {hi!r}")
+            problems.append(f"{where}: min and max must be numbers with min <= max, got {shown(lo)}, {shown(hi)}")
             return []
         if dist in ("log_uniform", "q_log_uniform", "inv_log_uniform"):  # bounds are natural logs
             lo, hi = math.exp(lo), math.exp(hi)
@@ -148,7 +158,7 @@ def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) ->
                 lo, hi = 1 / hi, 1 / lo
         if dist == "int_uniform" or (dist is None and isinstance(lo, int) and isinstance(hi, int)):
             if not (isinstance(lo, int) and isinstance(hi, int)):
-                problems.append(f"{where}: int_uniform needs integer min and max, got {lo!r}, {hi!r}")
+                problems.append(f"{where}: int_uniform needs integer min and max, got {shown(lo)}, {shown(hi)}")
                 return []
             return sorted({lo, hi})
         return sorted({float(lo), float(hi)})
@@ -174,17 +184,17 @@ def override_problem(override: str, where: str) -> str | None:
     key = override_key(override)
     if override.startswith("-"):
         return (
-            f"{where} {override!r} is a flag, not a Hydra override: a sweep file passes key=value overrides only "
+            f"{where} {shown(override)} is a flag, not a Hydra override: a sweep file passes key=value overrides only "
             f"(wandb agent runs the file as written)"
         )
     if marker := next((m for m in CODE_MARKERS if m in override), None):
         return (
-            f"{where} {override!r} could have Hydra build an object the file chooses ({marker}): a sweep file sets "
-            f"values, not code; give it on the posenc-lab sweep command line, or run the file with wandb agent"
+            f"{where} {shown(override)} could have Hydra build an object the file chooses ({marker}): a sweep file "
+            f"sets values, not code; give it on the posenc-lab sweep command line, or run the file with wandb agent"
         )
     if key.split(".")[0].split("/")[0] == "hydra" and key not in HYDRA_KEYS:
         return (
-            f"{where} {override!r} sets Hydra itself; a sweep file may set only {', '.join(HYDRA_KEYS)} of it "
+            f"{where} {shown(override)} sets Hydra itself; a sweep file may set only {', '.join(HYDRA_KEYS)} of it "
             f"(hydra/launcher=slurm and the like go on the posenc-lab sweep command line; wandb agent runs the file "
             f"as written)"
         )
@@ -195,18 +205,18 @@ def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[s
     """The fixed overrides before and after ${args_no_hyphens}; problems for a command that would run anything
     but posenc-lab's trainer with Hydra overrides (each one named)."""
     if not isinstance(command, list) or not all(isinstance(c, (str, int, float)) for c in command):
-        problems.append(f"command: a list of strings, {TRAIN_COMMAND_FORMS} {ARGS_MACRO} ..., got {command!r}")
+        problems.append(f"command: a list of strings, {TRAIN_COMMAND_FORMS} {ARGS_MACRO} ..., got {shown(command)}")
         return [], []
     command = [str(c) for c in command]
     used = [m for m in OTHER_ARGS_MACROS if m in command]
     if used:
-        problems.append(f"command: {used} pass arguments Hydra cannot read (e.g. --key=value); use {ARGS_MACRO}")
+        problems.append(f"command: {shown(used)} pass arguments Hydra cannot read (e.g. --key=value); use {ARGS_MACRO}")
     start = overrides_start(command)
     if start is None:
         problems.append(
-            f"command {command} does not run posenc-lab's trainer, and posenc-lab sweep runs nothing else: "
-            f"write {TRAIN_COMMAND_FORMS} {ARGS_MACRO} [overrides] (wandb agent remains the way to run other "
-            f"programs)"
+            f"command {shown(command, quote=False)} does not run posenc-lab's trainer, and posenc-lab sweep runs "
+            f"nothing else: write {TRAIN_COMMAND_FORMS} {ARGS_MACRO} [overrides] (wandb agent remains the way to run "
+            f"other programs)"
         )
         return [], []
     if ARGS_MACRO not in command[start:]:
@@ -218,34 +228,110 @@ def _split_command(command: Any, problems: list[str]) -> tuple[list[str], list[s
     rest = [c for c in command[start:] if c != ARGS_MACRO]
     macros = [c for c in rest if c.startswith("${") and c.endswith("}")]
     if macros:
-        problems.append(f"command: unexpected macro(s) {macros} among the Hydra overrides")
+        problems.append(f"command: unexpected macro(s) {shown(macros)} among the Hydra overrides")
     problems += [p for c in rest if c not in macros and (p := override_problem(c, "command override"))]
     before = [c for c in command[start:idx] if c not in macros]
     after = [c for c in command[idx + 1 :] if c not in macros]
     return before, after
 
 
+def read_yaml(path: Path) -> Any:
+    """The YAML document of ``path`` as ``yaml.safe_load`` reads it, or SweepError in one line: a missing file,
+    invalid YAML, or a document that would expand to more than ``MAX_YAML_NODES`` (counted on the composed nodes,
+    where an alias is one node, before any Python object is made)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SweepError(f"{path}: no such sweep file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SweepError(f"{path}: cannot be read as a UTF-8 text file ({e})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_expansion(path, node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        if getattr(e, "context", None) and getattr(e, "context_mark", None):
+            what += f" ({e.context} from line {e.context_mark.line + 1})"
+        raise SweepError(f"{path}: not valid YAML{where}: {shown(what, quote=False)}") from None
+    except RecursionError:  # the composer recurses once a level
+        raise SweepError(f"{path}: nested too deeply for a sweep file (lists or mappings inside each other)") from None
+    finally:
+        loader.dispose()
+
+
+def _refuse_expansion(path: Path, root: yaml.Node) -> None:
+    """SweepError if the document of ``root`` expands to more than MAX_YAML_NODES nodes, or an alias holds itself;
+    the message names the key under which most of it lies (``parameters.seed.values``)."""
+    size: dict[int, int] = {}  # id(node) -> the nodes it expands to (aliases shared: a sum over the composed graph)
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()  # the nodes on the path from the root to the one in hand
+    while stack:
+        node, done = stack.pop()
+        kids = _children(node)
+        if done:
+            open_.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+            continue
+        if id(node) in size:
+            continue
+        open_.add(id(node))
+        stack.append((node, True))
+        for k in kids:
+            if id(k) in open_:  # an alias back to a node on the path from the root
+                raise SweepError(
+                    f"{path}: the list or mapping at line {k.start_mark.line + 1} holds an alias of itself, which "
+                    f"never ends; a sweep file's values are finite"
+                )
+            if id(k) not in size:
+                stack.append((k, False))
+    if size[id(root)] <= MAX_YAML_NODES:
+        return
+    keys, node = [], root
+    while isinstance(node, yaml.MappingNode):  # down the largest value, while one holds most of it
+        key, value = max(node.value, key=lambda kv: size[id(kv[1])])
+        if size[id(value)] <= MAX_YAML_NODES // 2 or not isinstance(key, yaml.ScalarNode):
+            break
+        keys.append(key.value)
+        node = value
+    where = ".".join(keys) or "the file"
+    n = size[id(node)]
+    count = f"{n:,}" if n < 10**15 else "more than 10^15"
+    raise SweepError(
+        f"{path}: {shown(where, quote=False)} expands to {count} YAML nodes (every alias *NAME repeats all that its "
+        f"anchor holds); a sweep file may expand to {MAX_YAML_NODES:,}: write the values out, with fewer aliases"
+    )
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for kv in node.value for n in kv]
+    return []
+
+
 def load_sweep(path: str | os.PathLike) -> Sweep:
     """Parse and structurally check a sweep file (no Hydra yet); raise SweepError on problems."""
     path = Path(path)
-    try:
-        spec = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SweepError(f"{path}: no such sweep file") from None
-    except yaml.YAMLError as e:
-        raise SweepError(f"{path}: not valid YAML: {e}") from None
+    spec = read_yaml(path)
     problems: list[str] = []
     if not isinstance(spec, dict):
         raise SweepError(f"{path}: a sweep file is a mapping (method, metric, parameters, command)")
     method = spec.get("method")
     if method not in METHODS:
-        problems.append(f"method: {method!r} is not one of {list(METHODS)}")
+        problems.append(f"method: {shown(method)} is not one of {list(METHODS)}")
     metric = spec.get("metric")
     if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
         problems.append("metric: needs a name (a key the training logs, e.g. val/bpb) and a goal")
         metric = {}
     elif metric.get("goal", "minimize") not in ("minimize", "maximize"):
-        problems.append(f"metric.goal: {metric.get('goal')!r} is not minimize or maximize")
+        problems.append(f"metric.goal: {shown(metric.get('goal'))} is not minimize or maximize")
     params_spec = spec.get("parameters")
     parameters: dict[str, list[Any]] = {}
     if not isinstance(params_spec, dict) or not params_spec:
@@ -253,20 +339,22 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     else:
         for name, pspec in params_spec.items():
             if not isinstance(name, str) or not name or name.startswith("-"):
-                problems.append(f"parameter {name!r}: names a Hydra override key (e.g. model.mem_len or posenc)")
+                problems.append(f"parameter {shown(name)}: names a Hydra override key (e.g. model.mem_len or posenc)")
                 continue
             values = _parameter_values(name, pspec, method, problems)
             for v in values:
                 if v is None:
                     problems.append(
-                        f"parameter {name!r}: a YAML null reaches Hydra as the text 'None' "
-                        f'(wandb writes {name}=None); write the string "null" instead'
+                        f"parameter {shown(name)}: a YAML null reaches Hydra as the text 'None' "
+                        f'(wandb writes {shown(name, quote=False)}=None); write the string "null" instead'
                     )
                 elif isinstance(v, dict):
-                    problems.append(f"parameter {name!r}: value {v!r}: a mapping cannot be passed as one override")
+                    problems.append(
+                        f"parameter {shown(name)}: value {shown(v)}: a mapping cannot be passed as one override"
+                    )
                 elif isinstance(v, str) and ("," in v and not v.startswith(("[", "{"))):
                     problems.append(
-                        f"parameter {name!r}: value {v!r} contains a comma, which Hydra reads as a "
+                        f"parameter {shown(name)}: value {shown(v)} contains a comma, which Hydra reads as a "
                         f"multirun sweep; quote it inside the value or avoid the comma"
                     )
                 elif problem := override_problem(format_override(name, v), "parameter"):
@@ -274,7 +362,7 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
             parameters[name] = [v for v in values if v is not None]
     if "program" in spec:  # wandb's agent runs it through ${program}; posenc-lab sweep runs only the trainer
         problems.append(
-            f"program: {spec['program']!r}: posenc-lab sweep runs only posenc-lab's own training command, never a "
+            f"program: {shown(spec['program'])}: posenc-lab sweep runs only posenc-lab's own training command, never a "
             f"program; remove program (the command runs {ENTRY_MODULE}); wandb agent remains the way to run others"
         )
     before, after = _split_command(spec.get("command"), problems)
@@ -284,12 +372,16 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         key = name.lstrip("+~")
         if key in fixed_keys:
             problems.append(
-                f"parameter {name!r} is also fixed in the command ({fixed_keys[key]!r}); one of them would "
+                f"parameter {shown(name)} is also fixed in the command ({shown(fixed_keys[key])}); one of them would "
                 f"silently win: remove it from the command"
             )
     n = math.prod(len(v) for v in parameters.values()) if parameters else 0
     if n > MAX_COMBINATIONS:
-        problems.append(f"parameters: {n} combinations to check (more than {MAX_COMBINATIONS}); split the sweep")
+        sizes = " x ".join(f"{shown(k, 40, quote=False)}: {len(v)}" for k, v in parameters.items() if len(v) > 1)
+        problems.append(
+            f"parameters: {n} trials to check ({sizes}), more than the {MAX_COMBINATIONS} a sweep file may have; "
+            f"split the sweep"
+        )
     if problems:
         raise SweepError(format_problems(path, problems))
     return sweep
