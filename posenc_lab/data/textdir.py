@@ -6,11 +6,10 @@ What is read, and when it is read again:
 - The files are those under the folder whose path matches ``glob`` (pathlib's syntax: ``*`` within a name, ``**``
   any folders), hidden files and folders (a name starting with '.', such as .git) aside.
 - A symbolic link is read as what it points to, a file or a folder alike, wherever it points (a Hugging Face
-  snapshot or a git-annex tree is links into other folders); each file and folder is read once, at the first
-  path the walk reaches (a folder's files, then its folders, each in name order): a link to a file or folder of
-  the tree adds nothing, and a loop of links ends. A link to
-  nothing is refused in one line naming it: it stands for a file whose text is missing. Other special files
-  (sockets, devices, pipes) are skipped.
+  snapshot or a git-annex tree is links into other folders); each file and folder is read once: a link to a file
+  or folder of the tree adds nothing (it keeps its own path), a loop of links ends, and two links to one place
+  outside read it under the first (in name order). A link to nothing is refused in one line naming it: it
+  stands for a file whose text is missing. Other special files (sockets, devices, pipes) are skipped.
 - A file name that is not UTF-8 is read like any other (names are only keys); the manifest and the report's
   tables show its undecodable bytes as ``\\xNN``.
 - Every load reads every file and hashes its content (BLAKE2b, while reading): the cache is keyed on that
@@ -61,36 +60,55 @@ def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
 
 def text_files(directory: Path, glob: str) -> list[str]:
     """Relative paths ('/'-separated, sorted) of the files under ``directory`` that ``glob`` matches, hidden files
-    and folders aside, symbolic links followed (each file and folder once: the module doc); ValueError naming a
-    link to nothing."""
+    and folders aside, symbolic links followed: the tree itself first, then its links (a file or folder reached
+    twice keeps its own path, else the first link's); ValueError naming a link to nothing."""
     pattern = _pattern(glob)
-    top = os.stat(directory)
-    found, seen = [], {(top.st_dev, top.st_ino)}
-    for folder, dirs, names in os.walk(directory, followlinks=True):
-        here = Path(folder)
-        rel = here.relative_to(directory).parts
-        entered = []
-        for name in sorted(dirs):  # in sorted order, so that "first" is the same on every load
-            st = os.stat(here / name)
-            if not name.startswith(".") and (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                entered.append(name)
-        dirs[:] = entered
-        for name in sorted(names):
-            path = here / name
-            if name.startswith(".") or not _matches((*rel, name), pattern):
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()  # (device, inode) of every folder and file taken
+    links: list[tuple[str, ...]] = []  # met while walking, followed after the tree that holds them
+
+    def take(parts: tuple[str, ...], path: Path) -> None:
+        if not _matches(parts, pattern):
+            return
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            target = f" to {shown(os.readlink(path))}" if path.is_symlink() else ""
+            raise ValueError(
+                f"textdir corpus: {shown(str(path))} (a symbolic link{target}) cannot be read: {e.strerror}; remove "
+                f"it, fetch what it names, or leave it out with data.corpus.glob"
+                if target
+                else f"textdir corpus: cannot read {shown(str(path))}: {e.strerror}"
+            ) from None
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:  # sockets, devices, pipes: no text
+            seen.add((st.st_dev, st.st_ino))
+            found.append("/".join(parts))
+
+    def walk(top: Path, prefix: tuple[str, ...]) -> None:
+        for folder, dirs, names in os.walk(top):  # links are not entered here, but kept in ``links``
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:  # a loop, or a folder already read
+                dirs[:] = []
                 continue
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                raise ValueError(
-                    f"textdir corpus: {shown(str(path))} is a symbolic link to {shown(os.readlink(path))}, which "
-                    f"does not exist: its text is missing; remove the link, fetch its file, or leave it out with "
-                    f"data.corpus.glob"
-                ) from None
-            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                found.append("/".join((*rel, name)))
+            seen.add((st.st_dev, st.st_ino))
+            rel = prefix + Path(folder).relative_to(top).parts
+            entered = []
+            for name in sorted(dirs):
+                if not name.startswith("."):
+                    (links if os.path.islink(os.path.join(folder, name)) else entered).append(rel + (name,))
+            dirs[:] = [parts[-1] for parts in entered]
+            for name in sorted(names):
+                if name.startswith("."):
+                    continue
+                if os.path.islink(os.path.join(folder, name)):
+                    links.append(rel + (name,))
+                else:
+                    take(rel + (name,), Path(folder, name))
+
+    walk(directory, ())
+    for parts in links:  # grows while linked folders are walked
+        path = directory.joinpath(*parts)
+        walk(path, parts) if path.is_dir() else take(parts, path)
     return sorted(found)
 
 
