@@ -154,6 +154,25 @@ def test_a_folder_the_split_cannot_hold_out_is_refused_before_any_file_is_read(t
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_folder_whose_families_leave_a_split_empty_is_refused_once_they_are_known(tmp_path):
+    """The listing passes (two small files at the top), but the two are copies: one family of 8%, which val (at most
+    5%) cannot take. One line, as before the read, and no cache entry."""
+    folder = notes(tmp_path / "notes", folders=1)
+    big = "".join(f"line {j} of the big folder: {j * 7919}\n" for j in range(4000))
+    (folder / "topic00" / "big.txt").write_text(big)
+    copy = "".join(f"a copied line {j}: {j * 104729}\n" for j in range(len(big) // 25 // 24))
+    for name in ("a.txt", "b.txt"):
+        (folder / name).write_text(copy)
+    refused = (
+        r"^textdir corpus: \S+/notes \(data\.corpus\.path\): the split by family .*; it has 5 files: 1 top-level "
+        r"folder and 2 files at the top, joined into 2 families by shared text, and the val split gets none of them; "
+        r"put its files in more top-level folders"
+    )
+    with pytest.raises(ValueError, match=refused):
+        load_corpus("textdir", root=tmp_path / "cache", path=folder)
+    assert not list((tmp_path / "cache").rglob("manifest.json"))
+
+
 def test_near_duplicates_are_found_in_memory_proportional_to_the_text(tmp_path):
     """The overlap pass held 58 bytes a token at its peak on two 2 MB texts (6.4 GB for an 81 MB folder, issue 37):
     now 24 (numpy's allocations, as tracemalloc counts them), the same groups (a shared stretch joins them)."""
