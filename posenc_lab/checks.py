@@ -28,7 +28,7 @@ from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .build import model_config
-from .data import CORPORA, EVAL_SPLITS, check_corpus_options
+from .data import CORPORA, EVAL_SPLITS, check_corpus_options, option_problems
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, shown
 from .model import ModelConfig
@@ -224,8 +224,12 @@ def _data_problems(cfg: DictConfig) -> list[str]:
     if name not in CORPORA:
         out.append(f"data.name={shown(name)} is not a corpus; valid: {', '.join(sorted(CORPORA))}")
     else:
+        options = data.get("corpus") or {}
         try:
-            check_corpus_options(name, data.get("corpus") or {})
+            if not isinstance(options, dict):
+                raise ValueError(f"data.corpus must be a mapping of corpus {name}'s options, got {options!r}")
+            check_corpus_options(name, options)
+            out += option_problems(name, options)
         except ValueError as e:
             out.append(str(e))
     valid = set(inspect.signature(SegmentDataModule.__init__).parameters) - {"self"}

@@ -16,7 +16,9 @@ before anything is computed.
 The corpus is compared with the one the run was trained on (the SHA-256 in its run.json): a changed
 corpus (an edited text file, a rebuilt cache) is refused, naming both hashes, unless ``allow_other_corpus=
 true``; the output records both hashes either way. Other corpus settings given on purpose (``+data.corpus.
-KEY=...``, ``data.name``) are another corpus by design: recorded, not refused.
+KEY=...``, ``data.name``) are another corpus by design: recorded, not refused; a path alone (``+data.corpus.path``:
+where the corpus lives now) is still compared. A run's corpus path that is not there (a relative one stored by a
+posenc-lab before paths were stored absolute, read from another folder) is one line naming ``+data.corpus.path``.
 
 Python:
 
@@ -47,6 +49,7 @@ from .build import build_datamodule
 from .checkpoints import CheckpointError, read_checkpoint
 from .checks import check
 from .compose import override_problem
+from .data import CORPORA, path_options
 from .errors import ConfigError, PosencLabError, reported
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
@@ -144,10 +147,13 @@ def evaluate_checkpoint(
     if batch_size is not None:
         overrides["batch_size"] = overrides["eval_batch_size"] = batch_size
     data_cfg = OmegaConf.merge(config.data, overrides)
+    _check_corpus_paths(ckpt_path, config.data, overrides)
     datamodule = build_datamodule(data_cfg)
-    corpus = _check_corpus(
-        ckpt_path, datamodule, on_purpose=bool({"name", "corpus"} & set(overrides)) or allow_other_corpus
-    )
+    moved = set((overrides.get("corpus") or {}).keys()) <= set(
+        path_options(data_cfg.name) if data_cfg.name in CORPORA else ()
+    )  # where, not what
+    on_purpose = "name" in overrides or ("corpus" in overrides and not moved) or allow_other_corpus
+    corpus = _check_corpus(ckpt_path, datamodule, on_purpose=on_purpose)
 
     model = lit.model
     lit.evaluate_at(None if mem_len is None else int(mem_len), None if same_length is None else bool(same_length))
@@ -221,6 +227,33 @@ def _trainer(accelerator: str, precision: Any, max_batches: int | None, dump: To
         raise ConfigError(
             f"accelerator={accelerator!r} cannot run on this machine: {e} Use accelerator=cpu (or auto: the best here)"
         ) from None
+
+
+def _check_corpus_paths(ckpt_path: str | os.PathLike, trained: DictConfig, overrides: dict[str, Any]) -> None:
+    """ConfigError naming ``+data.corpus.KEY=PATH`` when a local path the run's corpus was read from (textdir's,
+    textfile's) is not there now and no override gives it: a relative one (stored as typed before paths were
+    stored absolute) names another folder from another working directory."""
+    name = trained.get("name")
+    if name not in CORPORA or "name" in overrides:
+        return
+    given = overrides.get("corpus") or {}
+    for key in path_options(name):
+        typed = (trained.get("corpus") or {}).get(key)
+        if key in given or not isinstance(typed, str) or os.path.exists(os.path.expanduser(typed)):
+            continue
+        run = RunDir.of_checkpoint(ckpt_path).path
+        relative = (
+            ""
+            if os.path.isabs(os.path.expanduser(typed))
+            else (
+                f", relative to the folder it was trained from, which from {os.getcwd()} is "
+                f"{os.path.abspath(os.path.expanduser(typed))}"
+            )
+        )
+        raise ConfigError(
+            f"the corpus of run {run} is not there: data.corpus.{key}={typed!r}{relative}; pass "
+            f"+data.corpus.{key}=PATH where it is now (its hash is still compared with the run's)"
+        )
 
 
 def _check_corpus(ckpt_path: str | os.PathLike, datamodule, on_purpose: bool) -> dict[str, Any]:

@@ -39,7 +39,7 @@ import numpy as np
 import yaml
 
 from .checkpoints import read_checkpoint
-from .data import SPLITS
+from .data import CORPORA, SPLITS, path_options
 from .errors import PosencLabError
 from .io import CorruptFileError, path_problem, read_json, write_json
 
@@ -91,18 +91,42 @@ def corpus_identity(corpus) -> dict[str, Any]:
     }
 
 
+def absolute_paths(data: Any) -> Any:
+    """A data section (a plain dict) with its corpus's local paths (``data.path_options``: textdir's and textfile's
+    path) absolute, a relative one taken from the current folder. train stores them so in run.json, config.yaml
+    and the checkpoint: eval and compare find the corpus from any folder. A relative path in an older run.json
+    compares, from the folder it was typed in, as the same folder."""
+    if not isinstance(data, dict) or data.get("name") not in CORPORA or not isinstance(data.get("corpus"), dict):
+        return data
+    corpus = dict(data["corpus"])
+    for key in path_options(data["name"]):
+        if isinstance(corpus.get(key), str):
+            corpus[key] = os.path.abspath(os.path.expanduser(corpus[key]))
+    return {**data, "corpus": corpus}
+
+
 def run_identity(config: dict[str, Any], corpus: dict[str, Any] | None) -> dict[str, Any]:
-    """The identity of a run from its resolved config (a plain dict) and corpus identity."""
+    """The identity of a run from its resolved config (a plain dict) and corpus identity (the corpus's local
+    paths absolute: ``absolute_paths``)."""
     trainer = config.get("trainer") or {}
+    data = absolute_paths(config.get("data") or {})
     return {
         "seed": config.get("seed"),
         "posenc": config.get("posenc"),
         "model": _without(config.get("model"), MODEL_NOT_IDENTITY),
-        "data": {k: v for k, v in (config.get("data") or {}).items() if k not in DATA_NOT_IDENTITY},
+        "data": {k: v for k, v in data.items() if k not in DATA_NOT_IDENTITY},
         "corpus": corpus,
         "optim": _without(config.get("optim"), OPTIM_NOT_IDENTITY),
         "trainer": {k: trainer.get(k) for k in TRAINER_IDENTITY},
     }
+
+
+def _with_absolute_paths(identity: Any) -> Any:
+    """A saved identity with its data section's paths absolute (``absolute_paths``: an older run.json's relative
+    path compares as the folder it names from here)."""
+    if isinstance(identity, dict) and isinstance(identity.get("data"), dict):
+        return {**identity, "data": absolute_paths(identity["data"])}
+    return identity
 
 
 def _without(section: Any, keys: tuple[str, ...]) -> Any:
@@ -317,6 +341,7 @@ class RunDir:
             saved = record.get("identity") if isinstance(record, dict) else None
             if saved is None:
                 raise RunDirError(f"{self.record_file} is not a posenc-lab run record; choose another run_dir")
+            saved = _with_absolute_paths(saved)
         else:
             ckpt = self.newest_checkpoint()
             if ckpt is None:
@@ -358,7 +383,7 @@ class RunDir:
         if not self.record_file.is_file():
             return None
         record = read_json(self.record_file, remedy=f"delete it: {self.path} is then recognised by its checkpoint")
-        return record.get("identity") if isinstance(record, dict) else None
+        return _with_absolute_paths(record.get("identity")) if isinstance(record, dict) else None
 
     def lock(self) -> RunLock:
         return RunLock(self.path)

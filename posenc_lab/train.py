@@ -61,7 +61,7 @@ from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .precision import check_precision
 from .resume import check_folders, check_resumable, checkpoint_state, resume_path
-from .rundir import Results, RunDir, RunDirError, corpus_identity, run_identity
+from .rundir import Results, RunDir, RunDirError, absolute_paths, corpus_identity, run_identity
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
@@ -155,6 +155,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Everything that can be checked is checked before anything is written (and before DDP launches).
     check(cfg, "train")
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    for key, value in (absolute_paths(data).get("corpus") or {}).items():  # run.json, config.yaml and checkpoints
+        if value != data["corpus"][key]:  # then name the corpus from any folder (eval, compare)
+            cfg.data.corpus[key] = value
     check_folders(cfg, RunDir(run_dir))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)

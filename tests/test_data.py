@@ -3,6 +3,7 @@ textdir: test_families.py)."""
 
 import itertools
 import json
+import os
 import pickle
 import re
 import shutil
@@ -244,6 +245,20 @@ def test_textfile_is_read_from_a_copy_that_follows_the_file(tmp_path):
     after = load_corpus("textfile", root=tmp_path / "cache", path=tmp_path / "t.txt")
     assert bytes(after.train) == second[:18_432] and bytes(before.train) == first[:9216]
     assert len(list((tmp_path / "cache" / "textfile").iterdir())) == 1  # the copy of that path replaced, not added
+
+
+def test_textfile_same_size_text_with_its_mtime_kept_is_copied_again(tmp_path):
+    """Issue 37: the copy was keyed on size and modification time, so ``cp -p`` of other text of the same size
+    left runs on the old copy, with the old corpus hash."""
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(97, 123)) * 400)
+    before = load_corpus("textfile", root=tmp_path / "cache", path=text)
+    sha, stamp = corpus_identity(before)["sha256"], text.stat()
+    text.write_bytes(bytes(range(65, 91)) * 400)  # the same length, other bytes, its time put back
+    os.utime(text, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    after = load_corpus("textfile", root=tmp_path / "cache", path=text)
+    assert bytes(after.train) == (bytes(range(65, 91)) * 400)[: len(after.train)]
+    assert corpus_identity(after)["sha256"] != sha
 
 
 def test_textfile_missing_file_names_the_path(tmp_path):

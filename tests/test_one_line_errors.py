@@ -26,6 +26,7 @@ from posenc_lab.compose import compose
 from posenc_lab.data import load_corpus
 from tests.helpers_train import CORPUS, run_module, tiny
 from tests.test_reliability import cli, no_stale_log_handlers  # noqa: F401 - an autouse fixture
+from tests.test_textdir import notes
 
 
 def _file(tmp, name, content: bytes) -> Path:
@@ -90,6 +91,20 @@ def _tampered_cache(tmp: Path) -> Path:
     (train,) = root.rglob("train.npy")
     np.save(train, np.ascontiguousarray(corpus.train[::-1]))
     return root
+
+
+def _one_book(tmp) -> Path:
+    """A textdir of one file: no family to hold out (issue 37: 81 MB of it took 4 minutes and 6.4 GB to refuse)."""
+    folder = _folder(tmp, "book")
+    (folder / "book.txt").write_text("one long book\n" * 500)
+    return folder
+
+
+def _lost_link(tmp) -> Path:
+    """A textdir with a link to nothing among its files."""
+    folder = notes(tmp / "notes")
+    os.symlink(tmp / "gone.txt", folder / "topic00" / "lost.txt")
+    return folder
 
 
 def _no_cache_root(argv: list[str]) -> list[str]:
@@ -169,6 +184,26 @@ CASES = [
     ("an empty folder for textdir", "train",
      lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_folder(t, 'empty')}", data="textdir"),
      r"^textdir corpus: no file under \S+/empty \(data\.corpus\.path\) matches data\.corpus\.glob='\*\*/\*' "),
+    # issue 37: a textdir the split by family cannot hold out is refused before any file is read
+    ("a textdir of one file", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_one_book(t)}", data="textdir"),
+     r"^textdir corpus: \S+/book \(data\.corpus\.path\): the split by family holds out whole families .*needs 2 or "
+     r"more of at most 10%, one of them at most 5%; it has 1 file: 0 top-level folders and 1 file at the top, the "
+     r"smallest 100\.0% of the bytes; put its files in more top-level folders \(20 or more .*data=textfile$"),
+    ("a textdir of 12 top-level folders", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={notes(t / 'notes', folders=12)}", data="textdir"),
+     r"^textdir corpus: \S+/notes \(data\.corpus\.path\): the split by family .*; it has 24 files: 12 top-level "
+     r"folders and 0 files at the top, the smallest [78]\.\d% of the bytes; put its files in more top-level folders"),
+    ("a textdir with a link to nothing", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_lost_link(t)}", data="textdir"),
+     r"^textdir corpus: \S+/topic00/lost\.txt \(a symbolic link to \S+/gone\.txt\) cannot be read: No such file or "
+     r"directory; remove it, fetch what it names, or leave it out with data\.corpus\.glob$"),
+    ("a max_bytes that is no number", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={t}", "data.corpus.max_bytes=abc", data="textdir"),
+     r"^data\.corpus\.max_bytes must be an integer or null, got 'abc'$"),
+    ("a max_bytes that is a list", "train",
+     lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={t}", "data.corpus.max_bytes=[1]", data="textdir"),
+     r"^data\.corpus\.max_bytes must be an integer or null, got \[1\]$"),
     ("the base of the data options", "train", lambda t, c, f: tiny(t / "run", c, data="default"),
      r"^data=default is not an option of data; the options are: enwik8, .*\btextdir, "),
     ("random bytes as a checkpoint", "train",

@@ -26,6 +26,8 @@ from .registry import (
     check_corpus_options,
     corpus_options,
     load_corpus,
+    option_problems,
+    path_options,
     register_corpus,
 )
 from .splits import EVAL_SPLITS, SPLITS, check_split
@@ -52,6 +54,8 @@ __all__ = [
     "corpus_options",
     "load_corpus",
     "make_recall",
+    "option_problems",
+    "path_options",
     "register_corpus",
     "segment_schedule",
 ]

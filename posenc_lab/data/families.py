@@ -14,7 +14,12 @@ more than MAX_FAMILY_SHARE of a held-out split, and a split holds at least 1 / M
 machine's Python 3.11 standard library: 44 in val, 54 in test). The larger families are trained on, never held
 out: nothing is dropped, and what the held-out splits judge is text in families of at most that size. A tree too
 small to fill a share this way (a few families) then fills it as before, with any family that fits in what is
-left of the share.
+left of the share. A tree where no family can be held out (one file, a few large folders) is refused in one line
+saying what the split needs (``held_out_problem``): from the listing alone before any file is read where the
+top-level folders tell (families only join them), else once the families are known.
+
+File names are keys only: one that is not UTF-8 (``os.fsencode``) is read as any other, and shown in the
+manifest and the report's tables with its undecodable bytes as ``\\xNN`` (``shown``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,54 @@ def package(name: str) -> str:
     return name.split("/")[0]
 
 
+def shown(name: str) -> str:
+    """A file name for the manifest and tables: its bytes not UTF-8 (surrogates of ``os.fsdecode``) as ``\\xNN``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'s' * (n != 1)}"
+
+
+def held_out_problem(names: Sequence[str], sizes: Sequence[int], family: Sequence[int] | None = None) -> str | None:
+    """Why the split by family cannot hold out val and test (a clause: "the split by family ..."), or None.
+
+    ``family`` None: judged on the listing alone, each top-level folder (or file at the top) a family; families
+    only join them, so a problem found so holds for the families (one folder of 81 MB is refused before it is
+    read). With ``family``: whether ``split_by_family`` leaves val or test without a file."""
+    packages: dict[str, int] = {}
+    for name, size in zip(names, sizes):
+        packages[package(name)] = packages.get(package(name), 0) + size
+    total = max(sum(sizes), 1)
+    needs = (
+        f"the split by family holds out whole families (a top-level folder or a file at the top, with the files "
+        f"that share text with it): val takes families of at most {HELD_OUT['val']:.0%} of the bytes, test of at "
+        f"most {HELD_OUT['test']:.0%}"
+    )
+    folders = len({package(n) for n in names if "/" in n})
+    has = (
+        f"{_count(len(names), 'file')}: {_count(folders, 'top-level folder')} and "
+        f"{_count(len(packages) - folders, 'file')} at the top"
+    )
+    if family is None:
+        fits = {s: sum(size <= HELD_OUT[s] * total for size in packages.values()) for s in HELD_OUT}
+        if fits["val"] >= 1 and fits["test"] >= 2:
+            return None
+        smallest = min(packages.values()) / total
+        return (
+            f"{needs}, so it needs 2 or more of at most {HELD_OUT['test']:.0%}, one of them at most "
+            f"{HELD_OUT['val']:.0%}; it has {has}, the smallest {smallest:.1%} of the bytes"
+        )
+    split_of = split_by_family(names, sizes, family)
+    empty = [s for s in HELD_OUT if s not in split_of.values()]
+    if not empty:
+        return None
+    return (
+        f"{needs}; it has {has}, joined into {len(set(family)):,} families by shared text, and the {empty[0]} "
+        f"split gets none of them"
+    )
+
+
 def families(names: Sequence[str], texts: Sequence[bytes]) -> list[int]:
     """A family id per file: its package, joined with its near-duplicates in other packages."""
     groups = near_duplicate_groups([np.frombuffer(t, np.uint8) for t in texts], FAMILY_OVERLAP)
@@ -63,7 +116,10 @@ def split_by_family(names: Sequence[str], sizes: Sequence[int], family: Sequence
     members: dict[int, list[int]] = {}
     for i, f in enumerate(family):
         members.setdefault(f, []).append(i)
-    order = sorted(members.values(), key=lambda m: hashlib.md5(names[m[0]].encode()).hexdigest())
+    # a name's bytes as the file system has them (not UTF-8: its surrogates as the bytes they stand for)
+    order = sorted(
+        members.values(), key=lambda m: hashlib.md5(names[m[0]].encode("utf-8", "surrogateescape")).hexdigest()
+    )
     share = {s: f * sum(sizes) for s, f in HELD_OUT.items()}
     used = dict.fromkeys(HELD_OUT, 0)
     out: dict[str, str] = {}
@@ -87,22 +143,32 @@ def split_by_family(names: Sequence[str], sizes: Sequence[int], family: Sequence
 
 def family_label(names: Sequence[str]) -> str:
     """A family's name for tables: its packages ("asyncio", "ntpath.py+posixpath.py", "codecs.py+encodings+2")."""
-    packages = sorted({package(n) for n in names})
+    packages = sorted({shown(package(n)) for n in names})
     return "+".join(packages[:2]) + (f"+{len(packages) - 2}" if len(packages) > 2 else "")
 
 
 def family_corpus(
-    name: str, root: Path, key: dict, names: Callable[[], list[str]], read: Callable[[str], bytes], max_bytes=None
+    name: str,
+    root: Path,
+    key: dict,
+    names: Callable[[], list[str]],
+    read: Callable[[str], bytes],
+    max_bytes=None,
+    source: str = "",
+    fix: str = "",
 ) -> Corpus:
     """The byte-level corpus of the files ``names()`` (read by ``read(name)``), split by family, cached under
     ``root/name`` by ``key``. Each split is its files in path order, each followed by FILE_SEPARATOR; ``max_bytes``
     caps the total (each split at its share, its first files in path order) for quick runs. The corpus carries,
-    per split, every document's length and family (``Corpus.families``), and the manifest lists the files."""
+    per split, every document's length and family (``Corpus.families``), and the manifest lists the files. A tree
+    whose families leave val or test empty is refused (``held_out_problem``), naming ``source`` and ``fix``."""
 
     def build():
         rels = names()
         texts = [read(rel) + FILE_SEPARATOR for rel in rels]
         family = families(rels, texts)
+        if problem := held_out_problem(rels, [len(t) for t in texts], family):
+            raise ValueError(f"{name} corpus: {source + ': ' if source else ''}{problem}{'; ' + fix if fix else ''}")
         split_of = split_by_family(rels, [len(t) for t in texts], family)
         fractions = {"train": 1 - sum(HELD_OUT.values()), **HELD_OUT}
         arrays: dict[str, np.ndarray] = {}
@@ -122,7 +188,7 @@ def family_corpus(
             arrays[split] = np.frombuffer(tokens, dtype=np.uint8)
             arrays[f"{split}.documents"] = np.diff(ends, prepend=0)
             arrays[f"{split}.families"] = np.asarray(doc_family, dtype=np.int64)
-            info["files"][split] = [rels[i] for i in taken]
+            info["files"][split] = [shown(rels[i]) for i in taken]
             members = {f: [rels[i] for i in taken if family[i] == f] for f in ids}
             info["families"][split] = [family_label(members[f]) for f in ids]
         return arrays, None, info

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 WINDOW = 32
+CHUNK = 1 << 20  # windows hashed at a time: the temporaries stay a few MB whatever the text's size
 
 
 def window_hashes(tokens, window: int = WINDOW) -> np.ndarray:
@@ -22,10 +23,32 @@ def window_hashes(tokens, window: int = WINDOW) -> np.ndarray:
     if len(a) < window:
         return np.zeros(0, np.uint64)
     mult = np.uint64(1099511628211) ** np.arange(window, dtype=np.uint64)
-    hashes = np.zeros(len(a) - window + 1, np.uint64)  # sum_k a[t + k] p^k mod 2^64, p the FNV prime
-    for k in range(window):  # one strided pass per offset: memory O(n), not O(n * window)
-        hashes += a[k : len(a) - window + 1 + k].astype(np.uint64) * mult[k]
+    n = len(a) - window + 1
+    hashes = np.zeros(n, np.uint64)  # sum_k a[t + k] p^k mod 2^64, p the FNV prime
+    term = np.empty(min(n, CHUNK), np.uint64)  # one bounded temporary: memory 8 bytes a token, not 24
+    for start in range(0, n, CHUNK):
+        stop = min(start + CHUNK, n)
+        out, part = hashes[start:stop], term[: stop - start]
+        for k in range(window):  # one strided pass per offset, never a [n, window] array
+            np.multiply(a[start + k : stop + k], mult[k], out=part, casting="unsafe")
+            out += part
     return hashes
+
+
+def _distinct_windows(text, window: int) -> np.ndarray:
+    """The sorted distinct window hashes of ``text``, windows of whitespace alone left out (peak memory: about
+    17 bytes a token)."""
+    a = np.asarray(text)
+    if len(a) < window:
+        return np.zeros(0, np.uint64)
+    dtype = np.int32 if len(a) < 2**31 else np.int64
+    seen = np.zeros(len(a) + 1, dtype)  # seen[t]: tokens before t that are not whitespace
+    np.cumsum(~np.isin(a, (9, 10, 13, 32)), dtype=dtype, out=seen[1:])
+    counted = seen[window:] != seen[: len(a) - window + 1]  # a window of whitespace alone adds none
+    del seen
+    h = window_hashes(a, window)[counted]
+    h.sort()
+    return h[np.r_[True, h[1:] != h[:-1]]] if len(h) else h
 
 
 def _seen(train, window: int) -> np.ndarray:
@@ -58,19 +81,32 @@ def shared_context_share(train, scored, window: int = WINDOW) -> float:
 def near_duplicate_groups(texts: list, threshold: float, window: int = WINDOW, max_files: int = 20) -> list[int]:
     """A group id per text: texts sharing at least ``threshold`` of the distinct windows of the smaller one are
     joined, transitively (union-find). Windows found in more than ``max_files`` texts (idioms such as
-    ``return self``) and windows of whitespace alone do not count."""
+    ``return self``) and windows of whitespace alone do not count. Memory: about 17 bytes a token of the largest
+    text while its windows are hashed, then 16 bytes a distinct window of all texts (issue 37: 6.4 GB for 81 MB)."""
     n = len(texts)
-    per_text = []
-    for t in texts:
-        a = np.asarray(t)
-        h = window_hashes(a, window)
-        if len(h):
-            blank = np.lib.stride_tricks.sliding_window_view(np.isin(a, (9, 10, 13, 32)), window).all(1)
-            h = h[~blank]
-        per_text.append(np.unique(h))
-    hashes = np.concatenate(per_text) if per_text else np.zeros(0, np.uint64)
-    owner = np.concatenate([np.full(len(h), i) for i, h in enumerate(per_text)]) if per_text else np.zeros(0, int)
-    order = np.argsort(hashes, kind="stable")
+    parent = list(range(n))
+    if n < 2:  # no pair to join
+        return parent
+    per_text = [_distinct_windows(t, window) for t in texts]
+    # the windows held by 2..max_files texts (each text's windows are distinct), found on one sorted copy; only
+    # they are gathered with their texts
+    every = np.concatenate(per_text)
+    every.sort()
+    again = np.flatnonzero(every[1:] == every[:-1])  # a window's second, third, ... copy (few: indices of them only)
+    first = np.r_[True, again[1:] != again[:-1] + 1] if len(again) else np.zeros(0, bool)
+    copies = np.diff(np.r_[np.flatnonzero(first), len(again)]) + 1  # texts holding each repeated window
+    shared = every[again[first][copies <= max_files]]
+    del every, again, first, copies
+    hashes, owner = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
+    for i, h in enumerate(per_text):
+        if len(shared) and len(h):
+            at = np.searchsorted(shared, h)
+            at[at == len(shared)] = 0
+            h = h[shared[at] == h]
+            hashes.append(h)
+            owner.append(np.full(len(h), i, np.int64))
+    hashes, owner = np.concatenate(hashes), np.concatenate(owner)
+    order = np.argsort(hashes, kind="stable")  # stable: the texts of a window in text order
     hashes, owner = hashes[order], owner[order]
     starts = np.flatnonzero(np.r_[True, hashes[1:] != hashes[:-1]]) if len(hashes) else np.zeros(0, int)
     sizes = np.diff(np.r_[starts, len(hashes)])
@@ -81,7 +117,6 @@ def near_duplicate_groups(texts: list, threshold: float, window: int = WINDOW, m
             members = owner[s[:, None] + np.arange(k)]
             i, j = np.triu_indices(k, 1)
             pair_codes.append((members[:, i] * n + members[:, j]).ravel())
-    parent = list(range(n))
 
     def find(x: int) -> int:
         while parent[x] != x:
@@ -90,10 +125,10 @@ def near_duplicate_groups(texts: list, threshold: float, window: int = WINDOW, m
         return x
 
     if pair_codes:
-        codes, shared = np.unique(np.concatenate(pair_codes), return_counts=True)
+        codes, shared_windows = np.unique(np.concatenate(pair_codes), return_counts=True)
         a, b = codes // n, codes % n
         distinct = np.array([max(len(h), 1) for h in per_text])
-        joined = shared >= threshold * np.minimum(distinct[a], distinct[b])
+        joined = shared_windows >= threshold * np.minimum(distinct[a], distinct[b])
         for x, y in zip(a[joined], b[joined]):
             parent[find(int(x))] = find(int(y))
     return [find(i) for i in range(n)]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterable
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,6 +143,46 @@ def check_corpus_options(name: str, options: Iterable[str]) -> None:
             f"corpus {name!r} takes no option {', '.join(unknown)} (data.corpus.*); its options: "
             f"{', '.join(valid) or 'none'}"
         )
+
+
+def _expected(annotation) -> tuple[str, Callable[[object], bool]] | None:
+    """(what a value must be, its test) for a loader option annotated with a plain type, or None (not checked)."""
+    args = set(typing.get_args(annotation)) if isinstance(annotation, types.UnionType) else {annotation}
+    null = type(None) in args
+    args.discard(type(None))
+    plain = {
+        frozenset({int}): ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+        frozenset({float}): ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+        frozenset({bool}): ("true or false", lambda v: isinstance(v, bool)),
+        frozenset({str}): ("a string", lambda v: isinstance(v, str)),
+        frozenset({str, os.PathLike}): ("a path (a string; quote a name of digits: '2024')", _is_path),
+    }.get(frozenset(args))
+    if plain is None:
+        return None
+    what, test = plain
+    return (f"{what} or null", lambda v: v is None or test(v)) if null else plain
+
+
+def _is_path(value) -> bool:
+    return isinstance(value, (str, os.PathLike))
+
+
+def path_options(name: str) -> list[str]:
+    """The options of corpus ``name`` that are local paths (annotated ``os.PathLike``): where its text lives."""
+    hints = typing.get_type_hints(CORPORA[name])
+    return [k for k in corpus_options(name) if os.PathLike in typing.get_args(hints.get(k))]
+
+
+def option_problems(name: str, options: Mapping) -> list[str]:
+    """``data.corpus.KEY must be ..., got ...`` for each option of corpus ``name`` whose value is not of the type
+    its loader's signature gives (integers, numbers, flags, strings, paths), checked before anything is built."""
+    hints = typing.get_type_hints(CORPORA[name])
+    out = []
+    for key, value in options.items():
+        expected = _expected(hints.get(key)) if key in hints else None
+        if expected is not None and not expected[1](value):
+            out.append(f"data.corpus.{key} must be {expected[0]}, got {value!r}")
+    return out
 
 
 def load_corpus(name: str, root: str | os.PathLike | None = None, **kwargs) -> Corpus:
