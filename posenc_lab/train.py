@@ -6,6 +6,7 @@
     .hydra/            Hydra's composed config, overrides (written once the checks have passed)
     config.yaml        the resolved config of this run
     metrics.csv        metric log (logger=csv; hparams.yaml next to it)
+    wandb_id, wandb/   the run's wandb run id, which a resumed run continues, and wandb's files (logger=wandb)
     checkpoints/       last.ckpt; good.ckpt, good.prev.ckpt: the newest two good ones (checkpoints.Checkpointing)
                        (+ periodic ones with callbacks.checkpoint.save_top_k=-1)
     results.json       final validation and test figures (see ``train``)
@@ -47,7 +48,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from . import config_dir, flush_denormals, keep_freed_memory
+from . import config_dir, flush_denormals, keep_freed_memory, tracking
 from .build import build_datamodule, build_lit, build_trainer, check_splits
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
@@ -196,6 +197,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             for folder in (run.path, run.checkpoints):  # what a killed process was writing: never complete
                 remove_partial(folder)
             run.write_record(identity, record)
+            tracking.keep_run_id(trainer.loggers, run)
             _write_run_start(cfg, composed, run)
             _keep_old_log(run, resume_step)
             log.info(
