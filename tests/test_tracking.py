@@ -20,6 +20,7 @@ from posenc_lab.rundir import RunDir
 from posenc_lab.sweeps.command import merge_overrides, runner_overrides
 from tests.helpers_train import REPO, compose_config, subprocess_env, tiny
 from tests.schemes import XL
+from tests.test_reliability import run_train
 from tests.test_sweeps import read_wandb_records
 
 STEPS = 6
@@ -134,9 +135,14 @@ def test_the_name_says_a_recent_loss_and_a_set_name_or_group_wins(monkeypatch, t
     cfg = compose_config("train", ["logger=wandb", "logger.group=mine", "model.mem_len=0"])
     options = tracking.logger_options(cfg, RunDir(tmp_path))
     assert "group" not in options and options["name"].endswith(":nomem seed0") and len(options["id"]) == 8
-    (tmp_path / RunDir.WANDB_ID).write_text("not an id!\n")
-    with pytest.raises(CorruptFileError, match=f"{RunDir.WANDB_ID} holds no wandb run id .*delete it"):
-        tracking.logger_options(cfg, RunDir(tmp_path))
+
+
+def test_a_damaged_wandb_id_is_named_before_anything_loads(tmp_path, cache):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / RunDir.WANDB_ID).write_text("not an id!\n")
+    with pytest.raises(CorruptFileError, match=f"{RunDir.WANDB_ID} holds no wandb run id .*delete it") as info:
+        run_train(tmp_path / "run", cache, "logger=wandb")
+    assert "\n" not in str(info.value) and sorted(p.name for p in (tmp_path / "run").iterdir()) == [RunDir.WANDB_ID]
 
 
 def test_two_seeds_of_one_cell_leave_two_summaries(wandb_runs, tmp_path, monkeypatch):
