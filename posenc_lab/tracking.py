@@ -93,3 +93,11 @@ def keep_run_id(loggers: list, run: RunDir) -> None:
     for logger in loggers:
         if type(logger).__name__ == WANDB_LOGGER and run.wandb_id() is None:
             run.write_wandb_id(str(logger.version))
+
+
+def finish(loggers: list, exit_code: int) -> None:
+    """End the wandb run of these loggers, if one started: Lightning's WandbLogger leaves it open, and the next
+    WandbLogger of this process (a Hydra multirun's next job) would log into it instead of its own run."""
+    for logger in loggers:
+        if type(logger).__name__ == WANDB_LOGGER and getattr(logger, "_experiment", None) is not None:
+            logger.experiment.finish(exit_code=exit_code)

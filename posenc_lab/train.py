@@ -207,12 +207,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 lit.model.num_params() / 1e6,
                 f"; resuming from {resume}" if resume else "",
             )
+        exit_code = 1
         try:
-            return _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+            results = _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+            exit_code = 0
+            return results
         except Exception as e:  # a collective that lost a process: one line, not the backend's traceback
             if trainer.world_size > 1 and (lost := lost_process(e, trainer, run.newest_checkpoint())):
                 raise lost from e
             raise
+        finally:
+            tracking.finish(trainer.loggers, exit_code)
 
 
 def _fit_and_evaluate(

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,13 +28,24 @@ STEPS = 6
 WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
-def offline_runs(run_dir: Path) -> list[dict]:
+def offline_runs(run_dir: Path, timeout: float = 60) -> list[dict]:
     """Each offline wandb folder under run_dir, oldest first: its folder id, the run record's id, name and group,
-    the trainer/global_step of each logged row, and the summary as its updates leave it."""
+    the trainer/global_step of each logged row, and the summary as its updates leave it. A run this process has
+    just finished may still be writing its log (wandb's own process writes it): read once it holds its exit record,
+    or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = _read_offline_runs(run_dir)
+        if all(p["exited"] for p in out) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
+
+
+def _read_offline_runs(run_dir: Path) -> list[dict]:
     out = []
     for folder in sorted((run_dir / "wandb").glob("offline-run-*")):  # named offline-run-<YYYYmmdd_HHMMSS>-<id>
         (log,) = folder.glob("run-*.wandb")
-        info: dict = {"folder_id": folder.name.rsplit("-", 1)[1], "steps": [], "summary": {}}
+        info: dict = {"folder_id": folder.name.rsplit("-", 1)[1], "steps": [], "summary": {}, "exited": False}
         for r in read_wandb_records(log):
             kind = r.WhichOneof("record_type")
             if kind == "run":
@@ -42,6 +54,8 @@ def offline_runs(run_dir: Path) -> list[dict]:
                 row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
                 if "trainer/global_step" in row:
                     info["steps"].append(row["trainer/global_step"])
+            elif kind == "exit":
+                info["exited"] = True
             elif kind == "summary":
                 for item in r.summary.update:
                     info["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
@@ -112,7 +126,7 @@ def test_a_run_killed_and_extended_stays_one_wandb_run(wandb_runs, tmp_path):
     longer = [o.replace(str(a), str(run)) for o in train] + ["trainer.max_steps=10"]
     _ended(_train(*longer, *_stop(8, "SIGKILL")), -signal.SIGKILL)
     _ended(_train(*longer), 0)
-    parts = offline_runs(run)
+    parts = offline_runs(run, timeout=0)  # the killed part never writes its exit
     assert len(parts) == 4 and {p["folder_id"] for p in parts} == {RunDir(a).wandb_id()}
     assert parts[-1]["run_id"] == RunDir(a).wandb_id() and parts[-1]["steps"][0] == 8
     assert parts[-1]["steps"][-1] == 10
@@ -162,5 +176,21 @@ def test_two_seeds_of_one_cell_leave_two_summaries(wandb_runs, tmp_path, monkeyp
     (uploaded,) = offline_runs(tmp_path)
     for seed, run in enumerate(runs):
         loss = json.loads((run / "results.json").read_text())["test"]["loss"]
-        assert uploaded["summary"][tracking.summary_key(f"recall/{XL}:mem16", seed, "test_loss")] == loss
+        key = tracking.summary_key(f"recall/{XL}:mem16", seed, "test_loss")
+        assert uploaded["summary"].get(key) == loss, (key, sorted(k for k in uploaded["summary"] if "test_loss" in k))
     assert not [k for k in uploaded["summary"] if k.startswith(f"runs/{XL}/")]
+
+
+def test_runs_in_one_process_each_log_to_their_own_wandb_run(tmp_path, cache, monkeypatch):
+    """Two runs in one process (a Hydra multirun's jobs): the second gets its own wandb run, not the first's, which
+    Lightning's WandbLogger leaves open (train.py finishes it)."""
+    for key, value in WANDB.items():
+        monkeypatch.setenv(key, value)
+    for var in ("WANDB_SWEEP_ID", "WANDB_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    for seed in (0, 1):
+        run_train(tmp_path / f"s{seed}", cache, f"posenc={XL}", "logger=wandb", f"seed={seed}", steps=2)
+    parts = [offline_runs(tmp_path / f"s{seed}") for seed in (0, 1)]
+    assert [len(p) for p in parts] == [1, 1] and parts[0][0]["run_id"] != parts[1][0]["run_id"]
+    assert [p[0]["name"] for p in parts] == [f"recall/{XL}:mem16 seed0", f"recall/{XL}:mem16 seed1"]
+    assert parts[1][0]["steps"] == [0, 1, 2, 2]  # its own steps only
