@@ -194,3 +194,18 @@ def test_runs_in_one_process_each_log_to_their_own_wandb_run(tmp_path, cache, mo
     assert [len(p) for p in parts] == [1, 1] and parts[0][0]["run_id"] != parts[1][0]["run_id"]
     assert [p[0]["name"] for p in parts] == [f"recall/{XL}:mem16 seed0", f"recall/{XL}:mem16 seed1"]
     assert parts[1][0]["steps"] == [0, 1, 2, 2]  # its own steps only
+
+
+def test_two_runs_of_one_cell_and_seed_are_refused_before_any_upload(wandb_runs, tmp_path, capsys):
+    """Their figures would take one summary key: the upload names both in one line, and wandb starts no run."""
+    from posenc_lab_analysis.wandb_upload import main
+
+    (a, _), _ = wandb_runs
+    again = shutil.copytree(a, tmp_path / "again", symlinks=True)
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "table.csv").write_text("scheme,x\nxl,1\n")
+    before = set(Path.cwd().glob("wandb/*run-*"))  # where wandb would write (no --wandb-dir)
+    assert main([str(tmp_path / "report"), "--runs", str(a), str(again)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"cell 'recall/{XL}:mem16' holds runs with the same seed" in err and str(again) in err
+    assert set(Path.cwd().glob("wandb/*run-*")) == before
