@@ -31,6 +31,8 @@ _ID_CHARS = string.ascii_lowercase + string.digits
 
 def is_wandb(logger_cfg: Any) -> bool:
     """Whether a logger config (``cfg.logger``) builds Lightning's WandbLogger."""
+    if not isinstance(logger_cfg, DictConfig):  # logger=none
+        return False
     return str(OmegaConf.select(logger_cfg, "_target_", default="") or "").endswith(WANDB_LOGGER)
 
 
