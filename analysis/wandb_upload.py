@@ -6,12 +6,13 @@ as an artifact, in one wandb run (job_type ``report``) grouped with the sweep it
     python -m posenc_lab_analysis.wandb_upload reports/SWEEP_ID --runs runs/sweeps/SWEEP_ID --project posenc-lab
 
 Grouping. The training runs of a sweep log to wandb themselves (``logger=wandb``: resolved config,
-metrics; group = scheme, job_type = the sweep's name, tags). This run joins them with
-``--group`` (default: the sweep id when the runs live in ``runs/sweeps/SWEEP_ID/``, else the runs
-folder's name) and tags every scheme it covers; the tables keep their ``scheme`` column so that
-the wandb UI can group their rows by scheme, and the run summary holds every run's final figures
-under ``runs/<scheme>/mem<M>/``. Works offline: ``WANDB_MODE=offline`` (sync later with
-``wandb sync``).
+metrics; named and grouped by ``posenc_lab.tracking``: group ``sweep-SWEEP_ID/<cell>``, job_type = the sweep's
+name, tags). This run goes in ``--group`` (default: ``sweep-SWEEP_ID`` when the runs live in
+``runs/sweeps/SWEEP_ID/``, else the runs folder's name) and tags every scheme it covers; the tables keep their
+``scheme`` column so that the wandb UI can group their rows by scheme, and the run summary holds every run's
+final figures under ``runs/<cell>/seed<S>/`` (``tracking.summary_key``, the cell as the report names it: the
+seeds of a cell and its full- and recent-loss runs each keep their own). Works offline: ``WANDB_MODE=offline``
+(sync later with ``wandb sync``).
 """
 
 from __future__ import annotations
@@ -28,19 +29,21 @@ import pandas as pd
 from posenc_lab.io import CorruptFileError
 from posenc_lab.metrics import FIGURES
 from posenc_lab.rundir import RunDir, RunDirError
+from posenc_lab.tracking import summary_key
 
-from .runs import RunError
+from .runs import Run, RunError, cells
 
 # Final figures of a run's results.json that go into the runs table.
 _RESULT_KEYS = ("loss", *FIGURES.values(), "acc")
 
 
 def run_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """One row per finished run (``RunDir.finished``) under ``run_dirs``; a damaged file is named (RunError)."""
-    rows = []
+    """One row per finished run (``RunDir.finished``) under ``run_dirs``, with its cell as the report names it
+    (``runs.cells``); a damaged file, or two runs of one cell with one seed, is named (RunError)."""
+    found: list[tuple[Run, dict[str, Any]]] = []
     for root in map(Path, run_dirs):
-        found = [root] if RunDir(root).config_file.is_file() else [p.parent for p in sorted(root.rglob(RunDir.CONFIG))]
-        for d in found:
+        dirs = [root] if RunDir(root).config_file.is_file() else [p.parent for p in sorted(root.rglob(RunDir.CONFIG))]
+        for d in dirs:
             run = RunDir(d)
             if any(part.startswith(".") for part in d.relative_to(root).parts) or not run.finished:
                 continue
@@ -48,23 +51,28 @@ def run_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
                 cfg, res = run.config(), run.results()
             except (CorruptFileError, RunDirError) as e:
                 raise RunError(str(e)) from e
-            row: dict[str, Any] = {
-                "run": str(d.relative_to(root)) if d != root else d.name,
-                "scheme": cfg["posenc"].get("name", res.get("scheme")),
-                "data": cfg["data"].get("name", res.get("data")),
-                "mem_len": cfg["model"].get("mem_len", res.get("mem_len")),
-                "segment_len": cfg["data"].get("segment_len"),
-                "loss_recent_frac": cfg["model"].get("loss_recent_frac", 1.0),
-                "steps": res.get("steps"),
-                "seed": res.get("seed"),
-                "params": res.get("params"),
-            }
-            for split in ("val", "test"):
-                for k in _RESULT_KEYS:
-                    v = (res.get(split) or {}).get(k)
-                    if v is not None:
-                        row[f"{split}_{k}"] = v
-            rows.append(row)
+            found.append((Run(d, cfg, res), {"run": str(d.relative_to(root)) if d != root else d.name}))
+    cell_of = {id(r): name for name, group in cells([r for r, _ in found]).items() for r in group}
+    rows = []
+    for r, row in found:
+        cfg, res = r.config, r.results or {}
+        row.update(
+            cell=cell_of[id(r)],
+            scheme=cfg["posenc"].get("name", res.get("scheme")),
+            data=cfg["data"].get("name", res.get("data")),
+            mem_len=cfg["model"].get("mem_len", res.get("mem_len")),
+            segment_len=cfg["data"].get("segment_len"),
+            loss_recent_frac=cfg["model"].get("loss_recent_frac", 1.0),
+            steps=res.get("steps"),
+            seed=r.seed if r.seed is not None else res.get("seed"),
+            params=res.get("params"),
+        )
+        for split in ("val", "test"):
+            for k in _RESULT_KEYS:
+                v = (res.get(split) or {}).get(k)
+                if v is not None:
+                    row[f"{split}_{k}"] = v
+        rows.append(row)
     return rows
 
 
@@ -139,11 +147,10 @@ def upload(
         if rows:
             logged["tables/runs"] = wandb.Table(dataframe=pd.DataFrame(rows))
         run.log(logged)
-        for row in rows:  # also as summary numbers per scheme/memory, for wandb's charts
-            label = f"{row['scheme']}/mem{row['mem_len']}"
+        for row in rows:  # also as summary numbers, one set per run (its cell and seed), for wandb's charts
             for k, v in row.items():
                 if k.startswith(("val_", "test_")) and isinstance(v, (int, float)):
-                    run.summary[f"runs/{label}/{k}"] = v
+                    run.summary[summary_key(row["cell"], row["seed"], k)] = v
         artifact = wandb.Artifact(
             f"report-{_safe(group)}",
             type="report",
@@ -194,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             job_type=a.job_type,
             tags=a.tags,
         )
-    except FileNotFoundError as e:
+    except (FileNotFoundError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"uploaded {a.report} as wandb run {run_id}")

@@ -12,11 +12,13 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from . import tracking
 from .checkpoints import AtomicCheckpointIO
 from .datamodule import SegmentDataModule
 from .errors import ConfigError
 from .lit import LitLM
 from .positional import sized_options
+from .rundir import RunDir
 
 
 def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
@@ -67,7 +69,10 @@ def check_splits(datamodule: SegmentDataModule) -> None:
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
     """The Lightning Trainer of ``cfg.trainer`` with the configured logger and callbacks, writing into run_dir."""
-    logger = hydra.utils.instantiate(cfg.logger) if cfg.get("logger") and "_target_" in cfg.logger else False
+    logger = False
+    if cfg.get("logger") and "_target_" in cfg.logger:  # a wandb run's name, group and id: tracking.py
+        extra = tracking.logger_options(cfg, RunDir(run_dir)) if tracking.is_wandb(cfg.logger) else {}
+        logger = hydra.utils.instantiate(cfg.logger, **extra)
     callbacks = [
         hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c
     ]

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from . import tracking
 from .checkpoints import CheckpointError, read_checkpoint
 from .datamodule import SegmentDataModule
 from .errors import ConfigError
@@ -71,8 +72,10 @@ def resume_path(cfg: DictConfig, run: RunDir, record: dict | None) -> Path | Non
 def check_folders(cfg: DictConfig, run: RunDir) -> None:
     """RunDirError before anything is loaded or written if the run's folders cannot be what they must (its
     checkpoints/ a file, its .lock a folder, a checkpoint folder that cannot be created, a checkpoint file name
-    that would leave its folder)."""
+    that would leave its folder; CorruptFileError for a damaged wandb run id)."""
     run.check_folders()
+    if tracking.is_wandb(cfg.get("logger")):
+        run.wandb_id()  # the wandb run a resumed run continues (tracking.py): readable, or named now
     dirpath = OmegaConf.select(cfg, "callbacks.checkpoint.dirpath", default=None)
     if dirpath is not None and Path(dirpath).absolute() != run.checkpoints.absolute():
         if problem := path_problem(dirpath, "callbacks.checkpoint.dirpath"):

@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -41,7 +42,7 @@ import yaml
 from .checkpoints import read_checkpoint
 from .data import CORPORA, SPLITS, path_options
 from .errors import PosencLabError
-from .io import CorruptFileError, path_problem, read_json, write_json
+from .io import CorruptFileError, path_problem, read_json, write_json, write_text
 
 log = logging.getLogger("posenc_lab.rundir")
 
@@ -49,6 +50,7 @@ log = logging.getLogger("posenc_lab.rundir")
 # identities of existing runs stay valid.
 _HASHED_NAMES = {"val": "valid"}
 LOCK_FILE = ".lock"
+_WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what wandb takes as a run id
 FORMAT = 1
 
 # data settings that say where the corpus lives or how it is read, not what it is
@@ -196,6 +198,7 @@ class RunDir:
     LAST = "last.ckpt"
     EVAL = "eval"
     HYDRA = ".hydra"
+    WANDB_ID = "wandb_id"  # the run's wandb run id (tracking.py): a resumed run continues its wandb run
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -241,6 +244,10 @@ class RunDir:
     @property
     def hydra_dir(self) -> Path:
         return self.path / self.HYDRA
+
+    @property
+    def wandb_id_file(self) -> Path:
+        return self.path / self.WANDB_ID
 
     # ---- what they say ----
     def is_run(self) -> bool:
@@ -377,6 +384,24 @@ class RunDir:
                     **({"adopted_from": record["adopted_from"]} if record else {}),
                 },
             )
+
+    def wandb_id(self) -> str | None:
+        """The wandb run id this run logs to (None before it first started with logger=wandb)."""
+        try:
+            text = self.wandb_id_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            text = f"unreadable: {e}"
+        if not _WANDB_ID.fullmatch(text):
+            raise CorruptFileError(
+                f"{self.wandb_id_file} holds no wandb run id ({text[:40]!r}); delete it: the run then logs to a new "
+                f"wandb run"
+            )
+        return text
+
+    def write_wandb_id(self, run_id: str) -> None:
+        write_text(self.wandb_id_file, run_id + "\n")
 
     def identity(self) -> dict[str, Any] | None:
         """The identity recorded in run.json (None without one)."""

@@ -6,6 +6,7 @@
     .hydra/            Hydra's composed config, overrides (written once the checks have passed)
     config.yaml        the resolved config of this run
     metrics.csv        metric log (logger=csv; hparams.yaml next to it)
+    wandb_id, wandb/   the run's wandb run id, which a resumed run continues, and wandb's files (logger=wandb)
     checkpoints/       last.ckpt; good.ckpt, good.prev.ckpt: the newest two good ones (checkpoints.Checkpointing)
                        (+ periodic ones with callbacks.checkpoint.save_top_k=-1)
     results.json       final validation and test figures (see ``train``)
@@ -49,7 +50,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from . import config_dir, flush_denormals, keep_freed_memory
+from . import config_dir, flush_denormals, keep_freed_memory, tracking
 from .build import build_datamodule, build_lit, build_trainer, check_splits
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, SANE_LOSS_RATIO, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
@@ -202,6 +203,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             for folder in (run.path, run.checkpoints):  # what a killed process was writing: never complete
                 remove_partial(folder)
             run.write_record(identity, record)
+            tracking.keep_run_id(trainer.loggers, run)
             _write_run_start(cfg, composed, run)
             _keep_old_log(run, resume_step)
             log.info(
@@ -211,12 +213,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 lit.model.num_params() / 1e6,
                 f"; resuming from {resume}" if resume else "",
             )
+        exit_code = 1
         try:
-            return _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+            results = _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
+            exit_code = 0
+            return results
         except Exception as e:  # a collective that lost a process: one line, not the backend's traceback
             if trainer.world_size > 1 and (lost := lost_process(e, trainer, run.newest_checkpoint())):
                 raise lost from e
             raise
+        finally:
+            tracking.finish(trainer.loggers, exit_code)
 
 
 def _fit_and_evaluate(

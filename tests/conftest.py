@@ -39,6 +39,7 @@ SLOW = {
     "test_sweep_run.py::test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues": "the runner's state tests",
     "test_sweeps.py::test_two_job_multirun_and_report": "test_report's multirun folder, test_sweeps' composition",
     "test_sweeps.py::test_sweep_trial_runs_end_to_end_with_wandb_offline": "test_report's wandb logging",
+    "test_tracking.py::test_a_run_killed_and_extended_stays_one_wandb_run": "test_tracking's resume after SIGTERM",
     "test_report.py::test_damaged_analysis_files_recover_or_name_what_to_delete": "test_robustness' truncated files",
     "test_report.py::test_report_reads_a_multirun_folder": "test_sweeps' multirun composition",
     "test_robustness.py::test_a_refused_new_run_dir_leaves_nothing_behind": "test_one_line_errors' long tail",

@@ -15,11 +15,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from posenc_lab.tracking import summary_key
 from posenc_lab_analysis import ablate, report
 from posenc_lab_analysis.dumps import read_dump
 from posenc_lab_analysis.report import ReportSettings
-from posenc_lab_analysis.runs import RunError, find_runs, load_run
+from posenc_lab_analysis.runs import RunError, cells, find_runs, load_run
 from posenc_lab_analysis.sections import SECTIONS
+from tests.schemes import XL
+from tests.test_tracking import offline_runs
 
 # What each section of the default report shows, by its registry name (analysis/sections/): its tables and figures.
 SHOWN = {
@@ -262,6 +265,14 @@ def test_report_logs_to_wandb_offline(tiny, tmp_path, monkeypatch):
         assert logged("images", key, ".png").read_bytes() == png.read_bytes(), key
     runs = json.loads(logged("table", "tables/runs", ".table.json").read_text())
     assert len(runs["data"]) == 14 and {"scheme", "mem_len", "val_loss"} <= set(runs["columns"])
+    # the summary keeps every run's own figures (its cell, as the report names it, and seed): xl:mem16 and
+    # xl:mem16:half, trained with the full and the recent-half loss, each keep theirs (tracking.summary_key)
+    summary = offline_runs(tmp_path)[0]["summary"]
+    by_cell = cells(find_runs([tiny / "runs"], need_checkpoint=False))
+    assert {f"{XL}:mem16", f"{XL}:mem16:half"} <= set(by_cell) and sum(map(len, by_cell.values())) == 14
+    for cell, cell_runs in by_cell.items():
+        for r in cell_runs:
+            assert summary[summary_key(cell, r.seed, "test_loss")] == r.results["test"]["loss"], (cell, r.seed)
 
 
 def test_each_script_runs_on_its_own(tiny, tmp_path):

@@ -253,6 +253,7 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     info = wandb_run_summary(Path(done["run_dir"]))  # wandb offline, the sweep in its config and tags
     assert info["run_id"] == done["id"] and info["config"]["sweep"] == {"id": sweep_id, "name": "ablation-recall"}
     assert f"sweep-{sweep_id}" in info["tags"] and info["job_type"] == "ablation-recall"
+    assert info["name"].endswith(f" ablation-recall/{done['id']}") and info["group"].startswith(f"sweep-{sweep_id}/")
 
     # a sweep folder of an earlier version, its trials' runs under the working directory: they stay where they are
     old = here / "runs" / "sweeps" / sweep_id / done["id"]

@@ -487,6 +487,7 @@ def wandb_run_summary(run_dir: Path) -> dict:
         kind = r.WhichOneof("record_type")
         if kind == "run":
             info.update(group=r.run.run_group, tags=list(r.run.tags), job_type=r.run.job_type, run_id=r.run.run_id)
+            info["name"] = r.run.display_name
             for item in r.run.config.update:
                 info["config"][item.key] = json.loads(item.value_json)
         elif kind == "config":
@@ -545,7 +546,9 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
     assert results["scheme"] == XL and results["mem_len"] == 32 and results["steps"] == 4
     info = wandb_run_summary(run_dir)
     assert info["run_id"] == "trial0001"
-    assert info["group"] == XL and info["job_type"] == "ablation-recall"
+    # named and grouped by posenc_lab.tracking: the cell, the seed, the sweep (its id: wandb's agent gives no name)
+    assert info["name"] == f"recall/{XL}:mem32 seed0 sweep-sweeptest/trial0001"
+    assert info["group"] == f"sweep-sweeptest/recall/{XL}:mem32" and info["job_type"] == "ablation-recall"
     assert {"ablation-recall", XL, "mem32"} <= set(info["tags"])
     metric = yaml.safe_load(path.read_text())["metric"]["name"]
     assert metric in info["history"], sorted(info["history"])

@@ -1,0 +1,146 @@
+"""The one naming rule for cells: one formatter (``str(CellName)``) and one parser (``CellPattern.parse``) for run
+tables, the report, ``conf/paper.yaml``, ``ablate.extra_seed_cells``, plans, ``compare`` and the names of wandb runs
+(``tracking.py``). It lives in posenc_lab so that training names its runs by it too; the analysis imports it from
+here (``posenc_lab_analysis.cellnames`` is the same module's names).
+
+A *cell* is the runs equal but for their seed. Its name::
+
+    [<group>/]<scheme>:(mem<M>|nomem)[:half|:recent<f>]
+
+``xl:mem32`` (xl with memory 32), ``xl:nomem``, ``xl:mem32:half`` (the recent-half loss,
+``model.loss_recent_frac=0.5``), ``xl:mem32:recent0.3`` (any other fraction), ``recall/xl:mem16`` (a cell of
+the recall probe; a corpus name stands there when a report holds several language corpora). A *pattern* names
+cells the same way, with parts left open::
+
+    <scheme> may be a kind of the registry (absolute, relative, none) or *        any scheme of that kind
+    mem (no length)                                                                 any memory length
+    the memory part left out (``xl``, ``*``, ``absolute``)                          with or without memory
+    the loss part left out                                                          the full loss only
+    :*                                                                              any loss
+
+so ``xl:mem`` is xl with any memory length and the full loss, ``*:mem`` every cell with memory, ``absolute:mem:half``
+every absolute scheme with memory and the recent-half loss. A name is a pattern that matches one cell.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .positional import SCHEMES, schemes_of_kind
+
+ANY = "*"
+GRAMMAR = "[<group>/]<scheme>[:mem<M>|:mem|:nomem][:half|:recent<f>|:*]"
+_MEMORY = re.compile(r"mem(\d+)?|nomem")
+_LOSS = re.compile(r"half|recent(\d*\.?\d+(?:e-?\d+)?)")
+
+
+def loss_label(frac: float) -> str:
+    """The training loss of a cell: 'full', 'half' (the paper's recent half) or 'recent0.3'."""
+    frac = float(frac)
+    return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac!r}"
+
+
+@dataclass(frozen=True)
+class CellName:
+    """One cell: ``mem_len`` 0 without memory; ``loss_frac`` of ``model.loss_recent_frac``; ``group`` '' for the
+    main language corpus."""
+
+    scheme: str
+    mem_len: int = 0
+    loss_frac: float = 1.0
+    group: str = ""
+
+    @property
+    def memory(self) -> bool:
+        return self.mem_len > 0
+
+    @property
+    def loss(self) -> str:
+        return loss_label(self.loss_frac)
+
+    def __str__(self) -> str:
+        return (
+            (f"{self.group}/" if self.group else "")
+            + f"{self.scheme}:{f'mem{self.mem_len}' if self.mem_len else 'nomem'}"
+            + ("" if self.loss == "full" else f":{self.loss}")
+        )
+
+    @classmethod
+    def parse(cls, text: str, where: str = "a cell name") -> CellName:
+        """The cell ``text`` names (``xl:mem32``); ValueError unless it names exactly one."""
+        p = CellPattern.parse(text, where)
+        if p.scheme == ANY or p.scheme in _kinds() or p.memory is None or (p.memory and p.mem_len is None):
+            raise ValueError(f"{where}: {text!r} names several cells; a cell is {GRAMMAR} with a scheme and mem<M>")
+        if p.loss_frac is None:
+            raise ValueError(f"{where}: {text!r} names several cells (':*' is any loss)")
+        return cls(p.scheme, p.mem_len or 0, p.loss_frac, p.group)
+
+
+@dataclass(frozen=True)
+class CellPattern:
+    """Cells by name with parts left open (module docstring): ``scheme`` a scheme, a kind or ``*``; ``memory``
+    None for with or without; ``mem_len`` None for any length; ``loss_frac`` None for any loss."""
+
+    scheme: str
+    memory: bool | None = None
+    mem_len: int | None = None
+    loss_frac: float | None = 1.0
+    group: str = ""
+
+    @classmethod
+    def parse(cls, text: str, where: str = "a cell") -> CellPattern:
+        """The pattern of ``text``; ValueError naming the grammar if it is not one."""
+        group, _, rest = str(text).strip().rpartition("/")
+        scheme, *parts = rest.split(":")
+        bad = ValueError(
+            f"{where}: {text!r} is not a cell ({GRAMMAR}; for a scheme S: S:mem32, S:nomem, S:mem:half, recall/S:mem)"
+        )
+        if not scheme or len(parts) > 2 or (group and not group.strip()):
+            raise bad
+        memory, mem_len, loss_frac = None, None, 1.0
+        if parts:
+            m = _MEMORY.fullmatch(parts[0])
+            if m is None:
+                raise bad
+            memory = parts[0] != "nomem"
+            mem_len = int(m.group(1)) if m.group(1) else (0 if not memory else None)
+            if memory and mem_len == 0:
+                raise bad
+        if len(parts) == 2:
+            if parts[1] == ANY:
+                loss_frac = None
+            elif (m := _LOSS.fullmatch(parts[1])) is None:
+                raise bad
+            else:
+                loss_frac = 0.5 if parts[1] == "half" else float(m.group(1))
+                if not 0 < loss_frac < 1:
+                    raise ValueError(f"{where}: {text!r}: a recent-loss fraction is in (0, 1), got {loss_frac:g}")
+        return cls(scheme, memory, mem_len, loss_frac, group)
+
+    def matches(self, cell: CellName) -> bool:
+        if self.group != cell.group:
+            return False
+        if self.scheme != ANY:
+            kinds = _kinds()
+            if self.scheme in kinds and self.scheme not in SCHEMES:
+                if cell.scheme not in schemes_of_kind(self.scheme):
+                    return False
+            elif self.scheme != cell.scheme:
+                return False
+        if self.memory is not None and self.memory != cell.memory:
+            return False
+        if self.mem_len is not None and self.mem_len != cell.mem_len:
+            return False
+        return self.loss_frac is None or math.isclose(self.loss_frac, cell.loss_frac, rel_tol=1e-9)
+
+    def __str__(self) -> str:
+        memory = "" if self.memory is None else ":nomem" if not self.memory else f":mem{self.mem_len or ''}"
+        loss = ":*" if self.loss_frac is None else "" if self.loss_frac >= 1 else f":{loss_label(self.loss_frac)}"
+        return (f"{self.group}/" if self.group else "") + self.scheme + memory + loss
+
+
+def _kinds() -> set[str]:
+    """The scheme kinds of the registry (a pattern may name one: ``absolute``)."""
+    return {cls.kind for cls in SCHEMES.values()}
