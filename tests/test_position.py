@@ -4,6 +4,8 @@ right, and the preregistered verdict of conf/paper.yaml is reproduced on a plant
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from posenc_lab_analysis.sections.position import (
     measure_positions,
     segment_positions,
 )
+from posenc_lab_analysis.sections.verdicts import _sentence
 from posenc_lab_analysis.settings import structured
 from posenc_lab_analysis.verdicts import REPRODUCED, judge, paper
 
@@ -134,6 +137,10 @@ def test_the_preregistered_verdict_is_reproduced_on_a_planted_effect_and_not_on_
     v = verdict_of(pair(2, 0.4, 0.1))
     assert v.status == REPRODUCED and len(v.comparisons) == 2, (v.status, v.note)
     assert [c.text for c in v.comparisons] == ["xl:nomem", "xl:mem16 - xl:nomem"]
+    line = _sentence(v, 1.0, "nats")  # the comparison that predicts the other side says so
+    assert re.search(
+        r"xl:nomem \+0\.\d+ \[\+0\.\d+, \+0\.\d+\], predicted >0 \+0; xl:mem16 - xl:nomem -0\.\d+ \[", line
+    )
     assert verdict_of(pair(3, 0.0, 0.0)).status != REPRODUCED  # no gap at all
     assert verdict_of(pair(4, 0.4, 0.4)).status != REPRODUCED  # a gap that memory does not narrow
 

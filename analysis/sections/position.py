@@ -185,7 +185,7 @@ def measure_positions(
         twin = no_memory_twin(c.key, list(keys))
         if twin is not None and name in values and keys[twin] in values:
             changes[name] = (keys[twin], paired_difference(v, values[keys[twin]], evidence.documents, level))
-        row["memory_change"] = changes[name][1].scaled(scale).text(4) if name in changes else ""
+        row["memory_change"] = changes[name][1].scaled(scale).text(4) if name in changes else "n/a"
         summary.append(row)
     table = pd.concat(tables, ignore_index=True)[
         ["cell", "seeds", "segment_len", "position", "tokens", "mean", "low", "high"]
@@ -193,16 +193,25 @@ def measure_positions(
     return PositionMeasured(table, pd.DataFrame(summary), evidence, gaps, changes, share, ends)
 
 
+LINES = "a colour per scheme; dashed: without memory, dotted: a recent-loss fraction"
+
+
 def figure(table: pd.DataFrame, keys: dict[str, CellName], path, ylabel: str) -> None:
-    """Loss against position, one line per cell with its interval as a band (dashed: without memory)."""
+    """Loss against position, one line per cell with its interval as a band (``LINES``)."""
     colours = palette(list(dict.fromkeys(k.scheme for k in keys.values())))
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, d in table.groupby("cell", sort=False):
         k = keys[name]
-        ax.plot(d["position"], d["mean"], color=colours[k.scheme], ls="-" if k.memory else "--", label=name)
+        ax.plot(
+            d["position"],
+            d["mean"],
+            color=colours[k.scheme],
+            ls=":" if k.loss != "full" else "-" if k.memory else "--",
+            label=name,
+        )
         ax.fill_between(d["position"], d["low"], d["high"], color=colours[k.scheme], alpha=0.15, lw=0)
     ax.set(xlabel="position in the segment", ylabel=ylabel, title="Loss by position in the segment, as trained")
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path)
 
 
@@ -241,9 +250,10 @@ class Position(Section):
             f"memory). `pos a-b`: the mean {fig} over those positions (seed means). `gap first-last q`: the mean over "
             f"the first q positions minus over the last q (q = {m.share:g} L: {qs} positions; conf/paper.yaml "
             f"`{MEASURE}`), with its {ctx.shared.level:.0%} interval over seeds and the text's units "
-            "(families or documents; `stats.mean_interval`); `memory_change`: a memory cell's gap minus its twin's "
-            "without memory (negative: memory narrows it), the same units (`stats.paired_difference`). Every position "
-            f"with its interval: `table_position{ctx.suffix}.csv`. The verdict on the gap is in the verdicts."
+            "(families or documents; `stats.mean_interval`; the text alone for a cell of one seed); `memory_change`: a "
+            "memory cell's gap minus its twin's without memory (negative: memory narrows it), the same units "
+            f"(`stats.paired_difference`). Every position with its interval: `table_position{ctx.suffix}.csv`. The "
+            "verdict on the gap is in the verdicts."
         )
         findings = []
         for name, (twin, change) in m.changes.items():
@@ -258,6 +268,6 @@ class Position(Section):
                 Table("table_position_summary", m.summary, f"loss by position in the segment ({fig})", {}),
                 Table("table_position", table, f"{fig} at every position", show=False),
             ],
-            [Figure(path, f"{fig} by position in the segment, a line per cell (dashed: no memory), with intervals")],
+            [Figure(path, f"{fig} by position in the segment, a line per cell with its interval ({LINES})")],
             findings,
         )
