@@ -21,7 +21,7 @@ from posenc_lab_analysis.sections.position import (
 )
 from posenc_lab_analysis.sections.verdicts import _sentence
 from posenc_lab_analysis.settings import structured
-from posenc_lab_analysis.verdicts import REPRODUCED, judge, paper
+from posenc_lab_analysis.verdicts import NOT_TESTED, REPRODUCED, judge, paper
 
 L, T, N_TOKENS, ROWS = 16, 64, 256, 32
 SHARE = 0.25  # q = 4: positions 0-3 against 12-15
@@ -37,10 +37,10 @@ def planted_gap(slope: float) -> float:
     return float(e[:4].mean() - e[-4:].mean())  # 0.8 slope
 
 
-def planted(rng, slope: float, key: CellName, seeds: int = 3, text=None) -> CellPositions:
+def planted(rng, slope: float, key: CellName, seeds: int = 3, text=None, episode_len: int = T) -> CellPositions:
     """Per-token losses of one cell: a text difficulty shared by every cell (``text``: [rows, n]), a seed effect,
     the position effect with a unit-to-unit spread of its slope, and token noise. Two rows a unit."""
-    position, counted = segment_positions(N_TOKENS, L, T)
+    position, counted = segment_positions(N_TOKENS, L, episode_len)
     units = np.repeat(np.arange(ROWS // 2), 2)
     slopes = slope + rng.normal(0, 0.05, ROWS // 2)[units]  # [rows] each unit its own slope, mean ``slope``
     loss = (
@@ -61,12 +61,12 @@ def planted(rng, slope: float, key: CellName, seeds: int = 3, text=None) -> Cell
     )
 
 
-def pair(seed: int, nomem_slope: float, mem_slope: float) -> dict[str, CellPositions]:
+def pair(seed: int, nomem_slope: float, mem_slope: float, episode_len: int = T) -> dict[str, CellPositions]:
     rng = np.random.default_rng(seed)
     text = rng.normal(0, 0.2, (ROWS // 2, 1))[np.repeat(np.arange(ROWS // 2), 2)]  # per unit, shared by the cells
     return {
-        "xl:mem16": planted(rng, mem_slope, CellName("xl", 16), text=text),
-        "xl:nomem": planted(rng, nomem_slope, CellName("xl", 0), text=text),
+        "xl:mem16": planted(rng, mem_slope, CellName("xl", 16), text=text, episode_len=episode_len),
+        "xl:nomem": planted(rng, nomem_slope, CellName("xl", 0), text=text, episode_len=episode_len),
     }
 
 
@@ -108,10 +108,8 @@ def test_per_position_means_and_the_gap_recover_a_planted_effect():
         assert gap.low < planted_gap(slope) < gap.high and gap.high - gap.low < 0.2
     twin, change = m.changes["xl:mem16"]
     assert twin == "xl:nomem" and change.low < planted_gap(0.1) - planted_gap(0.4) < change.high < 0
-    assert list(m.summary.columns) == ["cell", "seeds", "pos 0-3", "pos 4-7", "pos 8-11", "pos 12-15"] + [
-        "gap first-last 4",
-        "memory_change",
-    ]
+    columns = ["cell", "seeds", "pos 0-3", "pos 4-7", "pos 8-11", "pos 12-15", "gap_first_last", "memory_change"]
+    assert list(m.summary.columns) == columns and m.ends == {"xl:mem16": (4, 16), "xl:nomem": (4, 16)}
 
 
 def test_a_planted_zero_gap_gives_an_interval_covering_zero_at_its_nominal_rate():
@@ -174,3 +172,14 @@ def test_a_bad_share_in_paper_yaml_is_one_line_naming_it(share):
 def test_a_bad_bins_setting_is_one_line_naming_it():
     with pytest.raises(ValueError, match=r"ablate\.analysis\.position\.bins must be an integer >= 1, got 0"):
         structured(Position.Settings, {"bins": 0}, "ablate.analysis.position")
+
+
+def test_episodes_of_one_segment_leave_no_position_to_read_and_say_why():
+    """Every segment starts an episode (T = L): a memory cell never has its memory, so nothing is compared; the
+    section says why and the verdict is not tested (no crash, no number)."""
+    cells = pair(7, 0.4, 0.1, episode_len=L)
+    m = measure_positions(cells, SHARE, 0.95, 1.0, 4)
+    assert m.table.empty and m.summary.empty and not m.gaps and set(m.skipped) == set(cells)
+    assert all("no full segment that does not start an episode" in why for why in m.skipped.values())
+    v = verdict_of(cells)
+    assert v.status == NOT_TESTED and "no full segment" in v.note

@@ -62,7 +62,7 @@ def segment_positions(n: int, segment_len: int, episode_len: int | None) -> tupl
 
 def quarter(segment_len: int, share: float) -> int:
     """q: how many positions at each end of a segment the gap compares (positions < q against >= L - q)."""
-    return max(1, int(share * segment_len))
+    return max(1, int(share * segment_len + 1e-9))  # 1e-9: 0.29 x 100 is 28.999... in floating point
 
 
 @dataclass
@@ -98,16 +98,26 @@ def _ends(c: CellPositions, share: float) -> tuple[np.ndarray, np.ndarray]:
     return c.counted & (c.position < q), c.counted & (c.position >= c.segment_len - q)
 
 
+def unmeasurable(c: CellPositions, share: float) -> str:
+    """Why a cell's gap cannot be measured ("" if it can): its segments have no two ends, or none counts."""
+    first, last = _ends(c, share)
+    if c.segment_len < 2:
+        return f"segments of L = {c.segment_len} token have no first and last positions apart"
+    if not (first.any() and last.any()):
+        return "no full segment that does not start an episode was scored (episodes of one segment, or a short text)"
+    return ""
+
+
 def gap_values(c: CellPositions, share: float) -> tuple[np.ndarray, np.ndarray]:
     """(values [seeds, k], selected [tokens]): on the k tokens of the first and last ``share`` of the positions,
     values whose mean over the tokens is, seed by seed, the gap theta_s = mean(first) - mean(last), and whose sum
     over a unit is N times the unit's share of the gap's linearization plus n_g theta_s:
     v = theta_s + N / n_first (loss - mean_first_s) on a first token, theta_s - N / n_last (loss - mean_last_s)
     on a last one. So a unit's residual in ``stats`` is its own contribution to the gap's error."""
+    if why := unmeasurable(c, share):
+        raise ValueError(f"{c.key}: {why}")
     first, last = _ends(c, share)
     selected = first | last
-    if c.segment_len < 2 or not first.any() or not last.any():
-        raise ValueError(f"{c.key}: no full segment of L = {c.segment_len} >= 2 tokens to compare its ends")
     n, x = int(selected.sum()), c.loss[:, selected]
     f, la = first[selected], last[selected]
     mean_f, mean_l = x[:, f].mean(1, keepdims=True), x[:, la].mean(1, keepdims=True)
@@ -142,15 +152,17 @@ class PositionMeasured:
     changes: dict[str, tuple[str, Difference]]  # memory cell -> (its no-memory twin, its gap minus the twin's; nats)
     share: float
     ends: dict[str, tuple[int, int]]  # cell -> (q, L): q positions at each end of its segments of L
+    skipped: dict[str, str]  # cell -> why it has no positions to show
 
 
 def _evidence(cells: dict[str, CellPositions], share: float) -> tuple[Evidence, dict[str, np.ndarray]]:
     """The gap's values of every cell on one set of tokens (the ends most cells share; the first cell's on a tie);
     a cell whose ends are other tokens (another L or other episodes) is named, unavailable."""
-    found = {name: gap_values(c, share) for name, c in cells.items()}
+    found = {name: gap_values(c, share) for name, c in cells.items() if not unmeasurable(c, share)}
     ends = [selected.tobytes() for _, selected in found.values()]
-    reference = max(ends, key=ends.count)
-    values, unavailable, units = {}, {}, None
+    reference = max(ends, key=ends.count) if ends else None
+    values, units = {}, np.zeros(0, dtype=np.int64)
+    unavailable = {name: why for name, c in cells.items() if (why := unmeasurable(c, share))}
     for name, (v, selected) in found.items():
         if selected.tobytes() != reference:
             unavailable[name] = "another segment length or other episodes than the group's other cells: other tokens"
@@ -166,7 +178,11 @@ def measure_positions(
     tables, summary, gaps, changes, ends = [], [], {}, {}, {}
     evidence, values = _evidence(cells, share)
     keys = {c.key: name for name, c in cells.items()}
+    skipped = {name: why for name, c in cells.items() if (why := unmeasurable(c, share))}
+    one_length = len({c.segment_len for c in cells.values()}) == 1  # the bins can be named by their positions
     for name, c in cells.items():
+        if name in skipped:
+            continue
         t = by_position(c, level, scale)
         tables.append(t.assign(cell=name, seeds=c.loss.shape[0], segment_len=c.segment_len))
         if name in values:
@@ -178,19 +194,19 @@ def measure_positions(
         q = quarter(c.segment_len, share)
         ends[name] = (q, c.segment_len)
         row = {"cell": name, "seeds": c.loss.shape[0]}
-        for part in np.array_split(np.arange(c.segment_len), bins):
+        for k, part in enumerate(np.array_split(np.arange(c.segment_len), bins)):
             at = c.counted & np.isin(c.position, part)
-            row[f"pos {part[0]}-{part[-1]}"] = float(c.loss[:, at].mean()) * scale
-        row[f"gap first-last {q}"] = gaps[name].scaled(scale).text(4)
+            label = f"pos {part[0]}-{part[-1]}" if one_length else f"part {k + 1} of {bins}"
+            row[label] = float(c.loss[:, at].mean()) * scale
+        row["gap_first_last"] = gaps[name].scaled(scale).text(4)
         twin = no_memory_twin(c.key, list(keys))
         if twin is not None and name in values and keys[twin] in values:
             changes[name] = (keys[twin], paired_difference(v, values[keys[twin]], evidence.documents, level))
         row["memory_change"] = changes[name][1].scaled(scale).text(4) if name in changes else "n/a"
         summary.append(row)
-    table = pd.concat(tables, ignore_index=True)[
-        ["cell", "seeds", "segment_len", "position", "tokens", "mean", "low", "high"]
-    ]
-    return PositionMeasured(table, pd.DataFrame(summary), evidence, gaps, changes, share, ends)
+    columns = ["cell", "seeds", "segment_len", "position", "tokens", "mean", "low", "high"]
+    table = pd.concat(tables, ignore_index=True)[columns] if tables else pd.DataFrame(columns=columns)
+    return PositionMeasured(table, pd.DataFrame(summary), evidence, gaps, changes, share, ends, skipped)
 
 
 LINES = "a colour per scheme; dashed: without memory, dotted: a recent-loss fraction"
@@ -240,33 +256,33 @@ class Position(Section):
 
     def render(self, ctx, m: PositionMeasured) -> Part:
         g, fig = ctx.group, ctx.group.figure
-        path = ctx.file("position/loss_by_position.png")
-        figure(m.table, {c: g.cells[c][0].cell_name for c in g.cells}, path, fig)
-        table = m.table.rename(columns={"mean": fig})
         qs = ", ".join(sorted({f"{q} of {L}" for q, L in m.ends.values()}))
         text = (
             f"Settings: {g.settings_line}. Each run as trained (the tokens of the ablation table), each target at its "
             "position in its segment; only full segments that do not start an episode (there a memory cell has its "
-            f"memory). `pos a-b`: the mean {fig} over those positions (seed means). `gap first-last q`: the mean over "
-            f"the first q positions minus over the last q (q = {m.share:g} L: {qs} positions; conf/paper.yaml "
+            f"memory). `pos a-b`: the mean {fig} over those positions (seed means). `gap_first_last`: the mean over "
+            f"the first q positions minus over the last q (q = {m.share:g} L: {qs or 'no'} positions; conf/paper.yaml "
             f"`{MEASURE}`), with its {ctx.shared.level:.0%} interval over seeds and the text's units "
             "(families or documents; `stats.mean_interval`; the text alone for a cell of one seed); `memory_change`: a "
             "memory cell's gap minus its twin's without memory (negative: memory narrows it), the same units "
             f"(`stats.paired_difference`). Every position with its interval: `table_position{ctx.suffix}.csv`. The "
             "verdict on the gap is in the verdicts."
         )
-        findings = []
-        for name, (twin, change) in m.changes.items():
-            findings.append(
-                f"{name}: gap {m.gaps[name].scaled(g.scale).text(4)}; without memory ({twin}) "
-                f"{m.gaps[twin].scaled(g.scale).text(4)}; memory changes it by {change.scaled(g.scale).text(4)} "
-                f"({fig}, descriptive {ctx.shared.level:.0%} intervals)."
-            )
+        findings = [
+            f"{name}: gap {m.gaps[name].scaled(g.scale).text(4)}; without memory ({twin}) "
+            f"{m.gaps[twin].scaled(g.scale).text(4)}; memory changes it by {change.scaled(g.scale).text(4)} "
+            f"({fig}, descriptive {ctx.shared.level:.0%} intervals)."
+            for name, (twin, change) in m.changes.items()
+        ] + [f"Not measured: {name}: {why}." for name, why in m.skipped.items()]
+        if m.table.empty:  # no cell has a segment to read: the reasons, and nothing drawn
+            return Part(text, findings=findings)
+        path = ctx.file("position/loss_by_position.png")
+        figure(m.table, {c: g.cells[c][0].cell_name for c in g.cells}, path, fig)
         return Part(
             text,
             [
                 Table("table_position_summary", m.summary, f"loss by position in the segment ({fig})", {}),
-                Table("table_position", table, f"{fig} at every position", show=False),
+                Table("table_position", m.table.rename(columns={"mean": fig}), f"{fig} at every position", show=False),
             ],
             [Figure(path, f"{fig} by position in the segment, a line per cell with its interval ({LINES})")],
             findings,
