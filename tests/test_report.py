@@ -28,6 +28,7 @@ from tests.test_tracking import offline_runs
 SHOWN = {
     "verdicts": ([], []),
     "table6": (["table_ablation"], []),
+    "position": (["table_position_summary"], ["position/loss_by_position.png"]),
     "recl": (["table_recl"], ["recl_gain_curves.png"]),
     "extrapolation": (
         ["table_extrapolation", "table_not_applicable"],
@@ -108,10 +109,13 @@ def test_tiny_ablation_report_has_every_section_table_and_figure(tiny):
     assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 7
     assert "## Held-out text" in text and "test split" in text
     verdicts = pd.read_csv(tiny / "report" / "table_verdicts.csv")
-    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 8
+    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 9
+    positions = pd.read_csv(tiny / "report" / "table_position.csv")  # every cell at every position of L = 16
+    assert positions.groupby("cell")["position"].apply(list).map(lambda p: p == list(range(16))).all()
     na = pd.read_csv(tiny / "report" / "table_not_applicable.csv")
     assert set(na["cell"]) == {"learned:mem16", "learned:nomem"} and na["reason"].str.contains("max_positions").all()
     t6 = pd.read_csv(tiny / "report" / "table_ablation.csv")
+    assert set(positions["cell"]) == set(t6["cell"])
     for scheme in ("sinusoid", "learned", "global_sinusoid", "shaw", "xl"):
         assert {f"{scheme}:mem16", f"{scheme}:nomem"} <= set(t6["cell"])
     assert {"sinusoid:mem16:half", "xl:mem16:half"} <= set(t6["cell"])

@@ -64,7 +64,8 @@ def _sentence(v: Verdict, scale: float, unit_name: str) -> str:
         k = scale if v.measure != "recall_beyond" else 1.0
         d = c.difference.scaled(k)
         seeds = "" if d.covers_seeds else ", one seed: the text only"
-        bound = f", predicted {c.predict or v.predict} {c.bound * k:+.3g}" if c.bound else ""
+        own = c.bound or c.predict not in ("", v.predict)  # a comparison that predicts other than its verdict
+        bound = f", predicted {c.predict or v.predict} {c.bound * k:+.3g}" if own else ""
         parts.append(f"{c.text} {d.text(3)}{seeds}{bound}")
     unit = unit_name if v.measure != "recall_beyond" else "accuracy"
     level = f"{v.level:.1%}" if v.level == v.level else "n/a"
