@@ -77,9 +77,17 @@ def test_answers_whose_value_was_planted_before_the_stream_are_left_out():
 
 
 @pytest.mark.parametrize("bad", [0, -3])
-def test_a_bad_bin_width_is_one_line(bad):
+def test_a_bad_bin_width_or_replicate_count_is_one_line(bad):
+    from posenc_lab_analysis.report import ReportSettings
+    from posenc_lab_analysis.settings import conf_block
+
     with pytest.raises(ValueError, match=rf"bin width must be >= 1 distance, got {bad}$"):
         reach(planted(lambda d: np.full(d.shape, 0.5), n=50), bad, CHANCE, 0.95)
+    for key, message in (("bin_width", r"bin_width must be >= 1 \(or null: L\)"), ("n_boot", "n_boot must be >= 20")):
+        block = conf_block()
+        block["reach"][key] = bad
+        with pytest.raises(ValueError, match=rf"^ablate.analysis.reach.{message}.*, got {bad}$"):
+            ReportSettings.read(block)
 
 
 @pytest.mark.slow

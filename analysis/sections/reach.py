@@ -101,7 +101,7 @@ class Reach(Section):
             reach[cell] = reach_interval(a, width, p, level, s.n_boot)
             seeds[cell] = per_seed(a, width, p, level)
         bins = pd.concat(parts, ignore_index=True)
-        write_csv(bins, ctx.out / "recall" / f"reach_accuracy{ctx.suffix}.csv")
+        write_csv(bins, ctx.file("recall/reach_accuracy.csv"))
         return ReachMeasured(bins, reach, seeds, width, _marks(g.runs), p)
 
     def render(self, ctx, m: ReachMeasured) -> Part:
