@@ -73,10 +73,11 @@ def bins(distance: np.ndarray, width: int) -> np.ndarray:
 
 
 def bin_intervals(a: Answers, width: int, level: float) -> pd.DataFrame:
-    """Per bin holding answers: bin_lo, bin_hi, answers, units, accuracy (the seeds' mean) and its interval at
-    ``level``: Wilson's on the seed-averaged hits of the bin's answers (a [0, 1] value of variance at most
-    p (1 - p), so the interval never collapses on a bin of few answers), over n / deff answers, deff >= 1 the
-    design effect of the units (their CR1 variance over the binomial one)."""
+    """Per bin holding answers: bin_lo, bin_hi, answers, units, accuracy (the seeds' mean), its interval at
+    ``level``, the largest distance answered and ``seed_sd`` (the seeds' spread). The interval: Wilson's on the
+    seed-averaged hits of the bin's answers (a [0, 1] value of variance at most p (1 - p), so the interval never
+    collapses on a bin of few answers), over n / deff answers, deff >= 1 the design effect of the units (their
+    CR1 variance over the binomial one)."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     k = bins(a.distance, width)
@@ -107,8 +108,18 @@ def bin_intervals(a: Answers, width: int, level: float) -> pd.DataFrame:
             "low": np.clip(np.minimum(centre - half, p), 0, 1),  # Wilson's holds p; rounding aside
             "high": np.clip(np.maximum(centre + half, p), 0, 1),
             "largest": np.array([a.distance[k == x].max() for x in present]),
+            "seed_sd": _seed_sd(a.correct, b, B),
         }
     )
+
+
+def _seed_sd(correct: np.ndarray, b: np.ndarray, B: int) -> np.ndarray:
+    """[B] the SD of the seeds' own accuracies in each bin (NaN with one seed): their spread, beside the interval."""
+    if correct.shape[0] < 2:
+        return np.full(B, np.nan)
+    n = np.bincount(b, minlength=B)
+    per_seed = np.stack([np.bincount(b, c, minlength=B) / n for c in correct])
+    return per_seed.std(0, ddof=1)
 
 
 def above_chance(a: Answers, width: int, chance: float, level: float) -> pd.DataFrame:

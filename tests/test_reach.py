@@ -47,6 +47,7 @@ def test_bin_intervals_cover_the_planted_accuracy_and_never_collapse():
     t = bin_intervals(a, 50, 0.95)
     truth = np.where(t["bin_hi"] <= 100, 0.6, 0.3)
     assert ((t["low"] < truth) & (truth < t["high"])).all()
+    assert (t["seed_sd"] > 0).all() and (t["seed_sd"] < 0.1).all()  # 3 seeds, each a binomial draw of ~800
     # two answers, both right for both seeds: an interval still (Wilson), not the point 1
     tiny = bin_intervals(Answers(np.ones((2, 2)), np.array([5, 6]), np.array([0, 1])), 16, 0.95)
     assert tiny["high"].item() == pytest.approx(1.0) and 0.2 < tiny["low"].item() < 0.9
