@@ -119,7 +119,8 @@ class Reach(Section):
             f"interval: {level} of a bootstrap over seeds and units ({ctx.settings.n_boot} replicates); `>=`: the "
             f"farthest distance evaluated, so it may reach further. `farthest_above`: the farthest bin above chance "
             f"at all. Reference distances (dotted in the figure): {marks}; memory that moves back one segment per "
-            f"layer can reach about N_layer (L + M) at most. Per bin: `recall/reach_accuracy.csv`."
+            f"layer can reach about N_layer (L + M) at most. Per bin: `recall/reach_accuracy.csv` (`seed_sd`: the "
+            f"seeds' own spread; `above`: above chance at the joint level)."
         )
         findings = []
         for name in ("L", "L + M", next((k for k in m.marks if k.endswith("(L + M)")), None)):
