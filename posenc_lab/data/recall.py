@@ -96,8 +96,10 @@ def _option_problems(options: dict) -> list[str]:
         return out
     eval_farthest = "max_distance" if options["eval_max_distance"] is None else "eval_max_distance"
     eval_nearest = "min_distance" if options["eval_min_distance"] is None else "eval_min_distance"
-    for low, high in dict.fromkeys([("min_distance", "max_distance"), (eval_nearest, eval_farthest)]):
-        if options[high] < options[low]:
+    named: set[str] = set()  # a min_distance above both ranges' ends is one problem, named once
+    for low, high in (("min_distance", "max_distance"), (eval_nearest, eval_farthest)):
+        if options[high] < options[low] and low not in named:
+            named.add(low)
             out.append(
                 f"data.corpus.{low}={options[low]} is above data.corpus.{high}={options[high]}: it must be <= {high}"
             )
