@@ -147,6 +147,40 @@ def recall_accuracy(df: pd.DataFrame, path: Path) -> Path:
     return _save(g, path)
 
 
+def reach_heatmap(bins: pd.DataFrame, reach: pd.DataFrame, marks: dict[str, int], path: Path) -> Path:
+    """Recall accuracy by distance bin (columns, (lo, hi]) and cell (rows); a white tick at each cell's reach,
+    dotted lines at the reference distances ``marks`` (L, L + M, ...). ``bins``: cell, bin_lo, bin_hi, accuracy;
+    ``reach``: cell, reach_estimate."""
+    cells = list(dict.fromkeys(bins["cell"]))
+    width = int((bins["bin_hi"] - bins["bin_lo"]).iloc[0])
+    first, last = int(bins["bin_lo"].min()), int(bins["bin_hi"].max())
+    columns = list(range(first + width, last + 1, width))  # every bin, those without answers blank
+    grid = bins.pivot_table(index="cell", columns="bin_hi", values="accuracy").reindex(index=cells, columns=columns)
+    fig, ax = plt.subplots(figsize=(min(18, 2.5 + 0.3 * len(columns)), 1.4 + 0.32 * len(cells)))
+    sns.heatmap(grid, vmin=0, vmax=1, cmap="viridis", ax=ax, cbar_kws={"label": "answer accuracy (seeds' mean)"})
+    step = max(1, len(columns) // 16)
+    ax.set_xticks(np.arange(0, len(columns), step) + 0.5, [str(c) for c in columns[::step]], rotation=0, fontsize=7)
+    x = lambda d: (d - first) / width  # noqa: E731 - distance -> heatmap x (column i spans (lo_i, hi_i])
+    at: dict[int, list[str]] = {}
+    for name, d in marks.items():
+        if first < d <= last:
+            at.setdefault(d, []).append(name)
+    for d in at:
+        ax.axvline(x(d), color="white", ls=":", lw=1)
+    top = ax.twiny()  # the reference distances named on a top axis, off the cells
+    top.set_xlim(ax.get_xlim())
+    top.set_xticks([x(d) for d in at], [", ".join(n) for n in at.values()], fontsize=7, rotation=25, ha="left")
+    top.grid(False)
+    for i, cell in enumerate(cells):
+        r = reach.loc[reach["cell"] == cell, "reach_estimate"]
+        if len(r) and int(r.iloc[0]) > 0:
+            ax.plot([x(int(r.iloc[0]))] * 2, [i + 0.1, i + 0.9], color="white", lw=2.5)
+    ax.set_xlabel(f"distance D of the planted value (bins of {width}, upper end shown)")
+    ax.set_ylabel("")
+    ax.set_title("Retrieval reach: accuracy by distance (white tick: reach; dotted: reference distances)", pad=28)
+    return _save(fig, path)
+
+
 def attention_heatmaps(mass: pd.DataFrame, path: Path, max_columns: int = 48) -> Path:
     """One heatmap per run: rows layer/head, columns distance d = i - j, colour = attention mass per
     key at that distance (log scale; averaged within a bin where distances are binned, so bins of

@@ -66,6 +66,8 @@ SLOW = {
     "test_new_scheme.py::test_ablate_grid_trains_it_and_the_report_orders_it": "test_new_scheme's registration test",
     "test_report.py::test_ablate_reuses_finished_runs_and_refuses_other_settings": "test_ablate's continue command",
     "test_configs.py::test_every_option_trains_a_few_steps[experiment-ablation]": "experiment-quick, experiment-tiny",
+    "test_reach.py::test_the_tiny_reach_preset_reports_the_heatmap_and_the_reach_table": "test_report's tiny "
+    "ablation (its reach section on the recall group)",
     "test_recall.py::test_xl_with_memory_recalls_beyond_the_segment_and_without_memory_does_not": "the tiny ablation's "
     "recall group",
 }

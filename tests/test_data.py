@@ -423,6 +423,43 @@ def test_recall_corpus_streams_carry_mask_and_distance(tmp_path):
     assert answered > 100
 
 
+def test_recall_evaluation_range_is_its_own_and_its_far_items_were_never_trained(tmp_path):
+    # the retrieval-reach setting (conf/experiment/reach.yaml): train 2..48, evaluate 2..400
+    c = load_corpus(
+        "recall", root=tmp_path, train_tokens=60_000, eval_tokens=60_000, max_distance=48, eval_max_distance=400
+    )
+    near = load_corpus("recall", root=tmp_path, train_tokens=60_000, eval_tokens=60_000, eval_min_distance=60)
+    for split in ("val", "test"):
+        mask, dist = near.side[split]["loss_mask"], near.side[split]["distance"]
+        assert dist[mask].min() >= 60 and dist[mask].max() <= 80  # eval_min_distance moves the range's low end
+
+    def items(split):
+        """(planted index, distance) of every answer, each checked to answer the value planted D tokens back."""
+        tokens, mask, dist = (
+            np.asarray(x) for x in (c.split(split), c.side[split]["loss_mask"], c.side[split]["distance"])
+        )
+        answers = np.flatnonzero(mask)
+        assert (dist[answers] >= 2).all() and (dist[~mask] == -1).all()
+        # the value planted D tokens before the query marker
+        assert np.array_equal(tokens[answers - 1 - dist[answers]], tokens[answers])
+        assert (tokens[answers - 1] == c.vocab_size - 1).all()  # right after the query marker
+        return tokens, answers, dist[answers]
+
+    train_tokens, train_answers, train_d = items("train")
+    assert train_d.min() == 2 and train_d.max() == 48
+    windows = {tuple(train_tokens[a - 1 - d : a + 1]) for a, d in zip(train_answers, train_d)}
+    for split in ("val", "test"):
+        tokens, answers, d = items(split)
+        assert d.max() > 384 and (d > 48).mean() > 0.8  # to 8 (L + M) of the reach preset, mostly unseen distances
+        # the splits are drawn apart: no evaluation item (plant, filler, marker, answer) is a training item (one of
+        # a few tokens can repeat one by chance: 16 x 32 items of D = 2 exist)
+        assert (d >= 6).sum() > 100 and not windows & {
+            tuple(tokens[a - 1 - k : a + 1]) for a, k in zip(answers, d) if k >= 6
+        }
+    with pytest.raises(ValueError, match=r"data.corpus.eval_min_distance=90 is above data.corpus.max_distance=80"):
+        load_corpus("recall", root=tmp_path, eval_min_distance=90)
+
+
 # ---------------------------------------------------------------- verbatim overlap between splits
 
 

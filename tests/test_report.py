@@ -36,6 +36,7 @@ SHOWN = {
     ),
     "attention": (["table_attention"], ["attention/attention_heatmap.png"]),
     "recall": (["table_recall"], ["recall/recall_accuracy.png"]),
+    "reach": (["table_reach"], ["recall/reach_heatmap.png"]),
     "speed": (["table_eval_speed"], ["eval_speed/eval_speed.png"]),
 }
 

@@ -85,7 +85,8 @@ def make_recall(
 def _option_problems(options: dict) -> list[str]:
     """Why the recall options (``data.corpus.*``) cannot make the probe, each naming its key and what is valid."""
     minimum = dict(seed=0, n_values=1, n_filler=1, min_distance=1, max_distance=1, max_gap=0, train_tokens=0)
-    minimum.update(eval_tokens=0, **({} if options["eval_max_distance"] is None else {"eval_max_distance": 1}))
+    minimum.update(eval_tokens=0)
+    minimum.update({k: 1 for k in ("eval_min_distance", "eval_max_distance") if options[k] is not None})
     out = [
         f"data.corpus.{name} must be an integer >= {low}, got {options[name]!r}"
         for name, low in minimum.items()
@@ -94,11 +95,13 @@ def _option_problems(options: dict) -> list[str]:
     if out:
         return out
     eval_farthest = "max_distance" if options["eval_max_distance"] is None else "eval_max_distance"
-    for name in ("max_distance", "eval_max_distance"):
-        if options[name] is not None and options[name] < options["min_distance"]:
+    eval_nearest = "min_distance" if options["eval_min_distance"] is None else "eval_min_distance"
+    named: set[str] = set()  # a min_distance above both ranges' ends is one problem, named once
+    for low, high in (("min_distance", "max_distance"), (eval_nearest, eval_farthest)):
+        if options[high] < options[low] and low not in named:
+            named.add(low)
             out.append(
-                f"data.corpus.min_distance={options['min_distance']} is above data.corpus.{name}={options[name]}: "
-                f"it must be <= {name}"
+                f"data.corpus.{low}={options[low]} is above data.corpus.{high}={options[high]}: it must be <= {high}"
             )
     for name, farthest in (("train_tokens", "max_distance"), ("eval_tokens", eval_farthest)):
         if options[name] < (need := options[farthest] + options["max_gap"] + 2):
@@ -118,6 +121,7 @@ def load_recall(
     n_filler: int = 32,
     min_distance: int = 2,
     max_distance: int = 80,
+    eval_min_distance: int | None = None,
     eval_max_distance: int | None = None,
     max_gap: int = 8,
     train_tokens: int = 1_000_000,
@@ -126,12 +130,15 @@ def load_recall(
     """The recall probe; each split has its own seed. Cached like the others so that streams hold memmaps
     (cheap to send to DataLoader workers).
 
-    eval_max_distance: val/test distances reach this far instead of max_distance (to test recall past the
-    distances seen in training).
+    eval_min_distance, eval_max_distance: the val/test distance range, instead of min_distance..max_distance (to
+    test recall past the distances seen in training: the training range is min_distance..max_distance). The
+    splits are drawn from their own seeds, so no evaluation item is a training one; those beyond max_distance
+    are at distances training never saw.
     """
     given = {k: v for k, v in locals().items() if k != "root"}  # the data.corpus.* values, before any default
     if problems := _option_problems(given):
         raise ValueError(f"recall corpus: {'; '.join(problems)}")
+    eval_min = min_distance if eval_min_distance is None else eval_min_distance
     eval_max = max_distance if eval_max_distance is None else eval_max_distance
     settings = dict(
         seed=seed,
@@ -139,6 +146,7 @@ def load_recall(
         n_filler=n_filler,
         min_distance=min_distance,
         max_distance=max_distance,
+        eval_min_distance=eval_min,
         eval_max_distance=eval_max,
         max_gap=max_gap,
         train_tokens=train_tokens,
@@ -146,16 +154,18 @@ def load_recall(
     )
 
     def build():
-        common = dict(n_values=n_values, n_filler=n_filler, min_distance=min_distance, max_gap=max_gap)
+        common = dict(n_values=n_values, n_filler=n_filler, max_gap=max_gap)
+        ranges = ((min_distance, max_distance), (eval_min, eval_max), (eval_min, eval_max))
         arrays = {}
-        for i, (split, n, max_d) in enumerate(
-            zip(SPLITS, (train_tokens, eval_tokens, eval_tokens), (max_distance, eval_max, eval_max))
-        ):
-            tokens, loss_mask, distance = make_recall(n, seed=[seed, i], max_distance=max_d, **common)
+        for i, (split, n, (min_d, max_d)) in enumerate(zip(SPLITS, (train_tokens, eval_tokens, eval_tokens), ranges)):
+            tokens, loss_mask, distance = make_recall(
+                n, seed=[seed, i], min_distance=min_d, max_distance=max_d, **common
+            )
             arrays.update({split: tokens, f"{split}.loss_mask": loss_mask, f"{split}.distance": distance})
         return arrays, recall_vocab(n_values, n_filler), {}
 
-    key = {"version": 1, **settings}
+    # the key of before eval_min_distance when it is the default: the caches already written stay valid
+    key = {"version": 1, **{k: v for k, v in settings.items() if k != "eval_min_distance" or v != min_distance}}
     arrays, itos, _ = cached(key_dir(root / "recall", key), key, build)
     side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
     # the items are drawn independently: a chunk of a few items is a unit of the report's statistics
