@@ -25,6 +25,7 @@ from posenc_lab_analysis.sections import SECTIONS
 SHOWN = {
     "verdicts": ([], []),
     "table6": (["table_ablation"], []),
+    "effective_context": (["table_effective_context"], ["context_curves.png"]),
     "recl": (["table_recl"], ["recl_gain_curves.png"]),
     "extrapolation": (
         ["table_extrapolation", "table_not_applicable"],
@@ -102,10 +103,10 @@ def check_report(out: Path, without: tuple[str, ...] = ()) -> str:
 
 def test_tiny_ablation_report_has_every_section_table_and_figure(tiny):
     text = check_report(tiny)
-    assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 7
+    assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 8
     assert "## Held-out text" in text and "test split" in text
     verdicts = pd.read_csv(tiny / "report" / "table_verdicts.csv")
-    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 8
+    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 9
     na = pd.read_csv(tiny / "report" / "table_not_applicable.csv")
     assert set(na["cell"]) == {"learned:mem16", "learned:nomem"} and na["reason"].str.contains("max_positions").all()
     t6 = pd.read_csv(tiny / "report" / "table_ablation.csv")
