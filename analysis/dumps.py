@@ -62,7 +62,8 @@ class ContextSettings:
     """``ablate.analysis.context``: the controlled-context evaluation behind Table 6's attention lengths, RECL and the
     own-baseline truncation curves: c = c_min, c_min + step, ..., coarse_from, then doubling (2 coarse_from,
     4 coarse_from, ...) up to c_max, each coarse c with c - delta beside it (so that RECL's gain g(c - delta, c)
-    exists there too), plus every run's training attention length (None: delta = L / 4, step = delta, c_min = delta,
+    exists there too), and L, L + M, 2 (L + M) (what the effective-context section reads) with theirs, plus every
+    run's training attention length (None: delta = L / 4, step = delta, c_min = delta,
     coarse_from = 2 L, c_max = 4 (L + M), M the longest memory of the group). ``delta``: the gain's g(c, c + delta)
     increment; ``step``: the fine grid's, a divisor of delta; ``n_boot``: the cluster bootstraps' replicates;
     ``fraction``: the own-baseline effective context is the smallest c whose loss is within this fraction of the
@@ -120,6 +121,10 @@ class ContextSettings:
         while c < c_max:  # doubling past the fine part: the cost of a window grows with c (issue 38)
             c = min(2 * c, c_max)
             grid |= {c - delta, c}
+        M = max(r.mem_len for r in runs)
+        for c in (L, L + M, 2 * (L + M)):  # the lengths the effective-context section and its verdict read
+            if c_min <= c <= c_max:
+                grid |= {c} | ({c - delta} if c - delta >= c_min else set())
         return sorted(grid)
 
     def evaluation(self, runs: list[Run], split: str) -> AtContexts:

@@ -5,6 +5,8 @@ ablation's report shows the table and the figure with curves past L + M."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -95,15 +97,15 @@ def _spec():
 
 @pytest.mark.parametrize(
     ("memory_knee", "window_knee", "expected"),
-    [(256, 32, REPRODUCED), (32, 32, INCONCLUSIVE), (32, 256, CONTRADICTED)],
+    [(128, 32, REPRODUCED), (32, 32, INCONCLUSIVE), (32, 128, CONTRADICTED)],
 )
 def test_the_recurrence_verdict_judges_the_context_gain_as_planted(memory_knee, window_knee, expected):
-    """The preregistered verdict (conf/paper.yaml) on synthetic curves: memory that keeps gaining to 4 (L + M)
+    """The preregistered verdict (conf/paper.yaml) on synthetic curves: memory that keeps gaining to 2 (L + M)
     while the window stops at L reproduces it; both stopping at L is inconclusive; a window that gains more
-    contradicts it. The measure is what the section provides: the loss at c = 256 minus at c = 32, per seed."""
+    contradicts it. The measure is what the section provides: the loss at c = 128 minus at c = 32, per seed."""
     rng = np.random.default_rng(3)
     cells = {"xl:mem": cell(rng, memory_knee, drop=0.002), "xl:nomem": cell(rng, window_knee, drop=0.002)}
-    gains = {c: gain_tokens(x, GRID, 32, 256) for c, x in cells.items()}
+    gains = {c: gain_tokens(x, GRID, 32, 128) for c, x in cells.items()}
     evidence = Evidence(gains, {c: key(c) for c in cells}, UNITS)
     spec = _spec()
     assert spec["measure"] == "context_gain" and spec["compare"] == ["xl:mem - xl:nomem"] and "why_this_form" in spec
@@ -116,7 +118,7 @@ def test_the_tiny_ablation_report_shows_curves_past_L_plus_M(tiny_ablation):
     its scheme serves it, and the learned table's window and global_sinusoid past its episodes named."""
     rep = tiny_ablation / "report"
     text = (rep / "report.md").read_text()
-    assert "## 4. Effective context against each model's own best" in text
+    assert re.search(r"^## \d+\. Effective context against each model's own best$", text, re.M)
     assert "(table_effective_context.csv)" in text and "](context_curves.png)" in text
     assert (rep / "context_curves.png").stat().st_size > 5000
     table = pd.read_csv(rep / "table_effective_context.csv").set_index("cell")

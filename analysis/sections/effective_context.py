@@ -3,7 +3,7 @@ the controlled-context dumps. Per cell: the loss at every context c minus the mo
 c, every c in ``context_curves.csv``, and a figure), the effective context length (the smallest c within
 ``ablate.analysis.context.fraction`` of the own best) per seed and per cell with its interval, and where a
 scheme stops serving c, with its reason. It provides the measure ``context_gain`` of conf/paper.yaml: each
-token's loss at c = 4 (L + M) minus at c = L, seed by seed."""
+token's loss at c = 2 (L + M) minus at c = L, seed by seed."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from .recl import _memory_pairs, per_seed_losses
 
 
 def lengths(g) -> tuple[int, int, int]:
-    """(L, M, c_far = 4 (L + M)): the segment, the longest memory of the group, and the far end of the verdict."""
+    """(L, M, c_far = 2 (L + M)): the segment, the longest memory of the group, and the far end of the verdict."""
     L, M = max(r.segment_len for r in g.runs), max(r.mem_len for r in g.runs)
-    return L, M, 4 * (L + M)
+    return L, M, 2 * (L + M)
 
 
 def limit(g, runs) -> str:
@@ -34,7 +34,7 @@ def limit(g, runs) -> str:
 
 
 def context_gain(g) -> Evidence:
-    """Per cell and seed, each token's loss at c = 4 (L + M) minus at c = L (negative: the contexts past the
+    """Per cell and seed, each token's loss at c = 2 (L + M) minus at c = L (negative: the contexts past the
     training segment help); a cell that cannot serve both is named with its reason."""
     L, _, far = lengths(g)
     per_seed, units = per_seed_losses(g), same_tokens(g.at_contexts)
@@ -102,12 +102,12 @@ class EffectiveContextSection(Section):
     def render(self, ctx, res: EffectiveContext) -> Part:
         g, level = ctx.group, ctx.shared.level
         L, M, far = lengths(g)
-        shown = [c for c in sorted({g.grid[0], L, L + M, 2 * (L + M), far}) if c in g.grid]
+        shown = [c for c in sorted({g.grid[0], L, L + M, far, g.grid[-1]}) if c in g.grid]
         units = same_tokens(g.at_contexts)
         text = (
             f"How much context each model uses, against its own loss (Khandelwal et al. 2018; Sun et al. 2021): "
-            f"every scored token sees exactly c previous tokens, c = {', '.join(map(str, g.grid))} (to 4 (L + M) = "
-            f"{far}, L = {L}, M = {M}), models with memory through memory c with the same-length mask, models "
+            f"every scored token sees exactly c previous tokens, c = {', '.join(map(str, g.grid))} (L = {L}, "
+            f"M = {M}), models with memory through memory c with the same-length mask, models "
             f"without through a sliding window of c tokens, as far as the scheme serves it (`served`: where and why "
             f"not). `gap_c*`: the loss at c minus the model's own best ({g.unit_name}; each seed against its own best "
             f"c, then the mean over seeds with its {level:.0%} interval over seeds and the text's units, "
