@@ -127,9 +127,9 @@ def gain_curves(curves: pd.DataFrame, path: Path, threshold: float = 0.01) -> Pa
 
 
 def context_curves(curves: pd.DataFrame, path: Path, marks: dict[str, float], ylabel: str) -> Path:
-    """Own-baseline truncation curves, one line per cell (``curves``: cell, scheme, memory, c, gap, low, high): the
-    loss at c minus the model's own best with its band; solid: memory c, dashed: a window of c; dotted verticals at
-    ``marks`` (label -> c, e.g. L and L + M)."""
+    """Own-baseline truncation curves, one line per cell (``curves``: cell, scheme, memory, full_loss, c, gap, low,
+    high): the loss at c minus the model's own best with its band; solid: memory c, dashed: a window of c,
+    dash-dotted: another training loss; dotted verticals at ``marks`` (label -> c, e.g. L and L + M)."""
     d = curves[np.isfinite(curves["gap"].astype(float))]
     if d.empty:
         return _empty(path, "no context length was served")
@@ -137,12 +137,16 @@ def context_curves(curves: pd.DataFrame, path: Path, marks: dict[str, float], yl
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for cell, part in d.groupby("cell", sort=False):
         colour, memory = colours[part["scheme"].iloc[0]], bool(part["memory"].iloc[0])
-        ax.fill_between(part["c"], part["low"], part["high"], color=colour, alpha=0.15, lw=0)
-        ax.plot(part["c"], part["gap"], color=colour, ls="-" if memory else "--", marker="o", ms=3, label=cell)
+        style = ("-" if memory else "--") if bool(part["full_loss"].iloc[0]) else "-."
+        ax.fill_between(part["c"], part["low"], part["high"], color=colour, alpha=0.12, lw=0)
+        ax.plot(part["c"], part["gap"], color=colour, ls=style, marker="o", ms=3, label=cell)
     for label, c in marks.items():
         ax.axvline(c, color="grey", ls=":", lw=1)
         ax.text(c, 1.0, f" {label}", transform=ax.get_xaxis_transform(), fontsize=8, va="top", color="dimgrey")
-    _log2(ax, d["c"])
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(c) for c in d["c"] if int(c) & (int(c) - 1) == 0} | {int(c) for c in marks.values()})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_yscale("symlog", linthresh=0.01)
     ax.set_xlabel("context c (tokens seen by every scored token)")
     ax.set_ylabel(ylabel)

@@ -13,6 +13,7 @@ import pandas as pd
 from .. import plots
 from ..dumps import same_tokens
 from ..effective_context import EffectiveContext, analyze, gain_tokens
+from ..recl import interval_text
 from ..verdicts import Evidence
 from .base import Figure, Part, Section, Table, register
 from .recl import _memory_pairs, per_seed_losses
@@ -102,6 +103,7 @@ class EffectiveContextSection(Section):
     def render(self, ctx, res: EffectiveContext) -> Part:
         g, level = ctx.group, ctx.shared.level
         L, M, far = lengths(g)
+        step = ctx.shared.context.fine_step(g.runs)
         shown = [c for c in sorted({g.grid[0], L, L + M, far, g.grid[-1]}) if c in g.grid]
         units = same_tokens(g.at_contexts)
         text = (
@@ -122,10 +124,9 @@ class EffectiveContextSection(Section):
         )
         findings = []
         for a, b in _memory_pairs(g.cells):
-            est, lo, hi = res.difference(a, b)
             findings.append(
-                f"Effective context of {a} minus {b}: {est:+g} tokens [{lo:+g}, {hi:+g}] (the same bootstrap "
-                "replicates; descriptive, the verdict `memory_extends_xl_context` judges the loss change instead)."
+                f"Effective context of {a} minus {b} (tokens, the same bootstrap replicates; descriptive: the verdict "
+                f"`memory_extends_xl_context` judges the loss change): {interval_text(*res.difference(a, b), step)}."
             )
         gains = context_gain(g)
         for cell, x in gains.cells.items():
@@ -137,6 +138,7 @@ class EffectiveContextSection(Section):
         curves = res.curves.assign(
             scheme=lambda d: d["cell"].map(lambda c: keys[c].scheme),
             memory=lambda d: d["cell"].map(lambda c: bool(keys[c].recurrence)),
+            full_loss=lambda d: d["cell"].map(lambda c: keys[c].loss_frac == 1.0),
             gap=lambda d: d["gap"] * g.scale,
             low=lambda d: d["low"] * g.scale,
             high=lambda d: d["high"] * g.scale,
