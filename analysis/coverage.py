@@ -155,8 +155,8 @@ def error_rates(
 ) -> pd.DataFrame:
     """Every verdict of ``config`` (default: conf/paper.yaml) judged at the global null ``reps`` times through
     ``verdicts.judge``: the share of false "reproduced" and "contradicted", and of any false claim. The
-    as-trained cells and their attention gains (memory cells, simulated with the same components) are
-    simulated; recall_beyond is not (its units are the probe's own)."""
+    as-trained cells, their attention gains (memory cells) and their context gains (every cell), each simulated
+    with the same components, are simulated; recall_beyond is not (its units are the probe's own)."""
     config = config or paper()
     rng = np.random.default_rng(seed)
     sim = Simulator(layout, comps)
@@ -167,7 +167,8 @@ def error_rates(
         trained = Evidence({c: sim.cell(rng, c) for c in CELLS}, keys, sim.family)
         memory = [c for c in CELLS if keys[c].memory]
         gain = Evidence({c: sim.cell(rng, c) for c in memory}, {c: keys[c] for c in memory}, sim.family)
-        verdicts, _ = judge(config, {"as_trained": trained, "attention_gain": gain})
+        context = Evidence({c: sim.cell(rng, c) for c in CELLS}, keys, sim.family)  # the loss at 4 (L + M) - at L
+        verdicts, _ = judge(config, {"as_trained": trained, "attention_gain": gain, "context_gain": context})
         false = False
         for v in verdicts:
             row = rows[v.id]

@@ -26,13 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc_lab.context import context_losses, stream_losses, stream_rows, window_losses
+from posenc_lab.context import context_losses, reads_offsets, stream_losses, stream_rows, window_losses
 from posenc_lab.io import CorruptFileError, load_npz, save_npz
 
 from .runs import Run, RunError
 
 # what a dump's ``units`` are; in its meta, so that a dump of before (units: documents) is computed again
 UNITS = "family"
+# the rules of what a scheme serves; in a controlled-context dump's meta, so that a dump of before is computed again
+SERVES = "episodes"
 
 
 @dataclass
@@ -57,48 +59,79 @@ class AtContexts:
 
 @dataclass
 class ContextSettings:
-    """``ablate.analysis.context``: the controlled-context evaluation behind Table 6's attention lengths and RECL:
-    c = c_min, c_min + step, ..., c_max (None: delta = L / 4, step = delta, c_min = delta, c_max = 4 L), plus every
-    run's training attention length. ``delta``: the gain's g(c, c + delta) increment; ``step``: the grid's, a
-    divisor of delta (a finer step reads RECL's crossing more finely without changing the gain it thresholds);
-    ``n_boot``: RECL's bootstrap replicates."""
+    """``ablate.analysis.context``: the controlled-context evaluation behind Table 6's attention lengths, RECL and the
+    own-baseline truncation curves: c = c_min, c_min + step, ..., coarse_from, then doubling (2 coarse_from,
+    4 coarse_from, ...) up to c_max, each coarse c with c - delta beside it (so that RECL's gain g(c - delta, c)
+    exists there too), and L, L + M, 2 (L + M) (what the effective-context section reads) with theirs, plus every
+    run's training attention length (None: delta = L / 4, step = delta, c_min = delta,
+    coarse_from = 2 L, c_max = 4 (L + M), M the longest memory of the group). ``delta``: the gain's g(c, c + delta)
+    increment; ``step``: the fine grid's, a divisor of delta; ``n_boot``: the cluster bootstraps' replicates;
+    ``fraction``: the own-baseline effective context is the smallest c whose loss is within this fraction of the
+    model's own best."""
 
     n_rows: int
     n_score: int
     delta: int | None
     step: int | None
     c_min: int | None
+    coarse_from: int | None  # past this c the grid doubles (None: 2 L)
     c_max: int | None
-    window_max: int | None  # runs without memory: no window longer than this (None: 2 L)
+    window_max: int | None  # runs without memory: no window longer than this (None: c_max, every c of the grid)
     n_boot: int
+    fraction: float
 
     def __post_init__(self):
         if self.n_boot < 50:
             raise ValueError(f"ablate.analysis.context.n_boot must be >= 50 replicates, got {self.n_boot!r}")
+        if not 0 < self.fraction < 1:
+            raise ValueError(f"ablate.analysis.context.fraction must be in (0, 1), e.g. 0.01, got {self.fraction!r}")
 
     def gain_delta(self, runs: list[Run]) -> int:
         """delta of the gain g(c, c + delta) (default: L / 4)."""
         return self.delta or max(1, max(r.segment_len for r in runs) // 4)
 
+    def fine_step(self, runs: list[Run]) -> int:
+        """The step of the grid up to ``coarse_from`` (default: delta)."""
+        return self.step or self.gain_delta(runs)
+
+    def c_top(self, runs: list[Run]) -> int:
+        """The longest context of the grid (default 4 (L + M): past the attention length of any run)."""
+        L, M = max(r.segment_len for r in runs), max(r.mem_len for r in runs)
+        return self.c_max or 4 * (L + M)
+
     def grid(self, runs: list[Run]) -> list[int]:
-        """The attention lengths of RECL's gain curves."""
+        """The attention lengths of the curves and of RECL's gains."""
         L, delta = max(r.segment_len for r in runs), self.gain_delta(runs)
-        step = self.step or delta
+        step = self.fine_step(runs)
         if step <= 0 or delta % step:
             raise ValueError(
                 f"ablate.analysis.context.step must divide delta = {delta} (so that c + delta is on the grid), got "
                 f"{step}; e.g. {delta // 2 or 1}"
             )
-        c_min, c_max = self.c_min or delta, self.c_max or 4 * L
+        c_min, c_max = self.c_min or delta, self.c_top(runs)
         if c_max < c_min + delta:
             raise ValueError(f"the context grid needs c_max >= c_min + delta, got {c_min}, {delta}, {c_max}")
-        return list(range(c_min, c_max + 1, step))
+        fine_top = min(c_max, self.coarse_from or 2 * L)
+        if fine_top < c_min + delta:
+            raise ValueError(
+                f"ablate.analysis.context.coarse_from must be >= c_min + delta = {c_min + delta}, got {fine_top}"
+            )
+        grid = set(range(c_min, fine_top + 1, step))
+        c = fine_top
+        while c < c_max:  # doubling past the fine part: the cost of a window grows with c (issue 38)
+            c = min(2 * c, c_max)
+            grid |= {c - delta, c}
+        M = max(r.mem_len for r in runs)
+        for c in (L, L + M, 2 * (L + M)):  # the lengths the effective-context section and its verdict read
+            if c_min <= c <= c_max:
+                grid |= {c} | ({c - delta} if c - delta >= c_min else set())
+        return sorted(grid)
 
     def evaluation(self, runs: list[Run], split: str) -> AtContexts:
         """The grid and every run's training attention length within it, for ``at_contexts``."""
         grid = self.grid(runs)
         trained = {r.train_attention_length for r in runs if 0 < r.train_attention_length <= grid[-1]}
-        window_max = self.window_max or 2 * max(r.segment_len for r in runs)
+        window_max = self.window_max or grid[-1]
         return AtContexts(tuple(sorted(set(grid) | trained)), split, self.n_rows, self.n_score, window_max)
 
 
@@ -262,6 +295,7 @@ def at_contexts(run: Run, s: AtContexts, path: Path, log=print) -> TokenLosses:
         "kind": "at_contexts",
         "mode": mode,
         "units": UNITS,
+        "serves": SERVES,
         **asdict(s),
         "contexts": list(s.contexts),
     }
@@ -275,10 +309,17 @@ def at_contexts(run: Run, s: AtContexts, path: Path, log=print) -> TokenLosses:
     shape = (s.n_rows, s.n_score)
     model = run.model()
     not_served: dict[int, str] = {}
+    # a window starts at offset 0: a scheme that reads offsets (global_sinusoid) saw positions < T in training
+    T = run.episode_len if mode == "window" and run.episode_len and reads_offsets(model) else None
     for c in s.contexts:  # before any compute: what the scheme (or window_max) refuses is NaN, with its reason
         try:
             if mode == "window" and s.window_max is not None and c > s.window_max:
                 raise ValueError(f"windows longer than {s.window_max} tokens are not evaluated (window_max)")
+            if T is not None and c + 1 > T:
+                raise ValueError(
+                    f"a window of {c + 1} positions passes its training episodes (T = {T}): it reads stream offsets "
+                    "and never saw positions >= T (the extrapolation section's horizon axis measures that)"
+                )
             if mode == "window":
                 model.validate_lengths(c + 1, 0, max_offset=c)
         except ValueError as e:

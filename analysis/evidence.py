@@ -1,7 +1,7 @@
 """Per-cell, per-seed values on shared tokens, one ``verdicts.Evidence`` per measure of conf/paper.yaml.
 
 The measures: ``as_trained`` (the test loss of each run evaluated as trained), ``attention_gain`` (the loss at
-the longest evaluated attention length minus at the training one, seed by seed), ``recall_beyond`` (0/1
+the longest evaluated attention length up to 4 L minus at the training one, seed by seed), ``recall_beyond`` (0/1
 accuracy of the recall answers beyond one segment) and ``horizon_past`` (the change past the training
 episodes). A cell that cannot be measured is named with its reason, never dropped.
 """
@@ -32,7 +32,8 @@ def as_trained(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -> Ev
 
 
 def attention_gain(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -> Evidence:
-    """Loss at the longest context of the dumps minus at each run's training attention length (memory cells)."""
+    """Loss at the longest context of the dumps up to 4 L minus at each run's training attention length (memory
+    cells)."""
     documents = same_tokens({r.name: dumps[r.name] for g in cells.values() for r in g})
     out, keys, unavailable = {}, {}, {}
     for c, g in cells.items():
@@ -40,7 +41,11 @@ def attention_gain(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -
             continue
         keys[c] = g[0].cell_name
         d = [dumps[r.name] for r in g]
-        longest, init = max(d[0].contexts), g[0].train_attention_length
+        # 4 L, the grid's end when this verdict was fixed (issue 38 extended the grid to 4 (L + M): the measure
+        # stays where it was preregistered)
+        L = g[0].segment_len
+        longest = max((x for x in d[0].contexts if x <= 4 * L), default=max(d[0].contexts))
+        init = g[0].train_attention_length
         if init not in d[0].contexts:
             unavailable[c] = f"its training attention length {init} was not evaluated"
         elif (why := d[0].not_served.get(longest)) is not None:

@@ -126,6 +126,35 @@ def gain_curves(curves: pd.DataFrame, path: Path, threshold: float = 0.01) -> Pa
     return _save(g, path)
 
 
+def context_curves(curves: pd.DataFrame, path: Path, marks: dict[str, float], ylabel: str) -> Path:
+    """Own-baseline truncation curves, one line per cell (``curves``: cell, scheme, memory, full_loss, c, gap, low,
+    high): the loss at c minus the model's own best with its band; solid: memory c, dashed: a window of c,
+    dash-dotted: another training loss; dotted verticals at ``marks`` (label -> c, e.g. L and L + M)."""
+    d = curves[np.isfinite(curves["gap"].astype(float))]
+    if d.empty:
+        return _empty(path, "no context length was served")
+    colours = palette(list(dict.fromkeys(d["scheme"])))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for cell, part in d.groupby("cell", sort=False):
+        colour, memory = colours[part["scheme"].iloc[0]], bool(part["memory"].iloc[0])
+        style = ("-" if memory else "--") if bool(part["full_loss"].iloc[0]) else "-."
+        ax.fill_between(part["c"], part["low"], part["high"], color=colour, alpha=0.12, lw=0)
+        ax.plot(part["c"], part["gap"], color=colour, ls=style, marker="o", ms=3, label=cell)
+    for label, c in marks.items():
+        ax.axvline(c, color="grey", ls=":", lw=1)
+        ax.text(c, 1.0, f" {label}", transform=ax.get_xaxis_transform(), fontsize=8, va="top", color="dimgrey")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(c) for c in d["c"] if int(c) & (int(c) - 1) == 0} | {int(c) for c in marks.values()})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_xlabel("context c (tokens seen by every scored token)")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, frameon=False, bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.set_title("Loss at context c minus the model's own best (band: 95% over seeds and units)", fontsize=10)
+    return _save(fig, path)
+
+
 def recall_accuracy(df: pd.DataFrame, path: Path) -> Path:
     """Answer accuracy by distance on the recall probe, one panel per cell; chance and the segment length marked."""
     cells = list(dict.fromkeys(df["cell"]))

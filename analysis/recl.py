@@ -22,17 +22,13 @@ Two biases, and what is done instead.
 - "The first c below 1%" on a noisy curve stops early at the first dip. The gain curve is first fitted by a
   non-increasing function of c (isotonic regression: gains fall with context), then thresholded.
 
-Uncertainty: a cluster bootstrap, documents resampled with replacement (the same documents for every
-model: the baseline is recomputed on each replicate) and each cell's seeds resampled; percentile intervals
-of RECL, gain curves with bands, and the paired difference of two cells' RECL on the same replicates.
-With 3 seeds a cell the seed part of a bootstrap is too narrow (a bootstrap of three values): the report
-says so.
-
-What can resolve memory (issue 29): ``seed_gains`` (a gain curve per seed, so the noise level does not move
-with the number of seeds), ``area_per_token`` (the area under the log-gain curve as per-token values per
-seed, judged with ``stats.paired_difference`` over seeds and units), ``crossing`` / ``crossings`` (RECL as the
-interpolated crossing of a fitted curve, descriptive) and ``interval_text`` (an interval narrower than the grid
-step says so, never "+0 [+0, +0]").
+Per seed (issue 38): each run's gain curve is taken against the other cells' first seeds (``reference``), so a
+seed's RECL does not change when a seed is added to any cell; a cell's RECL is the mean of its seeds'.
+Uncertainty: a cluster bootstrap, units resampled with replacement (the same for every cell) and each cell's
+seeds resampled; percentile intervals. With 3 seeds a cell the seed part is a bootstrap of three values, too
+narrow: the report says so. ``area_per_token``: the smooth estimand (the capped log-loss drop along the grid,
+past L too), judged with ``stats.paired_difference``; ``crossing``: RECL read between grid points
+(descriptive); ``interval_text``: an interval narrower than the grid step says so.
 """
 
 from __future__ import annotations
@@ -86,35 +82,10 @@ def _hardest(b: np.ndarray, k: int) -> np.ndarray | slice:
     return np.concatenate([above, np.flatnonzero(b == v)[: k - len(above)]])
 
 
-def gains(stack: np.ndarray, served: np.ndarray, pairs, r_values=R_VALUES) -> np.ndarray:
-    """[n_pairs, n_r, n_m] leave-one-out gains g_m(c, c + delta); NaN where m cannot serve c or c', or
-    where no other model serves c (one model alone has no baseline)."""
-    n_m, _, n_t = stack.shape
-    out = np.full((len(pairs), len(r_values), n_m), np.nan)
-    for i, (k, k2) in enumerate(pairs):
-        at_k = np.flatnonzero(served[:, k])
-        if len(at_k) < 2:  # one model alone has no baseline
-            continue
-        # b_{-m}(c, t) for every m at once: the lowest loss of the served models, or the second lowest where m
-        # is the lowest (ties: equal values, so the same minimum as over the others)
-        low2 = np.partition(stack[at_k, k], 1, axis=0)[:2]
-        lowest_model = at_k[stack[at_k, k].argmin(0)]
-        for m in at_k:
-            if not served[m, k2]:
-                continue
-            b = np.where(lowest_model == m, low2[1], low2[0])
-            for j, r in enumerate(r_values):
-                hard = _hardest(b, max(1, int(round(r * n_t))))
-                f_cc = np.minimum(b[hard], stack[m, k, hard]).mean()
-                f_cc2 = np.minimum(b[hard], stack[m, k2, hard]).mean()
-                out[i, j, m] = 1.0 - np.exp(f_cc2 - f_cc)
-    return out
-
-
 def monotone(gain: np.ndarray) -> np.ndarray:
     """The non-increasing least-squares fit of each gain curve [n_pairs, ...] along its first axis; NaN
     entries (contexts not served) are left out of the fit and stay NaN."""
-    out = np.full_like(gain, np.nan)
+    out = np.full(gain.shape, np.nan)  # C-ordered, so that the reshape below is a view
     flat, fit = gain.reshape(len(gain), -1), out.reshape(len(gain), -1)
     for col in range(flat.shape[1]):
         ok = np.isfinite(flat[:, col])
@@ -153,10 +124,12 @@ def _pairs(contexts: Sequence[int], delta: int | None) -> list[tuple[int, int]]:
 
 @dataclass
 class ReclResult:
-    """``table``: one row per (model, r): recl, censored, recl_low, recl_high, and the descriptive interpolated
-    crossing (``crossing``) with its censoring and percentile interval; ``curves``: one row per
-    (model, r, c): gain, fitted, band low/high; ``replicates``: [n_boot, n_r, n_m] RECL of each replicate
-    (for paired differences); names, r_values: their axes."""
+    """``table``: one row per (model, r): recl (the mean of its seeds' RECL), censored (a seed's curve stayed above
+    the threshold: a lower bound), recl_low, recl_high, ``seeds`` (each seed's RECL), and the descriptive
+    interpolated crossing (``crossing``, the mean of its seeds') with its censoring and percentile interval;
+    ``per_seed``: one row per (model, seed, r); ``curves``: one row per (model, r, c): gain, fitted (means over
+    seeds), band low/high; ``replicates``: [n_boot, n_r, n_m] RECL of each replicate (for paired differences);
+    names, r_values: their axes."""
 
     table: pd.DataFrame
     curves: pd.DataFrame
@@ -165,6 +138,7 @@ class ReclResult:
     r_values: tuple[float, ...]
     # the smooth estimand: (cell with memory, cell without, c_max, Difference of the areas in nats), see areas()
     areas: list = field(default_factory=list)
+    per_seed: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def difference(self, a: str, b: str, r: float, level: float = 0.95) -> tuple[float, float, float]:
         """RECL(a) - RECL(b) at r: the point value and the percentile interval of the same replicates."""
@@ -179,12 +153,46 @@ class ReclResult:
         return est, float(lo), float(hi)
 
 
-def _per_token(per_seed: dict[str, np.ndarray], seed_draw: dict[str, np.ndarray] | None, take) -> dict:
-    """Cell losses [n_c, tokens] averaged over (drawn) seeds, at token positions ``take``."""
+def reference(per_seed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model each cell puts in the others' baseline: its first seed. Fixed, so that a seed's RECL and area
+    do not change when a seed is added to any cell (a mean over seeds would lower the baseline's noise and move
+    every other cell's value: ``min`` is not linear)."""
+    return {m: np.asarray(x[0], dtype=np.float64) for m, x in per_seed.items()}
+
+
+def seed_gains(per_seed, names, ref, served, pairs, r_values, take=None) -> dict[str, np.ndarray]:
+    """cell -> [n_seeds, n_pairs, n_r] leave-one-out gains of each of its seeds against the other cells' reference
+    models (``reference``), on the tokens ``take`` (None: all); NaN where the cell cannot serve c or c + delta or
+    no other cell serves c."""
+    ref = ref if take is None else ref[:, :, take]
+    n_t = ref.shape[-1]
     out = {}
-    for m, x in per_seed.items():
-        seeds = x if seed_draw is None else x[seed_draw[m]]
-        out[m] = seeds.mean(0)[:, take] if take is not None else seeds.mean(0)
+    for i, m in enumerate(names):
+        x = np.asarray(per_seed[m], dtype=np.float64)
+        x = x if take is None else x[:, :, take]
+        g = np.full((len(x), len(pairs), len(r_values)), np.nan)
+        for p, (k, k2) in enumerate(pairs):
+            others = served[:, k].copy()
+            others[i] = False
+            if not (others.any() and served[i, k] and served[i, k2]):
+                continue
+            b = ref[others, k].min(0)  # b_{-m}(c, t): the other cells' best
+            for j, r in enumerate(r_values):
+                hard = _hardest(b, max(1, int(round(r * n_t))))
+                f_cc = np.minimum(b[hard], x[:, k, hard]).mean(-1)
+                g[:, p, j] = 1.0 - np.exp(np.minimum(b[hard], x[:, k2, hard]).mean(-1) - f_cc)
+        out[m] = g
+    return out
+
+
+def _per_seed_recl(gain: dict, contexts, pairs, threshold) -> dict[str, tuple]:
+    """cell -> (fitted [n_pairs, n_r, n_s], RECL [n_r, n_s], censored [n_r, n_s], crossing, crossing censored)."""
+    c_of = [contexts[k] for k, _ in pairs]
+    out = {}
+    for m, g in gain.items():
+        fit = monotone(np.moveaxis(g, 0, -1))  # [n_pairs, n_r, n_s]
+        value, censored = first_below(fit, None, contexts, pairs, threshold)
+        out[m] = (fit, value, censored, *crossings(fit, c_of, threshold))
     return out
 
 
@@ -200,157 +208,145 @@ def recl(
     level: float = 0.95,
     seed: int = 0,
 ) -> ReclResult:
-    """RECL of every cell of a group (module docstring).
+    """RECL of every seed of every cell of a group (module docstring), and of each cell: the mean of its seeds'.
 
     per_seed: cell -> [n_seeds, n_c, n_tokens] per-token losses (nats), the same tokens for every cell and
-    context (NaN over a whole [c] slice: the cell cannot serve c); documents: [n_tokens] ints; contexts:
-    increasing, c + delta on the grid for the gain at c to exist (delta default: the grid step)."""
+    context (NaN over a whole [c] slice: the cell cannot serve c); documents: [n_tokens] the units; contexts:
+    increasing, c + delta on the grid for the gain at c to exist (delta default: the grid step). A seed's RECL is
+    its gain curve against the other cells' first seeds (``reference``): it does not depend on how many seeds any
+    cell has. Intervals: a cluster bootstrap over the units and each cell's seeds."""
     r_values = tuple(r_values)
     pairs = _pairs(contexts, delta)
-    names, stack, served = _stack(_per_token(per_seed, None, None), contexts)
-    g = gains(stack, served, pairs, r_values)
-    fitted = monotone(g)
-    value, censored = first_below(fitted, served, contexts, pairs, threshold)
+    _stack({f"{m} (seed {s})": x for m, xs in per_seed.items() for s, x in enumerate(np.asarray(xs))}, contexts)
+    names, ref, served = _stack(reference(per_seed), contexts)
+    raw = seed_gains(per_seed, names, ref, served, pairs, r_values)
+    point = _per_seed_recl(raw, contexts, pairs, threshold)
     rng = np.random.default_rng(seed)
     _, doc_index = np.unique(np.asarray(documents), return_inverse=True)
     members = [np.flatnonzero(doc_index == k) for k in range(doc_index.max() + 1)]
-    reps, rep_fits = [], []
-    for _ in range(n_boot):
-        take = np.concatenate([members[k] for k in rng.integers(0, len(members), len(members))])
-        draw = {m: rng.integers(0, len(x), len(x)) for m, x in per_seed.items()}
-        _, s_stack, _ = _stack(_per_token(per_seed, draw, take), contexts)
-        fit = monotone(gains(s_stack, served, pairs, r_values))
-        rep_fits.append(fit)
-        reps.append(first_below(fit, served, contexts, pairs, threshold)[0])
-    if not reps:  # n_boot = 0: point values only
-        reps, rep_fits = np.full((1, *value.shape), np.nan), np.full((1, *fitted.shape), np.nan)
-    reps, rep_fits = np.stack(reps), np.stack(rep_fits)  # [B, n_r, n_m], [B, n_pairs, n_r, n_m]
-    c_of = [contexts[k] for k, _ in pairs]
-    cross = crossings(fitted, c_of, threshold)  # ([n_r, n_m], [n_r, n_m])
-    rep_cross = np.stack([crossings(f, c_of, threshold)[0] for f in rep_fits])  # [B, n_r, n_m]
-    a = (1 - level) / 2
-    with warnings.catch_warnings():  # cells that serve nothing have only NaN replicates
+    n_m, n_r, n_p = len(names), len(r_values), len(pairs)
+    reps, rep_cross = np.full((n_boot, n_r, n_m), np.nan), np.full((n_boot, n_r, n_m), np.nan)
+    rep_fits = np.full((n_boot, n_p, n_r, n_m), np.nan)
+    with warnings.catch_warnings():  # cells that serve nothing have only NaN values
         warnings.simplefilter("ignore", RuntimeWarning)
-        lo = np.nanquantile(reps, a, axis=0, method="lower")
-        hi = np.nanquantile(reps, 1 - a, axis=0, method="higher")
+        for b in range(n_boot):
+            take = np.concatenate([members[k] for k in rng.integers(0, len(members), len(members))])
+            found = _per_seed_recl(
+                seed_gains(per_seed, names, ref, served, pairs, r_values, take), contexts, pairs, threshold
+            )
+            for i, m in enumerate(names):
+                fit, value, _, cross, _ = found[m]
+                draw = rng.integers(0, value.shape[-1], value.shape[-1])  # the cell's seeds, resampled
+                reps[b, :, i] = value[:, draw].mean(-1)
+                rep_fits[b, :, :, i] = fit[:, :, draw].mean(-1)
+                rep_cross[b, :, i] = cross[:, draw].mean(-1)
+        if not n_boot:  # point values only: NaN intervals
+            reps, rep_cross, rep_fits = np.full((1, n_r, n_m), np.nan), np.full((1, n_r, n_m), np.nan), rep_fits[:1]
+            rep_fits = np.full((1, n_p, n_r, n_m), np.nan)
+        a = (1 - level) / 2
+        lo, hi = np.nanquantile(reps, [a, 1 - a], axis=0)
         band_lo, band_hi = np.nanquantile(rep_fits, [a, 1 - a], axis=0)
         cross_lo, cross_hi = np.nanquantile(rep_cross, [a, 1 - a], axis=0)
-    rows = [
-        {
-            "model": m,
-            "r": r,
-            "recl": value[j, i],
-            "censored": bool(censored[j, i]),
-            "recl_low": lo[j, i],
-            "recl_high": hi[j, i],
-            "crossing": cross[0][j, i],
-            "crossing_censored": bool(cross[1][j, i]),
-            "crossing_low": cross_lo[j, i],
-            "crossing_high": cross_hi[j, i],
-            "level": level,
-        }
-        for i, m in enumerate(names)
-        for j, r in enumerate(r_values)
-    ]
-    curves = [
-        {
-            "model": m,
-            "r": r,
-            "c": contexts[k],
-            "gain": g[p, j, i],
-            "fitted": fitted[p, j, i],
-            "band_low": band_lo[p, j, i],
-            "band_high": band_hi[p, j, i],
-        }
-        for p, (k, _) in enumerate(pairs)
-        for i, m in enumerate(names)
-        for j, r in enumerate(r_values)
-    ]
-    return ReclResult(pd.DataFrame(rows), pd.DataFrame(curves), reps, names, r_values)
+    rows, seeds, curves = [], [], []
+    for i, m in enumerate(names):
+        fit, value, censored, cross, cross_censored = point[m]
+        for j, r in enumerate(r_values):
+            rows.append(
+                {
+                    "model": m,
+                    "r": r,
+                    "recl": value[j].mean(),
+                    "censored": bool(censored[j].any()),
+                    "recl_low": lo[j, i],
+                    "recl_high": hi[j, i],
+                    "seeds": ", ".join(recl_text(v, bool(cs)) for v, cs in zip(value[j], censored[j])),
+                    "crossing": cross[j].mean(),
+                    "crossing_censored": bool(cross_censored[j].any()),
+                    "crossing_low": cross_lo[j, i],
+                    "crossing_high": cross_hi[j, i],
+                    "level": level,
+                }
+            )
+            seeds += [
+                {
+                    "model": m,
+                    "seed": s,
+                    "r": r,
+                    "recl": value[j, s],
+                    "censored": bool(censored[j, s]),
+                    "crossing": cross[j, s],
+                }
+                for s in range(value.shape[-1])
+            ]
+            curves += [
+                {
+                    "model": m,
+                    "r": r,
+                    "c": contexts[k],
+                    "c_next": contexts[k2],
+                    "gain": np.nanmean(raw[m][:, p, j]) if np.isfinite(raw[m][:, p, j]).any() else np.nan,
+                    "fitted": fit[p, j].mean(),
+                    "band_low": band_lo[p, j, i],
+                    "band_high": band_hi[p, j, i],
+                }
+                for p, (k, k2) in enumerate(pairs)
+            ]
+    return ReclResult(pd.DataFrame(rows), pd.DataFrame(curves), reps, names, r_values, per_seed=pd.DataFrame(seeds))
 
 
 def recl_text(value, censored: bool) -> str:
-    """'128', '>256' (above the grid: the gain stayed above the threshold), 'n/a'."""
+    """'128', '13.3' (a mean over seeds), '>256' (above the grid: the gain stayed above the threshold), 'n/a'."""
     if value is None or not np.isfinite(value):
         return "n/a"
-    return f">{int(value)}" if censored else str(int(value))
-
-
-def _seed_of(x: np.ndarray, s: int) -> np.ndarray:
-    """Seed s of a cell [n_seeds, ...], cycling when it has fewer seeds."""
-    return x[s % len(x)]
-
-
-def seed_gains(per_seed: dict[str, np.ndarray], contexts, *, delta=None, r: float = 1.0) -> dict[str, np.ndarray]:
-    """Gain curves of every seed, cell -> [n_seeds, n_pairs] leave-one-out gains g(c, c + delta) at ``r``: seed s
-    of a cell against seed s of each other cell, so that every curve has the noise of one model whatever the
-    number of seeds (``min`` is not linear: averaging seeds first lowers the noise, and moves the estimate).
-    Shapes as ``recl``; NaN where the cell cannot serve c or c + delta."""
-    pairs = _pairs(contexts, delta)
-    most = max(len(x) for x in per_seed.values())
-    out = {m: np.full((len(x), len(pairs)), np.nan) for m, x in per_seed.items()}
-    for s in range(most):
-        names, stack, served = _stack({m: _seed_of(x, s) for m, x in per_seed.items()}, contexts)
-        g = gains(stack, served, pairs, (r,))[:, 0]  # [n_pairs, n_m]
-        for i, m in enumerate(names):
-            if s < len(per_seed[m]):
-                out[m][s] = g[:, i]
-    return out
+    return (">" if censored else "") + f"{round(float(value), 1):g}"
 
 
 def area_per_token(
-    per_seed: dict[str, np.ndarray], contexts, *, delta=None, r: float = 1.0, c_max: int | None = None
+    per_seed: dict[str, np.ndarray], contexts, *, r: float = 1.0, c_max: int | None = None
 ) -> dict[str, np.ndarray]:
-    """The smooth estimand of memory: for every seed and scored token, its share of the area under the
-    leave-one-out log-gain curve up to ``c_max``, cell -> [n_seeds, n_tokens], so that the mean over tokens is
-    (step / delta) sum_c (f(c, c) - f(c, c + delta)) over the grid (the area, in nats; about the sum of the gains
-    over the increments, the same estimand at any grid step). Compare two cells with
-    ``stats.paired_difference(area[a], area[b], units)``: seeds and units, no threshold, no grid step. NaN
-    (a whole seed) where a cell cannot serve a pair up to c_max: pass the range both cells serve."""
+    """The smooth estimand of a cell's use of context: for every seed and scored token, its share of the capped
+    log-loss drop along the grid up to ``c_max``, cell -> [n_seeds, n_tokens], so that the mean over tokens is
+    sum_k f(c_k, c_k) - f(c_k, c_k+1) over consecutive grid points (nats: the sum of the leave-one-out log-gains,
+    the improvement from the first c to c_max as the other cells' best caps it; the same estimand at any grid
+    step, coarse past 2 L or not). The baseline: the other cells' first seeds (``reference``), so a seed's area
+    does not move when seeds are added. Compare two cells with ``stats.paired_difference(area[a], area[b],
+    units)``: seeds and units, no threshold. NaN (a whole seed) where a cell cannot serve a point up to c_max: pass
+    the range both cells serve."""
     contexts = list(contexts)
-    pairs = [(k, k2) for k, k2 in _pairs(contexts, delta) if c_max is None or contexts[k2] <= c_max]
+    pairs = [(k, k + 1) for k in range(len(contexts) - 1) if c_max is None or contexts[k + 1] <= c_max]
     if not pairs:
-        raise ValueError(f"no pair (c, c + delta) of {contexts} lies at or below c_max = {c_max}")
-    # a grid finer than delta holds delta / step overlapping pairs per increment: weigh each by step / delta,
-    # so that the area is the same estimand at any step
-    weight = (contexts[1] - contexts[0]) / (contexts[pairs[0][1]] - contexts[pairs[0][0]]) if len(contexts) > 1 else 1
-    most = max(len(x) for x in per_seed.values())
-    out = {m: np.zeros((len(x), x.shape[-1])) for m, x in per_seed.items()}
-    for s in range(most):
-        names, stack, served = _stack({m: _seed_of(x, s) for m, x in per_seed.items()}, contexts)
-        n_t = stack.shape[-1]
-        for i, m in enumerate(names):
-            if s >= len(per_seed[m]):
-                continue
-            for k, k2 in pairs:
-                others = served[:, k].copy()
-                others[i] = False
-                if not (served[i, k] and served[i, k2] and others.any()):
-                    out[m][s] = np.nan
-                    break
-                b = stack[others, k].min(0)
-                hard = np.argsort(-b, kind="stable")[: max(1, int(round(r * n_t)))]
-                h = np.minimum(b[hard], stack[i, k, hard]) - np.minimum(b[hard], stack[i, k2, hard])
-                out[m][s, hard] += h * weight * n_t / len(hard)
+        raise ValueError(f"no two contexts of {contexts} lie at or below c_max = {c_max}")
+    names, ref, served = _stack(reference(per_seed), contexts)
+    n_t = ref.shape[-1]
+    out = {m: np.zeros((len(x), n_t)) for m, x in per_seed.items()}
+    for i, m in enumerate(names):
+        x = np.asarray(per_seed[m], dtype=np.float64)
+        for k, k2 in pairs:
+            others = served[:, k].copy()
+            others[i] = False
+            if not (served[i, k] and served[i, k2] and others.any()):
+                out[m][:] = np.nan
+                break
+            b = ref[others, k].min(0)
+            hard = np.argsort(-b, kind="stable")[: max(1, int(round(r * n_t)))]
+            h = np.minimum(b[hard], x[:, k, hard]) - np.minimum(b[hard], x[:, k2, hard])
+            out[m][:, hard] += h * n_t / len(hard)
     return out
 
 
-def memory_areas(
-    per_seed: dict[str, np.ndarray], contexts, units, pairs, served, level: float = 0.95, delta: int | None = None
-) -> list:
-    """For each (a, b) of ``pairs`` (a cell with memory, the same without): the difference of their areas under
-    the log-gain curve (``area_per_token``, r = 1) up to the longest c both serve (``served``: cell -> the
-    contexts it serves), judged by ``stats.paired_difference`` over seeds and ``units`` [tokens]. Returns
-    [(a, b, c_max, Difference)]."""
+def memory_areas(per_seed: dict[str, np.ndarray], contexts, units, pairs, served, level: float = 0.95) -> list:
+    """For each (a, b) of ``pairs`` (a cell with memory, the same without): the difference of their areas
+    (``area_per_token``, r = 1) up to the longest c both serve (``served``: cell -> the contexts it serves), judged
+    by ``stats.paired_difference`` over seeds and ``units`` [tokens]. Returns [(a, b, c_max, Difference)]."""
     from .stats import paired_difference
 
     out = []
     for a, b in pairs:
         both = [c for c in contexts if c in served[a] and c in served[b]]
-        if len(both) < 2 or max(both) - min(both) < (delta or both[1] - both[0]):
-            continue  # no increment (c, c + delta) that both serve
+        if len(both) < 2:
+            continue  # no increment that both serve
         c_max = max(both)
-        area = area_per_token(per_seed, contexts, delta=delta, c_max=c_max)
+        area = area_per_token(per_seed, contexts, c_max=c_max)
         out.append((a, b, c_max, paired_difference(area[a], area[b], units, level)))
     return out
 
@@ -410,13 +406,10 @@ def from_dumps(paths, n_boot: int = 200, level: float = 0.95, delta: int | None 
     for d in loaded.values():
         cells.setdefault(d.meta["cell"], []).append(d.loss[:, d.scored])
     contexts = list(next(iter(grids)))
-    # the grid: the most common spacing (a run's own attention length may sit between its points)
+    # delta: the most common spacing of the grid (a run's own attention length may sit between its points)
     diffs, counts = np.unique(np.diff(contexts), return_counts=True)
-    step = int(diffs[counts.argmax()])
-    grid = [c for c in contexts if (c - contexts[-1]) % step == 0]
-    k = [contexts.index(c) for c in grid]
-    per_seed = {c: np.stack(v)[:, k] for c, v in cells.items()}
-    return recl(per_seed, grid, documents, delta=delta or step, n_boot=n_boot, level=level)
+    per_seed = {c: np.stack(v) for c, v in cells.items()}
+    return recl(per_seed, contexts, documents, delta=delta or int(diffs[counts.argmax()]), n_boot=n_boot, level=level)
 
 
 def main(argv=None) -> int:

@@ -237,6 +237,18 @@ def window_losses(
     return results
 
 
+def reads_offsets(model: MemoryTransformer) -> bool:
+    """Whether the model's outputs depend on the stream offset (positions counted since the episode began, as
+    ``global_sinusoid``'s): then a window whose positions pass the training episodes meets positions training
+    never showed it. One forward of a few tokens at two offsets (schemes are told apart by behaviour, not name)."""
+    device = next(model.parameters()).device
+    x = torch.arange(4, device=device)[None] % model.cfg.vocab_size
+    with evaluating(model), torch.inference_mode():
+        a = model(x, mems=None, offset=0, mem_len=0, same_length=False).logits
+        b = model(x, mems=None, offset=7, mem_len=0, same_length=False).logits
+    return not torch.allclose(a, b, rtol=0, atol=1e-5)
+
+
 def stream_rows(data, n_rows: int, row_len: int, start: int = 0) -> Tensor:
     """``n_rows`` contiguous, non-overlapping rows of ``row_len + 1`` tokens from a 1-D token array
     (the same layout as the ordered iterator: row b starts at ``start + b * stride``)."""
@@ -255,6 +267,7 @@ __all__ = [
     "CONTEXT_MODES",
     "StreamResult",
     "context_losses",
+    "reads_offsets",
     "evaluating",
     "iter_stream",
     "stream_losses",

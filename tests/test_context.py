@@ -128,3 +128,12 @@ def test_window_losses_equal_a_fresh_window_per_token_and_context(name):
             assert (got[c].offset == c).all()
     with pytest.raises(ValueError, match="score_start"):
         window_losses(model, tokens, [10], score_start=start, n_score=n)
+
+
+def test_reads_offsets_tells_the_schemes_that_count_stream_offsets():
+    """global_sinusoid's positions are stream offsets (a window past its training episodes meets positions it never
+    saw: the controlled-context dumps leave those windows out); sinusoid resets per segment, xl is relative."""
+    from posenc_lab.context import reads_offsets
+
+    assert reads_offsets(make_model(GLOBAL_SINUSOID))
+    assert not any(reads_offsets(make_model(name)) for name in (SINUSOID, LEARNED, XL, SHAW))

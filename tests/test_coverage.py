@@ -34,6 +34,7 @@ def test_the_pipeline_at_the_global_null_judges_the_preregistered_verdicts():
         "shaw_beats_absolute",
         "xl_memory_best",
         "only_xl_gains_from_attention",
+        "memory_extends_xl_context",
     ):
         assert df.loc[v, "judged"] == 1.0
     assert df.loc["recall_needs_memory", "judged"] == 0.0  # not simulated: the probe's own units

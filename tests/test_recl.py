@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posenc_lab_analysis.recl import first_below, gains, monotone, recl, recl_text
+from posenc_lab_analysis.recl import _stack, first_below, monotone, recl, recl_text, reference, seed_gains
 
 CONTEXTS = list(range(8, 129, 8))  # c = 8..128, delta 8
 N_TOKENS, DOC_LEN = 4096, 256
@@ -85,14 +85,14 @@ def test_the_monotone_fit_ignores_a_dip_in_a_noisy_curve():
 
 def test_a_model_alone_has_no_baseline_and_unserved_contexts_are_nan():
     rng = np.random.default_rng(3)
-    stack = np.stack([x[0] for x in group(rng).values()])
-    served = np.ones(stack.shape[:2], bool)
-    served[2, 5:] = False  # m2 cannot serve c >= 48
-    stack[2, 5:] = np.nan
-    g = gains(stack, served, [(4, 5), (5, 6)], (0.5,))
-    assert np.isnan(g[:, 0, 2]).all() and np.isfinite(g[:, 0, :2]).all()
-    alone = gains(stack[:1], served[:1], [(4, 5)], (0.5,))
-    assert np.isnan(alone).all()
+    g = group(rng)
+    g["m2"][:, 5:] = np.nan  # m2 cannot serve c >= 48
+    names, ref, served = _stack(reference(g), CONTEXTS)
+    found = seed_gains(g, names, ref, served, [(4, 5), (5, 6)], (0.5,))
+    assert np.isnan(found["m2"]).all() and all(np.isfinite(found[m]).all() for m in ("m0", "m1"))
+    alone = {"m0": g["m0"]}
+    names, ref, served = _stack(reference(alone), CONTEXTS)
+    assert np.isnan(seed_gains(alone, names, ref, served, [(4, 5)], (0.5,))["m0"]).all()
 
 
 def test_bootstrap_intervals_and_the_paired_difference_of_two_cells():
@@ -212,17 +212,32 @@ def test_the_area_under_the_gain_curve_resolves_a_small_memory_effect_and_holds_
     assert found >= 8 and false <= 2
 
 
-def test_per_seed_gain_curves_keep_one_models_noise_whatever_the_seeds():
-    """Seed-averaged losses have less noise with more seeds, so their capped gains move; the per-seed curves of
-    one seed and of three estimate the same curve."""
-    from posenc_lab_analysis.recl import seed_gains
+def test_a_seeds_recl_and_area_do_not_depend_on_how_many_seeds_any_cell_has():
+    """Each seed against the other cells' first seeds: a cell of 2 seeds or of 3, and another cell of 2 or 3,
+    give every seed the same RECL, crossing and area (issue 38: a cell's RECL must not depend on its seed count;
+    against seed means the baseline's noise fell with every seed added)."""
+    from posenc_lab_analysis.recl import area_per_token
 
     rng = np.random.default_rng(31)
-    g = _memory_group(rng, 0.0, seeds=3)
-    three = seed_gains(g, CONTEXTS, r=0.5)["flat"].mean(0)
-    one = seed_gains({m: x[:1] for m, x in g.items()}, CONTEXTS, r=0.5)["flat"][0]
-    assert seed_gains(g, CONTEXTS, r=0.5)["flat"].shape == (3, len(CONTEXTS) - 1)
-    assert np.abs(three - one).max() < 0.01 and abs(three.mean()) < 0.005
+    three = _memory_group(rng, 0.004, seeds=3)
+    two = {m: x[:2] for m, x in three.items()}
+    fewer_elsewhere = {**three, "without": three["without"][:2]}
+
+    def seeds(cells):
+        t = recl(cells, CONTEXTS, DOCS, n_boot=0, r_values=(0.5, 1.0)).per_seed
+        return t.set_index(["model", "seed", "r"])[["recl", "crossing"]]
+
+    full = seeds(three)
+    for fewer in (two, fewer_elsewhere):
+        part = seeds(fewer)
+        assert np.array_equal(full.loc[part.index].to_numpy(), part.to_numpy(), equal_nan=True)
+        area = area_per_token(fewer, CONTEXTS)
+        for m, x in area_per_token(three, CONTEXTS).items():
+            assert np.array_equal(x[: len(area[m])], area[m])
+    assert len(full) == 3 * 3 * 2 and (full["recl"] > CONTEXTS[0]).any()
+    # the cell's value is the mean of its seeds', which a third seed moves only by its own value
+    cell = recl(three, CONTEXTS, DOCS, n_boot=0, r_values=(1.0,)).table.set_index("model")["recl"]
+    assert cell["with"] == pytest.approx(full.xs(1.0, level="r").loc["with", "recl"].mean())
 
 
 def test_memory_areas_stop_at_the_longest_context_both_cells_serve():
@@ -281,22 +296,38 @@ def test_the_area_is_the_same_estimand_at_any_grid_step():
     for step in (8, 4):
         grid = np.array(range(8, 129, step))
         cells = {m: _knee_cell(rng, base, grid, k, seeds=1, noise=0.0) for m, k in (("a", 64), ("b", 32), ("c", 8))}
-        areas[step] = area_per_token(cells, list(grid), delta=8)["a"].mean()
+        areas[step] = area_per_token(cells, list(grid))["a"].mean()
     assert areas[8] > 0.5  # 7 increments of 0.1 nats, capped by the others' best
     assert areas[4] == pytest.approx(areas[8], rel=0.1)
 
 
-def test_a_grid_step_that_does_not_divide_delta_is_refused_by_name():
+def _context(**kw):
     from posenc_lab_analysis.dumps import ContextSettings
 
-    class Run:
-        segment_len = 32
+    values = dict(n_rows=1, n_score=1, delta=8, step=4, c_min=None, coarse_from=None, c_max=None, window_max=None)
+    return ContextSettings(**{**values, "n_boot": 50, "fraction": 0.01, **kw})
 
-    s = ContextSettings(n_rows=1, n_score=1, delta=8, step=3, c_min=None, c_max=64, window_max=None, n_boot=50)
+
+class _Run:
+    segment_len, mem_len, train_attention_length = 32, 32, 64
+
+
+def test_a_grid_step_that_does_not_divide_delta_is_refused_by_name():
     with pytest.raises(ValueError, match=r"context\.step must divide delta = 8.*got 3"):
-        s.grid([Run()])
-    s.step = 4
-    assert s.grid([Run()]) == list(range(8, 65, 4))
+        _context(step=3, c_max=64).grid([_Run()])
+    assert _context(c_max=64).grid([_Run()]) == list(range(8, 65, 4))
+
+
+def test_the_grid_reaches_four_times_the_attention_length_coarsely_past_2L():
+    """By default c runs to 4 (L + M) = 256: every 4 tokens up to 2 L = 64, then doubling, each coarse c with
+    c - delta beside it, so that RECL's gain g(c - delta, c) is measured there too; a window is evaluated as far
+    as the grid goes (window_max: None)."""
+    s = _context()
+    assert s.grid([_Run()]) == [*range(8, 65, 4), 120, 128, 248, 256]
+    assert s.evaluation([_Run()], "test").window_max == 256
+    assert _context(coarse_from=32, c_max=100).grid([_Run()]) == [*range(8, 33, 4), 56, 64, 92, 100]
+    with pytest.raises(ValueError, match="fraction must be in"):
+        _context(fraction=1.5)
 
 
 def test_hardest_tokens_are_the_first_of_a_stable_descending_sort_ties_included():

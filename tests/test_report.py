@@ -29,6 +29,7 @@ SHOWN = {
     "verdicts": ([], []),
     "table6": (["table_ablation"], []),
     "position": (["table_position_summary"], ["position/loss_by_position.png"]),
+    "effective_context": (["table_effective_context"], ["context_curves.png"]),
     "recl": (["table_recl"], ["recl_gain_curves.png"]),
     "extrapolation": (
         ["table_extrapolation", "table_not_applicable"],
@@ -107,10 +108,10 @@ def check_report(out: Path, without: tuple[str, ...] = ()) -> str:
 
 def test_tiny_ablation_report_has_every_section_table_and_figure(tiny):
     text = check_report(tiny)
-    assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 7
+    assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 8
     assert "## Held-out text" in text and "test split" in text
     verdicts = pd.read_csv(tiny / "report" / "table_verdicts.csv")
-    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 9
+    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 10
     positions = pd.read_csv(tiny / "report" / "table_position.csv")  # every cell at every position of L = 16
     assert positions.groupby("cell")["position"].apply(list).map(lambda p: p == list(range(16))).all()
     na = pd.read_csv(tiny / "report" / "table_not_applicable.csv")

@@ -152,6 +152,7 @@ def test_the_preregistered_file_parses_and_names_registered_schemes_only():
             "recall_beyond",
             "horizon_past",
             "position_gap",
+            "context_gain",
         )
         for comparison in item["compare"]:
             comparison = comparison["compare"] if isinstance(comparison, dict) else comparison

@@ -33,6 +33,8 @@ def table(res: ReclResult, step: int) -> pd.DataFrame:
                 row[f"interval_r{r:g}"] = f"[{low}, {high}]{narrow}"
             else:
                 row[f"interval_r{r:g}"] = "n/a"
+        for r in res.r_values:
+            row[f"seeds_r{r:g}"] = g[g["r"] == r].iloc[0]["seeds"]
         for r in res.r_values:  # descriptive: read between the grid points, judged by nothing
             h = g[g["r"] == r].iloc[0]
             row[f"crossing_r{r:g}"] = crossing_text(h, first)
@@ -88,11 +90,12 @@ def _memory_pairs(cells: dict[str, list[Run]]) -> list[tuple[str, str]]:
 def area_lines(res: ReclResult, step: int) -> list[str]:
     """The smooth estimand of memory (``recl.memory_areas``), one line per pair."""
     return [
-        f"Area under the gain curve (r = 1, c up to {c_max}, nats; over seeds and text units, "
+        f"Area under the gain curve (the capped log-loss drop along the grid, r = 1, c up to {c_max}, nats; "
+        "over seeds and text units, "
         f"`stats.paired_difference`) of {a} minus {b}: {d.text(4)}, one-sided p that memory gains more: "
         f"{p_text(d.p_value('>0'), d.df)}"
         + ("" if d.covers_seeds else " (one seed a cell: the text only)")
-        + f". The area sums the gains over the grid (step {step}): no threshold and no grid step in it, so it "
+        + ". The area sums the gains over consecutive grid points: no threshold and no grid step in it, so it "
         "resolves a difference that RECL's crossing cannot."
         for a, b, c_max, d in res.areas
     ]
@@ -114,31 +117,33 @@ class Recl(Section):
     def measure(self, ctx) -> ReclResult:
         g, context = ctx.group, ctx.shared.context
         at_c = g.at_contexts
-        ctx.log("  RECL (bootstrap over the text's units and seeds)")
-        contexts = next(iter(at_c.values())).contexts
-        k = [contexts.index(c) for c in g.grid]
-        per_seed = {
-            c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in runs]) for c, runs in g.cells.items()
-        }
+        ctx.log("  RECL (per seed; bootstrap over the text's units and seeds)")
+        per_seed = per_seed_losses(g)
         units = same_tokens(at_c)
         delta = context.gain_delta(g.runs)
         res = recl(per_seed, g.grid, units, delta=delta, n_boot=context.n_boot, level=ctx.shared.level)
+        res.per_seed["seed"] = [g.cells[m][i].seed for m, i in zip(res.per_seed["model"], res.per_seed["seed"])]
         served = {c: [x for x in g.grid if x not in at_c[runs[0].name].not_served] for c, runs in g.cells.items()}
-        res.areas = memory_areas(per_seed, g.grid, units, _memory_pairs(g.cells), served, ctx.shared.level, delta=delta)
+        res.areas = memory_areas(per_seed, g.grid, units, _memory_pairs(g.cells), served, ctx.shared.level)
         return res
 
     def render(self, ctx, res: ReclResult) -> Part:
         g, grid, level, n_boot = ctx.group, ctx.group.grid, ctx.shared.level, ctx.shared.context.n_boot
-        step, delta = grid[1] - grid[0], ctx.shared.context.gain_delta(g.runs)
+        step, delta = ctx.shared.context.fine_step(g.runs), ctx.shared.context.gain_delta(g.runs)
+        L = max(r.segment_len for r in g.runs)
+        fine_top = next((a for a, b in zip(grid, grid[1:]) if b - a != step), grid[-1])
         documents = same_tokens(g.at_contexts)
         paper_recl = ctx.report.paper.get("recl") or ()
         text = (
             f"RECL (Transformer-XL appendix C) of this group, from per-token losses at attention lengths c = "
-            f"{grid[0]}..{grid[-1]} (step {step}; the gain g(c, c + {delta})) on {len(documents):,} scored tokens of "
-            "the test split "
+            f"{', '.join(map(str, grid))} (every {step} tokens up to {fine_top}, then doubling to "
+            f"{grid[-1]}, past the training length L = {L}; the gain g(c, c + {delta})) on {len(documents):,} "
+            "scored tokens of the test split "
             f"in {len(np.unique(documents))} units (families, or documents): runs with memory use memory c with the "
             "same-length mask, runs "
-            f"without a sliding window of c tokens. One model per cell (its seeds' mean loss). Two changes to the "
+            f"without a sliding window of c tokens. Per seed: each run's gain curve against the other cells' first "
+            f"seeds, so that a seed's RECL does not change when any cell gets another seed; a cell's RECL is the "
+            f"mean of its seeds' (`seeds`: each one's; `recl_seeds.csv`). Two changes to the "
             f"paper's estimator, so that noise cannot fake a gain: the baseline of model m is the best of the *other* "
             f"models (leave-one-out: a model that gains nothing then gains nothing in expectation), and the gain "
             f"curve is fitted by a non-increasing function of c before the first c below 1% is read. '>c': the "
@@ -148,7 +153,11 @@ class Recl(Section):
             f"where the fitted curve crosses 1% by linear interpolation (descriptive: no verdict reads it; it has no "
             f"grid step in it, the first-below value has). Brackets: {level:.0%} percentile intervals of a "
             f"cluster bootstrap over the units and each cell's seeds ({n_boot} replicates; {seed_caveat(g.cells)}). "
-            f"Gain curves: `recl_curves.csv`."
+            f"Gain curves: `recl_curves.csv`. The group baseline caps each model by the others' best: a model much "
+            f"worse than the rest is capped on every token, so its RECL says how far it gains on the tokens where it "
+            f"beats them, not how far it uses context (it can read long while its own loss rises): read each model's "
+            f"own-baseline effective context (the effective-context section) for that, and RECL for the paper's "
+            f"comparison."
             + (" Paper (WikiText-103, Table 8, r = 0.1/0.5/1.0): " + ", ".join(paper_recl) + "." if paper_recl else "")
         )
         curves = res.curves[res.curves["r"].isin(R_VALUES)]
@@ -164,9 +173,10 @@ class Recl(Section):
                 Table(
                     "table_recl",
                     table(res, step),
-                    f"RECL in tokens per r (first c below 1%, step {step}), with {level:.0%} intervals over units and "
-                    "seeds; crossing: interpolated, descriptive",
+                    f"RECL in tokens per r (first c below 1%, the mean over seeds), with {level:.0%} intervals over "
+                    "units and seeds; crossing: interpolated, descriptive",
                 ),
+                Table("recl_seeds", res.per_seed, "RECL of every seed", show=False),
                 Table("recl_curves", res.curves, "gain curves with bands", show=False),
             ],
             [
@@ -178,3 +188,11 @@ class Recl(Section):
             ],
             findings,
         )
+
+
+def per_seed_losses(g) -> dict[str, np.ndarray]:
+    """cell -> [n_seeds, n_c, tokens] losses of its runs at the grid's contexts (NaN where not served)."""
+    at_c = g.at_contexts
+    contexts = next(iter(at_c.values())).contexts
+    k = [contexts.index(c) for c in g.grid]
+    return {c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in runs]) for c, runs in g.cells.items()}
