@@ -31,6 +31,10 @@ class PosencLabError(Exception):
     """An error raised on purpose, with a message that says what is wrong and what would do."""
 
 
+class RunDirError(PosencLabError, ValueError):
+    """The run directory cannot take this run; the message names the folder and the reason."""
+
+
 class ConfigError(PosencLabError, ValueError):
     """A config value is invalid; the message names the key (``optim.lr must be > 0, got -1.0``)."""
 

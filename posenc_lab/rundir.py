@@ -16,21 +16,16 @@ stretch of steps). A folder that holds files but no
 ``run.json`` is not a run and is refused. A run directory whose run.json was deleted is
 recognised by its checkpoint's config (its corpus is then taken as it is now).
 
-``.lock`` holds the pid and host of the process writing the run, under an OS lock (flock) that
-the kernel drops when the process dies: a second process is refused while the first runs, and a
-lock file left by a killed process is taken over (with a warning naming the dead pid).
+``.lock`` keeps a second process out (``runlock.RunLock``).
 """
 
 from __future__ import annotations
 
 import datetime
-import errno
-import fcntl
 import hashlib
 import logging
 import os
 import re
-import socket
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,15 +36,15 @@ import yaml
 
 from .checkpoints import read_checkpoint
 from .data import CORPORA, SPLITS, path_options
-from .errors import PosencLabError
+from .errors import RunDirError
 from .io import CorruptFileError, path_problem, read_json, write_json, write_text
+from .runlock import LOCK_FILE, RunLock, lock_not_a_file
 
 log = logging.getLogger("posenc_lab.rundir")
 
 # The corpus hash names the val split "valid", as it did before the split vocabulary was one: the
 # identities of existing runs stay valid.
 _HASHED_NAMES = {"val": "valid"}
-LOCK_FILE = ".lock"
 _WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what wandb takes as a run id
 FORMAT = 1
 
@@ -62,10 +57,6 @@ MODEL_NOT_IDENTITY = ("attention_impl",)
 OPTIM_NOT_IDENTITY = ("total_steps",)
 # trainer settings that change the updates (devices may change: the global batch stays the same)
 TRAINER_IDENTITY = ("gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches", "precision")
-
-
-class RunDirError(PosencLabError, ValueError):
-    """The run directory cannot take this run; the message names the folder and the reason."""
 
 
 def corpus_identity(corpus) -> dict[str, Any]:
@@ -324,7 +315,7 @@ class RunDir:
             )
         lock = self.path / self.LOCK
         if os.path.lexists(lock) and not lock.is_file():
-            raise RunDirError(_lock_not_a_file(lock))
+            raise RunDirError(lock_not_a_file(lock))
 
     def write_results(self, results: Results) -> Path:
         return write_json(self.results_file, asdict(results))
@@ -412,70 +403,3 @@ class RunDir:
 
     def lock(self) -> RunLock:
         return RunLock(self.path)
-
-
-def _lock_not_a_file(lock: Path) -> str:
-    what = "folder" if lock.is_dir() else "link to nothing" if lock.is_symlink() else "special file"
-    return f"{lock} is a {what}, not the run's lock file (posenc-lab writes it); remove it and rerun"
-
-
-class RunLock:
-    """``with RunLock(run_dir):`` -- this process alone writes the run (see the module docstring). ``key``: the
-    setting that named the folder, in the messages (another folder that one process writes: ``ablate.out``)."""
-
-    def __init__(self, run_dir: Path, key: str = "run_dir"):
-        self.path = Path(run_dir) / LOCK_FILE
-        self.key = key
-        self.fd: int | None = None
-
-    def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except (IsADirectoryError, FileNotFoundError):
-                raise RunDirError(_lock_not_a_file(self.path)) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise RunDirError(
-                        f"{self.key} {self.path.parent} is being written by another process ({holder}); "
-                        f"wait for it to finish or use another {self.key}"
-                    ) from None
-                raise RunDirError(
-                    f"cannot lock {self.path} ({e}); this file system does not support file "
-                    f"locks: put {self.key} on a local or lockable file system"
-                ) from e
-            try:  # the holder may have removed the file between our open and flock: lock the new one
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-        if previous:
-            log.warning(
-                "%s %s: taking over the lock left by a process that no longer runs (%s)",
-                self.key,
-                self.path.parent,
-                previous,
-            )
-        os.ftruncate(fd, 0)
-        os.pwrite(
-            fd,
-            f"pid {os.getpid()} on {socket.gethostname()} since "
-            f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(),
-            0,
-        )
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            self.path.unlink(missing_ok=True)
-            os.close(self.fd)
-            self.fd = None

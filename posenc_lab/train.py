@@ -33,7 +33,6 @@ import math
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import warnings
@@ -46,7 +45,6 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -57,12 +55,13 @@ from .checks import check, problems
 from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
 from .distributed import lost_process
-from .errors import STOP_SIGNALS, ConfigError, Interrupted, reported, stop_at_once
+from .errors import ConfigError, Interrupted, reported, stop_at_once
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .precision import check_precision
 from .resume import check_folders, check_resumable, checkpoint_state, resume_path
 from .rundir import Results, RunDir, RunDirError, absolute_paths, corpus_identity, run_identity
+from .slurm import in_slurm_job, requeue, stop_signals, submitit_signal
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
@@ -336,52 +335,16 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
 # ---- stop signals ------------------------------------------------------------------------------
 
 
-def stop_signals() -> tuple[int, ...]:
-    """errors.STOP_SIGNALS and, inside a SLURM job, the signals after which it is requeued: SIGUSR1 (Lightning's SLURM
-    auto-requeue signal, ``#SBATCH --signal=SIGUSR1@90``; handled here, so that Lightning's own handler, a save from
-    inside the signal handler, mid-step, into hpc_ckpt_N.ckpt, stays unset) and submitit's (hydra/launcher=slurm).
-    See docs/CLUSTERS.md."""
-    requeue = (signal.SIGUSR1,) if _in_slurm_job() else ()
-    return tuple(dict.fromkeys(STOP_SIGNALS + requeue + tuple(s for s in (_submitit_signal(),) if s)))
-
-
-def _submitit_signal() -> int | None:
-    """The signal the submitit launcher requeues its jobs on (USR2, or $SUBMITIT_PREEMPT_SIGNAL), in a job it
-    started; else None."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-        return None
-    return getattr(signal, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}", None)
-
-
-def _in_slurm_job() -> bool:
-    with warnings.catch_warnings():  # detect() warns when srun is installed but not used: Lightning says it later
-        warnings.simplefilter("ignore")
-        return SLURMEnvironment.detect()
-
-
-def _requeue() -> str:
-    """Requeue this SLURM job (``scontrol requeue``, as Lightning's auto-requeue does); what happened, in words."""
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ.get("SLURM_JOB_ID", "?")
-    try:
-        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"requeueing SLURM job {job} failed ({e}): resubmit it"
-    if done.returncode:
-        return f"requeueing SLURM job {job} failed ({done.stderr.strip()}): resubmit it"
-    return f"SLURM job {job} is requeued and continues from there"
-
-
 def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
     """The stop, with what was kept and how to continue (one line)."""
     run = RunDir(_run_dir(cfg))
     if e.quiet or rank_zero_only.rank != 0:
         return Interrupted(e.signum, str(e), quiet=True)
     kept = "" if e.saved else f"; newest checkpoint: {run.newest_checkpoint() or 'none yet'}"
-    if e.signum == _submitit_signal():
+    if e.signum == submitit_signal():
         return Interrupted(e.signum, f"{e}{kept}; submitit requeues the job, which continues from there")
-    if e.signum == signal.SIGUSR1 and _in_slurm_job():
-        return Interrupted(e.signum, f"{e}{kept}; {_requeue()}")
+    if e.signum == signal.SIGUSR1 and in_slurm_job():
+        return Interrupted(e.signum, f"{e}{kept}; {requeue()}")
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     command = shlex.join(["posenc-lab", "train", *[o for o in overrides if not o.startswith("run_dir=")]])
     return Interrupted(e.signum, f"{e}{kept}. Continue with: {command} run_dir={shlex.quote(str(run.path))}")
@@ -435,7 +398,7 @@ def _check_jobs(overrides: list[str]) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
-    submitit = _submitit_signal()
+    submitit = submitit_signal()
     requeue_by_submitit = signal.getsignal(submitit) if submitit else None  # before stop_at_once replaces it
     with reported("train"), stop_at_once(stop_signals()):
         try:

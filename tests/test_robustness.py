@@ -250,7 +250,7 @@ def test_a_second_process_is_refused_and_a_stale_lock_is_taken_over(tmp_path, ca
         holder.kill()  # like kill -9: the lock file stays behind
         holder.wait()
     assert f"pid {holder.pid}" in (run / ".lock").read_text()
-    with caplog.at_level("WARNING", logger="posenc_lab.rundir"):
+    with caplog.at_level("WARNING", logger="posenc_lab.runlock"):
         results = run_train(run, cache, steps=2)
     assert results["steps"] == 2 and f"pid {holder.pid}" in caplog.text and "no longer runs" in caplog.text
     assert not (run / ".lock").exists()
