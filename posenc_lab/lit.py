@@ -38,8 +38,9 @@ from .data import EVAL_SPLITS, SPLITS
 from .defaults import distance_buckets as default_buckets
 from .defaults import optim_defaults
 from .errors import PosencLabError
+from .memory import Memory, Recurrence
 from .metrics import EvalStats, figure, figure_name
-from .model import MemoryTransformer, ModelConfig, Recurrence
+from .model import MemoryTransformer, ModelConfig
 
 
 class NonFiniteLossError(PosencLabError, FloatingPointError):
@@ -143,7 +144,7 @@ class LitLM(L.LightningModule):
             self.model,
             batch["tokens"],
             batch["targets"],
-            reset=bool(batch["reset"]),
+            reset=batch["reset"],  # read on the device: no host sync
             offset=batch["offset"],
             loss_mask=batch["loss_mask"],
             **self._lengths(split),
@@ -164,7 +165,8 @@ class LitLM(L.LightningModule):
             for m in self._pending_train_mems:
                 b = m.shape[0] // world
                 mems.append(m[rank * b : (rank + 1) * b].to(self.device))
-            self.memory["train"].mems = mems or None
+            # saved as the valid slots only (the format of every version): back to mem_len static slots
+            self.memory["train"].memory = Memory.of(mems, self.model.mem_len) if mems else None
             self._pending_train_mems = None
         self._t_last = None
 
@@ -286,7 +288,8 @@ class LitLM(L.LightningModule):
         return self._wall_offset + (time.perf_counter() - t0 if t0 is not None else 0.0)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        mems = self.memory["train"].mems or []
+        memory = self.memory["train"].memory
+        mems = memory.valid_states() if memory is not None else []  # the valid slots: today's format, and older
         if self._pending_train_mems is not None:  # saved again before training resumed
             mems_global = self._pending_train_mems
         else:

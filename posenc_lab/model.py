@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .adaptive_softmax import AdaptiveSoftmax
 from .errors import shown
+from .memory import Memory, Recurrence  # noqa: F401 (Recurrence: imported from here by callers)
 from .positional import SCHEMES, Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
 from .positional.fused import IMPLS
@@ -147,7 +148,7 @@ class ModelConfig:
 @dataclass
 class ModelOutput:
     hidden: Tensor  # [B, L, D] the input of the output layer
-    mems: list[Tensor]  # n_layer x [B, M', D], detached
+    mems: list[Tensor] | Memory  # n_layer x [B, M', D], detached; a Memory (static, M slots) if one was given
     token_loss: Tensor | None = None  # [B, L] nats
     loss: Tensor | None = None  # scalar: mean over counted tokens
     counted: Tensor | None = None  # [B, L] bool: the tokens the loss counts (loss_mask and the recent cut)
@@ -311,6 +312,7 @@ class MemoryTransformer(nn.Module):
         device: torch.device,
         mem_len: int | None = None,
         same_length: bool | None = None,
+        valid: Tensor | None = None,
     ) -> Positions:
         """Queries at i = 0..L-1, keys at j = -M..L-1; key j visible to query i iff j <= i and, with
         same_length, i - j < W: W = mem_len + 1 keys ("mem_len+1") or W = mem_len ("mem_len", published).
@@ -326,11 +328,18 @@ class MemoryTransformer(nn.Module):
         if self.cfg.same_length if same_length is None else same_length:
             window = mem_len + (self.cfg.same_length_keys == "mem_len+1")
             visible &= k[None, :] > q[:, None] - window
+        if valid is not None:
+            visible &= valid[None, :]
         if self.cfg.random_positions is None:
-            return Positions(q=q, k=k, offset=offset, visible=visible)
+            return Positions(q=q, k=k, offset=offset, visible=visible, valid=valid)
         self._check_random_positions(M + L)
         k = torch.randperm(self.cfg.random_positions, device=device)[: M + L].sort().values  # ordered subset of [0, P)
-        return Positions(q=k[M:], k=k, offset=offset, visible=visible, consecutive=False)
+        return Positions(q=k[M:], k=k, offset=offset, visible=visible, consecutive=False, valid=valid)
+
+    def empty_memory(self, batch: int, slots: int, device: torch.device) -> Memory:
+        """A static memory of ``slots`` slots per layer, none valid: what a stream starts with."""
+        D, dtype = self.cfg.d_model, self.embedding.weight.dtype
+        return Memory.empty(self.cfg.n_layer, batch, slots, D, dtype, device)
 
     def scored(self, loss_mask: Tensor) -> Tensor:
         """[B, L] bool: the tokens the loss counts, ``loss_mask`` and, with ``loss_recent_frac`` < 1 (the
@@ -345,14 +354,15 @@ class MemoryTransformer(nn.Module):
         self,
         tokens: Tensor,
         targets: Tensor | None = None,
-        mems: list[Tensor] | None = None,
+        mems: list[Tensor] | Memory | None = None,
         offset: int | Tensor = 0,
         loss_mask: Tensor | None = None,
         return_attention: bool = False,
         mem_len: int | None = None,
         same_length: bool | None = None,
     ) -> ModelOutput:
-        """tokens, targets: [B, L] int64; mems: n_layer x [B, M, D] or None/[] (no memory yet);
+        """tokens, targets: [B, L] int64; mems: n_layer x [B, M, D] (all valid) or None/[] (no memory yet), or a
+        ``Memory`` (M slots, some maybe not yet valid: the static memory of ``Recurrence``; the output's is one too);
         offset: stream offset s of tokens[:, 0], int or [B]; loss_mask: [B, L] bool (True = counted).
         mem_len (states kept per layer for the next segment) and same_length: None is the config's;
         evaluation at other lengths passes its own."""
@@ -360,7 +370,8 @@ class MemoryTransformer(nn.Module):
         if (self.cfg.same_length if same_length is None else same_length) and mem_len < 1:
             raise ValueError("same_length=true needs mem_len >= 1 (each query sees mem_len + 1 keys)")
         B, L = tokens.shape
-        mems = mems or []
+        memory = mems if isinstance(mems, Memory) else None
+        mems = memory.states if memory is not None else (mems or [])
         if mems and (len(mems) != len(self.blocks) or mems[0].shape[0] != B):
             raise ValueError(
                 f"memory holds {len(mems)} layers x batch {mems[0].shape[0]}, "
@@ -369,16 +380,20 @@ class MemoryTransformer(nn.Module):
         M = mems[0].shape[1] if mems else 0
         if not torch.is_tensor(offset):
             offset = torch.full((B,), int(offset), dtype=torch.long)
-        pos = self.positions(L, M, offset.to(tokens.device), tokens.device, mem_len, same_length)
+        valid = None if memory is None else F.pad(memory.valid, (0, L), value=True)  # [M + L] keys that exist
+        pos = self.positions(L, M, offset.to(tokens.device), tokens.device, mem_len, same_length, valid)
 
         h = self.drop(self.scheme.embed(self.embedding(tokens) * self.emb_scale, pos))  # h^0
         new_mems, attention = [], ([] if return_attention else None)
         for layer, block in enumerate(self.blocks):
-            context = torch.cat([mems[layer].detach(), h], dim=1) if mems else h  # h~ = [SG(mem) ; h]
+            context = torch.cat([mems[layer].detach().to(h.dtype), h], dim=1) if mems else h  # h~ = [SG(mem) ; h]
             if mem_len > 0:  # this layer's inputs, newest last, at most mem_len, stop-gradient
                 new_mems.append(context[:, -mem_len:].detach())
             h = block(h, context, self.scheme, layer, pos, attention)
         h = self.final_drop(self.ln_out(h))
+        if memory is not None and new_mems:  # static: mem_len slots, padded in front with invalid ones if short
+            short = max(mem_len - M - L, 0)
+            new_mems = Memory([F.pad(m, (0, 0, short, 0)) for m in new_mems], F.pad(valid[-mem_len:], (short, 0)))
 
         adaptive = isinstance(self.head, AdaptiveSoftmax)
         out = ModelOutput(
@@ -396,24 +411,4 @@ class MemoryTransformer(nn.Module):
                 torch.ones_like(targets, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
             )
             out.loss = (out.token_loss * out.counted).sum() / out.counted.sum().clamp(min=1)
-        return out
-
-
-class Recurrence:
-    """The memory of one set of parallel streams from segment to segment: the one loop step that training,
-    validation, test and the analyses (``posenc_lab.context``) share. ``reset`` drops the memory first
-    (an episode starts); the new memory is kept for the next segment."""
-
-    def __init__(self) -> None:
-        self.mems: list[Tensor] | None = None
-
-    def clear(self) -> None:
-        self.mems = None
-
-    def step(
-        self, model: MemoryTransformer, tokens: Tensor, targets: Tensor | None = None, *, reset: bool = False, **kwargs
-    ) -> ModelOutput:
-        """tokens, targets: [B, L]; kwargs: the rest of ``MemoryTransformer.forward`` (offset, loss_mask, ...)."""
-        out = model(tokens, targets, mems=None if reset else self.mems, **kwargs)
-        self.mems = out.mems or None
         return out

@@ -127,12 +127,15 @@ def _batch(reset=False, B=2, L=3, V=10, distance=None):
 def test_memory_is_kept_per_split_and_dropped_on_reset():
     lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=4, dropout=0.0))
     lit.forward_segment(_batch(True), "train")
-    assert lit.memory["train"].mems[0].shape == (2, 3, 16) and lit.memory["val"].mems is None
+    memory = lit.memory["train"].memory  # static: always mem_len slots, the valid ones a suffix
+    assert memory.states[0].shape == (2, 4, 16) and memory.valid.tolist() == [False, True, True, True]
+    assert lit.memory["val"].memory is None
     lit.forward_segment(_batch(False), "train")
-    assert lit.memory["train"].mems[0].shape == (2, 4, 16)  # grows to mem_len
-    assert not lit.memory["train"].mems[0].requires_grad
+    memory = lit.memory["train"].memory
+    assert memory.states[0].shape == (2, 4, 16) and memory.valid.all()  # filled up to mem_len
+    assert not memory.states[0].requires_grad
     lit.forward_segment(_batch(True), "train")  # reset: memory dropped first
-    assert lit.memory["train"].mems[0].shape == (2, 3, 16)
+    assert lit.memory["train"].memory.valid.tolist() == [False, True, True, True]
 
 
 def test_evaluation_lengths_go_to_the_forward_pass_not_into_the_model():
@@ -141,7 +144,8 @@ def test_evaluation_lengths_go_to_the_forward_pass_not_into_the_model():
     for _ in range(3):
         lit.forward_segment(_batch(), "val")
         lit.forward_segment(_batch(), "train")
-    assert lit.memory["val"].mems[0].shape == (2, 2, 16) and lit.memory["train"].mems[0].shape == (2, 4, 16)
+    assert lit.memory["val"].memory.states[0].shape == (2, 2, 16)
+    assert lit.memory["train"].memory.states[0].shape == (2, 4, 16)
     assert lit.model.mem_len == 4 and not lit.model.same_length  # the model is as trained
     with pytest.raises(ValueError, match="same_length=true needs mem_len >= 1"):
         lit.evaluate_at(mem_len=0, same_length=True)

@@ -55,6 +55,9 @@ class Positions:
     consecutive: True when the keys sit one position apart (k = -M..L-1, q = its last L), the layout the
     relative shift and the per-distance tables of ``fused.py`` index by; False under ``model.random_positions``
     (an ordered random subset with gaps: k[0] < k[1] < ... < k[N-1], q = k[M:]).
+    valid: [N] bool, the keys that exist: a static memory's slots not yet filled since the episode began are not
+    (``posenc_lab.memory``); already out of ``visible``, and a scheme that accumulates over keys gives them no
+    share either. None: every key exists.
     """
 
     q: Tensor
@@ -62,6 +65,7 @@ class Positions:
     offset: Tensor
     visible: Tensor
     consecutive: bool = True
+    valid: Tensor | None = None
 
     @property
     def distance(self) -> Tensor:
@@ -70,7 +74,7 @@ class Positions:
 
     def shifted(self, by: int) -> Positions:
         """The same segment with every position moved by ``by`` (for invariance tests)."""
-        return Positions(self.q + by, self.k + by, self.offset + by, self.visible, self.consecutive)
+        return Positions(self.q + by, self.k + by, self.offset + by, self.visible, self.consecutive, self.valid)
 
     @property
     def max_distance(self) -> int:

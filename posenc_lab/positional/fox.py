@@ -62,4 +62,7 @@ class FoX(PositionalScheme):
     def score_bias(self, layer: int, pos: Positions, context: Tensor | None = None) -> CumulativeBias:
         if context is None:
             raise ValueError("fox: the forget gates come from the layer's input; attend needs context=[B, N, D]")
-        return CumulativeBias(self.log_gates(layer, context).cumsum(-1))  # F_t; D_ij = F_i - F_j
+        log_gates = self.log_gates(layer, context)
+        if pos.valid is not None:  # a static memory's empty slots: no gate, so F over the keys that exist
+            log_gates = log_gates.masked_fill(~pos.valid, 0.0)
+        return CumulativeBias(log_gates.cumsum(-1))  # F_t; D_ij = F_i - F_j

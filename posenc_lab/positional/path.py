@@ -136,10 +136,13 @@ class PaTH(PositionalScheme):
         proj = 2 * N * D * ((D if self.w_rank is None else 2 * self.w_rank) + H)
         return proj + N * (8 * C * D + 2 * D * d_h) + L * (4 * C * D + 2 * C * C * H + 2 * D * d_h * N / C)
 
-    def transforms(self, layer: int, context: Tensor) -> tuple[Tensor, Tensor]:
-        """context: [B, N, D] -> (w [B, H, N, d_h] unit, beta [B, H, N]), fp32."""
+    def transforms(self, layer: int, context: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """context: [B, N, D] -> (w [B, H, N, d_h] unit, beta [B, H, N]), fp32; valid: [N] bool, the keys that exist
+        (None: all): the others get w = 0, H = I, and the convolution sees zeros there, as before a stream's start."""
         B, N, _ = context.shape
         w = self.w[layer](context)
+        if valid is not None:
+            w = w * valid[:, None].to(w.dtype)
         if self.short_conv:  # causal: position t sees t-2, t-1, t (zeros before the first)
             w = F.silu(F.conv1d(F.pad(w.transpose(1, 2), (2, 0)), self.conv[layer].weight, groups=w.shape[-1]))
             w = w.transpose(1, 2)
@@ -147,17 +150,17 @@ class PaTH(PositionalScheme):
         beta = 2 * torch.sigmoid(self.beta[layer](context).float()).transpose(1, 2)
         return w, beta
 
-    def _inputs(self, layer: int, q: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _inputs(self, layer: int, q: Tensor, context: Tensor | None, pos: Positions) -> tuple[Tensor, Tensor, Tensor]:
         """(q / sqrt(d_h), w, beta) in fp32 (a triangular solve per chunk: no bf16 kernel)."""
         if context is None:
             raise ValueError("path: the transforms come from the layer's input; attend needs context=[B, N, D]")
-        w, beta = self.transforms(layer, context)
+        w, beta = self.transforms(layer, context, pos.valid)
         return (q * q.shape[-1] ** -0.5).float(), w, beta
 
     def attention_probs(
         self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
     ) -> Tensor:
-        q, w, beta = self._inputs(layer, q, context)
+        q, w, beta = self._inputs(layer, q, context, pos)
         with torch.autocast(q.device.type, enabled=False):
             scores = path_scores(q, k.float(), w, beta) + mask_to_bias(pos.visible, torch.float32)
         return torch.softmax(scores, dim=-1).to(k.dtype)
@@ -176,7 +179,7 @@ class PaTH(PositionalScheme):
         visible, so they are neither computed nor normalised), the mask added only to blocks it does not leave
         whole, one product with the matching keys' values."""
         L, N = q.shape[2], k.shape[2]
-        q, w, beta = self._inputs(layer, q, context)
+        q, w, beta = self._inputs(layer, q, context, pos)
         with torch.autocast(q.device.type, enabled=False):
             rows, front = path_rows(q, k.float(), w, beta)
             C = rows[0].shape[-2]
