@@ -22,6 +22,7 @@ the optimizer and its schedule: ``optim.py``.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -30,11 +31,13 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from torch import Tensor, nn
 
 from . import optim as optimizer
 from .checkpoints import CheckpointError, checkpoint_health, good_checkpoint, read_checkpoint
 from .data import EVAL_SPLITS, SPLITS
+from .data.registry import ANSWER_CORPORA
 from .defaults import distance_buckets as default_buckets
 from .defaults import optim_defaults
 from .errors import PosencLabError
@@ -45,6 +48,14 @@ from .model import MemoryTransformer, ModelConfig
 
 class NonFiniteLossError(PosencLabError, FloatingPointError):
     """The training loss became NaN or infinite; raised before the optimizer step."""
+
+
+class LoggedStepBar(TQDMProgressBar):
+    """Lightning's progress bar, showing the training figures of the last logged step (``LitLM.shown``, read there):
+    a figure logged to the bar is read from the device at every step after, a host sync."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        return {**super().get_metrics(trainer, pl_module), **getattr(pl_module, "shown", {})}
 
 
 def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = None) -> LitLM:
@@ -91,6 +102,11 @@ class LitLM(L.LightningModule):
         self.eval_results: dict[str, dict[str, Any]] = {}  # the last val / test figures, plain floats
         self.train_tokens = 0  # global tokens consumed by training
         self._t_last: float | None = None
+        self._tokens_last = 0  # train_tokens at _t_last
+        self._first_bad: Tensor | None = None  # (step, batch index, loss) of a non-finite loss, on the device
+        self._acc_counts: Tensor | None = None  # (correct, answered) since the last logged step, on the device
+        self.shown: dict[str, float] = {}  # the training figures of the last logged step, for the progress bar
+        self._answers = True  # the corpus carries recall answers (set from the datamodule; unknown: True)
         self._wall_offset = 0.0  # fit seconds before this invocation (from the checkpoint)
         self.stretches: list[dict[str, Any]] = []  # the schedules of the steps before this invocation (checkpoint)
         self.plan: dict[str, Any] | None = None  # the schedule of this invocation (optim.schedule)
@@ -120,6 +136,8 @@ class LitLM(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if datamodule is not None and getattr(datamodule, "name", None) is not None:
+            self._answers = datamodule.name in ANSWER_CORPORA
         if datamodule is not None and hasattr(datamodule, "lengths"):
             splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
             self.check_data(datamodule, splits)
@@ -170,10 +188,22 @@ class LitLM(L.LightningModule):
             self._pending_train_mems = None
         self._t_last = None
 
+    def on_train_end(self) -> None:
+        self._check_finite()  # the steps since the last logged one
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         torch.manual_seed(self._step_seed(batch_idx))  # dropout noise depends on (seed, step, rank) only
 
+    def _log_step(self) -> bool:
+        """True on the steps whose metrics Lightning logs (every ``trainer.log_every_n_steps``): the only steps that
+        read anything from the device. Outside a trainer (a bare call): every step."""
+        if self._trainer is None:
+            return True
+        return self.trainer._logger_connector.should_update_logs
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """No host sync (tests/test_no_host_sync.py): the finite check and the recall accuracy accumulate on the
+        device and are read every ``log_every_n_steps`` steps; the loss and figure are read by Lightning then."""
         out = self.forward_segment(batch, "train")
         loss = out.loss
         world = self.trainer.world_size
@@ -184,32 +214,67 @@ class LitLM(L.LightningModule):
             n_local = out.counted.sum().float()
             n_global = self.trainer.strategy.reduce(n_local.clone(), reduce_op="sum")
             loss = loss * n_local * world / n_global.clamp(min=1.0)
-        finite = bool(torch.isfinite(loss))
-        if world > 1:
-            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
-        if not finite:
-            raise NonFiniteLossError(self._non_finite_message(loss, batch_idx))
+        self._watch_finite(loss.detach(), batch_idx)
+        log_step = self._log_step()
+        if log_step:  # before this step's update
+            self._check_finite()
 
         B, L_ = batch["tokens"].shape
         self.train_tokens += B * L_ * world
-        logs = {"train/loss": loss, f"train/{self.metric}": figure(loss.detach(), self.unit)}
-        answered = batch["loss_mask"] & (batch["distance"] >= 0)
-        # argmax only where there are answers: an adaptive softmax builds full-vocabulary scores for it
-        correct = (out.logits.detach().argmax(-1) == batch["targets"]) & answered if answered.any() else answered
-        counts = torch.stack([correct.sum(), answered.sum()]).float()
-        if world > 1:  # every rank must take the same decision below (a collective inside log)
-            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        self.log_dict(logs, prog_bar=True, sync_dist=world > 1, batch_size=B)
-        if counts[1] > 0:
-            self.log("train/acc", counts[0] / counts[1], batch_size=B)
+        if log_step:  # not to the progress bar: Lightning reads its values at every step after (LoggedStepBar)
+            logs = {"train/loss": loss, f"train/{self.metric}": figure(loss.detach(), self.unit)}
+            self.log_dict(logs, sync_dist=world > 1, batch_size=B)
+            self.shown = dict(zip(logs, torch.stack([v.detach().float() for v in logs.values()]).tolist()))
+        if self._answers:  # argmax only for a corpus with answers: an adaptive softmax builds full-vocabulary scores
+            answered = batch["loss_mask"] & (batch["distance"] >= 0)
+            correct = (out.logits.detach().argmax(-1) == batch["targets"]) & answered
+            counts = torch.stack([correct.sum(), answered.sum()]).float()
+            self._acc_counts = counts if self._acc_counts is None else self._acc_counts + counts
+        if log_step and self._acc_counts is not None:  # the answers since the last logged step
+            counts, self._acc_counts = self._acc_counts, None
+            if world > 1:  # every rank takes the same decision below (a collective inside log)
+                counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+            correct, answered = counts.tolist()
+            if answered > 0:
+                self.log("train/acc", correct / answered, batch_size=B)
         return loss
 
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Lightning's own progress bar (if the trainer has one) replaced by ``LoggedStepBar``."""
+        bar = self._trainer.progress_bar_callback if self._trainer is not None else None
+        if type(bar) is not TQDMProgressBar:
+            return []
+        return [LoggedStepBar(refresh_rate=bar.refresh_rate, process_position=bar.process_position, leave=bar._leave)]
+
+    def _watch_finite(self, loss: Tensor, batch_idx: int) -> None:
+        """Keep (step, batch index, loss) of the first non-finite loss since the last check, on the device."""
+        now = torch.stack([torch.full_like(loss, self.global_step), torch.full_like(loss, batch_idx), loss]).float()
+        if self._first_bad is None:
+            self._first_bad = torch.full_like(now, float("inf"))  # step inf: none yet
+        fresh = ~torch.isfinite(loss) & torch.isinf(self._first_bad[0])
+        self._first_bad = torch.where(fresh, now, self._first_bad)
+
+    def _check_finite(self) -> None:
+        """Raise NonFiniteLossError if a loss since the last check was not finite (one host read)."""
+        if self._first_bad is None:
+            return
+        first = self._first_bad
+        if self.trainer.world_size > 1:  # every rank must take the same decision
+            first = torch.cat([self.trainer.strategy.reduce(first[:2].clone(), reduce_op="min"), first[2:]])
+        step, batch_idx, loss = first.tolist()
+        if math.isfinite(step):
+            raise NonFiniteLossError(self._non_finite_message(loss, int(step), int(batch_idx)))
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """lr, tokens and tokens/s (over the steps since the last logged one) at the logged steps only: a number
+        logged is a tensor made on the device, a copy that waits for it."""
+        if not self._log_step():
+            return
         now = time.perf_counter()
         if self._t_last is not None:
-            tokens = batch["tokens"].numel() * self.trainer.world_size
+            tokens = self.train_tokens - self._tokens_last
             self.log("train/tokens_per_s", tokens / max(now - self._t_last, 1e-9), batch_size=1)
-        self._t_last = now
+        self._t_last, self._tokens_last = now, self.train_tokens
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
         self.log("train/tokens", float(self.train_tokens), batch_size=1)
 
@@ -322,7 +387,7 @@ class LitLM(L.LightningModule):
         if self._trainer is not None and checkpoint.get("hyper_parameters", {}).get("optim") != self.hparams.optim:
             optimizer.use_settings(checkpoint, self.optim, self._schedule())
 
-    def _non_finite_message(self, loss: Tensor, batch_idx: int) -> str:
+    def _non_finite_message(self, loss: float, step: int, batch_idx: int) -> str:
         directory = getattr(self.trainer.checkpoint_callback, "dirpath", None)
         good = good_checkpoint(directory) if directory else None
         where = (
@@ -332,7 +397,8 @@ class LitLM(L.LightningModule):
             else "No good checkpoint was saved before it (lower checkpoint_every to keep more)"
         )
         return (
-            f"non-finite training loss ({loss.item()}) at step {self.global_step} (batch index {batch_idx}); "
-            f"stopped before the update. {where}. Try a lower optim.lr, longer optim.warmup_steps or "
+            f"non-finite training loss ({loss}) at step {step} (batch index {batch_idx}); stopped at step "
+            f"{self.global_step}, before its update (the loss is checked every trainer.log_every_n_steps). {where}. "
+            f"Try a lower optim.lr, longer optim.warmup_steps or "
             f"trainer.gradient_clip_val."
         )
