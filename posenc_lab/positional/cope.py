@@ -51,9 +51,8 @@ class _CountedScores(torch.autograd.Function):
             count.clamp_(max=P)
         index = count.long()  # floor p (p >= 0)
         w = count.sub_(index)  # p - floor p
-        slope = torch.empty_like(z, dtype=torch.float32)  # z_i[n + 1] - z_i[n]; 0 at n = P, where w = 0
-        torch.sub(z[..., 1:], z[..., :-1], out=slope[..., :-1])
-        slope[..., -1] = 0
+        # z_i[n + 1] - z_i[n]; 0 at n = P, where w = 0 (no out= into a slice: torch.compile cannot trace one)
+        slope = F.pad((z[..., 1:] - z[..., :-1]).float(), (0, 1))
         slope_at = slope.gather(-1, index)
         scores = z.float().gather(-1, index).add_(content).addcmul_(w, slope_at)
         ctx.save_for_backward(gates, index, w, slope_at)

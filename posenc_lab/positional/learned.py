@@ -51,7 +51,8 @@ class Learned(PositionalScheme):
         self._check(segment_len - 1)
 
     def embed(self, h: Tensor, pos: Positions) -> Tensor:
-        self._check(int(pos.q.max()))
+        # consecutive: q = 0..L-1, read from the shape (no host read of the device, no graph break)
+        self._check(pos.q.shape[0] - 1 if pos.consecutive else int(pos.q.max()))
         index = pos.q.clamp(max=self.max_positions - 1)
         return h + self.table[index].to(h.dtype)  # + P[i]
 

@@ -30,7 +30,8 @@ A_ta = beta_t w_t . w_a for a < t and T = (I + A)^{-1} (a triangular solve):
 
 so the cost is that of attention's scores plus one such product per pair of chunks. The softmax runs row by row of
 query chunks, over the keys up to the row's own chunk (later keys are never visible: neither computed nor
-normalised), with the mask added only to the blocks it does not leave whole. With memory the transforms of
+normalised), the mask added to each row whole (choosing the blocks that need it would read the mask on the host
+every step, a sync and a graph break). With memory the transforms of
 memory positions come from the memory's own states (the memory holds each layer's input) and the product runs
 back through them: a segment with memory scores as the same tokens at the end of one long run. One boundary: the
 convolution of the first two memory positions sees zeros where a longer run would see the tokens before the
@@ -176,8 +177,8 @@ class PaTH(PositionalScheme):
         context: Tensor | None = None,
     ) -> Tensor:
         """Row by row of query chunks: each row's softmax over its keys up to its own chunk (later keys are never
-        visible, so they are neither computed nor normalised), the mask added only to blocks it does not leave
-        whole, one product with the matching keys' values."""
+        visible, so they are neither computed nor normalised), the mask added, one product with the matching keys'
+        values."""
         L, N = q.shape[2], k.shape[2]
         q, w, beta = self._inputs(layer, q, context, pos)
         with torch.autocast(q.device.type, enabled=False):
@@ -186,18 +187,10 @@ class PaTH(PositionalScheme):
             back = len(rows) * C - L
             visible = F.pad(pos.visible, (front, back, 0, back))  # padding keys invisible; padding queries
             visible[L:, front + N :] = True  # (discarded) see their padding keys, so that no row is empty
-            whole = visible.view(len(rows), C, -1, C).all(dim=3).all(dim=1).tolist()  # [query chunk][key chunk]
             values = F.pad(v.float(), (0, 0, front, back))
             out = []
             for c, row in enumerate(rows):
-                blocks = row.split(C, dim=-1)
-                if not all(whole[c][: len(blocks)]):  # else the row is seen whole: no mask to add
-                    seen = visible[c * C : (c + 1) * C]
-                    blocks = [
-                        block if whole[c][kc] else block + mask_to_bias(seen[:, kc * C : (kc + 1) * C], block.dtype)
-                        for kc, block in enumerate(blocks)
-                    ]
-                    row = torch.cat(blocks, dim=-1)
+                row = row + mask_to_bias(visible[c * C : (c + 1) * C, : row.shape[-1]], row.dtype)
                 probs = torch.softmax(row, dim=-1)
                 if dropout_p > 0:
                     probs = F.dropout(probs, dropout_p)

@@ -154,7 +154,9 @@ class Shaw(PositionalScheme):
         n = min(K, N)
         a_key = self.a_key[layer].to(q.dtype)
         q = q * scale  # 1/sqrt(d_h) applied to [L, d_h], not to [L, N]
-        if not pos.consecutive:  # gaps (model.random_positions): each pair gathers q_i . (a^K_b - a^K_0), b its row
+        # gaps (model.random_positions), or compiling (torch.compile traces neither the in-place autograd functions
+        # below nor their as_strided views): each pair gathers q_i . (a^K_b - a^K_0), b its row
+        if not pos.consecutive or torch.compiler.is_compiling():
             rows = (q @ (a_key - a_key[0]).T).gather(-1, self.buckets(pos).expand(*q.shape[:-1], N))
             return q @ (k + a_key[0]).transpose(-1, -2) + rows + mask_to_bias(pos.visible, q.dtype)
         # distance d < K reads a^K_{K-d} instead of the far row: q_i . (a^K_{K-d} - a^K_0) / sqrt(d_h) onto
@@ -191,7 +193,9 @@ class Shaw(PositionalScheme):
         # CUDA autocast keeps the softmax in fp32; the product with v runs in v's dtype anyway, and the
         # hand-written backward needs all three in one dtype
         probs, a_value = probs.to(v.dtype), self.a_value[layer].to(v.dtype)
-        if not pos.consecutive:  # gaps: sum the probabilities per row b, then z_i = sum_j p_ij v_j + sum_b P_ib a^V_b
+        if (
+            not pos.consecutive or torch.compiler.is_compiling()
+        ):  # (as in scores) sum the probabilities per row b, then z_i = sum_j p_ij v_j + sum_b P_ib a^V_b
             per_row = probs.new_zeros(*probs.shape[:-1], 2 * K + 1)
             return probs @ v + per_row.scatter_add_(-1, self.buckets(pos).expand_as(probs), probs) @ a_value
         # z_i = sum_j p_ij v_j + sum_b P_ib a^V_b, with the bucket sums P_ib written as
