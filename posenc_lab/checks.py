@@ -32,7 +32,7 @@ from .data import CORPORA, EVAL_SPLITS, check_corpus_options, option_problems
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, shown
 from .model import ModelConfig
-from .positional import build_scheme
+from .positional import SCHEMES, build_scheme
 from .precision import POLICIES as BF16_POLICIES
 
 COMMANDS = ("train", "eval", "sweep")
@@ -130,6 +130,7 @@ TRAIN_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "metrics.distance_buckets": _buckets,
 }
 EVAL_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "compile": _bool,
     "split": _one_of(*EVAL_SPLITS),
     "max_batches": _int(1, allow_none=True),
     "data.segment_len": _int(1, allow_none=True),
@@ -212,7 +213,13 @@ def _model_problems(cfg: DictConfig) -> list[str]:
         scheme.validate(int(data["segment_len"]), mc.mem_len, int(episode) if _is_int(episode) else 0)
     except (TypeError, ValueError) as e:
         return [f"posenc: {e}"]
-    return []
+    return [compile_problem(mc.posenc)] if _value(cfg, "compile") is True and compile_problem(mc.posenc) else []
+
+
+def compile_problem(scheme: str) -> str | None:
+    """Why ``compile=true`` cannot serve ``scheme`` (its ``compile_refused``), as one line; None if it can."""
+    why = SCHEMES[scheme].compile_refused if scheme in SCHEMES else None
+    return f"compile=true cannot serve posenc={scheme}: {why} (set compile=false)" if why else None
 
 
 def _data_problems(cfg: DictConfig) -> list[str]:

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import config_dir, flush_denormals, keep_freed_memory
 from .build import build_datamodule
 from .checkpoints import CheckpointError, read_checkpoint
-from .checks import check
+from .checks import check, compile_problem
 from .compose import override_problem
 from .data import CORPORA, path_options
 from .errors import ConfigError, PosencLabError, reported
@@ -102,6 +102,7 @@ def evaluate_checkpoint(
     accelerator: str = "cpu",
     precision: str = "32-true",
     progress_bar: bool = False,
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a checkpoint on one split; ``None`` keeps what the model was trained with.
 
@@ -112,7 +113,8 @@ def evaluate_checkpoint(
     episode_len: memory/offset reset period (longer than in training: horizon extrapolation);
     data_overrides: any other data config keys (e.g. {"root": ..., "corpus": {"path": ...}});
     max_batches: only the first N segments of every stream; allow_other_corpus: evaluate even if the corpus is
-    not the one recorded in the run's run.json (OtherCorpusError otherwise).
+    not the one recorded in the run's run.json (OtherCorpusError otherwise); compile: torch.compile the model
+    (the memory is static: one graph per segment length).
 
     Returns a dict: checkpoint, split, scheme, segment_len, mem_len, same_length, batch_size,
     episode_len, precision and device (as Lightning ran them: "32-true", "cpu" | "cuda"), train_steps,
@@ -156,6 +158,10 @@ def evaluate_checkpoint(
     corpus = _check_corpus(ckpt_path, datamodule, on_purpose=on_purpose)
 
     model = lit.model
+    if compile and (problem := compile_problem(model.cfg.posenc)):
+        raise ConfigError(problem)
+    if compile:  # in place: the state_dict keys stay those of the eager model
+        model.compile()
     lit.evaluate_at(None if mem_len is None else int(mem_len), None if same_length is None else bool(same_length))
     mem_len = lit.eval_lengths.get("mem_len", model.cfg.mem_len)
     same_length = lit.eval_lengths.get("same_length", model.cfg.same_length)
@@ -355,6 +361,7 @@ def evaluate_main(cfg: DictConfig) -> None:
         accelerator=cfg.accelerator,
         precision=cfg.precision,
         progress_bar=bool(cfg.progress_bar),
+        compile=bool(cfg.get("compile", False)),
     )
     name = output_name(result)
     json_file, npz_file = inside(out_dir, f"{name}.json"), inside(out_dir, f"{name}.npz")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
 import pytest
+import torch
+from torch._dynamo.utils import counters
 
 from posenc_lab.errors import ConfigError
-from posenc_lab.model import MemoryTransformer
-from posenc_lab.positional import schemes_of_kind
+from posenc_lab.memory import Recurrence
+from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.positional import SCHEME_NAMES, SCHEMES, schemes_of_kind, sized_options
 from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, subprocess_env, tiny
 
@@ -30,6 +34,7 @@ def test_compile_must_be_a_bool(tmp_path, cache):
 
 COMPARE = """
 import copy, sys, torch
+from posenc_lab.memory import Recurrence
 from posenc_lab.model import MemoryTransformer, ModelConfig
 torch.manual_seed(0)
 eager = MemoryTransformer(ModelConfig(n_layer=1, d_model=16, n_head=2, d_inner=32, mem_len=8, dropout=0.0,
@@ -39,10 +44,9 @@ compiled.compile()
 tokens = torch.randint(256, (2, 2, 8))
 results = []
 for model in (eager, compiled):
-    mems, total = None, 0.0
-    for seg in tokens.unbind(1):  # two segments, the second with memory
-        out = model(seg, seg.roll(-1, 1), mems=mems)
-        mems, total = out.mems, total + out.loss
+    memory, total = Recurrence(), 0.0
+    for seg in tokens.unbind(1):  # two segments through the static memory: empty, then with memory
+        total = total + memory.step(model, seg, seg.roll(-1, 1)).loss
     results.append((total.detach(), torch.autograd.grad(total, list(model.parameters()))))
 torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
 for a, b in zip(results[1][1], results[0][1]):
@@ -60,7 +64,7 @@ print("compiled == eager", float(results[0][0]))
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xl", "shaw", schemes_of_kind("absolute")[-1]])
 def test_compiled_model_equals_eager_loss_and_gradients(name, tmp_path):
-    """Two segments (the second with memory), loss and every parameter's gradient."""
+    """Inductor: two segments (the first with an empty static memory), loss and every parameter's gradient."""
     done = subprocess.run(
         [sys.executable, "-c", COMPARE, name],
         cwd=REPO,
@@ -70,3 +74,56 @@ def test_compiled_model_equals_eager_loss_and_gradients(name, tmp_path):
         timeout=1500,
     )
     assert done.returncode == 0 and "compiled == eager" in done.stdout, done.stderr[-3000:]
+
+
+# Every scheme, compiled with backend="aot_eager": dynamo's tracing and AOTAutograd's forward and backward graphs,
+# without inductor's code generation (seconds on a CPU, not minutes; inductor: the slow test above). Graph breaks
+# and recompilations are dynamo's, whatever the backend.
+SEGMENTS, SEG_LEN, MEM = 4, 8, 16
+
+
+def _segments(model, x):
+    """Losses and gradients of every segment through Recurrence: an empty memory first, then a filling one."""
+    memory, results = Recurrence(), []
+    for t in range(SEGMENTS):
+        seg = slice(t * SEG_LEN, (t + 1) * SEG_LEN)
+        out = memory.step(model, x[:, seg], x[:, 1:][:, seg], reset=torch.tensor(t == 0), offset=torch.full((2,), t))
+        params = [p for p in model.parameters() if p.requires_grad]
+        results.append((out.loss.detach(), torch.autograd.grad(out.loss, params, allow_unused=True)))
+        yield t, results[-1]
+
+
+@pytest.mark.parametrize("name", SCHEME_NAMES)
+def test_every_scheme_compiles_without_graph_breaks_or_recompiles(name):
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    options = sized_options(name, {}, SEG_LEN, MEM)
+    cfg = ModelConfig(
+        vocab_size=32, n_layer=2, d_model=16, n_head=2, d_inner=32, mem_len=MEM, dropout=0.0, posenc=name,
+        posenc_kwargs=options,
+    )  # fmt: skip
+    eager = MemoryTransformer(cfg).train()
+    compiled = copy.deepcopy(eager)
+    compiled.compile(backend="aot_eager")
+    x = torch.randint(32, (2, SEGMENTS * SEG_LEN + 1))
+    graphs = None
+    for (t, (loss, grads)), (_, (loss_e, grads_e)) in zip(_segments(compiled, x), _segments(eager, x)):
+        if t == 0:
+            graphs = counters["stats"]["unique_graphs"]
+        assert not counters["graph_break"], f"{name}: graph breaks {dict(counters['graph_break'])}"
+        assert counters["stats"]["unique_graphs"] == graphs, f"{name}: recompiled at segment {t}"
+        torch.testing.assert_close(loss, loss_e, atol=1e-5, rtol=1e-5)
+        for a, b in zip(grads, grads_e):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert graphs == 1, f"{name}: {graphs} graphs for one segment shape"
+
+
+def test_a_scheme_that_cannot_compile_is_refused_before_any_compute(monkeypatch, tmp_path, cache):
+    monkeypatch.setattr(SCHEMES["xl"], "compile_refused", "its attention reads a table on the host")
+    with pytest.raises(ConfigError, match=r"^compile=true cannot serve posenc=xl: its attention reads a table"):
+        train(compose_config("train", tiny(tmp_path / "run", cache, "posenc=xl", "compile=true")))
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    assert [s for s in SCHEME_NAMES if SCHEMES[s].compile_refused and s != "xl"] == []  # every other one compiles

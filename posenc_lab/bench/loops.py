@@ -149,7 +149,7 @@ def bench_one(
     if compile or attention != "unfused":
         fused.reset()  # each point compiles its own kernels, none left from the point before
     if M > 0 and (compile or attention != "unfused"):
-        warmup = max(warmup, 2)  # the first step has no memory (another shape): kernels compile twice
+        warmup = max(warmup, 2)  # the first step compiles (the memory is static: later steps do not)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     if matmul_peak is None:

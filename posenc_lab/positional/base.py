@@ -213,6 +213,10 @@ class PositionalScheme(nn.Module):
     #: Relative schemes: None if a score depends on its pair's content and distance i - j alone, so that the
     #: same content at the same distance scores the same wherever it sits (tests pin it); else why not.
     not_translation_invariant: str | None = None
+    #: Why ``compile=true`` cannot serve this scheme (torch.compile would break its graph or recompile every
+    #: segment); None: it compiles whole, one graph a segment length (tests/test_compile.py pins every scheme).
+    #: Training and evaluation refuse the option naming this reason, before any compute.
+    compile_refused: str | None = None
 
     def __init__(self, dims: Dims):
         super().__init__()
