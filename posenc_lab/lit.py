@@ -47,7 +47,8 @@ from .model import MemoryTransformer, ModelConfig
 
 
 class NonFiniteLossError(PosencLabError, FloatingPointError):
-    """The training loss became NaN or infinite; raised before the optimizer step."""
+    """The training loss became NaN or infinite; raised at the next logged step (every trainer.log_every_n_steps),
+    before its optimizer step, naming the step where it happened."""
 
 
 class LoggedStepBar(TQDMProgressBar):
