@@ -14,16 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import lightning as L
 import pytest
 
-from posenc_lab.processes import spawn
+from posenc_lab.grid import Ledger as Times
+from posenc_lab.processes import Pool, process_cpu_s
 from posenc_lab_analysis import ablate
-from posenc_lab_analysis.ablate.jobs import stop_running
 from posenc_lab_analysis.ablate.outdir import AblationDir
-from posenc_lab_analysis.ablate.times import Times, process_cpu_s
 from tests.test_ablate import SMALL_GRID, ablate_process
 
 ONE_RUN = [*SMALL_GRID, "ablate.recurrence=[true]"]  # xl_mem16_full_seed0 alone
@@ -164,10 +162,10 @@ def test_an_interrupted_report_leaves_the_last_one_and_its_newer_dumps_are_kept(
 # ---- ablate_times.json ---------------------------------------------------------------------------------
 
 
-def busy(seconds: float) -> subprocess.Popen:
-    """A child that spends ``seconds`` of CPU, then waits for its signal."""
+def busy(pool: Pool, name: str, seconds: float, log: Path) -> subprocess.Popen:
+    """A child of ``pool`` that spends ``seconds`` of CPU, then waits for its signal."""
     code = f"import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\ntime.sleep(60)"
-    return spawn([sys.executable, "-c", code], dict(os.environ), subprocess.DEVNULL)
+    return pool.start(name, [sys.executable, "-c", code], dict(os.environ), log).proc
 
 
 def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
@@ -179,10 +177,12 @@ def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
     ledger.start("r", run)
     ledger.update("r", 0.0, 0.0, "running", force=True)
     assert json.loads(path.read_text())["r"]["status"] == "running"  # on disk from its start
-    proc = busy(0.3)
+    pool = Pool(1)  # the grid runner's pool: its stop passes the signal on and reaps with os.wait4
+    proc = busy(pool, "r", 0.3, tmp_path / "r.log")
+    pool.running["r"].start -= 1.0
     while (process_cpu_s(proc.pid) or 0) < 0.3:
         time.sleep(0.05)
-    stop_running({proc.pid: (SimpleNamespace(name="r"), proc, time.perf_counter() - 1.0, "trained")}, 15, ledger)
+    pool.stop(15, 60.0, lambda job: ledger.end(job.name, job.wall_s, job.cpu_s, "stopped"))
     first = json.loads(path.read_text())["r"]
     assert first["status"] == "stopped" and first["attempts"] == 1 and proc.returncode == -signal.SIGTERM
     assert first["wall_s"] >= 1.0 and first["cpu_s"] >= 0.3

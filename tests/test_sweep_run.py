@@ -21,7 +21,7 @@ from posenc_lab.sweeps.check import check_sweep
 from posenc_lab.sweeps.command import merge_overrides
 from posenc_lab.sweeps.run import main
 from posenc_lab.sweeps.state import SweepState
-from posenc_lab.sweeps.table import seed_interval, sweep_frame, write_table
+from posenc_lab.sweeps.table import seed_mean_interval, sweep_frame, write_table
 from tests.helpers_train import CORPUS
 from tests.schemes import FOX, PATH, ROPE, STICKBREAKING
 from tests.test_slurm import slurm  # noqa: F401 - the real one-node SLURM fixture, for the slow SLURM test
@@ -200,7 +200,7 @@ def test_table_interval_over_seeds(tmp_path):
     from scipy import stats
 
     values = [1.0, 1.2, 0.9]
-    mean, low, high = seed_interval(values)
+    mean, low, high = seed_mean_interval(values)
     half = stats.t.ppf(0.975, 2) * stats.sem(values)
     assert mean == pytest.approx(sum(values) / 3) and (low, high) == pytest.approx((mean - half, mean + half))
     spec = {"name": "s", "method": "grid", "metric": {"name": "val/loss", "goal": "minimize"}}
