@@ -8,10 +8,10 @@ engine proposes each trial when a slot frees). ``posenc-lab train -m`` stays Hyd
 (basic, joblib, submitit on SLURM) already run the jobs of one command's overrides, each in ``hydra.sweep.dir``'s
 subdir (conf/train.yaml), and a second runner for them would only repeat theirs.
 
-Signals (``run``): while the grid runs, the first stop signal ends the loop and is passed on to every running trial
-(``pass_on``, else the signal itself), which saves its step and exits; after ``grace`` seconds what still runs is
-killed, and a second signal kills at once. ``run`` returns the signal (None if the grid ran out), so the caller says
-what was kept and how to continue, with exit status 128 + the signal.
+Signals (``Grid.run``): while the grid runs, the first stop signal ends the loop and is passed on to every running
+trial (``pass_on``, else the signal itself), which saves its step and exits; after ``grace`` seconds what still runs
+is killed, and a second signal kills at once. ``Grid.run`` returns the signal (None if the grid ran out), so the
+caller says what was kept and how to continue, with exit status 128 + the signal.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from pathlib import Path
 from .compose import quote
 from .io import CorruptFileError, read_json, write_json
 from .processes import Job, Pool
+
+__all__ = ["RUNS", "Grid", "Job", "Launch", "Ledger", "Trial", "run_folder", "train_argv"]
 
 RUNS = "runs"  # a grid's run folders: <out>/runs/<trial>/
 
@@ -52,68 +54,117 @@ def train_argv(trial: Trial, run_dir: Path) -> list[str]:
 
 @dataclass
 class Launch:
-    """What ``run`` starts for a trial: its command line and environment, and the log its output is appended to
-    (``header``: the command line first, to rerun it by hand)."""
+    """What the grid starts for a trial: its command line and environment, and the log its output is appended to
+    (``header``: the command line first, to rerun it by hand). With a ledger: the run folder (``run_dir``) and what
+    the attempt does (``what``, "trained" or "resumed": its status in the ledger when it ends well)."""
 
     name: str
     argv: list[str]
     env: dict[str, str]
     log: Path
     header: bool = False
+    run_dir: Path | None = None
+    what: str = "trained"
 
 
-def run(
-    pool: Pool,
-    next_launch: Callable[[], Launch | None],
-    on_end: Callable[[Job], None],
-    *,
-    on_start: Callable[[Job], None] = lambda job: None,
-    on_tick: Callable[[], None] = lambda: None,
-    on_signal: Callable[[int], None] = lambda signum: None,
-    on_stop: Callable[[], None] = lambda: None,
-    on_stopped: Callable[[Job], None] | None = None,
-    pass_on: int | None = None,
-    grace: float = 60.0,
-    poll: float = 0.5,
-    signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
-) -> int | None:
-    """Fill ``pool`` from ``next_launch`` (called when a slot is free; None: nothing to start now) until it
-    returns None with nothing running. ``on_end``: a job that ended by itself (it may raise, e.g. on a failed
-    run: the other jobs are then stopped with SIGTERM and the error goes on); ``on_tick``: between polls (a
-    ledger's heartbeat, early termination). On a signal (module docstring): ``on_signal``, then ``on_stop``
-    (e.g. cancel SLURM jobs), then each job stopped goes to ``on_stopped`` (default ``on_end``). Returns the
-    signal, or None."""
-    received: list[int] = []
+class Grid:
+    """The trials of one invocation, up to ``jobs`` at once, and the ``ledger`` of their seconds if one is given
+    (written as each starts, while it runs and when it ends: ``Ledger``)."""
 
-    def handler(signum, frame) -> None:
-        if received:  # a second one: do not wait for them
-            pool.hurry = True
-            return
-        received.append(signum)
-        on_signal(signum)
+    def __init__(self, jobs: int, ledger: Ledger | None = None):
+        self.pool = Pool(jobs)
+        self.ledger = ledger
+        self._launches: dict[str, Launch] = {}
 
-    previous = {s: signal.signal(s, handler) for s in signals}
-    try:
-        while not received:
-            for job in pool.reap():
-                on_end(job)
-            on_tick()
-            while not received and pool.free_slot() is not None:
-                launch = next_launch()
-                if launch is None:
+    @property
+    def running(self) -> dict[str, Job]:
+        return self.pool.running
+
+    def free_slot(self) -> int | None:
+        return self.pool.free_slot()
+
+    def _start(self, launch: Launch) -> Job:
+        if self.ledger is not None:
+            self.ledger.start(launch.name, launch.run_dir or Path(launch.name))
+        job = self.pool.start(launch.name, launch.argv, launch.env, launch.log, launch.header)
+        self._launches[launch.name] = launch
+        if self.ledger is not None:
+            self.ledger.update(launch.name, 0.0, 0.0, "running", force=True)
+        return job
+
+    def _record(self, job: Job, status: str | None = None) -> None:
+        """The attempt's seconds into the ledger: ``status``, else its launch's ``what`` or "failed"."""
+        launch = self._launches.pop(job.name)
+        if self.ledger is not None:
+            status = status or (launch.what if job.returncode == 0 else "failed")
+            self.ledger.end(job.name, job.wall_s, job.cpu_s, status)
+
+    def _heartbeat(self) -> None:  # each running trial's seconds so far, for a kill -9 of this process
+        if self.ledger is not None:
+            for job in self.running.values():
+                self.ledger.update(job.name, *job.so_far(), "running")
+
+    def run(
+        self,
+        next_launch: Callable[[], Launch | None],
+        on_end: Callable[[Job], None],
+        *,
+        on_start: Callable[[Job], None] = lambda job: None,
+        on_tick: Callable[[], None] = lambda: None,
+        on_signal: Callable[[int], None] = lambda signum: None,
+        on_stop: Callable[[], None] = lambda: None,
+        on_stopped: Callable[[Job], None] | None = None,
+        pass_on: int | None = None,
+        grace: float = 60.0,
+        poll: float = 0.5,
+        signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
+    ) -> int | None:
+        """Fill the pool from ``next_launch`` (called when a slot is free; None: nothing to start now) until it
+        returns None with nothing running. ``on_end``: a job that ended by itself (it may raise, e.g. on a failed
+        run: the other jobs are then stopped with SIGTERM and the error goes on); ``on_tick``: between polls
+        (early termination). On a signal (module docstring): ``on_signal``, then ``on_stop`` (e.g. cancel SLURM
+        jobs), then each job stopped goes to ``on_stopped`` (default ``on_end``). Returns the signal, or None."""
+        received: list[int] = []
+        pool = self.pool
+
+        def handler(signum, frame) -> None:
+            if received:  # a second one: do not wait for them
+                pool.hurry = True
+                return
+            received.append(signum)
+            on_signal(signum)
+
+        def ended(job: Job) -> None:
+            self._record(job)
+            on_end(job)
+
+        def stopped(job: Job) -> None:
+            self._record(job, "stopped")
+            (on_stopped or on_end)(job)
+
+        previous = {s: signal.signal(s, handler) for s in signals}
+        try:
+            while not received:
+                for job in pool.reap():
+                    ended(job)
+                self._heartbeat()
+                on_tick()
+                while not received and pool.free_slot() is not None:
+                    launch = next_launch()
+                    if launch is None:
+                        break
+                    on_start(self._start(launch))
+                if not pool.running:
                     break
-                on_start(pool.start(launch.name, launch.argv, launch.env, launch.log, launch.header))
-            if not pool.running:
-                break
-            time.sleep(poll)
-    finally:
-        if pool.running:  # a signal, or an error: no trial outlives the runner
-            on_stop()
-            signum = (pass_on or received[0]) if received else signal.SIGTERM
-            pool.stop(signum, grace, on_stopped or on_end)
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return received[0] if received else None
+                time.sleep(poll)
+        finally:
+            if pool.running:  # a signal, or an error: no trial outlives the runner
+                on_stop()
+                signum = (pass_on or received[0]) if received else signal.SIGTERM
+                pool.stop(signum, grace, stopped)
+            for s, h in previous.items():
+                signal.signal(s, h)
+        return received[0] if received else None
 
 
 # ---- the ledger ---------------------------------------------------------------------------------------------

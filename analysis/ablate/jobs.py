@@ -16,12 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc_lab import grid
 from posenc_lab.checkpoints import CheckpointError, read_checkpoint
 from posenc_lab.compose import quote
 from posenc_lab.errors import Interrupted, signal_name
-from posenc_lab.grid import Launch, Ledger, train_argv
-from posenc_lab.processes import Job, Pool
+from posenc_lab.grid import Grid, Job, Launch, Ledger, train_argv
 from posenc_lab.rundir import RunDir
 
 from .outdir import AblationDir
@@ -66,10 +64,10 @@ def run_jobs(
     log,
     ledger: Ledger,
 ) -> dict[str, dict]:
-    """Hand every spec whose status is not "reused" to the grid runner (``posenc_lab.grid``); {name: {status,
-    wall_s, cpu_s}} of this invocation, each run's seconds also in ``ledger`` as soon as its process ends (and
-    while it runs). RuntimeError naming a run that failed (with the end of its log); Interrupted on a signal,
-    after the runner has stopped the processes."""
+    """Hand every spec whose status is not "reused" to the grid runner (``posenc_lab.grid.Grid``); {name: {status,
+    wall_s, cpu_s}} of this invocation, each run's seconds also in ``ledger`` (the runner writes it as each
+    process starts, runs and ends). RuntimeError naming a run that failed (with the end of its log); Interrupted
+    on a signal, after the runner has stopped the processes."""
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
@@ -77,10 +75,10 @@ def run_jobs(
     by_name = {spec.name: spec for spec in specs}
     times: dict[str, dict] = {}
     pending = list(specs)
-    pool = Pool(jobs)
+    runner = Grid(jobs, ledger)
 
     def show() -> str:
-        progress.running = tuple(pool.running)
+        progress.running = tuple(runner.running)
         return f"running: {', '.join(progress.running) or 'none'}; done {progress.done}/{len(specs)}"
 
     def next_launch() -> Launch | None:
@@ -91,40 +89,29 @@ def run_jobs(
                 progress.done += 1
                 log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(out.run(spec.name))})")
                 continue
-            ledger.start(spec.name, out.run(spec.name))
-            trial = spec.trial
-            return Launch(trial.name, train_argv(trial, out.run(trial.name)), env, out.log(trial.name))
+            run_dir = out.run(spec.name)
+            argv = train_argv(spec.trial, run_dir)
+            return Launch(spec.name, argv, env, out.log(spec.name), run_dir=run_dir, what=status[spec.name])
         return None
 
     def started(job: Job) -> None:
-        ledger.update(job.name, 0.0, 0.0, "running", force=True)
         what = status[job.name].replace("ed", "ing")
         log(f"[{index[job.name]}/{len(specs)}] {by_name[job.name].label}: {what} (pid {job.proc.pid}; {show()})")
 
-    def heartbeat() -> None:  # each running run's seconds so far, for a kill -9 of this process
-        for job in pool.running.values():
-            ledger.update(job.name, *job.so_far(), "running")
-
     def ended(job: Job) -> None:
-        what = status[job.name]
-        t = {"status": what, "wall_s": job.wall_s, "cpu_s": job.cpu_s}
-        ledger.end(job.name, job.wall_s, job.cpu_s, what if job.returncode == 0 else "failed")
         if job.returncode != 0:
             tail = out.log(job.name).read_text(errors="replace").strip().splitlines()[-15:]
             raise RuntimeError(
                 f"training {job.name} exited with code {job.returncode}; the end of its log "
                 f"{out.log(job.name)}:\n  " + "\n  ".join(tail)
             )
-        times[job.name] = t
+        t = times[job.name] = {"status": status[job.name], "wall_s": job.wall_s, "cpu_s": job.cpu_s}
         progress.done += 1
         shown = f"{_seconds(t)}, {result_line(out.run(job.name))}; {show()}"
-        log(f"[{index[job.name]}/{len(specs)}] {job.name}: {what} ({shown})")
-
-    def stopped(job: Job) -> None:
-        ledger.end(job.name, job.wall_s, job.cpu_s, "stopped")
+        log(f"[{index[job.name]}/{len(specs)}] {job.name}: {t['status']} ({shown})")
 
     out.logs.mkdir(parents=True, exist_ok=True)
-    signum = grid.run(pool, next_launch, ended, on_start=started, on_tick=heartbeat, on_stopped=stopped, grace=GRACE_S)
+    signum = runner.run(next_launch, ended, on_start=started, on_stopped=lambda job: None, grace=GRACE_S)
     if signum is not None:
         raise Interrupted(signum, f"stopped by {signal_name(signum)}")
     return times

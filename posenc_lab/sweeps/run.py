@@ -38,7 +38,6 @@ from .. import grid
 from ..compose import Composer
 from ..errors import bounded, signal_name, stop_at_once
 from ..io import CorruptFileError
-from ..processes import Job, Pool
 from ..rundir import RunDir
 from . import command, engine
 from .check import check_sweep, validate_config, validate_launcher
@@ -62,7 +61,7 @@ class Runner:
         self.devices = opts.get("devices")  # CUDA_VISIBLE_DEVICES of each job slot, round robin
         self.metric = sweep.metric["name"]
         self.launcher = command.launcher(extra)
-        self.pool = Pool(jobs)
+        self.grid = grid.Grid(jobs)
         self.exhausted = False
         self.signal: int | None = None
         self.stopping = False
@@ -78,8 +77,8 @@ class Runner:
                 t["state"] = "interrupted"
         self.state.save()
         try:
-            self.signal = grid.run(
-                self.pool, self._next, self._ended, on_tick=self._early_terminate, on_signal=self._on_signal,
+            self.signal = self.grid.run(
+                self._next, self._ended, on_tick=self._early_terminate, on_signal=self._on_signal,
                 on_stop=self._shutdown, pass_on=signal.SIGTERM, grace=self.kill_after, poll=self.poll,
                 signals=tuple(EXIT_CODES),
             )  # fmt: skip
@@ -96,7 +95,7 @@ class Runner:
         """The next trial to start: an interrupted one first (it resumes), then the engine's proposal."""
         if self.signal is not None:
             return None
-        waiting = [t for t in self.state.trials if t["state"] == "interrupted" and t["id"] not in self.pool.running]
+        waiting = [t for t in self.state.trials if t["state"] == "interrupted" and t["id"] not in self.grid.running]
         if waiting:
             return self._launch(waiting[0])
         if self.exhausted or (self.count is not None and len(self.state.trials) >= self.count):
@@ -114,7 +113,7 @@ class Runner:
         overrides = command.trial_overrides(self.sweep, trial["params"], self.extra)
         env = command.trial_env(self.sweep.spec, self.state.sweep_id, tid)
         if self.devices:
-            env["CUDA_VISIBLE_DEVICES"] = self.devices[self.pool.free_slot() % len(self.devices)]
+            env["CUDA_VISIBLE_DEVICES"] = self.devices[self.grid.free_slot() % len(self.devices)]
         if trial["run_dir"] is None:
             fixed = resolve_run_dir(overrides, env, out)
             trial["run_dir"] = str(fixed or grid.run_folder(out, tid))
@@ -138,7 +137,7 @@ class Runner:
     def _stop_file(self, trial_id: str) -> Path:
         return self.state.out / "stop" / trial_id
 
-    def _ended(self, job: Job) -> None:
+    def _ended(self, job: grid.Job) -> None:
         tid, returncode = job.name, job.returncode
         trial = self.state.trial(tid)
         run = RunDir(trial["run_dir"])
@@ -166,14 +165,14 @@ class Runner:
         print(f"trial {tid}: {trial['state']} {shown}", flush=True)
 
     def _early_terminate(self) -> None:
-        if not self.sweep.spec.get("early_terminate") or not self.pool.running:
+        if not self.sweep.spec.get("early_terminate") or not self.grid.running:
             return
-        for tid in self.pool.running:
+        for tid in self.grid.running:
             trial = self.state.trial(tid)
             trial["history"], _ = read_history(Path(trial["run_dir"]) / HISTORY_FILE)
         for tid in engine.to_stop(self.sweep.spec, self.state.trials):
             stop = self._stop_file(tid)
-            if tid in self.pool.running and not stop.exists():
+            if tid in self.grid.running and not stop.exists():
                 stop.parent.mkdir(parents=True, exist_ok=True)
                 stop.write_text(f"stopped by {self.sweep.spec['early_terminate'].get('type')} at {now()}\n")
                 steps = len(self.state.trial(tid)["history"])
@@ -187,7 +186,7 @@ class Runner:
         job is cancelled (scancel)."""
         self.stopping = True
         if self.launcher:
-            for tid in self.pool.running:
+            for tid in self.grid.running:
                 self._cancel_jobs(tid)
 
     def _cancel_jobs(self, tid: str) -> None:
