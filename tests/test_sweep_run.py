@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from posenc_lab.runlock import RunLock
 from posenc_lab.sweeps import engine
 from posenc_lab.sweeps.check import check_sweep
 from posenc_lab.sweeps.command import merge_overrides
@@ -175,6 +176,18 @@ def test_a_rerun_with_other_overrides_or_another_file_is_refused(here, capsys):
     other = sweep_file(here, parameters={"posenc": {"values": ["xl"]}})
     assert main([str(other), "--out", str(here / "out"), "model=tiny"]) == 2
     assert "sweep file.parameters.posenc.values" in capsys.readouterr().err
+
+
+def test_a_second_runner_into_the_same_out_is_refused_in_one_line(here, capsys):
+    """One runner per sweep folder, under the one lock of run folders and ablate's (runlock.RunLock): it names the
+    process that holds it, and nothing of the second is written."""
+    path = REPO / "sweeps" / "ablation_recall.yaml"
+    out = here / "out"
+    with RunLock(out, key="--out"):
+        assert main([str(path), "--out", str(out), *tiny()]) == 2
+        err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {out} is being written by another process (pid {os.getpid()}" in err
+    assert sorted(p.name for p in out.iterdir()) == [] and not (here / "runs").exists()
 
 
 def test_bayes_proposes_from_the_fed_back_metrics():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import math
 import os
 import shlex
@@ -36,9 +35,10 @@ from omegaconf import OmegaConf
 
 from .. import grid
 from ..compose import Composer
-from ..errors import bounded, signal_name, stop_at_once
+from ..errors import RunDirError, bounded, signal_name, stop_at_once
 from ..io import CorruptFileError
 from ..rundir import RunDir
+from ..runlock import RunLock
 from . import command, engine
 from .check import check_sweep, validate_config, validate_launcher
 from .spec import Sweep, SweepError, load_sweep, override_key
@@ -335,7 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sweep = load_sweep(args.sweep)
                 check_inputs(sweep, args.overrides, args.count, out)
                 state = SweepState.open(out, sweep.path, sweep.spec, args.overrides)
-                held.enter_context(_locked(out))
+                try:  # one runner per sweep folder: the lock of a run folder and of ablate's (runlock.py)
+                    held.enter_context(RunLock(out, key="--out"))
+                except RunDirError as e:
+                    raise SweepError(str(e)) from None
                 again = ["posenc-lab", "sweep", args.sweep, "--out", str(out)]
                 again += [f"--count={args.count}"] * (args.count is not None)
                 again += [f"--jobs={args.jobs}"] * (args.jobs > 1) + [f"--devices={args.devices}"] * bool(args.devices)
@@ -365,15 +368,3 @@ class _StoppedBeforeTrials(BaseException):
 def _one_line(text: str) -> str:
     head, *items = text.split("\n  - ")
     return head + (" " + "; ".join(i.strip() for i in items) if items else "")
-
-
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    """One runner per sweep folder (an OS lock, dropped by the kernel when the process dies)."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise SweepError(f"{out} is being run by another posenc-lab sweep; wait, or use another --out") from None
-        yield
