@@ -15,7 +15,7 @@ import pytest
 
 import posenc_lab
 from posenc_lab.grid import Grid, Launch, Ledger, Trial, run_folder, train_argv
-from posenc_lab.processes import Pool, process_cpu_s
+from posenc_lab.processes import Pool
 from posenc_lab_analysis.ablate.outdir import AblationDir
 from posenc_lab_analysis.ablate.plan import RunSpec
 
@@ -180,47 +180,6 @@ def test_the_analysis_launches_nothing_and_posenc_lab_imports_no_analysis():
 
 
 # ---- the ledger (ablate_times.json) ----------------------------------------------------------------------------
-
-
-def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
-    """The ledger on its own: a training process stopped by a signal leaves its wall and CPU seconds (os.wait4), an
-    attempt of a later invocation adds to them and counts, a run directory made anew starts afresh."""
-    path = tmp_path / "ablate_times.json"
-    run = tmp_path / "run"
-    ledger = Ledger(path)
-    ledger.start("r", run)
-    ledger.update("r", 0.0, 0.0, "running", force=True)
-    assert json.loads(path.read_text())["r"]["status"] == "running"  # on disk from its start
-    pool = Pool(1)  # the grid runner's pool: its stop passes the signal on and reaps with os.wait4
-    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(60)"
-    proc = pool.start("r", [sys.executable, "-c", code], dict(os.environ), tmp_path / "r.log").proc
-    pool.running["r"].start -= 1.0
-    while (process_cpu_s(proc.pid) or 0) < 0.3:
-        time.sleep(0.05)
-    pool.stop(15, 60.0, lambda job: ledger.end(job.name, job.wall_s, job.cpu_s, "stopped"))
-    first = json.loads(path.read_text())["r"]
-    assert first["status"] == "stopped" and first["attempts"] == 1 and proc.returncode == -signal.SIGTERM
-    assert first["wall_s"] >= 1.0 and first["cpu_s"] >= 0.3
-    later = Ledger(path)  # the next invocation continues the run (stopped before it made its directory)
-    later.start("r", run)
-    later.end("r", 2.0, 1.5, "resumed")
-    second = json.loads(path.read_text())["r"]
-    assert second["attempts"] == 2 and second["status"] == "resumed"
-    assert second["wall_s"] == pytest.approx(first["wall_s"] + 2.0) and second["cpu_s"] == pytest.approx(
-        first["cpu_s"] + 1.5
-    )
-    run.mkdir()
-    later.start("r", run)  # a third attempt: the run's directory is there, the sum goes on
-    later.end("r", 1.0, 1.0, "resumed")
-    assert json.loads(path.read_text())["r"]["attempts"] == 3
-    run.rmdir()  # a finished run's directory deleted by hand: a new run, a new sum
-    later.start("r", run)
-    later.end("r", 3.0, 2.0, "trained")
-    assert {k: json.loads(path.read_text())["r"][k] for k in ("attempts", "wall_s", "cpu_s")} == {
-        "attempts": 1,
-        "wall_s": 3.0,
-        "cpu_s": 2.0,
-    }
 
 
 def test_an_entry_of_before_the_attempt_count_counts_as_one_attempt(tmp_path):
