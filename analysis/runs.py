@@ -25,7 +25,7 @@ from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import SCHEMES, scheme_names
 from posenc_lab.rundir import RunDir, RunDirError
 
-from .cellnames import CellName, loss_label
+from .cellnames import HasCell, loss_label
 
 KIND_ORDER = ("absolute", "relative", "none")
 
@@ -47,7 +47,7 @@ class RunError(PosencLabError, ValueError):
 
 
 @dataclass
-class Run:
+class Run(HasCell):  # cell_name, cell, label: cellnames.HasCell (its group: "recall" for the probe)
     path: Path
     config: dict[str, Any]
     results: dict[str, Any] | None = None
@@ -106,20 +106,6 @@ class Run:
     def seed(self) -> int | None:
         seed = self.config.get("seed")
         return None if seed is None else int(seed)
-
-    @property
-    def cell_name(self) -> CellName:
-        """The run's cell (``cellnames``); its group is "recall" for the probe, '' for a language corpus."""
-        return CellName(self.scheme, self.mem_len, self.loss_frac, self.group or "")
-
-    @property
-    def cell(self) -> str:
-        return str(self.cell_name)
-
-    @property
-    def label(self) -> str:
-        """e.g. 'xl:mem32, seed 0' (unique within an ablation)."""
-        return self.cell + ("" if self.seed is None else f", seed {self.seed}")
 
     @property
     def train_attention_length(self) -> int:

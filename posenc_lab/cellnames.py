@@ -78,6 +78,31 @@ class CellName:
         return cls(p.scheme, p.mem_len or 0, p.loss_frac, p.group)
 
 
+class HasCell:
+    """The cell of anything with ``scheme``, ``mem_len``, ``loss_frac``, ``group`` (None or '' for the main
+    corpus) and ``seed`` (None if unknown): a run as the analysis reads it (``analysis.runs.Run``), a run an
+    ablation plans (``analysis.ablate.plan.RunSpec``). The one place that builds a cell's name from run settings."""
+
+    scheme: str
+    mem_len: int
+    loss_frac: float
+    group: str | None
+    seed: int | None
+
+    @property
+    def cell_name(self) -> CellName:
+        return CellName(self.scheme, self.mem_len, self.loss_frac, self.group or "")
+
+    @property
+    def cell(self) -> str:
+        return str(self.cell_name)
+
+    @property
+    def label(self) -> str:
+        """e.g. 'xl:mem32, seed 0' (unique within an ablation)."""
+        return self.cell + ("" if self.seed is None else f", seed {self.seed}")
+
+
 @dataclass(frozen=True)
 class CellPattern:
     """Cells by name with parts left open (module docstring): ``scheme`` a scheme, a kind or ``*``; ``memory``

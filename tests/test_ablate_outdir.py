@@ -14,16 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import lightning as L
 import pytest
 
-from posenc_lab.processes import spawn
+from posenc_lab.grid import Ledger
+from posenc_lab.processes import Pool, process_cpu_s
 from posenc_lab_analysis import ablate
-from posenc_lab_analysis.ablate.jobs import stop_running
 from posenc_lab_analysis.ablate.outdir import AblationDir
-from posenc_lab_analysis.ablate.times import Times, process_cpu_s
 from tests.test_ablate import SMALL_GRID, ablate_process
 
 ONE_RUN = [*SMALL_GRID, "ablate.recurrence=[true]"]  # xl_mem16_full_seed0 alone
@@ -161,13 +159,7 @@ def test_an_interrupted_report_leaves_the_last_one_and_its_newer_dumps_are_kept(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
-# ---- ablate_times.json ---------------------------------------------------------------------------------
-
-
-def busy(seconds: float) -> subprocess.Popen:
-    """A child that spends ``seconds`` of CPU, then waits for its signal."""
-    code = f"import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\ntime.sleep(60)"
-    return spawn([sys.executable, "-c", code], dict(os.environ), subprocess.DEVNULL)
+# ---- ablate_times.json (the ledger on its own: tests/test_grid.py) ----------------------------------------
 
 
 def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
@@ -175,18 +167,21 @@ def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
     attempt of a later invocation adds to them and counts, a run directory made anew starts afresh."""
     path = tmp_path / "ablate_times.json"
     run = tmp_path / "run"
-    ledger = Times(path)
+    ledger = Ledger(path)
     ledger.start("r", run)
     ledger.update("r", 0.0, 0.0, "running", force=True)
     assert json.loads(path.read_text())["r"]["status"] == "running"  # on disk from its start
-    proc = busy(0.3)
+    pool = Pool(1)  # the grid runner's pool: its stop passes the signal on and reaps with os.wait4
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(60)"
+    proc = pool.start("r", [sys.executable, "-c", code], dict(os.environ), tmp_path / "r.log").proc
+    pool.running["r"].start -= 1.0
     while (process_cpu_s(proc.pid) or 0) < 0.3:
         time.sleep(0.05)
-    stop_running({proc.pid: (SimpleNamespace(name="r"), proc, time.perf_counter() - 1.0, "trained")}, 15, ledger)
+    pool.stop(15, 60.0, lambda job: ledger.end(job.name, job.wall_s, job.cpu_s, "stopped"))
     first = json.loads(path.read_text())["r"]
     assert first["status"] == "stopped" and first["attempts"] == 1 and proc.returncode == -signal.SIGTERM
     assert first["wall_s"] >= 1.0 and first["cpu_s"] >= 0.3
-    later = Times(path)  # the next invocation continues the run (stopped before it made its directory)
+    later = Ledger(path)  # the next invocation continues the run (stopped before it made its directory)
     later.start("r", run)
     later.end("r", 2.0, 1.5, "resumed")
     second = json.loads(path.read_text())["r"]
@@ -205,19 +200,6 @@ def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
         "attempts": 1,
         "wall_s": 3.0,
         "cpu_s": 2.0,
-    }
-
-
-def test_an_entry_of_before_the_attempt_count_counts_as_one_attempt(tmp_path):
-    path = tmp_path / "ablate_times.json"
-    path.write_text('{"r": {"status": "trained", "wall_s": 5.0, "cpu_s": 4.0}}')
-    ledger = Times(path)
-    ledger.start("r", tmp_path)  # the run's directory is there: the run is extended
-    ledger.end("r", 1.0, 1.0, "resumed")
-    assert {k: json.loads(path.read_text())["r"][k] for k in ("attempts", "wall_s", "cpu_s")} == {
-        "attempts": 2,
-        "wall_s": 6.0,
-        "cpu_s": 5.0,
     }
 
 

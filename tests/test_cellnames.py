@@ -4,13 +4,16 @@ ablate.extra_seed_cells."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from posenc_lab.compose import compose
 from posenc_lab.positional import schemes_of_kind
-from posenc_lab_analysis.ablate.plan import plan, seeds_by_cell
-from posenc_lab_analysis.cellnames import CellName, CellPattern
+from posenc_lab_analysis.ablate.plan import RunSpec, plan, seeds_by_cell
+from posenc_lab_analysis.cellnames import CellName, CellPattern, HasCell
+from posenc_lab_analysis.runs import Run
 from posenc_lab_analysis.verdicts import REPRODUCED, Evidence, judge
 from tests.schemes import SHAW, SINUSOID, XL
 
@@ -104,3 +107,30 @@ def test_a_cell_of_any_loss_fraction_can_be_named_in_extra_seed_cells():
     with pytest.raises(ValueError, match=r"ablate.half_loss.frac must be a number in \(0, 1\)"):
         bad = ["experiment=tiny", "ablate.half_loss.frac=1.5"]
         plan(compose("ablate", bad), bad)
+
+
+@pytest.mark.parametrize(
+    "group, data, mem_len, frac, seed, label",
+    [
+        (None, "enwik8", 32, 1.0, 0, f"{XL}:mem32, seed 0"),
+        ("recall", "recall", 16, 0.5, 3, f"recall/{XL}:mem16:half, seed 3"),
+        (None, "enwik8", 0, 0.3, 1, f"{XL}:nomem:recent0.3, seed 1"),
+    ],
+)
+def test_a_planned_run_and_the_run_it_trains_have_one_cell_name(tmp_path, group, data, mem_len, frac, seed, label):
+    """The plan (before training) and the analysis (reading the run folder after) name a cell by one rule,
+    cellnames.HasCell: a run is found under the cell it was planned for."""
+    config = {"posenc": {"name": XL}, "model": {"mem_len": mem_len, "loss_recent_frac": frac}, "data": {"name": data}}
+    run = Run(tmp_path, {**config, "seed": seed})
+    spec = RunSpec("r", group, XL, mem_len, frac, [], seed)
+    assert run.label == spec.label == label and run.cell_name == spec.cell_name and run.cell == spec.cell
+    assert isinstance(run, HasCell) and isinstance(spec, HasCell)
+    assert Run(tmp_path, config).label == spec.cell  # a run of no known seed: its cell alone
+
+
+def test_no_module_of_the_analysis_builds_a_cell_name_of_its_own():
+    """The twins of analysis/runs.py and analysis/ablate/plan.py are gone: the analysis builds no CellName from
+    run settings (it parses names, and takes runs' cells from cellnames.HasCell)."""
+    analysis = Path(__file__).resolve().parents[1] / "analysis"
+    builders = sorted(str(p.relative_to(analysis)) for p in analysis.rglob("*.py") if "CellName(" in p.read_text())
+    assert builders == []

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from posenc_lab.runlock import RunLock
 from posenc_lab.sweeps import engine
 from posenc_lab.sweeps.check import check_sweep
 from posenc_lab.sweeps.command import merge_overrides
 from posenc_lab.sweeps.run import main
 from posenc_lab.sweeps.state import SweepState
-from posenc_lab.sweeps.table import seed_interval, sweep_frame, write_table
+from posenc_lab.sweeps.table import seed_mean_interval, sweep_frame, write_table
 from tests.helpers_train import CORPUS
 from tests.schemes import FOX, PATH, ROPE, STICKBREAKING
 from tests.test_slurm import slurm  # noqa: F401 - the real one-node SLURM fixture, for the slow SLURM test
@@ -177,6 +178,18 @@ def test_a_rerun_with_other_overrides_or_another_file_is_refused(here, capsys):
     assert "sweep file.parameters.posenc.values" in capsys.readouterr().err
 
 
+def test_a_second_runner_into_the_same_out_is_refused_in_one_line(here, capsys):
+    """One runner per sweep folder, under the one lock of run folders and ablate's (runlock.RunLock): it names the
+    process that holds it, and nothing of the second is written."""
+    path = REPO / "sweeps" / "ablation_recall.yaml"
+    out = here / "out"
+    with RunLock(out, key="--out"):
+        assert main([str(path), "--out", str(out), *tiny()]) == 2
+        err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {out} is being written by another process (pid {os.getpid()}" in err
+    assert sorted(p.name for p in out.iterdir()) == [] and not (here / "runs").exists()
+
+
 def test_bayes_proposes_from_the_fed_back_metrics():
     """The engine's Gaussian process is fit on the metrics given: shifted metrics shift its prediction by as
     much, and the same trials and seed propose the same parameters."""
@@ -200,7 +213,8 @@ def test_table_interval_over_seeds(tmp_path):
     from scipy import stats
 
     values = [1.0, 1.2, 0.9]
-    mean, low, high = seed_interval(values)
+    mean, low, high = seed_mean_interval(values)
+    assert low == low, "no estimator: reinstall (pip install -e .) for pyproject's entry point posenc_lab.estimators"
     half = stats.t.ppf(0.975, 2) * stats.sem(values)
     assert mean == pytest.approx(sum(values) / 3) and (low, high) == pytest.approx((mean - half, mean + half))
     spec = {"name": "s", "method": "grid", "metric": {"name": "val/loss", "goal": "minimize"}}

@@ -22,9 +22,10 @@ its last checkpoint. Ctrl-C or SIGTERM stops cleanly (exit 130 / 143) and prints
     posenc-lab ablate --plan experiment=quick       # the run plan (--cfg: and the composed config)
     posenc-lab ablate --train-only                  # train the grid, no analysis or report
 
-Layout: ``plan.py`` (the grid and what each run needs), ``jobs.py`` (training processes, signals),
-``outdir.py`` (the output folder: its files, whose it is, its lock, the report's swap), ``times.py``
-(ablate_times.json), ``main.py`` (the command).
+Layout: ``plan.py`` (the grid: cells -> runs, and what each run needs), ``jobs.py`` (the runs handed to the one
+grid runner, ``posenc_lab.grid``, which starts and stops their processes and keeps ablate_times.json; the progress
+lines; what to say after a stop), ``outdir.py`` (the output folder: its files, whose it is, its lock, the report's
+swap), ``main.py`` (the command). The analysis package starts no process itself.
 """
 
 from .main import main

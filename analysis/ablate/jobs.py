@@ -1,20 +1,17 @@
-"""Training the grid: up to ``jobs`` runs at once, each its own ``python -m posenc_lab.train`` process (output
-in its log, ``AblationDir.log``), ``threads`` torch threads each; wall and CPU seconds of every run.
+"""Training the grid: the plan's runs handed to the one grid runner (``posenc_lab.grid``), up to ``jobs`` at
+once, each its own ``python -m posenc_lab.train`` process (output in its log, ``AblationDir.log``), ``threads``
+torch threads each; the progress lines, and what to say after a stop.
 
-A signal to the ablation (Ctrl-C's SIGINT, a scheduler's SIGTERM) is passed on to every training process,
-which saves a checkpoint and exits; after a grace period a process that still runs is killed. ``Interrupted``
-then carries the signal to ``ablate.main``, which says what was kept and how to continue.
+A signal to the ablation (Ctrl-C's SIGINT, a scheduler's SIGTERM) is passed on by the runner to every training
+process, which saves a checkpoint and exits; after a grace period a process that still runs is killed.
+``Interrupted`` then carries the signal to ``ablate.main``, which says what was kept and how to continue.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +19,11 @@ from pathlib import Path
 from posenc_lab.checkpoints import CheckpointError, read_checkpoint
 from posenc_lab.compose import quote
 from posenc_lab.errors import Interrupted, signal_name
-from posenc_lab.processes import spawn
+from posenc_lab.grid import Grid, Job, Launch, Ledger, train_argv
 from posenc_lab.rundir import RunDir
 
 from .outdir import AblationDir
 from .plan import RunSpec
-from .times import Times, process_cpu_s
 
 GRACE_S = 60  # a training process gets this long to save its checkpoint after the signal
 
@@ -45,10 +41,6 @@ class Progress:
     stage: str = "planning"
     running: tuple[str, ...] = ()
     done: int = 0
-
-
-def train_command(spec: RunSpec, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "posenc_lab.train", *spec.overrides, f"run_dir={quote(str(run_dir))}"]
 
 
 def result_line(run_dir: Path) -> str:
@@ -70,100 +62,59 @@ def run_jobs(
     threads: int | None,
     progress: Progress,
     log,
-    ledger: Times,
+    ledger: Ledger,
 ) -> dict[str, dict]:
-    """Train every spec whose status is not "reused"; {name: {status, wall_s, cpu_s}} of this invocation, each
-    run's seconds also in ``ledger`` as soon as its process ends (and while it runs). RuntimeError naming a run
-    that failed (with the end of its log); Interrupted on a signal, after stopping the processes."""
+    """Hand every spec whose status is not "reused" to the grid runner (``posenc_lab.grid.Grid``); {name: {status,
+    wall_s, cpu_s}} of this invocation, each run's seconds also in ``ledger`` (the runner writes it as each
+    process starts, runs and ends). RuntimeError naming a run that failed (with the end of its log); Interrupted
+    on a signal, after the runner has stopped the processes."""
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    out.logs.mkdir(parents=True, exist_ok=True)
     index = {spec.name: i for i, spec in enumerate(specs, 1)}
+    by_name = {spec.name: spec for spec in specs}
     times: dict[str, dict] = {}
     pending = list(specs)
-    running: dict[int, tuple[RunSpec, subprocess.Popen, float, str]] = {}
+    runner = Grid(jobs, ledger)
 
     def show() -> str:
-        progress.running = tuple(sp.name for sp, *_ in running.values())
+        progress.running = tuple(runner.running)
         return f"running: {', '.join(progress.running) or 'none'}; done {progress.done}/{len(specs)}"
 
-    try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                spec = pending.pop(0)
-                if status[spec.name] == "reused":
-                    times[spec.name] = {"status": "reused", "wall_s": 0.0, "cpu_s": None}
-                    progress.done += 1
-                    log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(out.run(spec.name))})")
-                    continue
-                ledger.start(spec.name, out.run(spec.name))
-                with open(out.log(spec.name), "ab") as f:
-                    proc = spawn(train_command(spec, out.run(spec.name)), env, f)
-                running[proc.pid] = (spec, proc, time.perf_counter(), status[spec.name])
-                ledger.update(spec.name, 0.0, 0.0, "running", force=True)
-                log(
-                    f"[{index[spec.name]}/{len(specs)}] {spec.label}: {status[spec.name].replace('ed', 'ing')} "
-                    f"(pid {proc.pid}; {show()})"
-                )
-            finished = []
-            for pid, (spec, proc, start, _) in running.items():
-                got, wait_status, usage = os.wait4(pid, os.WNOHANG)
-                if got:
-                    proc.returncode = os.waitstatus_to_exitcode(wait_status)
-                    finished.append((pid, usage))
-                else:  # its seconds so far, for a kill -9 of this process
-                    ledger.update(spec.name, time.perf_counter() - start, process_cpu_s(pid), "running")
-            for pid, usage in finished:
-                spec, proc, start, what = running.pop(pid)
-                t = {"status": what, "wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime}
-                ledger.end(spec.name, t["wall_s"], t["cpu_s"], what if proc.returncode == 0 else "failed")
-                if proc.returncode != 0:
-                    tail = out.log(spec.name).read_text(errors="replace").strip().splitlines()[-15:]
-                    raise RuntimeError(
-                        f"training {spec.name} exited with code {proc.returncode}; the end of its log "
-                        f"{out.log(spec.name)}:\n  " + "\n  ".join(tail)
-                    )
-                times[spec.name] = t
+    def next_launch() -> Launch | None:
+        while pending:
+            spec = pending.pop(0)
+            if status[spec.name] == "reused":
+                times[spec.name] = {"status": "reused", "wall_s": 0.0, "cpu_s": None}
                 progress.done += 1
-                log(
-                    f"[{index[spec.name]}/{len(specs)}] {spec.name}: {what} ({_seconds(t)}, "
-                    f"{result_line(out.run(spec.name))}; {show()})"
-                )
-            if running and not finished:
-                time.sleep(0.5)
-    except Interrupted as e:
-        stop_running(running, e.signum, ledger)
-        raise
-    finally:
-        stop_running(running, signal.SIGTERM, ledger)
+                log(f"[{index[spec.name]}/{len(specs)}] {spec.name}: reused ({result_line(out.run(spec.name))})")
+                continue
+            run_dir = out.run(spec.name)
+            argv = train_argv(spec.trial, run_dir)
+            return Launch(spec.name, argv, env, out.log(spec.name), run_dir=run_dir, what=status[spec.name])
+        return None
+
+    def started(job: Job) -> None:
+        what = status[job.name].replace("ed", "ing")
+        log(f"[{index[job.name]}/{len(specs)}] {by_name[job.name].label}: {what} (pid {job.proc.pid}; {show()})")
+
+    def ended(job: Job) -> None:
+        if job.returncode != 0:
+            tail = out.log(job.name).read_text(errors="replace").strip().splitlines()[-15:]
+            raise RuntimeError(
+                f"training {job.name} exited with code {job.returncode}; the end of its log "
+                f"{out.log(job.name)}:\n  " + "\n  ".join(tail)
+            )
+        t = times[job.name] = {"status": status[job.name], "wall_s": job.wall_s, "cpu_s": job.cpu_s}
+        progress.done += 1
+        shown = f"{_seconds(t)}, {result_line(out.run(job.name))}; {show()}"
+        log(f"[{index[job.name]}/{len(specs)}] {job.name}: {t['status']} ({shown})")
+
+    out.logs.mkdir(parents=True, exist_ok=True)
+    signum = runner.run(next_launch, ended, on_start=started, on_stopped=lambda job: None, grace=GRACE_S)
+    if signum is not None:
+        raise Interrupted(signum, f"stopped by {signal_name(signum)}")
     return times
-
-
-def stop_running(running: dict, signum: int, ledger: Times) -> None:
-    """Pass ``signum`` on to the training processes still running, give them GRACE_S to save, then kill; each
-    one's seconds go to ``ledger`` as "stopped" when it is reaped (``os.wait4``: its CPU seconds with it)."""
-    for _, proc, *_ in running.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signum)
-    deadline = time.monotonic() + GRACE_S
-    while running:
-        late = time.monotonic() >= deadline
-        for pid in list(running):
-            if late:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-            try:
-                got, wait_status, usage = os.wait4(pid, 0 if late else os.WNOHANG)
-            except ChildProcessError:  # reaped just before the signal came: its CPU seconds are not known
-                got, wait_status, usage = pid, 0, None
-            if got:
-                spec, proc, start, _ = running.pop(pid)
-                proc.returncode = os.waitstatus_to_exitcode(wait_status)
-                cpu = usage.ru_utime + usage.ru_stime if usage else None
-                ledger.end(spec.name, time.perf_counter() - start, cpu, "stopped")
-        if running:
-            time.sleep(0.2)
 
 
 def checkpoint_step(run_dir: Path) -> int | None:

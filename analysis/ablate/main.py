@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
 from posenc_lab.errors import PosencLabError
+from posenc_lab.grid import Ledger
 from posenc_lab.rundir import RunDir, RunDirError
 
 from ..report import ReportSettings, build_report
@@ -31,7 +32,6 @@ from .jobs import (
 )
 from .outdir import AblationDir
 from .plan import check_grid, experiment_of, plan, seeds_by_cell, status
-from .times import Times
 
 FLAGS = ("--cfg", "--plan", "--train-only")
 
@@ -163,7 +163,7 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         f"ablate {a.name}: {len(specs)} runs -> {out.runs}; report -> {out.report} ({jobs} at a time, "
         f"{a.get('threads') or 'all'} torch thread(s) each)"
     )
-    ledger = Times(out.times, log)
+    ledger = Ledger(out.times, log)
     if a.retrain:
         for spec in specs:
             shutil.rmtree(out.run(spec.name), ignore_errors=True)

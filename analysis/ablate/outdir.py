@@ -5,7 +5,7 @@ does for a run, and its lock.
     <ablate.out>/runs/<run>/          one `posenc-lab train` run directory each (``plan.RunSpec.name``)
     <ablate.out>/logs/<run>.log       the output of each run's training process
     <ablate.out>/report/              report.md, its CSVs and PNGs
-    <ablate.out>/ablate_times.json    wall and CPU seconds of every run (``times.Times``)
+    <ablate.out>/ablate_times.json    wall and CPU seconds of every run (``posenc_lab.grid.Ledger``)
     <ablate.out>/.lock                the process writing the folder (``posenc_lab.rundir.RunLock``): a second
                                       ``posenc-lab ablate`` into the same folder is refused while the first runs
 
@@ -28,6 +28,7 @@ import os
 import shutil
 from pathlib import Path
 
+from posenc_lab.grid import RUNS, run_folder
 from posenc_lab.io import CorruptFileError, path_problem, read_json, write_json
 from posenc_lab.rundir import LOCK_FILE, RunDir, RunLock
 
@@ -37,7 +38,7 @@ FORMAT = 1
 
 class AblationDir:
     MARK = ".ablate.json"
-    RUNS = "runs"
+    RUNS = RUNS
     LOGS = "logs"
     REPORT = "report"
     TIMES = "ablate_times.json"
@@ -60,8 +61,8 @@ class AblationDir:
         return self.path / self.RUNS
 
     def run(self, name: str) -> Path:
-        """The run directory of the grid's run ``name``."""
-        return self.runs / name
+        """The run directory of the grid's run ``name`` (the grid runner's one rule)."""
+        return run_folder(self.path, name)
 
     @property
     def logs(self) -> Path:

@@ -2,7 +2,8 @@
 
 Every run is composed exactly as
 ``posenc-lab train experiment=NAME <your overrides> posenc=S model.mem_len=M model.loss_recent_frac=F seed=S``
-into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/``; its cell is the ``cellnames.CellName`` of those settings.
+into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/`` (``posenc_lab.grid.run_folder``); its cell is the
+``cellnames.CellName`` of those settings (``cellnames.HasCell``). The runs go to the grid runner as trials.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from posenc_lab.build import build_datamodule
 from posenc_lab.checks import problems
 from posenc_lab.compose import compose, quote
 from posenc_lab.data import check_corpus_options
+from posenc_lab.grid import Trial
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import scheme_names
 from posenc_lab.rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
 
-from ..cellnames import CellName, CellPattern, loss_label
+from ..cellnames import CellPattern, HasCell, loss_label
 
 
 @dataclass
-class RunSpec:
+class RunSpec(HasCell):  # cell_name, cell, label: cellnames.HasCell
+    """A run of the grid: its cell's settings, its seed, and its trial for the grid runner (``posenc_lab.grid``)."""
+
     name: str
     group: str | None  # None: the main corpus; "recall": the recall probe
     scheme: str
@@ -35,16 +39,8 @@ class RunSpec:
     seed: int = 0
 
     @property
-    def cell_name(self) -> CellName:
-        return CellName(self.scheme, self.mem_len, self.loss_frac, self.group or "")
-
-    @property
-    def cell(self) -> str:
-        return str(self.cell_name)
-
-    @property
-    def label(self) -> str:
-        return f"{self.cell}, seed {self.seed}"
+    def trial(self) -> Trial:
+        return Trial(self.name, tuple(self.overrides))
 
 
 def experiment_of(overrides: Sequence[str]) -> str:
@@ -108,7 +104,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
 
     def add(group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig):
         M = mem if recurrent else 0
-        cell = CellName(scheme, M, frac, group or "")
+        cell = RunSpec("", group, scheme, M, frac, []).cell_name
         per_scheme = [_resolve_in(group_cfg, o) for o in raw_overrides.get(scheme) or []]
         for seed in dict.fromkeys([*seeds, *(extra_seeds if any(p.matches(cell) for p in extra) else [])]):
             overrides = [

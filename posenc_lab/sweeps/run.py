@@ -5,7 +5,8 @@
     posenc-lab sweep sweeps/bayes_xl.yaml --count 30 --jobs 8 --out runs/bayes hydra/launcher=slurm ...
 
 The loop: the engine (engine.py) proposes the next trial from the trials so far and their metrics; the trial
-runs as the sweep file's command (command.py) in a process of its own, ``--jobs`` at a time, in the
+runs as the sweep file's command (command.py) in a process of its own, ``--jobs`` at a time (the one grid runner,
+``posenc_lab.grid``; a trial's run folder is ``grid.run_folder`` unless the sweep file names one), in the
 environment wandb's agent gives (WANDB_SWEEP_ID, WANDB_RUN_ID; wandb offline); its SweepTrial callback
 (trial.py) writes the metric at every validation, which feeds hyperband (``early_terminate``) while it runs;
 a trial the engine stops ends at its next validation. When a trial ends its metric is read back from its run
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import math
 import os
 import shlex
@@ -27,18 +27,18 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from .. import grid
 from ..compose import Composer
-from ..errors import bounded, signal_name, stop_at_once
+from ..errors import RunDirError, bounded, signal_name, stop_at_once
 from ..io import CorruptFileError
-from ..processes import spawn, stop
 from ..rundir import RunDir
+from ..runlock import RunLock
 from . import command, engine
 from .check import check_sweep, validate_config, validate_launcher
 from .spec import Sweep, SweepError, load_sweep, override_key
@@ -51,7 +51,8 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class Runner:
-    """One invocation of a sweep: starts, watches and reads back trials until ``count`` or the grid is done."""
+    """One invocation of a sweep: the trials the engine proposes, handed to the one grid runner (``posenc_lab.grid``)
+    until ``count`` or the grid is done; each read back when it ends."""
 
     def __init__(self, sweep: Sweep, state: SweepState, extra: list[str], count: int | None, jobs: int, **opts: Any):
         self.sweep, self.state, self.extra, self.count, self.jobs = sweep, state, extra, count, jobs
@@ -60,13 +61,13 @@ class Runner:
         self.devices = opts.get("devices")  # CUDA_VISIBLE_DEVICES of each job slot, round robin
         self.metric = sweep.metric["name"]
         self.launcher = command.launcher(extra)
-        self.procs: dict[str, tuple[subprocess.Popen, Any, int]] = {}  # id -> (process, log, job slot)
+        self.grid = grid.Grid(jobs)
         self.exhausted = False
         self.signal: int | None = None
         self.stopping = False
         # the sweep's size, for the progress lines (random and bayes need a count: check_inputs)
-        grid = math.prod(len(v) for v in sweep.parameters.values()) if sweep.method == "grid" else None
-        self.total = min(x for x in (count, grid) if x is not None)
+        grid_size = math.prod(len(v) for v in sweep.parameters.values()) if sweep.method == "grid" else None
+        self.total = min(x for x in (count, grid_size) if x is not None)
 
     # ---- the loop ---------------------------------------------------------------------------------------
 
@@ -75,59 +76,47 @@ class Runner:
             if t["state"] == "running":
                 t["state"] = "interrupted"
         self.state.save()
-        previous = {s: signal.signal(s, self._on_signal) for s in EXIT_CODES}
         try:
-            while self.signal is None:
-                self._reap()
-                self._early_terminate()
-                if self.signal is None:
-                    self._fill()
-                if not self.procs:
-                    break
-                time.sleep(self.poll)
+            self.signal = self.grid.run(
+                self._next, self._ended, on_tick=self._early_terminate, on_signal=self._on_signal,
+                on_stop=self._shutdown, pass_on=signal.SIGTERM, grace=self.kill_after, poll=self.poll,
+                signals=tuple(EXIT_CODES),
+            )  # fmt: skip
         finally:
-            if self.procs:  # a signal, or an error of the runner itself: no trial outlives it
-                self._shutdown()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
             self.state.save()
             write_table(self.state, figure=True)
         return self._report()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.signal is None:
-            self.signal = signum
-            print(f"\nposenc-lab sweep: {signal.Signals(signum).name}: stopping the running trials ...", flush=True)
-        else:  # a second one: do not wait for them
-            self.kill_after = 0.0
+    def _on_signal(self, signum: int) -> None:
+        self.signal = signum  # no new trial starts
+        print(f"\nposenc-lab sweep: {signal.Signals(signum).name}: stopping the running trials ...", flush=True)
 
-    def _fill(self) -> None:
-        """Start trials until --jobs run: interrupted ones first (they resume), then the engine's proposals."""
-        while len(self.procs) < self.jobs:
-            waiting = [t for t in self.state.trials if t["state"] == "interrupted" and t["id"] not in self.procs]
-            if waiting:
-                self._start(waiting[0])
-                continue
-            if self.exhausted or (self.count is not None and len(self.state.trials) >= self.count):
-                return
-            proposal = engine.propose(self.sweep.spec, self.state.trials, self.state.seed)
-            if proposal is None:
-                self.exhausted = True
-                return
-            self._start(self.state.add_trial(*proposal))
+    def _next(self) -> grid.Launch | None:
+        """The next trial to start: an interrupted one first (it resumes), then the engine's proposal."""
+        if self.signal is not None:
+            return None
+        waiting = [t for t in self.state.trials if t["state"] == "interrupted" and t["id"] not in self.grid.running]
+        if waiting:
+            return self._launch(waiting[0])
+        if self.exhausted or (self.count is not None and len(self.state.trials) >= self.count):
+            return None
+        proposal = engine.propose(self.sweep.spec, self.state.trials, self.state.seed)
+        if proposal is None:
+            self.exhausted = True
+            return None
+        return self._launch(self.state.add_trial(*proposal))
 
     # ---- one trial --------------------------------------------------------------------------------------
 
-    def _start(self, trial: dict[str, Any]) -> None:
+    def _launch(self, trial: dict[str, Any]) -> grid.Launch:
         out, tid = self.state.out, trial["id"]
         overrides = command.trial_overrides(self.sweep, trial["params"], self.extra)
         env = command.trial_env(self.sweep.spec, self.state.sweep_id, tid)
-        slot = min(set(range(self.jobs)) - {s for *_, s in self.procs.values()})
         if self.devices:
-            env["CUDA_VISIBLE_DEVICES"] = self.devices[slot % len(self.devices)]
+            env["CUDA_VISIBLE_DEVICES"] = self.devices[self.grid.free_slot() % len(self.devices)]
         if trial["run_dir"] is None:
             fixed = resolve_run_dir(overrides, env, out)
-            trial["run_dir"] = str(fixed or (out / "trials" / tid).resolve())
+            trial["run_dir"] = str(fixed or grid.run_folder(out, tid))
         run_dir = Path(trial["run_dir"])
         trial["log"] = str(out / "logs" / f"{tid}.log")
         stop = self._stop_file(tid)
@@ -137,37 +126,25 @@ class Runner:
         args = command.merge_overrides(overrides, runner)
         if self.launcher:
             args = ["-m", *args, *command.launcher_overrides(run_dir, out / "launch" / tid)]
-        Path(trial["log"]).parent.mkdir(parents=True, exist_ok=True)
-        log = open(trial["log"], "a", encoding="utf-8")  # closed when the trial is reaped
         argv = command.command_prefix(self.sweep.spec["command"]) + args
-        # the header: the trial's own environment and command line, to rerun it by hand
-        own = [f"{k}={v}" for k, v in env.items() if os.environ.get(k) != v]
-        log.write(f"# {now()}: {shlex.join(['env', *own, *argv])}\n")
-        log.flush()
-        proc = spawn(argv, env, log)  # its own session, dying with the runner (posenc_lab.processes)
-        self.procs[tid] = (proc, log, slot)
         trial.update(state="running", started=now(), ended=None, returncode=None, error=None)
         self.state.save()
         params = " ".join(f"{k}={v}" for k, v in trial["params"].items())
         print(f"trial {trial['number'] + 1}/{self.total} {tid}: {params} -> {run_dir}", flush=True)
+        # the log's header: the trial's own environment and command line, to rerun it by hand
+        return grid.Launch(tid, argv, env, Path(trial["log"]), header=True)
 
     def _stop_file(self, trial_id: str) -> Path:
         return self.state.out / "stop" / trial_id
 
-    def _reap(self) -> None:
-        for tid, (proc, *_) in list(self.procs.items()):
-            if proc.poll() is not None:
-                self._ended(tid)
-
-    def _ended(self, tid: str) -> None:
-        proc, log, _ = self.procs.pop(tid)
-        log.close()
+    def _ended(self, job: grid.Job) -> None:
+        tid, returncode = job.name, job.returncode
         trial = self.state.trial(tid)
         run = RunDir(trial["run_dir"])
         trial["history"], trial["stopped_at"] = read_history(run.path / HISTORY_FILE)
-        trial.update(returncode=proc.returncode, ended=now())
+        trial.update(returncode=returncode, ended=now())
         try:
-            results = run.results() if proc.returncode == 0 and run.results_file.is_file() else None
+            results = run.results() if returncode == 0 and run.results_file.is_file() else None
         except CorruptFileError as e:  # the trial failed after all; the sweep goes on
             results, trial["error"] = None, str(e)
         if results is not None:
@@ -180,7 +157,7 @@ class Runner:
             trial["state"] = "interrupted"
         else:
             trial["state"] = "failed"
-            trial["error"] = trial["error"] or last_error(Path(trial["log"])) or f"exit status {proc.returncode}"
+            trial["error"] = trial["error"] or last_error(Path(trial["log"])) or f"exit status {returncode}"
         self._stop_file(tid).unlink(missing_ok=True)
         self.state.save()
         write_table(self.state, figure=False)
@@ -188,14 +165,14 @@ class Runner:
         print(f"trial {tid}: {trial['state']} {shown}", flush=True)
 
     def _early_terminate(self) -> None:
-        if not self.sweep.spec.get("early_terminate") or not self.procs:
+        if not self.sweep.spec.get("early_terminate") or not self.grid.running:
             return
-        for tid in self.procs:
+        for tid in self.grid.running:
             trial = self.state.trial(tid)
             trial["history"], _ = read_history(Path(trial["run_dir"]) / HISTORY_FILE)
         for tid in engine.to_stop(self.sweep.spec, self.state.trials):
             stop = self._stop_file(tid)
-            if tid in self.procs and not stop.exists():
+            if tid in self.grid.running and not stop.exists():
                 stop.parent.mkdir(parents=True, exist_ok=True)
                 stop.write_text(f"stopped by {self.sweep.spec['early_terminate'].get('type')} at {now()}\n")
                 steps = len(self.state.trial(tid)["history"])
@@ -204,16 +181,13 @@ class Runner:
     # ---- stopping -----------------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        """SIGTERM to every trial (Lightning stops after the current step; SweepTrial saves last.ckpt), SIGKILL
-        to those still running after kill_after seconds; a SLURM job is cancelled (scancel)."""
+        """Before the runner's SIGTERM to every trial (Lightning stops after the current step; SweepTrial saves
+        last.ckpt) and its SIGKILL after kill_after seconds: the trials that end now are interrupted, and a SLURM
+        job is cancelled (scancel)."""
         self.stopping = True
         if self.launcher:
-            for tid in self.procs:
+            for tid in self.grid.running:
                 self._cancel_jobs(tid)
-        stop([proc for proc, *_ in self.procs.values()], signal.SIGTERM, self.kill_after, poll=self._reap)
-        for tid, (proc, *_) in list(self.procs.items()):
-            proc.wait()
-            self._ended(tid)
 
     def _cancel_jobs(self, tid: str) -> None:
         """scancel the SLURM jobs of a trial (submitit names a folder per job id under the launch dir)."""
@@ -361,7 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sweep = load_sweep(args.sweep)
                 check_inputs(sweep, args.overrides, args.count, out)
                 state = SweepState.open(out, sweep.path, sweep.spec, args.overrides)
-                held.enter_context(_locked(out))
+                try:  # one runner per sweep folder: the lock of a run folder and of ablate's (runlock.py)
+                    held.enter_context(RunLock(out, key="--out"))
+                except RunDirError as e:
+                    raise SweepError(str(e)) from None
                 again = ["posenc-lab", "sweep", args.sweep, "--out", str(out)]
                 again += [f"--count={args.count}"] * (args.count is not None)
                 again += [f"--jobs={args.jobs}"] * (args.jobs > 1) + [f"--devices={args.devices}"] * bool(args.devices)
@@ -391,15 +368,3 @@ class _StoppedBeforeTrials(BaseException):
 def _one_line(text: str) -> str:
     head, *items = text.split("\n  - ")
     return head + (" " + "; ".join(i.strip() for i in items) if items else "")
-
-
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    """One runner per sweep folder (an OS lock, dropped by the kernel when the process dies)."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise SweepError(f"{out} is being run by another posenc-lab sweep; wait, or use another --out") from None
-        yield

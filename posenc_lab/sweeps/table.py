@@ -3,15 +3,17 @@
 A row: trial, number, state (finished | stopped | failed | interrupted | running), one column per swept
 parameter, metric (its name), value (the final metric), steps, validations, run_dir, error. The best trial is
 the best value among finished and stopped trials; where trials repeat a setting with other seeds (equal
-parameters but for ``seed``), ``seed_interval`` gives the mean and a t-interval over those seeds of the final
+parameters but for ``seed``), ``seed_mean_interval`` gives the mean and a t-interval over those seeds of the final
 metric. The figure: the metric against each swept parameter, one panel each (seaborn).
 """
 
 from __future__ import annotations
 
 import math
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from ..io import write_text, write_with
@@ -21,20 +23,24 @@ if TYPE_CHECKING:
 
 CSV, MD, FIGURE = "sweep.csv", "sweep.md", "sweep.png"
 SEED = "seed"
+ESTIMATORS = "posenc_lab.estimators"  # the entry-point group of the analysis' estimator (seed_mean_interval)
 
 
-def seed_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): a Student-t interval over seeds of the final metric (``level`` two-sided), the one
-    place that computes it (the project's statistics module can take its place)."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
+def seed_mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) over seeds of the final metric, by the project's one estimator,
+    ``posenc_lab_analysis.stats.mean_interval``. posenc_lab never imports the analysis package (layering runs one
+    way), so the estimator stays where the report's statistics are and is found through the entry point
+    ``posenc_lab.estimators`` (pyproject.toml), as the console script finds ablate; without it the interval is
+    NaN. A final metric is one number per seed, not per-token values in units: given as two identical units, every
+    unit residual of the text part is 0, so the interval is the seed part alone, var_s / n with n - 1 degrees of
+    freedom: Student's t over seeds."""
+    mean = sum(values) / len(values)
+    estimator = next((ep for ep in entry_points(group=ESTIMATORS) if ep.name == "mean_interval"), None)
+    if estimator is None or len(values) < 2:
         return mean, math.nan, math.nan
-    sem = stats.sem(values)
-    half = sem * stats.t.ppf((1 + level) / 2, n - 1) if sem > 0 else 0.0
-    return mean, mean - half, mean + half
+    per_seed = np.repeat(np.asarray(values, dtype=np.float64)[:, None], 2, axis=1)  # [n_seeds, 2 units]
+    d = estimator.load()(per_seed, np.array([0, 1]), level)
+    return d.estimate, d.low, d.high
 
 
 def sweep_frame(state: SweepState) -> pd.DataFrame:
@@ -77,7 +83,7 @@ def seed_groups(frame: pd.DataFrame, names: list[str]) -> list[dict[str, Any]]:
         if len(group) < 2:
             continue
         setting = setting if isinstance(setting, tuple) else (setting,)
-        mean, low, high = seed_interval(group["value"].astype(float).tolist())
+        mean, low, high = seed_mean_interval(group["value"].astype(float).tolist())
         out.append({"setting": dict(zip(keys, setting)), "n": len(group), "mean": mean, "low": low, "high": high})
     return out
 
