@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from posenc_lab_analysis.coverage import BEFORE, MEASURED, SPLIT, Components, coverage, designed, error_rates
+from posenc_lab_analysis.coverage import (
+    BEFORE,
+    MEASURED,
+    SPLIT,
+    Components,
+    _pairs,
+    coverage,
+    designed,
+    error_rates,
+)
 
 
 def _at(icc: float) -> Components:
     return Components(**{**MEASURED.__dict__, "icc": icc})
+
+
+def _with(**k) -> Components:
+    return Components(**{**MEASURED.__dict__, **k})
 
 
 @pytest.mark.parametrize(
@@ -19,6 +32,24 @@ def test_the_family_interval_covers_at_the_measured_components(layout, low, high
     """200 simulated differences per layout; the default split and the designed one near nominal, the split
     before it conservative (one family is half of the evidence)."""
     assert low <= coverage(layout, MEASURED, reps=200, seed=2)["coverage"] <= high
+
+
+def test_the_memory_verdicts_measured_configuration_covers():
+    """Issue 39: file SD about 0, xl:mem32's seed SD 0.0075 against xl:nomem's 0, 3 seeds a side: the seed part of
+    one cell (2 df) dominates. The plugged-in Welch-Satterthwaite df covered 0.924 (the audit) and 0.93 here; a
+    dominant part caps the df at its own (stats._df). 400 simulations: a standard error of 0.011 at 0.95."""
+    pair = _pairs()["memory"]
+    assert MEASURED.of(pair[0]) > 0.005 and MEASURED.of(pair[1]) < 0.001  # the configuration measured
+    r = coverage(SPLIT, _with(file_sd=0.0), reps=400, seed=5, pair=pair)
+    assert r["coverage"] >= 0.94 and r["median_df"] < 2.5
+
+
+def test_shared_seeds_analysed_as_independent_stay_conservative():
+    """Seed s of both cells correlated 0.7 (one initialisation and data order, analysed as independent): the
+    interval covers at least as often as at 0 (the correlation lowers the true variance of the difference)."""
+    at0 = coverage(SPLIT, MEASURED, reps=300, seed=6)
+    at7 = coverage(SPLIT, MEASURED, reps=300, seed=6, seed_corr=0.7)
+    assert at7["coverage"] >= 0.94 and at7["coverage"] >= at0["coverage"]
 
 
 def test_files_as_units_undercover_when_one_family_dominates_and_families_share_their_effect():
@@ -35,6 +66,7 @@ def test_the_pipeline_at_the_global_null_judges_the_preregistered_verdicts():
         "xl_memory_best",
         "only_xl_gains_from_attention",
         "memory_extends_xl_context",
+        "memory_narrows_fragmentation",
     ):
         assert df.loc[v, "judged"] == 1.0
     assert df.loc["recall_needs_memory", "judged"] == 0.0  # not simulated: the probe's own units

@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from posenc_lab_analysis.stats import EPS, _bell_mccaffrey, cr2_weights, holm, mean_interval, p_text, paired_difference
+from posenc_lab_analysis.stats import (
+    EPS,
+    _bell_mccaffrey,
+    _df,
+    cr2_weights,
+    holm,
+    mean_interval,
+    p_text,
+    paired_difference,
+)
 
 # ---- the simulation ------------------------------------------------------------------------------
 
@@ -119,6 +128,18 @@ def test_paired_seeds_take_the_difference_run_by_run():
     assert paired.low > 0 and independent.low < 0 < independent.high
     with pytest.raises(ValueError, match="same seeds on both sides"):
         paired_difference(a, a[:2], docs, paired_seeds=True)
+
+
+def test_a_dominant_part_caps_the_degrees_of_freedom_at_its_own():
+    """Welch-Satterthwaite over the parts, but a part holding 60% of the variance or more caps the df at its own
+    (stats._df): the plugged-in df of a sum dominated by a 2-df part rises when that part is underestimated."""
+    ws = lambda parts: sum(v for v, _ in parts) ** 2 / sum(v**2 / d for v, d in parts)  # noqa: E731
+    dominated = [(0.7, 2.0), (0.1, 2.0), (0.2, 40.0)]
+    assert ws(dominated) > 2.5 and _df(dominated) == 2.0
+    balanced = [(0.5, 2.0), (0.45, 2.0), (0.05, 40.0)]
+    assert _df(balanced) == pytest.approx(ws(balanced)) and _df(balanced) > 3.5
+    text = [(0.05, 2.0), (0.05, 2.0), (0.9, 30.0)]
+    assert ws(text) > 30.0 and _df(text) == 30.0  # the text's own Bell-McCaffrey df, whatever the seeds add
 
 
 def test_a_mean_and_its_interval():
