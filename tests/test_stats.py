@@ -242,3 +242,19 @@ if __name__ == "__main__":  # the table of analysis/README.md
     print("|---|---|---|---|")
     for phi, seed_sd, doc_sd in SCENARIOS:
         print(f"| {phi} | {seed_sd} | {doc_sd} | {coverage(phi, seed_sd, doc_sd, reps=1500, seed=1):.3f} |", flush=True)
+
+
+def test_the_skewness_correction_is_hall_s_monotone_transformation():
+    """g(t) = t + a t^2 / 3 + a^2 t^3 / 27 + a / 6 (Hall 1992) and its inverse; a = 0 is the t interval, and the
+    interval and the one-sided p agree at every level (an interval excludes 0 exactly when p < (1 - level) / 2)."""
+    from posenc_lab_analysis.stats import Difference, _hall, _hall_inverse
+
+    for a in (-0.3, 0.0, 0.2):
+        for t in (-4.0, -1.0, 0.5, 3.0):
+            assert _hall_inverse(_hall(t, a), a) == pytest.approx(t)
+    d = Difference(-0.02, 0, 0, 0.95, 0.01, 6.0, 3, 3, 30, True, skew=0.3).at(0.95)
+    plain = Difference(-0.02, 0, 0, 0.95, 0.01, 6.0, 3, 3, 30, True).at(0.95)
+    assert d.high - d.estimate > plain.high - plain.estimate and d.estimate - d.low < plain.estimate - plain.low
+    for level in (0.8, 0.9, 0.95, 0.99):
+        x = d.at(level)
+        assert (x.high < 0) == (d.p_value("<0") < (1 - level) / 2)
