@@ -35,7 +35,10 @@ that holds half of the tokens leaves the text part with one or two degrees of fr
 as it should: one unit is one draw. The interval is theta +- t_{df} sqrt(V), df by Welch-Satterthwaite over
 the three parts (seeds of a, of b: n - 1 each; the text: Bell-McCaffrey), capped at a part's own df when it
 holds 60% or more of V (``_df``: where one part of few df dominates, the plugged-in df rises exactly when the
-variance is underestimated). With 3 seeds a side df is small and
+variance is underestimated); its ends are moved by the estimate's skewness, estimated from the text part's third
+cumulant (Hall's transformation, ``_hall``: skewed unit effects otherwise leave the t interval wholly below
+the truth far more often than above), and the one-sided p-values go through the same transformation, so that an
+interval excludes 0 exactly when its p-value says so. With 3 seeds a side df is small and
 the interval wide: that is what 3 seeds know. A cell with one seed has no seed variance to estimate: its
 interval covers the text only (``covers_seeds`` is False, and no verdict is judged on it).
 
