@@ -124,30 +124,69 @@ class Simulator:
         self.noise_sd = np.sqrt(comps.kappa * n_k**-comps.gamma * m_k)[self.file]
         self.comps = comps
 
-    def cell(self, rng, name: str, seeds: int | None = None) -> np.ndarray:
+    def cell(
+        self, rng, name: str, seeds: int | None = None, families: str = "normal", shared=None, seed_corr: float = 0.0
+    ) -> np.ndarray:
         """[seeds, pseudo-tokens] of one cell at the null; seeds: the cell's in the default ablation (``SEEDS``),
-        else 3."""
+        else 3. families: "normal" (the family effects above), "exponential" (skewed: Exp(1) - 1, mean 0, with the
+        whole difference's family variance, rho tau^2, on this cell) or "none". shared: [>= seeds] standard
+        normal seed draws shared by the cells of one ablation (seed s of every cell: ``seed_everything(s)``),
+        correlated with this cell's seed effect at ``seed_corr``."""
         seeds = seeds or SEEDS.get(name, 3)
         c = self.comps
-        f = rng.normal(0, np.sqrt(c.icc / 2) * c.file_sd, self.G)[self.family]
+        if families == "exponential":
+            f = (rng.exponential(1.0, self.G) - 1.0)[self.family] * np.sqrt(c.icc) * c.file_sd
+        else:
+            f = rng.normal(0, np.sqrt(c.icc / 2) * c.file_sd * (families == "normal"), self.G)[self.family]
         u = rng.normal(0, np.sqrt((1 - c.icc) / 2) * c.file_sd, self.K)[self.file]
-        alpha = rng.normal(0, c.of(name), (seeds, 1))
-        return f + u + alpha + rng.normal(0, 1, (seeds, len(self.file))) * self.noise_sd
+        z = rng.normal(0, 1, (seeds, 1))
+        if shared is not None:
+            z = np.sqrt(seed_corr) * np.asarray(shared)[:seeds, None] + np.sqrt(1 - seed_corr) * z
+        return f + u + c.of(name) * z + rng.normal(0, 1, (seeds, len(self.file))) * self.noise_sd
 
 
-def coverage(layout: Layout, comps: Components, reps: int, seed: int = 0, units: str = "family") -> dict:
-    """One difference (``PAIR``, each side its seeds) at the null: the coverage of its 95% interval, the rate at which a
-    one-sided test at 5% rejects (either direction, each counted), and the median df."""
+def coverage(
+    layout: Layout,
+    comps: Components,
+    reps: int,
+    seed: int = 0,
+    units: str = "family",
+    pair: tuple[str, str] = PAIR,
+    seeds: tuple[int, int] | None = None,
+    skewed: bool = False,
+    seed_corr: float = 0.0,
+) -> dict:
+    """One difference (``pair``, each side its seeds, or ``seeds``) at the null: the coverage of its 95% interval,
+    the share of intervals wholly below the truth (``below``) and above it, the rate at which a one-sided test at 5%
+    rejects (either direction, each counted), the median df and the median width. skewed: the difference's
+    family effects Exp(1) - 1 (on the first cell), not normal. seed_corr: seed s of one cell correlates with seed s
+    of the other (``Simulator.cell``)."""
     rng = np.random.default_rng(seed)
     sim = Simulator(layout, comps)
     by = sim.family if units == "family" else sim.file
-    hits, reject, dfs = 0, 0, []
+    n_a, n_b = seeds or (None, None)
+    fam = ("exponential", "none") if skewed else ("normal", "normal")
+    below, above, reject, dfs, widths = 0, 0, 0, [], []
     for _ in range(reps):
-        d = paired_difference(sim.cell(rng, PAIR[0]), sim.cell(rng, PAIR[1]), by)
-        hits += d.low <= 0 <= d.high
+        shared = rng.normal(0, 1, 8)
+        d = paired_difference(
+            sim.cell(rng, pair[0], n_a, fam[0], shared, seed_corr),
+            sim.cell(rng, pair[1], n_b, fam[1], shared, seed_corr),
+            by,
+        )
+        below += d.high < 0
+        above += d.low > 0
         reject += d.p_value("<0") < 0.05
         dfs.append(d.df)
-    return {"coverage": hits / reps, "one_sided_5pct": reject / reps, "median_df": float(np.median(dfs))}
+        widths.append(d.high - d.low)
+    return {
+        "coverage": 1 - (below + above) / reps,
+        "below": below / reps,
+        "above": above / reps,
+        "one_sided_5pct": reject / reps,
+        "median_df": float(np.median(dfs)),
+        "median_width": float(np.median(widths)),
+    }
 
 
 def error_rates(
@@ -155,7 +194,8 @@ def error_rates(
 ) -> pd.DataFrame:
     """Every verdict of ``config`` (default: conf/paper.yaml) judged at the global null ``reps`` times through
     ``verdicts.judge``: the share of false "reproduced" and "contradicted", and of any false claim. The
-    as-trained cells, their attention gains (memory cells) and their context gains (every cell), each simulated
+    as-trained cells, their attention gains (memory cells), their context gains and their position gaps (every
+    cell; a gap's per-token values, ``sections/position.gap_values``, are carried as any loss), each simulated
     with the same components, are simulated; recall_beyond is not (its units are the probe's own)."""
     config = config or paper()
     rng = np.random.default_rng(seed)
@@ -168,7 +208,9 @@ def error_rates(
         memory = [c for c in CELLS if keys[c].memory]
         gain = Evidence({c: sim.cell(rng, c) for c in memory}, {c: keys[c] for c in memory}, sim.family)
         context = Evidence({c: sim.cell(rng, c) for c in CELLS}, keys, sim.family)  # the loss at 4 (L + M) - at L
-        verdicts, _ = judge(config, {"as_trained": trained, "attention_gain": gain, "context_gain": context})
+        position = Evidence({c: sim.cell(rng, c) for c in CELLS}, keys, sim.family)  # each token's share of the gap
+        measures = {"as_trained": trained, "attention_gain": gain, "context_gain": context, "position_gap": position}
+        verdicts, _ = judge(config, measures)
         false = False
         for v in verdicts:
             row = rows[v.id]
@@ -185,6 +227,24 @@ def error_rates(
     return df
 
 
+def _pairs() -> dict[str, tuple[str, str]]:
+    """The simulated differences of issue 39's rows, from the measured cells (no scheme named here): one scheme
+    with memory against itself without (the memory verdict's pair), and two cells of 2 seeds."""
+    keys = {c: _key(c) for c in CELLS}
+    memory = [
+        (a, b) for a in CELLS for b in CELLS if keys[a].scheme == keys[b].scheme and keys[a].memory > keys[b].memory
+    ]
+    two = [c for c in CELLS if SEEDS[c] == 2]
+    return {"memory": memory[0] if memory else PAIR, "two_seeds": tuple(two[:2]) if len(two) >= 2 else PAIR}
+
+
+def _row(name: str, r: dict) -> str:
+    return (
+        f"| {name} | {r['coverage']:.3f} | {r['below']:.3f} | {r['above']:.3f} | {r['one_sided_5pct']:.3f} | "
+        f"{r['median_df']:.1f} | {r['median_width']:.4f} |"
+    )
+
+
 def main(argv=None) -> int:
     """python -m posenc_lab_analysis.coverage [--reps N]: coverage and verdict error rates at the measured
     components, for the default split, the split before it and a designed one (the tables of analysis/README.md)."""
@@ -194,18 +254,33 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args(argv)
     layouts = (SPLIT, BEFORE, designed())
-    print("| layout | units | ICC | coverage of the 95% interval | one-sided 5% test rejects | median df |")
-    print("|---|---|---|---|---|---|")
+    head = (
+        "| coverage of the 95% interval | wholly below 0 | wholly above 0 | one-sided 5% test rejects | median df "
+        "| median width |"
+    )
+    print(f"| difference | {head[2:]}\n|---|---|---|---|---|---|---|")
+    pairs, at = _pairs(), lambda **k: Components(**{**MEASURED.__dict__, **k})
+    rows = [
+        (f"{PAIR[0]} - {PAIR[1]}, measured", dict(comps=MEASURED)),
+        (f"{pairs['memory'][0]} - {pairs['memory'][1]}, file SD 0 (the memory verdict's measured configuration)",
+         dict(comps=at(file_sd=0.0), pair=pairs["memory"])),
+        (f"{PAIR[0]} - {PAIR[1]}, seed s of both cells correlated 0.7 (shared seeds analysed as independent)",
+         dict(comps=MEASURED, seed_corr=0.7)),
+        (f"{pairs['two_seeds'][0]} - {pairs['two_seeds'][1]} (2 seeds a side), measured",
+         dict(comps=MEASURED, pair=pairs["two_seeds"])),
+        (f"{PAIR[0]} - {PAIR[1]}, file SD 0.1 all in the families, exponential family effects (skewed; the text "
+         "dominates)",
+         dict(comps=at(file_sd=0.1, icc=1.0), skewed=True)),
+        ("the same, normal family effects", dict(comps=at(file_sd=0.1, icc=1.0))),
+    ]  # fmt: skip
+    for name, kw in rows:
+        print(_row(name, coverage(SPLIT, reps=a.reps, seed=a.seed, **kw)), flush=True)
+    print(f"\n| layout | units | ICC | {head[2:]}\n|---|---|---|---|---|---|---|---|---|")
     for lay in layouts:
         for units in ("file", "family"):
-            for icc in sorted({0.0, MEASURED.icc, 0.1, 0.5, 0.72}):
-                comps = Components(**{**MEASURED.__dict__, "icc": icc})
-                r = coverage(lay, comps, a.reps, a.seed, units)
-                print(
-                    f"| {lay.name} | {units} | {icc:.2f} | {r['coverage']:.3f} | {r['one_sided_5pct']:.3f} | "
-                    f"{r['median_df']:.1f} |",
-                    flush=True,
-                )
+            for icc in sorted({0.0, MEASURED.icc, 0.5, 0.72}):
+                r = coverage(lay, at(icc=icc), a.reps, a.seed, units)
+                print(_row(f"{lay.name} | {units} | {icc:.2f}", r), flush=True)
     for lay in layouts:
         df = error_rates(lay, MEASURED, a.verdict_reps, a.seed)
         print(f"\n{lay.name}, global null, {a.verdict_reps} ablations; any false claim: {df.attrs['any_false']:.3f}")

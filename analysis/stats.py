@@ -33,14 +33,24 @@ G / (G - 1) when the units are equal. Its degrees of freedom are Bell and McCaff
 (``_bell_mccaffrey``): G - 1 for equal units, and about (sum w^2)^2 / sum w^4 when they are not, so a unit
 that holds half of the tokens leaves the text part with one or two degrees of freedom and a wide interval,
 as it should: one unit is one draw. The interval is theta +- t_{df} sqrt(V), df by Welch-Satterthwaite over
-the three parts (seeds of a, of b: n - 1 each; the text: Bell-McCaffrey). With 3 seeds a side df is small and
+the three parts (seeds of a, of b: n - 1 each; the text: Bell-McCaffrey), capped at a part's own df when it
+holds 60% or more of V (``_df``: where one part of few df dominates, the plugged-in df rises exactly when the
+variance is underestimated); its ends are moved by the estimate's skewness, estimated from the text part's third
+cumulant (Hall's transformation, ``_hall``: skewed unit effects otherwise leave the t interval wholly below
+the truth far more often than above), and the one-sided p-values go through the same transformation, so that an
+interval excludes 0 exactly when its p-value says so. With 3 seeds a side df is small and
 the interval wide: that is what 3 seeds know. A cell with one seed has no seed variance to estimate: its
 interval covers the text only (``covers_seeds`` is False, and no verdict is judged on it).
 
-Assumptions: seeds are exchangeable and independent between cells; units are independent and scored with
-the same tokens for every run (the paired design); every effect is additive on the loss scale; the mean of
-a cell is token-weighted (a unit counts by its scored tokens). Coverage and the verdicts' error rates at the
-variance components measured on the default ablation: analysis/README.md (``python -m
+Assumptions: seeds are exchangeable and independent between cells. Seed s of every cell is trained with
+``seed_everything(s)`` (the same initialisation where the parameters agree, the same data order), so they need
+not be: on the default ablation's dumps the seed means of two cells correlate at -0.08 over seeds they share (14
+pairs of schemes; xl with and without memory -0.63 on 3 seeds; ``variance.seed_correlation``), no pairing to
+use, and the seeds are analysed as independent (a positive correlation, 0.75 in the barely trained quick preset,
+makes the interval conservative; ``paired_seeds`` is for one run's own values only). Units are independent and
+scored with the same tokens for every run (the paired design); every effect is additive on the loss scale; the
+mean of a cell is token-weighted (a unit counts by its scored tokens). Coverage and the verdicts' error rates at
+the variance components measured on the default ablation: analysis/README.md (``python -m
 posenc_lab_analysis.coverage``).
 """
 
@@ -74,6 +84,7 @@ class Difference:
     units: int
     covers_seeds: bool
     largest_share: float = float("nan")
+    skew: float = 0.0  # a, the estimated skewness of the estimate (its text part's): Hall's transformation, ``_hall``
 
     @property
     def documents(self) -> int:
@@ -93,18 +104,19 @@ class Difference:
         if self.se == 0:
             side = shifted < 0 if predicted == "<0" else shifted > 0
             return 0.0 if side and abs(shifted) > EPS else 1.0
-        t = shifted / self.se
+        t = _hall(shifted / self.se, self.skew)
         return float(scipy_stats.t.cdf(t, self.df) if predicted == "<0" else scipy_stats.t.sf(t, self.df))
 
     def at(self, level: float) -> Difference:
         """The same estimate with its interval at another level (e.g. a Holm-adjusted one)."""
-        half = float(scipy_stats.t.ppf(0.5 + level / 2, self.df) * self.se) if self.se > 0 else 0.0
-        return replace(self, low=self.estimate - half, high=self.estimate + half, level=level)
+        low, high = _bounds(self.estimate, self.se, self.df, self.skew, level)
+        return replace(self, low=low, high=high, level=level)
 
     def scaled(self, k: float) -> Difference:
         """In other units (nats -> bits: k = 1 / ln 2)."""
         low, high = sorted((self.low * k, self.high * k))
-        return replace(self, estimate=self.estimate * k, low=low, high=high, se=self.se * abs(k))
+        skew = self.skew * float(np.sign(k))
+        return replace(self, estimate=self.estimate * k, low=low, high=high, se=self.se * abs(k), skew=skew)
 
     def text(self, digits: int = 3, signed: bool = True) -> str:
         if not np.isfinite(self.estimate):
@@ -211,14 +223,66 @@ def _seed_parts(sums: np.ndarray, n_g: np.ndarray, N: float) -> tuple[float, np.
     return v_seed, (resid**2).sum(0) / ((n - 1) * n)
 
 
-def _interval(estimate: float, parts: list[tuple[float, float]], level: float, **facts) -> Difference:
-    """t interval from variance parts [(V_i, df_i)] (Welch-Satterthwaite)."""
+# A part holding at least this share of the estimated variance caps the degrees of freedom at its own (``_df``).
+DOMINANT_SHARE = 0.6
+
+
+def _df(parts: list[tuple[float, float]]) -> float:
+    """Degrees of freedom of sum_i V_i, parts [(V_i, df_i)]: Welch-Satterthwaite, V^2 / sum V_i^2 / df_i, but never
+    more than the own df of a part that holds DOMINANT_SHARE of V or more.
+
+    Why the cap. Welch-Satterthwaite plugs the estimated parts in. Where one part of few df dominates (the
+    memory verdict: xl:mem32's seeds, 2 df, against xl:nomem's, whose seed SD is about 0, and no file effect),
+    the draws in which that part's estimate is small by chance are the ones in which the others' share, and so
+    the df, rise: the variance is underestimated and the t quantile shrinks at once. The true df of such a sum
+    is about the dominant part's (at most df_j / share_j^2), so the cap costs nothing where the part truly
+    dominates and guards the draws where it only seems not to. 0.6 is the smallest share (of 0.5, 0.6, 0.75)
+    that held coverage at 0.95 or more in the memory configuration (coverage.py; analysis/README.md) while
+    widening the default split's xl - shaw interval by about 6% (0.5: 44%); the cap is a rule of thumb checked
+    by simulation, not a theorem (Mickey and Brown 1966 bound the df between the smallest part's and the sum)."""
+    V = sum(v for v, _ in parts)
+    df = V**2 / sum(v**2 / d for v, d in parts if v > 0 and d > 0)
+    return float(min([df] + [d for v, d in parts if v >= DOMINANT_SHARE * V and d > 0]))
+
+
+def _third(D: np.ndarray, n_g: np.ndarray, N: float) -> float:
+    """The third cumulant of the text part of the estimate, sum_g c_g^(3/2) r_g^3 / N^3 (the CR2 factors of
+    ``_text_part`` for the residuals' shrinkage), D [G] the unit sums of the seed-averaged values."""
+    r = D - D.sum() / N * n_g
+    return float((cr2_weights(n_g / N) ** 1.5 * r**3).sum() / N**3)
+
+
+def _hall(t: float, a: float) -> float:
+    """Hall's (1992) transformation of a studentized mean, monotone in t, that removes the first-order effect of
+    a skewness a of the estimate (the t of a right-skewed mean is skewed left): g(t) = t + a t^2 / 3 + a^2 t^3 / 27
+    + a / 6, compared with the t distribution."""
+    return t + a * t**2 / 3 + a**2 * t**3 / 27 + a / 6
+
+
+def _hall_inverse(y: float, a: float) -> float:
+    return y if a == 0 else float(3 / a * (np.cbrt(1 + a * (y - a / 6)) - 1))
+
+
+def _bounds(estimate: float, se: float, df: float, a: float, level: float) -> tuple[float, float]:
+    """The interval {theta: |g((estimate - theta) / se)| <= t_df} (``_hall``; a = 0: the t interval)."""
+    if not se > 0:
+        return estimate, estimate
+    q = float(scipy_stats.t.ppf(0.5 + level / 2, df))
+    return estimate - se * _hall_inverse(q, a), estimate - se * _hall_inverse(-q, a)
+
+
+def _interval(
+    estimate: float, parts: list[tuple[float, float]], level: float, third: float = 0.0, **facts
+) -> Difference:
+    """Interval from variance parts [(V_i, df_i)], df by ``_df``, skewness-corrected by the text part's third
+    cumulant ``third`` (Hall's transformation: skewed unit effects left 7.5% of the t intervals wholly below the
+    truth and 1.0% above in issue 39's audit; analysis/README.md)."""
     V = sum(v for v, _ in parts)
     if V <= 0:
         return Difference(estimate, estimate, estimate, level, 0.0, float("inf"), **facts)
-    df = V**2 / sum(v**2 / d for v, d in parts if v > 0 and d > 0)
-    half = float(scipy_stats.t.ppf(0.5 + level / 2, df) * np.sqrt(V))
-    return Difference(estimate, estimate - half, estimate + half, level, float(np.sqrt(V)), float(df), **facts)
+    df, a = _df(parts), third / V**1.5
+    low, high = _bounds(estimate, float(np.sqrt(V)), df, a, level)
+    return Difference(estimate, low, high, level, float(np.sqrt(V)), float(df), skew=float(a), **facts)
 
 
 def paired_difference(a, b, units, level: float = 0.95, paired_seeds: bool = False) -> Difference:
@@ -227,9 +291,9 @@ def paired_difference(a, b, units, level: float = 0.95, paired_seeds: bool = Fal
 
     a: [n_seeds_a, n_tokens] per-token values of cell a; b: [n_seeds_b, n_tokens] of cell b, on the same
     tokens; units: [n_tokens] ids, the independent unit of each token (its family on pystdlib, its document or
-    chunk elsewhere). Different cells have independent seeds. paired_seeds: a and b come from the same runs
-    (seed s of a is seed s of b, e.g. one run evaluated at two lengths); the difference is then taken seed by
-    seed.
+    chunk elsewhere). Different cells' seeds are analysed as independent (module docstring: measured).
+    paired_seeds: a and b come from the same runs (seed s of a is seed s of b, e.g. one run evaluated at two
+    lengths); the difference is then taken seed by seed.
     """
     units = np.asarray(units)
     if units.ndim != 1:
@@ -251,7 +315,8 @@ def paired_difference(a, b, units, level: float = 0.95, paired_seeds: bool = Fal
     text, df_text = _text_part(A.mean(0) - B.mean(0), noise_a + noise_b, n_g, N)
     parts = [(seed_a, a.shape[0] - 1), (seed_b, b.shape[0] - 1), (text, df_text)]
     facts = dict(n_a=a.shape[0], n_b=b.shape[0], units=G, covers_seeds=min(a.shape[0], b.shape[0]) >= 2)
-    return _interval(estimate, parts, level, largest_share=float(n_g.max() / N), **facts)
+    third = _third(A.mean(0) - B.mean(0), n_g, N)
+    return _interval(estimate, parts, level, third, largest_share=float(n_g.max() / N), **facts)
 
 
 def mean_interval(a, units, level: float = 0.95) -> Difference:
@@ -266,9 +331,8 @@ def mean_interval(a, units, level: float = 0.95) -> Difference:
     seed, noise = _seed_parts(A, n_g, N)
     text, df_text = _text_part(A.mean(0), noise, n_g, N)
     facts = dict(n_a=a.shape[0], n_b=a.shape[0], units=G, covers_seeds=a.shape[0] >= 2)
-    return _interval(
-        estimate, [(seed, a.shape[0] - 1), (text, df_text)], level, largest_share=float(n_g.max() / N), **facts
-    )
+    parts = [(seed, a.shape[0] - 1), (text, df_text)]
+    return _interval(estimate, parts, level, _third(A.mean(0), n_g, N), largest_share=float(n_g.max() / N), **facts)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -23,11 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
+
+from .cellnames import CellName
 
 COMPONENTS_FILE = Path(__file__).with_name("variance_components.json")  # what coverage.py and ablate --plan read
 
@@ -116,6 +119,72 @@ def noise_law(cells: dict[str, np.ndarray], files: np.ndarray) -> tuple[float, f
     return float(np.exp(intercept)), float(-slope)
 
 
+def _pooled_seed_r(cells: dict[str, np.ndarray], seeds: dict[str, list[int]], pairs: list) -> tuple[float, float]:
+    """(pooled correlation, variance ratio) of the centred seed means over ``pairs`` [(a, b, shared seeds)]."""
+    ab = aa = bb = dd = 0.0
+    for a, b, common in pairs:
+        ma = cells[a][[seeds[a].index(s) for s in common]].mean(1)
+        mb = cells[b][[seeds[b].index(s) for s in common]].mean(1)
+        ma, mb = ma - ma.mean(), mb - mb.mean()
+        ab, aa, bb, dd = ab + ma @ mb, aa + ma @ ma, bb + mb @ mb, dd + (ma - mb) @ (ma - mb)
+    return float(ab / np.sqrt(aa * bb)), float(dd / (aa + bb))
+
+
+def seed_correlation(
+    cells: dict[str, np.ndarray],
+    seeds: dict[str, list[int]],
+    files: np.ndarray,
+    same: Callable[[str, str], bool],
+    relabellings: int = 2000,
+) -> dict:
+    """How much seed s of one cell resembles seed s of another (every cell trained with ``seed_everything(s)``:
+    the same initialisation where the parameters agree, the same data order), pooled over the pairs of cells that
+    share at least 2 seeds, apart for the pairs ``same(a, b)`` (one scheme with and without memory: the same
+    parameters) and the rest. On each pair's shared seeds, the centred per-seed means a_s, b_s: ``means_r`` = sum
+    a_s b_s / sqrt(sum a_s^2 sum b_s^2) pooled over the pairs, and ``variance_ratio`` = sum (a_s - b_s)^2 /
+    sum (a_s^2 + b_s^2), the variance of a seed-by-seed difference over that of independent seeds (1 - r at
+    equal spreads): what pairing by seed would buy (< 1). ``null_90``: the 5% and 95% points of ``means_r`` when
+    each cell's seeds are relabelled at random (no pairing at all), the noise of so few seeds. ``files_r``: the
+    correlation of the seeds' file means, each seed's global shift out (token-weighted)."""
+    K = int(files.max()) + 1
+    n_k = np.bincount(files, minlength=K).astype(float)
+    rng = np.random.default_rng(0)
+    out = {}
+    for group, want in (("same_scheme", True), ("other_schemes", False)):
+        pairs = [
+            (a, b, common)
+            for a, b in combinations(cells, 2)
+            if same(a, b) == want and len(common := sorted(set(seeds[a]) & set(seeds[b]))) >= 2
+        ]
+        if not pairs:
+            continue
+        r, ratio = _pooled_seed_r(cells, seeds, pairs)
+        null = [
+            _pooled_seed_r(cells, {c: list(rng.permutation(s)) for c, s in seeds.items()}, pairs)[0]
+            for _ in range(relabellings)
+        ]
+        fab = faa = fbb = 0.0
+        for a, b, common in pairs:
+            ra, rb = (
+                _file_sums(cells[c][[seeds[c].index(s) for s in common]], files, K) / np.maximum(n_k, 1) for c in (a, b)
+            )
+            ra, rb = (
+                x
+                - x.mean(0)
+                - ((x * n_k).sum(1, keepdims=True) / n_k.sum() - (x * n_k).sum() / n_k.sum() / len(x)) * (n_k > 0)
+                for x in (ra, rb)
+            )
+            fab, faa, fbb = fab + (n_k * ra * rb).sum(), faa + (n_k * ra**2).sum(), fbb + (n_k * rb**2).sum()
+        out[group] = {
+            "pairs": [{"a": a, "b": b, "seeds": common} for a, b, common in pairs],
+            "means_r": r,
+            "variance_ratio": ratio,
+            "null_90": [float(np.quantile(null, 0.05)), float(np.quantile(null, 0.95))],
+            "files_r": float(fab / np.sqrt(faa * fbb)),
+        }
+    return out
+
+
 def layout(files: np.ndarray, family: np.ndarray) -> dict:
     """Files, families, their scored tokens, the largest family's share and the effective number of families
     (1 / sum of squared token shares)."""
@@ -136,8 +205,17 @@ def layout(files: np.ndarray, family: np.ndarray) -> dict:
     }
 
 
-def measure(cells: dict[str, np.ndarray], files: np.ndarray, family: np.ndarray) -> dict:
-    """Every component of a group of cells (name -> [n_seeds, tokens]) on shared tokens."""
+def _same_scheme(a: str, b: str) -> bool:
+    """One scheme, loss and group, with and without memory (or another memory): the same parameters."""
+    x, y = CellName.parse(a), CellName.parse(b)
+    return (x.scheme, x.loss_frac, x.group) == (y.scheme, y.loss_frac, y.group)
+
+
+def measure(
+    cells: dict[str, np.ndarray], files: np.ndarray, family: np.ndarray, seeds: dict[str, list[int]] | None = None
+) -> dict:
+    """Every component of a group of cells (name -> [n_seeds, tokens]) on shared tokens; ``seeds``: each cell's
+    seed of every row (default 0, 1, ...), for the seed correlation."""
     seeded = {c: x for c, x in cells.items() if x.shape[0] >= 2}
     kappa, gamma = noise_law(cells, files)
     pairs = [
@@ -153,6 +231,9 @@ def measure(cells: dict[str, np.ndarray], files: np.ndarray, family: np.ndarray)
         "median_file_sd": float(np.median([p.file_sd for p in pairs])) if pairs else float("nan"),
         "median_icc": float(np.nanmedian([p.icc for p in pairs])) if pairs else float("nan"),
         "noise": {"kappa": kappa, "gamma": gamma},
+        "seed_correlation": seed_correlation(
+            cells, seeds or {c: list(range(len(x))) for c, x in cells.items()}, files, _same_scheme
+        ),
     }
 
 
@@ -197,9 +278,11 @@ def from_dumps(folder: Path) -> dict:
     first = next(iter(loaded.values()))
     files, family = file_layout(first.token_documents, first.token_units)
     cells: dict[str, list] = {}
+    seeds: dict[str, list] = {}
     for d in loaded.values():
         cells.setdefault(d.meta["cell"], []).append(d.at().astype(np.float64))
-    return measure({c: np.stack(v) for c, v in cells.items()}, files, family)
+        seeds.setdefault(d.meta["cell"], []).append(int(d.meta.get("seed", len(seeds.get(d.meta["cell"], [])))))
+    return measure({c: np.stack(v) for c, v in cells.items()}, files, family, seeds)
 
 
 def main(argv=None) -> int:
@@ -236,6 +319,13 @@ def main(argv=None) -> int:
         )
     print(f"median file SD {res['median_file_sd']:.4f}, median intra-family correlation {res['median_icc']:.2f}")
     print(f"token noise of a file mean, one seed: {res['noise']['kappa']:.3g} n^-{res['noise']['gamma']:.2f}")
+    for group, r in res["seed_correlation"].items():
+        print(
+            f"seed s of one cell against seed s of another ({group.replace('_', ' ')}, {len(r['pairs'])} pairs): "
+            f"correlation of the seed means {r['means_r']:+.2f}, of the file means {r['files_r']:+.2f}; variance of "
+            f"a seed-by-seed difference / of independent seeds {r['variance_ratio']:.2f} (seeds relabelled at random: "
+            f"r {r['null_90'][0]:+.2f} to {r['null_90'][1]:+.2f}, 90%)"
+        )
     if a.out:
         a.out.write_text(json.dumps(res, indent=1))
     if a.components:

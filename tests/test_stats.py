@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from posenc_lab_analysis.stats import EPS, _bell_mccaffrey, cr2_weights, holm, mean_interval, p_text, paired_difference
+from posenc_lab_analysis.stats import (
+    EPS,
+    _bell_mccaffrey,
+    _df,
+    cr2_weights,
+    holm,
+    mean_interval,
+    p_text,
+    paired_difference,
+)
 
 # ---- the simulation ------------------------------------------------------------------------------
 
@@ -121,6 +130,18 @@ def test_paired_seeds_take_the_difference_run_by_run():
         paired_difference(a, a[:2], docs, paired_seeds=True)
 
 
+def test_a_dominant_part_caps_the_degrees_of_freedom_at_its_own():
+    """Welch-Satterthwaite over the parts, but a part holding 60% of the variance or more caps the df at its own
+    (stats._df): the plugged-in df of a sum dominated by a 2-df part rises when that part is underestimated."""
+    ws = lambda parts: sum(v for v, _ in parts) ** 2 / sum(v**2 / d for v, d in parts)  # noqa: E731
+    dominated = [(0.7, 2.0), (0.1, 2.0), (0.2, 40.0)]
+    assert ws(dominated) > 2.5 and _df(dominated) == 2.0
+    balanced = [(0.5, 2.0), (0.45, 2.0), (0.05, 40.0)]
+    assert _df(balanced) == pytest.approx(ws(balanced)) and _df(balanced) > 3.5
+    text = [(0.05, 2.0), (0.05, 2.0), (0.9, 30.0)]
+    assert ws(text) > 30.0 and _df(text) == 30.0  # the text's own Bell-McCaffrey df, whatever the seeds add
+
+
 def test_a_mean_and_its_interval():
     rng = np.random.default_rng(4)
     a, _, docs = simulate(rng, 0.9, 0.02, 0.05)
@@ -221,3 +242,19 @@ if __name__ == "__main__":  # the table of analysis/README.md
     print("|---|---|---|---|")
     for phi, seed_sd, doc_sd in SCENARIOS:
         print(f"| {phi} | {seed_sd} | {doc_sd} | {coverage(phi, seed_sd, doc_sd, reps=1500, seed=1):.3f} |", flush=True)
+
+
+def test_the_skewness_correction_is_hall_s_monotone_transformation():
+    """g(t) = t + a t^2 / 3 + a^2 t^3 / 27 + a / 6 (Hall 1992) and its inverse; a = 0 is the t interval, and the
+    interval and the one-sided p agree at every level (an interval excludes 0 exactly when p < (1 - level) / 2)."""
+    from posenc_lab_analysis.stats import Difference, _hall, _hall_inverse
+
+    for a in (-0.3, 0.0, 0.2):
+        for t in (-4.0, -1.0, 0.5, 3.0):
+            assert _hall_inverse(_hall(t, a), a) == pytest.approx(t)
+    d = Difference(-0.02, 0, 0, 0.95, 0.01, 6.0, 3, 3, 30, True, skew=0.3).at(0.95)
+    plain = Difference(-0.02, 0, 0, 0.95, 0.01, 6.0, 3, 3, 30, True).at(0.95)
+    assert d.high - d.estimate > plain.high - plain.estimate and d.estimate - d.low < plain.estimate - plain.low
+    for level in (0.8, 0.9, 0.95, 0.99):
+        x = d.at(level)
+        assert (x.high < 0) == (d.p_value("<0") < (1 - level) / 2)
