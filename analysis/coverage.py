@@ -28,11 +28,13 @@ import pandas as pd
 from posenc_lab.tables import markdown_table
 
 from .cellnames import CellName
+from .settings import conf_block
 from .stats import paired_difference
 from .variance import COMPONENTS_FILE
 from .verdicts import CONTRADICTED, REPRODUCED, Evidence, judge, paper
 
 TOKENS_PER_PSEUDO = 64
+LEVEL = conf_block("level")  # the report's intervals' (ablate.analysis.level), whose coverage is simulated
 
 
 @dataclass(frozen=True)
@@ -136,14 +138,14 @@ class Simulator:
 
 
 def coverage(layout: Layout, comps: Components, reps: int, seed: int = 0, units: str = "family") -> dict:
-    """One difference (``PAIR``, each side its seeds) at the null: the coverage of its 95% interval, the rate at which a
-    one-sided test at 5% rejects (either direction, each counted), and the median df."""
+    """One difference (``PAIR``, each side its seeds) at the null: the coverage of its ``LEVEL`` interval, the rate at
+    which a one-sided test at 5% rejects (either direction, each counted), and the median df."""
     rng = np.random.default_rng(seed)
     sim = Simulator(layout, comps)
     by = sim.family if units == "family" else sim.file
     hits, reject, dfs = 0, 0, []
     for _ in range(reps):
-        d = paired_difference(sim.cell(rng, PAIR[0]), sim.cell(rng, PAIR[1]), by)
+        d = paired_difference(sim.cell(rng, PAIR[0]), sim.cell(rng, PAIR[1]), by, LEVEL)
         hits += d.low <= 0 <= d.high
         reject += d.p_value("<0") < 0.05
         dfs.append(d.df)
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args(argv)
     layouts = (SPLIT, BEFORE, designed())
-    print("| layout | units | ICC | coverage of the 95% interval | one-sided 5% test rejects | median df |")
+    print(f"| layout | units | ICC | coverage of the {LEVEL:.0%} interval | one-sided 5% test rejects | median df |")
     print("|---|---|---|---|---|---|")
     for lay in layouts:
         for units in ("file", "family"):
