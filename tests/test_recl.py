@@ -344,3 +344,19 @@ def test_hardest_tokens_are_the_first_of_a_stable_descending_sort_ties_included(
         k = int(rng.integers(1, n + 1))
         taken = np.arange(n)[_hardest(b, k)]  # an index array, or every token (k = n)
         assert sorted(taken) == sorted(np.argsort(-b, kind="stable")[:k]), (b, k)
+
+
+def test_an_area_that_was_not_evaluated_is_not_called_one_seed():
+    """The RECL section's area line: a non-finite area reads "not evaluated", not "one seed a cell" (its
+    Difference has no seed part either, but for another reason); a one-seed area keeps its label."""
+    from types import SimpleNamespace
+
+    from posenc_lab_analysis.sections.recl import area_lines
+    from posenc_lab_analysis.stats import NOT_EVALUATED, paired_difference
+
+    rng = np.random.default_rng(40)
+    one = paired_difference(rng.normal(0, 1, (1, len(DOCS))), rng.normal(0, 1, (1, len(DOCS))), DOCS, 0.95)
+    res = SimpleNamespace(areas=[("a", "b", 64, NOT_EVALUATED), ("c", "d", 64, one)])
+    missing, single = area_lines(res, 8)
+    assert "not evaluated" in missing and "one seed" not in missing
+    assert "one seed a cell: the text only" in single

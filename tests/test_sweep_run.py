@@ -200,7 +200,7 @@ def test_table_interval_over_seeds(tmp_path):
     from scipy import stats
 
     values = [1.0, 1.2, 0.9]
-    mean, low, high = seed_interval(values)
+    mean, low, high = seed_interval(values, 0.95)
     half = stats.t.ppf(0.975, 2) * stats.sem(values)
     assert mean == pytest.approx(sum(values) / 3) and (low, high) == pytest.approx((mean - half, mean + half))
     spec = {"name": "s", "method": "grid", "metric": {"name": "val/loss", "goal": "minimize"}}
