@@ -35,7 +35,7 @@ from posenc_lab.rundir import RunDir, differences
 from .dumps import AsTrained, as_trained, same_tokens, stack
 from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
 from .settings import conf_block, structured
-from .stats import Difference, mean_interval, paired_difference
+from .stats import Difference, mean_interval, p_text, paired_difference
 
 
 def side(path: Path) -> list[Run]:
@@ -192,16 +192,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     d = r["difference"]
     for name, path, runs in (("A", args.a, a), ("B", args.b, b)):
-        shown = figure_text(r[name.lower()], r["corpus_unit"])
+        shown = figure_text(r[name.lower()], r["corpus_unit"]) + _text_only(r[name.lower()])
         print(f"{name}: {path} ({len(runs)} seed(s)): {args.split} {r['figure']} {shown}")
+    over = f"over seeds and {r['units']}" if d.covers_seeds else f"over {r['units']}"
     print(
-        f"A - B: {d.text(4)} {r['unit']} ({d.level:.0%} interval over seeds and {r['units']} {r['unit_kind']}, "
-        f"{r['tokens']:,} tokens; t with {d.df:.1f} df); one-sided p that A is lower: {d.p_value('<0'):.3g}, "
-        f"higher: {d.p_value('>0'):.3g}"
+        f"A - B: {d.text(4)} {r['unit']}{_text_only(d)} ({d.level:.0%} interval {over} {r['unit_kind']}, "
+        f"{r['tokens']:,} tokens; t with {d.df:.1f} df); one-sided p that A is lower: "
+        f"{p_text(d.p_value('<0'), d.df)}, higher: {p_text(d.p_value('>0'), d.df)}"
     )
-    if not d.covers_seeds:
-        print("note: a side has one seed: the interval covers the evaluation text only, not the training seed")
     return 0
+
+
+def _text_only(d: Difference) -> str:
+    """The label of an interval that covers the evaluation text alone (a side of one seed: it leaves out the
+    seed-to-seed spread, and covers far less than its level of the seed-inclusive truth)."""
+    return "" if d.covers_seeds or not np.isfinite(d.estimate) else " (one seed: the text only, no seed variation)"
 
 
 if __name__ == "__main__":

@@ -28,11 +28,13 @@ import pandas as pd
 from posenc_lab.tables import markdown_table
 
 from .cellnames import CellName
+from .settings import conf_block
 from .stats import paired_difference
 from .variance import COMPONENTS_FILE
 from .verdicts import CONTRADICTED, REPRODUCED, Evidence, judge, paper
 
 TOKENS_PER_PSEUDO = 64
+LEVEL = conf_block("level")  # the report's intervals' (ablate.analysis.level), whose coverage is simulated
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def coverage(
     skewed: bool = False,
     seed_corr: float = 0.0,
 ) -> dict:
-    """One difference (``pair``, each side its seeds, or ``seeds``) at the null: the coverage of its 95% interval,
+    """One difference (``pair``, each side its seeds, or ``seeds``) at the null: the coverage of its ``LEVEL`` interval,
     the share of intervals wholly below the truth (``below``) and above it, the rate at which a one-sided test at 5%
     rejects (either direction, each counted), the median df and the median width. skewed: the difference's
     family effects Exp(1) - 1 (on the first cell), not normal. seed_corr: seed s of one cell correlates with seed s
@@ -173,6 +175,7 @@ def coverage(
             sim.cell(rng, pair[0], n_a, fam[0], shared, seed_corr),
             sim.cell(rng, pair[1], n_b, fam[1], shared, seed_corr),
             by,
+            LEVEL,
         )
         below += d.high < 0
         above += d.low > 0
@@ -255,7 +258,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     layouts = (SPLIT, BEFORE, designed())
     head = (
-        "| coverage of the 95% interval | wholly below 0 | wholly above 0 | one-sided 5% test rejects | median df "
+        f"| coverage of the {LEVEL:.0%} interval | wholly below 0 | wholly above 0 | one-sided 5% test rejects | median df "
         "| median width |"
     )
     print(f"| difference | {head[2:]}\n|---|---|---|---|---|---|---|")

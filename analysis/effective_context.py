@@ -31,8 +31,6 @@ import pandas as pd
 
 from .stats import mean_interval
 
-FRACTION = 0.01
-
 
 @dataclass
 class EffectiveContext:
@@ -59,7 +57,7 @@ class EffectiveContext:
         return est, float(lo), float(hi)
 
 
-def effective(curve: np.ndarray, contexts: Sequence[int], fraction: float = FRACTION):
+def effective(curve: np.ndarray, contexts: Sequence[int], fraction: float):
     """(c_eff, best_c, censored) of curves [..., n_c] (NaN: not served), along the last axis: the smallest c
     within ``fraction`` of the curve's own minimum, where the minimum lies, and whether c_eff is the last c served
     (the curve had not levelled off within the grid: c_eff is then a lower bound). NaN where nothing is served."""
@@ -99,9 +97,9 @@ def analyze(
     contexts: Sequence[int],
     units: np.ndarray,
     *,
-    fraction: float = FRACTION,
-    n_boot: int = 200,
-    level: float = 0.95,
+    fraction: float,
+    n_boot: int,
+    level: float,
     seed: int = 0,
 ) -> EffectiveContext:
     """Own-baseline curves and effective contexts of every cell (module docstring). per_seed: cell -> [n_seeds,

@@ -102,7 +102,7 @@ def small_multiples(
     return _save(g, path)
 
 
-def gain_curves(curves: pd.DataFrame, path: Path, threshold: float = 0.01) -> Path:
+def gain_curves(curves: pd.DataFrame, path: Path, threshold: float) -> Path:
     """RECL gain curves, one panel per cell: the gain per c (dots), its monotone fit (line) and the
     bootstrap band, one colour per r; the threshold dashed."""
     d = curves[np.isfinite(curves["gain"].astype(float))]
@@ -126,7 +126,7 @@ def gain_curves(curves: pd.DataFrame, path: Path, threshold: float = 0.01) -> Pa
     return _save(g, path)
 
 
-def context_curves(curves: pd.DataFrame, path: Path, marks: dict[str, float], ylabel: str) -> Path:
+def context_curves(curves: pd.DataFrame, path: Path, marks: dict[str, float], ylabel: str, level: float) -> Path:
     """Own-baseline truncation curves, one line per cell (``curves``: cell, scheme, memory, full_loss, c, gap, low,
     high): the loss at c minus the model's own best with its band; solid: memory c, dashed: a window of c,
     dash-dotted: another training loss; dotted verticals at ``marks`` (label -> c, e.g. L and L + M)."""
@@ -151,7 +151,7 @@ def context_curves(curves: pd.DataFrame, path: Path, marks: dict[str, float], yl
     ax.set_xlabel("context c (tokens seen by every scored token)")
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=7, frameon=False, bbox_to_anchor=(1.01, 1), loc="upper left")
-    ax.set_title("Loss at context c minus the model's own best (band: 95% over seeds and units)", fontsize=10)
+    ax.set_title(f"Loss at context c minus the model's own best (band: {level:.0%} over seeds and units)", fontsize=10)
     return _save(fig, path)
 
 

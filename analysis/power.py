@@ -1,107 +1,176 @@
-"""What a verdict could detect: the smallest true difference that its test finds with a given power, from the
-seeds and units it had, or for a proposed number of seeds from the measured variance components.
+"""What a verdict could detect: the smallest true difference that its test, as it is run, finds with a given
+power, for the seeds and units it had, or for a proposed number of seeds from the measured variance components.
 
-For a one-sided t test at level alpha with standard error se and df degrees of freedom, a true difference
-delta (in the predicted direction) is found with probability about
+As it is run: the project's own test (``stats.paired_difference``, its estimated Welch-Satterthwaite degrees of
+freedom, its one-sided p at the verdict's Holm level), simulated, not a noncentral t at the planned df. The
+estimated df varies from study to study (at 2-3 seeds its 10th percentile is 1.5-4), and a study whose df falls
+low has a wide interval: a noncentral t at the planned df overstates power (issue 39's audit: 59-67% where 80%
+was stated). So: simulate the test at the null ``reps`` times (``coverage.Simulator``: cells with the measured
+seed, file and token-noise components on the layout of the scored tokens), keep each draw's estimate e_r,
+standard error se_r and df_r. A true difference delta in the predicted direction is found in draw r exactly when
+delta >= e_r + t_{1-alpha, df_r} se_r (the estimate moves by delta, se and df do not), so the power at delta is
+the share of draws whose threshold lies below it, and the detectable effect is the ``power`` quantile of the
+thresholds: no root finding, and the same draws serve every alpha.
 
-    power = P(T_{df, delta/se} > t_{1-alpha, df})      T_{df, ncp}: the noncentral t (scipy.stats.nct)
-
-solved for delta (with few degrees of freedom the usual shortcut (t_{1-alpha} + t_{power}) se is too small:
-at 3 df and alpha 0.0036 it has power 0.72, not 0.8). A verdict of k comparisons needs every
-one: each is given power 1 - (1 - power) / k, so that all k are found with at least ``power`` (Bonferroni),
-and the verdict's detectable effect is the largest of theirs. ``alpha`` is the level the verdict is tested
-at (its Holm step; the first step, alpha / (2 m), is the strictest).
+A verdict of k comparisons needs every one: each is given power 1 - (1 - power) / k, so that all k are found
+with at least ``power`` (Bonferroni), and the verdict's detectable effect is the largest of theirs. ``alpha`` is
+the level the verdict is tested at (its Holm step; the first step, alpha / (2 m), is the strictest).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats as scipy_stats
-from scipy.optimize import brentq
 
-from .stats import Difference, _bell_mccaffrey
+from .cellnames import CellName
+from .coverage import TOKENS_PER_PSEUDO, Components, Layout, Simulator
+from .stats import paired_difference
+from .verdicts import Evidence, judge
 
 POWER = 0.8
+REPS = 1000  # simulated studies a statement rests on: its power is within about +-0.013 (one SE) of the stated
+PSEUDO = 1024  # pseudo-tokens a simulated study is drawn with (the estimator reads only unit sums: see _coarse)
 
 
-def detectable(se: float, df: float, alpha: float, power: float = POWER) -> float:
-    """The true difference a one-sided test at ``alpha`` finds with probability ``power`` (module docstring)."""
+def _check(alpha: float, power: float) -> None:
     if not (0 < alpha < 0.5 and 0.5 <= power < 1):
         raise ValueError(f"alpha must be in (0, 0.5) and power in [0.5, 1), got {alpha} and {power}")
-    if not (np.isfinite(se) and df > 0):
-        return float("nan")
-    critical = scipy_stats.t.ppf(1 - alpha, df)
-    ncp = brentq(lambda d: scipy_stats.nct.sf(critical, df, d) - power, 0.0, 10 * critical + 50)
-    return float(ncp * se)
 
 
-def verdict_detectable(differences: Sequence[Difference], alpha: float, power: float = POWER) -> float:
-    """The effect (the same in each comparison) a verdict of these comparisons detects with ``power``."""
+@dataclass(frozen=True)
+class NullDraws:
+    """The test run ``reps`` times at the null: estimate, se and df of each draw, and the true SD of the estimate
+    (over the draws)."""
+
+    estimate: np.ndarray
+    se: np.ndarray
+    df: np.ndarray
+
+    @property
+    def sd(self) -> float:
+        return float(np.sqrt(np.mean(self.estimate**2)))  # the null's mean is 0
+
+    def detectable(self, alpha: float, power: float = POWER) -> float:
+        """The true difference the test at one-sided ``alpha`` finds with probability ``power`` (module docstring),
+        in the unit of the draws."""
+        _check(alpha, power)
+        threshold = self.estimate + scipy_stats.t.ppf(1 - alpha, self.df) * self.se
+        return float(np.quantile(threshold, power))
+
+    def power(self, delta: float, alpha: float) -> float:
+        """The share of draws in which the test at one-sided ``alpha`` finds a true difference ``delta``."""
+        return float(np.mean(self.estimate + scipy_stats.t.ppf(1 - alpha, self.df) * self.se <= delta))
+
+
+def _coarse(layout: Layout, comps: Components) -> tuple[Layout, Components]:
+    """The same study drawn with about ``PSEUDO`` pseudo-tokens: every file's tokens divided by q and the token
+    noise law kappa n^-gamma by q^-gamma, so that each file mean has the noise of its real tokens and each unit
+    its share of the tokens (the estimator reads tokens only through their sums per unit and seed)."""
+    q = max(1.0, sum(layout.file_tokens) / TOKENS_PER_PSEUDO / PSEUDO)
+    tokens = tuple(max(1, round(n / q)) for n in layout.file_tokens)
+    return Layout(layout.name, tokens, layout.file_family), replace(comps, kappa=comps.kappa * q**-comps.gamma)
+
+
+def null_draws(
+    layout: Layout, comps: Components, n_a: int, n_b: int, alpha: float, reps: int = REPS, seed: int = 0
+) -> NullDraws:
+    """The test of two cells with ``n_a`` and ``n_b`` seeds (``n_b`` 0: one cell against zero, its seeds paired
+    as the verdicts pair them), simulated at the null on ``layout`` with the components ``comps`` (every cell the
+    default seed SD), at the interval level 1 - 2 alpha of the one-sided test."""
+    _check(alpha, POWER)
+    coarse, comps = _coarse(layout, comps)
+    sim, rng = Simulator(coarse, comps), np.random.default_rng(seed)
+    est, se, df = np.empty(reps), np.empty(reps), np.empty(reps)
+    for r in range(reps):
+        a = sim.cell(rng, "", n_a)
+        b = sim.cell(rng, "", n_b) if n_b else np.zeros_like(a)
+        d = paired_difference(a, b, sim.family, 1 - 2 * alpha, paired_seeds=not n_b)
+        est[r], se[r], df[r] = d.estimate, d.se, d.df
+    return NullDraws(est, se, df)
+
+
+def planned(layout: Layout, comps: Components, n_seeds: int, alpha: float, power: float = POWER, **kw) -> dict:
+    """The detectable difference of two cells with ``n_seeds`` each on a layout (files with their tokens and
+    families) at measured components (``variance.py``), for the test as it is run. Returns the estimate's true
+    SD (se), the median estimated df, and the detectable effect (nats)."""
+    if n_seeds < 2:
+        raise ValueError(f"a planned comparison needs at least 2 seeds a cell (one seed has no spread), got {n_seeds}")
+    draws = null_draws(layout, comps, n_seeds, n_seeds, alpha, **kw)
+    se, df = draws.sd, float(np.median(draws.df))
+    return {"n_seeds": n_seeds, "se": se, "df": df, "detectable": draws.detectable(alpha, power), "draws": draws}
+
+
+@functools.lru_cache(maxsize=32)
+def _unit_draws(unit_tokens: tuple[int, ...], n_a: int, n_b: int, alpha: float) -> NullDraws:
+    from .coverage import MEASURED
+
+    return null_draws(Layout("units", unit_tokens, tuple(range(len(unit_tokens)))), MEASURED, n_a, n_b, alpha)
+
+
+def verdict_detectable(differences: Sequence, paired: Sequence[bool], units, alpha: float, power=POWER) -> float:
+    """The effect (the same in each comparison) a verdict of these comparisons (``paired``: a cell against zero)
+    finds with ``power`` at one-sided ``alpha``, from the seeds and units it had: each comparison's test simulated
+    on its units (``units`` [tokens], each token's unit) at the measured components' shape, scaled to the
+    comparison's own standard error (the estimated se stands in for the true SD)."""
+    _check(alpha, power)
     if not differences:
         return float("nan")
     each = 1 - (1 - power) / len(differences)
-    return max(detectable(d.se, d.df, alpha, each) for d in differences)
+    tokens = tuple(int(n) for n in np.unique(np.asarray(units), return_counts=True)[1])
+    out = []
+    for d, alone in zip(differences, paired):
+        draws = _unit_draws(tokens, d.n_a, 0 if alone else d.n_b, alpha)
+        out.append(d.se * draws.detectable(alpha, each) / draws.sd)
+    return max(out)
 
 
-def planned(
-    seed_sd_of_means: float,
-    file_sd: float,
-    icc: float,
-    file_tokens: Sequence[int],
-    file_family: Sequence[int],
-    n_seeds: int,
-    alpha: float,
-    power: float = POWER,
-) -> dict:
-    """The detectable difference of two cells with ``n_seeds`` each on a layout (files with their tokens and
-    families) at measured components (``variance.py``: the SD of a cell's seed means, which holds one seed's
-    token noise; the file SD of a difference and its intra-family correlation). Returns se, df, detectable."""
-    if n_seeds < 2:
-        raise ValueError(f"a planned comparison needs at least 2 seeds a cell (one seed has no spread), got {n_seeds}")
-    n_k, fam = np.asarray(file_tokens, float), np.asarray(file_family)
-    n_g = np.bincount(fam, weights=n_k)
-    N = n_k.sum()
-    # Var of the text part: sum_g w_g^2 (tau_f^2 + tau_u^2 sum_{k in g} (n_k / n_g)^2)
-    within = np.bincount(fam, weights=n_k**2) / n_g**2
-    v_text = float(np.sum((n_g / N) ** 2 * (icc * file_sd**2 + (1 - icc) * file_sd**2 * within)))
-    v_seed = seed_sd_of_means**2 / n_seeds
-    df_text = _bell_mccaffrey(n_g / N)
-    V = 2 * v_seed + v_text
-    df = V**2 / (2 * v_seed**2 / (n_seeds - 1) + (v_text**2 / df_text if v_text > 0 else 0.0))
-    se = float(np.sqrt(V))
-    return {"n_seeds": n_seeds, "se": se, "df": float(df), "detectable": detectable(se, df, alpha, power)}
+def judged(config: dict, cells: Mapping[CellName, int], measures: Mapping[str, Callable[[CellName], bool]]) -> list:
+    """The ids of the verdicts of ``config`` (conf/paper.yaml) that the report will judge, i.e. put in Holm's
+    family, on a grid of ``cells`` (cell -> its seeds), each measure holding the cells it is given for:
+    ``verdicts.judge`` itself, run on stand-in values (a verdict whose cells are absent or have one seed is left
+    out exactly as the report leaves it out)."""
+    rng, units = np.random.default_rng(0), np.repeat(np.arange(4), 4)
+    evidence = {}
+    for measure, holds in measures.items():
+        keys = {str(c): c for c in cells if holds(c)}
+        values = {n: rng.normal(size=(cells[c], len(units))) for n, c in keys.items()}
+        evidence[measure] = Evidence(values, keys, units)
+    verdicts, _ = judge(config, evidence)
+    return [v.id for v in verdicts if np.isfinite(v.p)]
 
 
 def plan_lines(
-    file_tokens: Sequence[int],
-    file_family: Sequence[int],
-    seeds: Sequence[int],
-    n_verdicts: int,
-    alpha: float,
-    comps,
+    file_tokens: Sequence[int], file_family: Sequence[int], seeds: Sequence[int], n_verdicts: int, alpha, comps
 ):
     """What ``posenc-lab ablate --plan`` says a study can detect: for each number of seeds a cell, the smallest
-    difference of two cells that a verdict tested at Holm's first step (alpha / (2 m): the strictest) finds with
-    80% power, at the measured components ``comps`` (``coverage.MEASURED``: the median SD of a cell's seed means,
-    the file SD of the close pair and the intra-family correlation) on the layout the report will score (files
-    with their scored tokens and families: ``dumps.scored_files``). A projection: a verdict whose cells spread
-    more than the median, or whose pairs differ more from file to file, detects less (the report states each)."""
+    difference of two cells that a verdict tested at Holm's first step (alpha / (2 m), m the verdicts the report
+    will judge: the strictest) finds with 80% power, the test simulated as it is run (module docstring) at the
+    measured components ``comps`` (``coverage.MEASURED``) on the layout the report will score (files with their
+    scored tokens and families: ``dumps.scored_files``). A projection: a verdict whose cells spread more than the
+    measured default, or whose pairs differ more from file to file, detects less (the report states each)."""
     tokens, family = np.asarray(file_tokens), np.asarray(file_family)
     _, per_family = np.unique(family, return_inverse=True)
     by_family = np.bincount(per_family, weights=tokens)
     share = by_family.max() / by_family.sum()
     level = alpha / (2 * max(1, n_verdicts))
+    layout = Layout("planned", tuple(int(t) for t in tokens), tuple(int(f) for f in per_family))
     out = [
         f"# power: {len(by_family)} families in the scored tokens (the largest {share:.1%}), {n_verdicts} verdicts "
-        f"(Holm's first step: one-sided alpha {level:.2g}); measured components: SD of a cell's seed means "
-        f"{comps.seed_sd_of_means} nats, cell-by-file SD {comps.file_sd} nats, intra-family correlation {comps.icc}"
+        f"the report will judge ({2 * n_verdicts} hypotheses; Holm's first step: one-sided alpha {level:.2g}); the "
+        f"test as run (estimated df), simulated {REPS} times at the measured components: seed SD "
+        f"{comps.default_seed_sd} nats, cell-by-file SD {comps.file_sd} nats, intra-family correlation {comps.icc}"
     ]
     for n in seeds:
         if n < 2:
             out.append(f"#   {n} seed a cell: no verdict is judged (one seed has no spread)")
             continue
-        p = planned(comps.seed_sd_of_means, comps.file_sd, comps.icc, tokens, per_family, n, level)
-        out.append(f"#   {n} seeds a cell: detects a difference of {p['detectable']:.4f} nats with 80% power")
+        p = planned(layout, comps, n, level)
+        out.append(
+            f"#   {n} seeds a cell: detects a difference of {p['detectable']:.4f} nats with {POWER:.0%} power "
+            f"(median df {p['df']:.1f})"
+        )
     return out

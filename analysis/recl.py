@@ -8,7 +8,7 @@ The paper's definition, for the models m of a group, per-token losses l_m(c, t) 
     T_r         = the top r fraction of tokens by b(c, t)         the hard tokens
     f_m(c, c')  = mean_{t in T_r} min(b(c, t), l_m(c', t))
     g_m(c, c')  = (exp f_m(c, c) - exp f_m(c, c')) / exp f_m(c, c)
-    RECL_m      = the first c with g_m(c, c') < threshold (0.01)
+    RECL_m      = the first c with g_m(c, c') < threshold (the paper's 1%: ablate.analysis.recl.threshold)
 
 Two biases, and what is done instead.
 
@@ -45,9 +45,6 @@ import pandas as pd
 from scipy.optimize import isotonic_regression
 
 from posenc_lab.tables import write_csv
-
-R_VALUES = (0.1, 0.5, 1.0)
-THRESHOLD = 0.01
 
 
 def _stack(losses: dict[str, np.ndarray], contexts: Sequence[int]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -140,7 +137,7 @@ class ReclResult:
     areas: list = field(default_factory=list)
     per_seed: pd.DataFrame = field(default_factory=pd.DataFrame)
 
-    def difference(self, a: str, b: str, r: float, level: float = 0.95) -> tuple[float, float, float]:
+    def difference(self, a: str, b: str, r: float, level: float) -> tuple[float, float, float]:
         """RECL(a) - RECL(b) at r: the point value and the percentile interval of the same replicates."""
         j, ia, ib = self.r_values.index(r), self.names.index(a), self.names.index(b)
         point = self.table.set_index(["model", "r"]).loc
@@ -202,10 +199,10 @@ def recl(
     documents: np.ndarray,
     *,
     delta: int | None = None,
-    r_values: Sequence[float] = R_VALUES,
-    threshold: float = THRESHOLD,
-    n_boot: int = 200,
-    level: float = 0.95,
+    r_values: Sequence[float],
+    threshold: float,
+    n_boot: int,
+    level: float,
     seed: int = 0,
 ) -> ReclResult:
     """RECL of every seed of every cell of a group (module docstring), and of each cell: the mean of its seeds'.
@@ -334,7 +331,7 @@ def area_per_token(
     return out
 
 
-def memory_areas(per_seed: dict[str, np.ndarray], contexts, units, pairs, served, level: float = 0.95) -> list:
+def memory_areas(per_seed: dict[str, np.ndarray], contexts, units, pairs, served, level: float) -> list:
     """For each (a, b) of ``pairs`` (a cell with memory, the same without): the difference of their areas
     (``area_per_token``, r = 1) up to the longest c both serve (``served``: cell -> the contexts it serves), judged
     by ``stats.paired_difference`` over seeds and ``units`` [tokens]. Returns [(a, b, c_max, Difference)]."""
@@ -351,7 +348,7 @@ def memory_areas(per_seed: dict[str, np.ndarray], contexts, units, pairs, served
     return out
 
 
-def crossing(curve: np.ndarray, c: Sequence[float], threshold: float = THRESHOLD) -> tuple[float, bool]:
+def crossing(curve: np.ndarray, c: Sequence[float], threshold: float) -> tuple[float, bool]:
     """(c*, censored): where a fitted (non-increasing) gain curve [n_pairs] at contexts ``c`` first falls below
     ``threshold``, interpolated linearly between the grid points around it: a descriptive RECL with no grid
     step in it. censored: it never does (c* is then the last c). NaN if the curve has no finite point."""
@@ -370,7 +367,7 @@ def crossing(curve: np.ndarray, c: Sequence[float], threshold: float = THRESHOLD
     return float(c[i - 1] + (g0 - threshold) / (g0 - g1) * (c[i] - c[i - 1])), False
 
 
-def crossings(curve: np.ndarray, c: Sequence[float], threshold: float = THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
+def crossings(curve: np.ndarray, c: Sequence[float], threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """``crossing`` of every fitted curve [n_pairs, n_r, n_m] along its first axis: (c* [n_r, n_m], censored)."""
     flat = curve.reshape(len(curve), -1)
     out = [crossing(flat[:, col], c, threshold) for col in range(flat.shape[1])]
@@ -388,7 +385,7 @@ def interval_text(estimate: float, low: float, high: float, step: float) -> str:
     return f"{estimate:+.0f} [{low:+.0f}, {high:+.0f}]"
 
 
-def from_dumps(paths, n_boot: int = 200, level: float = 0.95, delta: int | None = None) -> ReclResult:
+def from_dumps(paths, n_boot: int, level: float, r_values, threshold: float, delta: int | None = None) -> ReclResult:
     """RECL of the cells of controlled-context dumps (``dumps.at_contexts`` files): one group, one grid."""
     from .dumps import read_dump, same_tokens  # the dumps' format is theirs; RECL itself is pure numpy
 
@@ -409,7 +406,10 @@ def from_dumps(paths, n_boot: int = 200, level: float = 0.95, delta: int | None 
     # delta: the most common spacing of the grid (a run's own attention length may sit between its points)
     diffs, counts = np.unique(np.diff(contexts), return_counts=True)
     per_seed = {c: np.stack(v) for c, v in cells.items()}
-    return recl(per_seed, contexts, documents, delta=delta or int(diffs[counts.argmax()]), n_boot=n_boot, level=level)
+    delta = delta or int(diffs[counts.argmax()])
+    return recl(
+        per_seed, contexts, documents, delta=delta, r_values=r_values, threshold=threshold, n_boot=n_boot, level=level
+    )
 
 
 def main(argv=None) -> int:
@@ -418,10 +418,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m posenc_lab_analysis.recl", description=main.__doc__)
     p.add_argument("dumps", type=Path, help="a folder of <run>.npz controlled-context dumps")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--n-boot", type=int, default=200)
+    from .settings import conf_block
+
+    conf = conf_block()  # the defaults: ablate.analysis of conf/ablate.yaml
+    p.add_argument("--n-boot", type=int, default=conf["context"]["n_boot"])
+    p.add_argument("--level", type=float, default=conf["level"], help="the intervals' confidence level")
     a = p.parse_args(argv)
+    if not 0 < a.level < 1:
+        print(f"error: --level must be a confidence level in (0, 1), got {a.level}", file=sys.stderr)
+        return 2
     try:
-        res = from_dumps(sorted(a.dumps.glob("*.npz")), n_boot=a.n_boot)
+        paths, recl_conf = sorted(a.dumps.glob("*.npz")), conf["recl"]
+        res = from_dumps(paths, a.n_boot, a.level, recl_conf["r_values"], recl_conf["threshold"])
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

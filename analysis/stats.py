@@ -206,8 +206,8 @@ def _text_part(D: np.ndarray, noise: np.ndarray, n_g: np.ndarray, N: float) -> t
     theta = D.sum() / N
     c = cr2_weights(w)
     v_text = float((c * (D - theta * n_g) ** 2).sum()) / N**2
-    # E[r_g^2] of noise alone: noise_g (1 - 2 w_g) + w_g^2 sum_h noise_h
-    v_noise = float((c * (noise * (1 - 2 * w) + w**2 * noise.sum())).sum()) / N**2
+    # noise_g is already E[r_g^2] of noise alone (_seed_parts takes each seed's mean out: the (1 - 2 w_g) is in it)
+    v_noise = float((c * noise).sum()) / N**2
     return max(0.0, v_text - v_noise), _bell_mccaffrey(w)
 
 
@@ -285,7 +285,7 @@ def _interval(
     return Difference(estimate, low, high, level, float(np.sqrt(V)), float(df), skew=float(a), **facts)
 
 
-def paired_difference(a, b, units, level: float = 0.95, paired_seeds: bool = False) -> Difference:
+def paired_difference(a, b, units, level: float, paired_seeds: bool = False) -> Difference:
     """mean(a) - mean(b) and its interval (module docstring), in the unit of the values (nats, or 0/1 for
     an accuracy).
 
@@ -319,7 +319,7 @@ def paired_difference(a, b, units, level: float = 0.95, paired_seeds: bool = Fal
     return _interval(estimate, parts, level, third, largest_share=float(n_g.max() / N), **facts)
 
 
-def mean_interval(a, units, level: float = 0.95) -> Difference:
+def mean_interval(a, units, level: float) -> Difference:
     """The mean of one cell, [n_seeds, n_tokens], with its interval (the same units as paired_difference)."""
     units = np.asarray(units)
     a = _as_seeds(a, "a", len(units))

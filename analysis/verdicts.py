@@ -12,9 +12,11 @@ step-down procedure runs over all of them at once (2 m hypotheses for m verdicts
 any false claim, reproduced or contradicted, in any verdict, is at most alpha whatever the dependence between
 verdicts. (Judging each direction at alpha, as before, lets the two add up to 2 alpha.) The rest are
 "inconclusive". A verdict is not judged when a cell it needs has one seed ("not judged: one seed": there is no
-seed spread to test against), when a cell was not trained ("not tested"), or when a comparison holds a
-non-finite value ("not tested", the comparison "not evaluated" with a note); such verdicts are left out of
-Holm's family, and the result does not depend on the order of the cells.
+seed spread to test against), when a cell was not trained ("not tested"), when a cell it names cannot be
+measured (``Evidence.unavailable``: "not tested", with its reason: a verdict is never judged on fewer cells than
+its claim names), or when a comparison holds a non-finite value ("not tested", the comparison "not evaluated"
+with a note); such verdicts are left out of Holm's family, and the result does not depend on the order of the
+cells.
 
 The intervals. Each verdict's intervals are shown at the level of the Holm step that decided its reproduced
 hypothesis (two-sided 1 - 2 alpha_i), or, for a verdict Holm did not reach, of the step where it stopped: so a
@@ -152,7 +154,7 @@ def comparisons(spec: list, evidence: Evidence, measure_of: Callable) -> list[Co
             missing = [n for n in (a, b) if n and n in evidence.unavailable]
             if missing:
                 why = "; ".join(f"{n}: {evidence.unavailable[n]}" for n in missing)
-                out.append(Comparison(label, NOT_EVALUATED, why, predict=predict, bound=bound))
+                out.append(Comparison(label, NOT_EVALUATED, why, True, predict, bound))
                 continue
             bad = [n for n in (a, b) if n and not np.isfinite(evidence.cells[n]).all()]
             if bad:  # a numerical failure, not a design choice: the verdict cannot be judged whole
@@ -182,11 +184,13 @@ def expansions(spec: list, evidence: Evidence) -> str:
     return "; ".join(parts)
 
 
-def _differences(evidence: Evidence) -> Callable:
+def _differences(evidence: Evidence, level: float) -> Callable:
+    """The comparisons' Differences, at ``level`` until Holm sets each verdict's own (``Difference.at``)."""
+
     def measure(a: str, b: str | None) -> Difference:
         x = evidence.cells[a]
         y = np.zeros_like(x) if b is None else evidence.cells[b]
-        return paired_difference(x, y, evidence.documents, paired_seeds=b is None)
+        return paired_difference(x, y, evidence.documents, level, paired_seeds=b is None)
 
     return measure
 
@@ -207,6 +211,7 @@ def _p_values(v: Verdict) -> tuple[float, float]:
 def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> tuple[list[Verdict], list[Verdict]]:
     """(verdicts, sanity checks) of ``config`` (conf/paper.yaml) on ``evidence`` (measure -> Evidence)."""
     alpha = float(config.get("alpha", 0.05))
+    level = 1 - 2 * alpha  # each direction at alpha, before Holm
     out = {"verdicts": [], "sanity": []}
     for kind in out:
         for v in config.get(kind) or []:
@@ -218,7 +223,7 @@ def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> t
                 verdict.note = f"this group has no {measure} measurements"
                 out[kind].append(verdict)
                 continue
-            verdict.comparisons = comparisons(v["compare"], evidence[measure], _differences(evidence[measure]))
+            verdict.comparisons = comparisons(v["compare"], evidence[measure], _differences(evidence[measure], level))
             verdict.expands = expansions(v["compare"], evidence[measure])
             tested = [c for c in verdict.comparisons if not c.note]
             verdict.note = "; ".join(f"{c.text}: {c.note}" for c in verdict.comparisons if c.note)
@@ -249,7 +254,7 @@ def recheck(
         if v.measure not in evidence or not np.isfinite(v.level) or v.id not in specs:
             continue
         ev = evidence[v.measure]
-        found = comparisons(specs[v.id]["compare"], ev, _differences(ev))
+        found = comparisons(specs[v.id]["compare"], ev, _differences(ev, v.level))
         out.append((v, [c if c.note else replace(c, difference=c.difference.at(v.level)) for c in found]))
     return out
 

@@ -56,7 +56,8 @@ def test_compare_prints_perplexity_on_a_word_corpus(word_runs, tmp_path, capsys)
     out = capsys.readouterr().out
     shown = {}
     for side in ("A", "B"):
-        found = re.search(rf"^{side}: .* test ppl (\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]$", out, re.M)
+        label = r" \(one seed: the text only, no seed variation\)"  # each side is one run: labelled in its row
+        found = re.search(rf"^{side}: .* test ppl (\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]{label}$", out, re.M)
         assert found, out
         shown[side] = [float(x) for x in found.groups()]
         (dump,) = tmp_path.glob(f"{side}_*.npz")
@@ -89,7 +90,10 @@ def test_a_folder_of_one_cells_seeds_is_compared_though_data_seed_is_the_seed(ce
     assert compare.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert re.search(rf"^A: {re.escape(str(cell))} \(2 seed\(s\)\): test ppl ", out, re.M), out
-    assert "A - B: " in out and "a side has one seed" in out  # B is one run
+    (diff,) = [line for line in out.splitlines() if line.startswith("A - B: ")]
+    assert "(one seed: the text only, no seed variation)" in diff  # B is one run: the row says so
+    (a_line,) = [line for line in out.splitlines() if line.startswith("A: ")]
+    assert "the text only" not in a_line  # A has two seeds
 
 
 def test_a_key_the_run_fixed_is_a_difference_beyond_the_seed(cell, tmp_path, capsys):
@@ -129,3 +133,19 @@ def test_a_run_compared_with_itself_is_refused_before_any_evaluation(cell, tmp_p
     line = captured.err.strip()
     assert len(line.splitlines()) == 1 and str(a) in line, line
     assert "compare two different runs or cells" in line, line
+
+
+def test_compare_prints_no_p_value_below_what_its_df_support(monkeypatch, capsys, tmp_path):
+    """A difference far beyond its interval on a handful of df: the p-values print as the bound below what the
+    df support ("< 1e-3", ``stats.p_text``), never as a raw tail like 1.2e-40."""
+    from posenc_lab_analysis.stats import Difference
+
+    d = Difference(-0.5, -0.52, -0.48, 0.95, 0.005, 4.0, 3, 3, 40, True)
+    mean = Difference(3.0, 2.9, 3.1, 0.95, 0.05, 4.0, 3, 3, 40, True)
+    result = dict(figure="bpb", unit="bits per byte", corpus_unit="byte", a=mean, b=mean, difference=d, tokens=1000)
+    monkeypatch.setattr(compare, "sides", lambda a, b: ([None] * 3, [None] * 3))
+    monkeypatch.setattr(compare, "compare", lambda *a, **k: {**result, "units": 40, "unit_kind": "families"})
+    assert compare.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "one-sided p that A is lower: < 1e-3, higher: 1" in out, out
+    assert "e-" not in out.split("one-sided p")[1].replace("< 1e-3", "")

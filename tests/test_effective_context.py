@@ -15,6 +15,8 @@ from posenc_lab_analysis.effective_context import analyze, effective, gain_token
 from posenc_lab_analysis.verdicts import CONTRADICTED, INCONCLUSIVE, REPRODUCED, Evidence, judge, paper
 from tests.test_verdicts import key
 
+KW = dict(fraction=0.01, level=0.95)  # Khandelwal et al.'s 1% and the intervals these tests read
+
 # the default preset's grid: every 4 tokens to 2 L = 64, then doubling to 4 (L + M) = 256
 GRID = [*range(8, 65, 4), 120, 128, 248, 256]
 N_UNITS, UNIT_LEN = 40, 200
@@ -38,7 +40,7 @@ def cell(rng, knee: int, seeds: int = 3, drop: float = 0.1, noise: float = 0.3) 
 def test_a_planted_knee_is_the_effective_context_and_its_interval_covers_it():
     rng = np.random.default_rng(0)
     cells = {"short": cell(rng, 24), "long": cell(rng, 128), "flat": cell(rng, 8, seeds=2)}
-    res = analyze(cells, GRID, UNITS, n_boot=100)
+    res = analyze(cells, GRID, UNITS, n_boot=100, **KW)
     t = res.cells.set_index("cell")
     for name, knee in (("short", 24), ("long", 128), ("flat", 8)):
         assert t.loc[name, "c_eff"] == knee, name
@@ -58,7 +60,7 @@ def test_the_interval_covers_a_knee_between_grid_points_at_the_next_one():
     rng = np.random.default_rng(1)
     hits = 0
     for _ in range(10):
-        res = analyze({"a": cell(rng, 60, drop=0.025), "b": cell(rng, 16)}, GRID, UNITS, n_boot=60)
+        res = analyze({"a": cell(rng, 60, drop=0.025), "b": cell(rng, 16)}, GRID, UNITS, n_boot=60, **KW)
         row = res.cells.set_index("cell").loc["a"]
         hits += row["low"] <= 60 <= row["high"] and 56 <= row["c_eff"] <= 64
     assert hits >= 9
@@ -73,20 +75,20 @@ def test_a_curve_still_falling_at_the_last_c_served_is_a_lower_bound_and_unserve
     rng = np.random.default_rng(2)
     x = cell(rng, 256, seeds=2)
     x[:, -2:] = np.nan  # a window the scheme cannot serve past 128
-    t = analyze({"x": x, "y": cell(rng, 16)}, GRID, UNITS, n_boot=50).cells.set_index("cell")
+    t = analyze({"x": x, "y": cell(rng, 16)}, GRID, UNITS, n_boot=50, **KW).cells.set_index("cell")
     assert t.loc["x", "c_eff"] == 128 and t.loc["x", "censored"] and t.loc["x", "seeds"] == ">=128, >=128"
 
 
 def test_bad_inputs_are_one_line_naming_the_value():
     x = np.zeros((1, len(GRID), len(UNITS)))
     with pytest.raises(ValueError, match="fraction must be in"):
-        analyze({"a": x}, GRID, UNITS, fraction=1.0)
+        analyze({"a": x}, GRID, UNITS, fraction=1.0, n_boot=50, level=0.95)
     with pytest.raises(ValueError, match=r"cell a: losses must be \[n_seeds, len\(contexts\)=19"):
-        analyze({"a": x[:, :3]}, GRID, UNITS)
+        analyze({"a": x[:, :3]}, GRID, UNITS, n_boot=50, **KW)
     y = x.copy()
     y[0, 2, 5] = np.nan
     with pytest.raises(ValueError, match="cell a seed 0 has NaN losses for some tokens at c = 16"):
-        analyze({"a": y}, GRID, UNITS)
+        analyze({"a": y}, GRID, UNITS, n_boot=50, **KW)
     with pytest.raises(ValueError, match=r"c = 512 was not evaluated"):
         gain_tokens(x, GRID, 32, 512)
 

@@ -8,6 +8,8 @@ import pytest
 
 from posenc_lab_analysis.recl import _stack, first_below, monotone, recl, recl_text, reference, seed_gains
 
+KW = dict(threshold=0.01, level=0.95)  # the paper's 1% and the intervals these tests read
+
 CONTEXTS = list(range(8, 129, 8))  # c = 8..128, delta 8
 N_TOKENS, DOC_LEN = 4096, 256
 
@@ -29,7 +31,7 @@ DOCS = np.arange(N_TOKENS) // DOC_LEN
 
 
 def point(per_seed: dict) -> dict:
-    res = recl(per_seed, CONTEXTS, DOCS, n_boot=0, r_values=(0.5,))
+    res = recl(per_seed, CONTEXTS, DOCS, **KW, n_boot=0, r_values=(0.5,))
     return dict(zip(res.table["model"], res.table["recl"]))
 
 
@@ -101,11 +103,11 @@ def test_bootstrap_intervals_and_the_paired_difference_of_two_cells():
     g = {
         m: np.concatenate([x, x + rng.normal(0, 0.02, x.shape), x + rng.normal(0, 0.02, x.shape)]) for m, x in g.items()
     }
-    res = recl(g, CONTEXTS, DOCS, n_boot=60, r_values=(0.5,))
+    res = recl(g, CONTEXTS, DOCS, **KW, n_boot=60, r_values=(0.5,))
     t = res.table.set_index("model")
     for m in ("m0", "m1", "m2"):
         assert t.loc[m, "recl_low"] <= t.loc[m, "recl"] <= t.loc[m, "recl_high"]
-    est, lo, hi = res.difference("m1", "m2", 0.5)
+    est, lo, hi = res.difference("m1", "m2", 0.5, 0.95)
     assert est == t.loc["m1", "recl"] - t.loc["m2", "recl"] and lo <= est <= hi and lo > 0
     curves = res.curves
     assert {"gain", "fitted", "band_low", "band_high"} <= set(curves) and (
@@ -116,20 +118,20 @@ def test_bootstrap_intervals_and_the_paired_difference_of_two_cells():
 def test_censored_and_text():
     assert recl_text(float("nan"), False) == "n/a" and recl_text(128.0, True) == ">128" and recl_text(64, False) == "64"
     rng = np.random.default_rng(5)
-    res = recl(group(rng, knees=(None, None, 200)), CONTEXTS, DOCS, n_boot=0, r_values=(0.5,))
+    res = recl(group(rng, knees=(None, None, 200)), CONTEXTS, DOCS, **KW, n_boot=0, r_values=(0.5,))
     row = res.table.set_index("model").loc["m2"]
     assert bool(row["censored"]) and row["recl"] == CONTEXTS[-2]
 
 
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="strictly increasing"):
-        recl({"a": np.zeros((1, 2, 10))}, [16, 8], np.zeros(10, int))
+        recl({"a": np.zeros((1, 2, 10))}, [16, 8], np.zeros(10, int), r_values=(1.0,), n_boot=0, **KW)
     with pytest.raises(ValueError, match=r"must be \[len\(contexts\)=3, n_tokens\]"):
-        recl({"a": np.zeros((1, 2, 10))}, [8, 16, 24], np.zeros(10, int))
+        recl({"a": np.zeros((1, 2, 10))}, [8, 16, 24], np.zeros(10, int), r_values=(1.0,), n_boot=0, **KW)
     with pytest.raises(ValueError, match="NaN losses for some tokens at c = 16"):
         x = np.zeros((1, 3, 10))
         x[0, 1, 3] = np.nan
-        recl({"a": x, "b": np.zeros((1, 3, 10))}, [8, 16, 24], np.arange(10))
+        recl({"a": x, "b": np.zeros((1, 3, 10))}, [8, 16, 24], np.arange(10), r_values=(1.0,), n_boot=0, **KW)
 
 
 def test_the_recl_section_says_what_its_seeds_can_cover():
@@ -166,7 +168,7 @@ def test_the_recl_table_marks_the_grid_floor_and_intervals_narrower_than_a_step(
     from posenc_lab_analysis.sections.recl import table
 
     rng = np.random.default_rng(3)
-    res = recl(group(rng, knees=(64, 96, None), noise=0.01), CONTEXTS, DOCS, n_boot=50, r_values=(0.5,))
+    res = recl(group(rng, knees=(64, 96, None), noise=0.01), CONTEXTS, DOCS, **KW, n_boot=50, r_values=(0.5,))
     rows = table(res, step=8).set_index("cell")
     assert rows.loc["m2", "recl_r0.5"] == "<=8" and rows.loc["m2", "crossing_r0.5"] == "<=8"
     assert rows.loc["m2", "interval_r0.5"] == "[8, 8]*"
@@ -205,7 +207,7 @@ def test_the_area_under_the_gain_curve_resolves_a_small_memory_effect_and_holds_
     for _ in range(10):
         for extra, counter in ((0.004, "found"), (0.0, "false")):
             area = area_per_token(_memory_group(rng, extra), CONTEXTS, r=1.0)
-            d = paired_difference(area["with"], area["without"], DOCS)
+            d = paired_difference(area["with"], area["without"], DOCS, 0.95)
             if d.p_value(">0") < 0.05:
                 found += counter == "found"
                 false += counter == "false"
@@ -224,7 +226,7 @@ def test_a_seeds_recl_and_area_do_not_depend_on_how_many_seeds_any_cell_has():
     fewer_elsewhere = {**three, "without": three["without"][:2]}
 
     def seeds(cells):
-        t = recl(cells, CONTEXTS, DOCS, n_boot=0, r_values=(0.5, 1.0)).per_seed
+        t = recl(cells, CONTEXTS, DOCS, **KW, n_boot=0, r_values=(0.5, 1.0)).per_seed
         return t.set_index(["model", "seed", "r"])[["recl", "crossing"]]
 
     full = seeds(three)
@@ -236,7 +238,7 @@ def test_a_seeds_recl_and_area_do_not_depend_on_how_many_seeds_any_cell_has():
             assert np.array_equal(x[: len(area[m])], area[m])
     assert len(full) == 3 * 3 * 2 and (full["recl"] > CONTEXTS[0]).any()
     # the cell's value is the mean of its seeds', which a third seed moves only by its own value
-    cell = recl(three, CONTEXTS, DOCS, n_boot=0, r_values=(1.0,)).table.set_index("model")["recl"]
+    cell = recl(three, CONTEXTS, DOCS, **KW, n_boot=0, r_values=(1.0,)).table.set_index("model")["recl"]
     assert cell["with"] == pytest.approx(full.xs(1.0, level="r").loc["with", "recl"].mean())
 
 
@@ -248,12 +250,12 @@ def test_memory_areas_stop_at_the_longest_context_both_cells_serve():
 
     group = _memory_group(np.random.default_rng(3), 0.02)
     everywhere = {m: list(CONTEXTS) for m in group}
-    ((a, b, c_max, full),) = memory_areas(group, CONTEXTS, DOCS, [("with", "without")], everywhere)
+    ((a, b, c_max, full),) = memory_areas(group, CONTEXTS, DOCS, [("with", "without")], everywhere, 0.95)
     assert (a, b, c_max) == ("with", "without", CONTEXTS[-1]) and full.low > 0 and full.covers_seeds
     capped = {**everywhere, "without": [c for c in CONTEXTS if c <= 48]}
-    ((_, _, c_cap, part),) = memory_areas(group, CONTEXTS, DOCS, [("with", "without")], capped)
+    ((_, _, c_cap, part),) = memory_areas(group, CONTEXTS, DOCS, [("with", "without")], capped, 0.95)
     assert c_cap == 48 and 0 < part.low and part.estimate < 0.75 * full.estimate
-    assert memory_areas(group, CONTEXTS, DOCS, [("with", "without")], {**everywhere, "without": [8]}) == []
+    assert memory_areas(group, CONTEXTS, DOCS, [("with", "without")], {**everywhere, "without": [8]}, 0.95) == []
 
 
 def _knee_cell(rng, base, contexts, knee: int, seeds: int = 2, noise: float = 0.02) -> np.ndarray:
@@ -276,7 +278,7 @@ def test_a_finer_grid_step_reads_recl_between_the_gain_increments():
         "b": _knee_cell(rng, base, fine, 100),
         "c": _knee_cell(rng, base, fine, 8),
     }
-    res = recl(cells, list(fine), DOCS, delta=8, n_boot=60, r_values=(1.0,))
+    res = recl(cells, list(fine), DOCS, delta=8, **KW, n_boot=60, r_values=(1.0,))
     row = res.table.set_index("model").loc["a"]
     # the gain g(c, c + 8) falls below 1% once c reaches the knee: 60, a point of the 4-token grid only
     assert row["recl"] == 60
@@ -342,3 +344,19 @@ def test_hardest_tokens_are_the_first_of_a_stable_descending_sort_ties_included(
         k = int(rng.integers(1, n + 1))
         taken = np.arange(n)[_hardest(b, k)]  # an index array, or every token (k = n)
         assert sorted(taken) == sorted(np.argsort(-b, kind="stable")[:k]), (b, k)
+
+
+def test_an_area_that_was_not_evaluated_is_not_called_one_seed():
+    """The RECL section's area line: a non-finite area reads "not evaluated", not "one seed a cell" (its
+    Difference has no seed part either, but for another reason); a one-seed area keeps its label."""
+    from types import SimpleNamespace
+
+    from posenc_lab_analysis.sections.recl import area_lines
+    from posenc_lab_analysis.stats import NOT_EVALUATED, paired_difference
+
+    rng = np.random.default_rng(40)
+    one = paired_difference(rng.normal(0, 1, (1, len(DOCS))), rng.normal(0, 1, (1, len(DOCS))), DOCS, 0.95)
+    res = SimpleNamespace(areas=[("a", "b", 64, NOT_EVALUATED), ("c", "d", 64, one)])
+    missing, single = area_lines(res, 8)
+    assert "not evaluated" in missing and "one seed" not in missing
+    assert "one seed a cell: the text only" in single

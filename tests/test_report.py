@@ -196,6 +196,24 @@ def test_dumps_computed_in_worker_processes_equal_those_of_one_process(tiny, tmp
     assert stop.value.code == 2 and "--jobs must be >= 1 (worker processes), got 0" in capsys.readouterr().err
 
 
+def test_the_report_states_one_confidence_level_the_one_conf_gives(tiny, tmp_path):
+    """`ablate.analysis.level=0.9`: every descriptive interval of the report is at 90% and says so; "95%" appears
+    nowhere (report.md, the CSVs), and Table 6's intervals narrow from the default 95% by the t quantiles' ratio."""
+    out = tmp_path / "tiny"
+    shutil.copytree(tiny, out)  # the finished runs and their dumps: only the report is computed again
+    assert ablate.main(["experiment=tiny", f"ablate.out={out}", "ablate.analysis.level=0.9"]) == 0
+    text = (out / "report" / "report.md").read_text()
+    written = [text] + [p.read_text() for p in (out / "report").rglob("*.csv")]
+    assert not [w for w in written if "95%" in w]
+    assert "90% interval" in text and "90% intervals" in text and "90% percentile" in text
+    width = {}
+    for name, folder in (("95", tiny), ("90", out)):
+        t6 = pd.read_csv(folder / "report" / "table_ablation.csv").set_index("cell")
+        bounds = t6["interval"].str.extract(r"\[([\d.]+), ([\d.]+)\]").astype(float)
+        width[name] = bounds[1] - bounds[0]
+    assert (width["90"] < width["95"]).all() and (width["90"] > 0.5 * width["95"]).all()
+
+
 @pytest.mark.slow
 def test_quick_preset_report(tmp_path):
     """The `quick` preset as users run it: every table and figure; numbers equal the CSVs."""

@@ -15,12 +15,18 @@ from posenc_lab_analysis.stats import (
     EPS,
     _bell_mccaffrey,
     _df,
+    _seed_parts,
+    _text_part,
+    _unit_sums,
+    _units,
     cr2_weights,
     holm,
     mean_interval,
     p_text,
     paired_difference,
 )
+
+LEVEL = 0.95  # the level these tests study (the report's: ablate.analysis.level)
 
 # ---- the simulation ------------------------------------------------------------------------------
 
@@ -85,9 +91,9 @@ def test_resampling_tokens_would_undercover():
     tokens = documents = 0
     for _ in range(200):
         a, b, docs = simulate(rng, 0.99, 0.0, 0.05, n_a=1, n_b=1)
-        d = paired_difference(a, b, np.arange(a.shape[1]))
+        d = paired_difference(a, b, np.arange(a.shape[1]), LEVEL)
         tokens += d.low <= 0 <= d.high
-        d = paired_difference(a, b, docs)
+        d = paired_difference(a, b, docs, LEVEL)
         documents += d.low <= 0 <= d.high
     assert tokens / 200 < 0.5 and 0.9 <= documents / 200 <= 0.99
 
@@ -99,10 +105,12 @@ def test_seeds_are_the_unit_of_training():
     """A seed effect widens the interval; with one seed a side it cannot be seen, and the result says so."""
     rng = np.random.default_rng(1)
     a, b, docs = simulate(rng, 0.9, 0.05, 0.0)
-    wide = paired_difference(a, b, docs)
-    narrow = paired_difference(a - a.mean(1, keepdims=True) + a.mean(), b - b.mean(1, keepdims=True) + b.mean(), docs)
+    wide = paired_difference(a, b, docs, LEVEL)
+    narrow = paired_difference(
+        a - a.mean(1, keepdims=True) + a.mean(), b - b.mean(1, keepdims=True) + b.mean(), docs, LEVEL
+    )
     assert wide.covers_seeds and wide.high - wide.low > 2 * (narrow.high - narrow.low)
-    one = paired_difference(a[:1], b[:1], docs)
+    one = paired_difference(a[:1], b[:1], docs, LEVEL)
     assert not one.covers_seeds and (one.n_a, one.n_b) == (1, 1) and one.units == 48
     assert 10 < one.df < 47  # the text alone: Bell-McCaffrey, below units - 1 for unequal units
 
@@ -110,7 +118,7 @@ def test_seeds_are_the_unit_of_training():
 def test_a_planted_difference_is_found_and_its_p_value_is_one_sided():
     rng = np.random.default_rng(2)
     a, b, docs = simulate(rng, 0.9, 0.01, 0.02)
-    d = paired_difference(a - 0.1, b, docs)
+    d = paired_difference(a - 0.1, b, docs, LEVEL)
     assert d.high < 0 and d.estimate == pytest.approx(a.mean() - 0.1 - b.mean())
     assert d.p_value("<0") < 1e-3 and d.p_value(">0") > 0.999
     assert d.p_value("<0") + d.p_value(">0") == pytest.approx(1.0)
@@ -123,11 +131,11 @@ def test_paired_seeds_take_the_difference_run_by_run():
     rng = np.random.default_rng(3)
     a, _, docs = simulate(rng, 0.9, 0.2, 0.0)
     shifted = a + 0.01 + rng.normal(0, 0.01, a.shape)
-    paired = paired_difference(shifted, a, docs, paired_seeds=True)
-    independent = paired_difference(shifted, a, docs)
+    paired = paired_difference(shifted, a, docs, LEVEL, paired_seeds=True)
+    independent = paired_difference(shifted, a, docs, LEVEL)
     assert paired.low > 0 and independent.low < 0 < independent.high
     with pytest.raises(ValueError, match="same seeds on both sides"):
-        paired_difference(a, a[:2], docs, paired_seeds=True)
+        paired_difference(a, a[:2], docs, LEVEL, paired_seeds=True)
 
 
 def test_a_dominant_part_caps_the_degrees_of_freedom_at_its_own():
@@ -145,25 +153,25 @@ def test_a_dominant_part_caps_the_degrees_of_freedom_at_its_own():
 def test_a_mean_and_its_interval():
     rng = np.random.default_rng(4)
     a, _, docs = simulate(rng, 0.9, 0.02, 0.05)
-    m = mean_interval(a, docs)
+    m = mean_interval(a, docs, LEVEL)
     assert m.low < a.mean() < m.high and m.estimate == pytest.approx(a.mean())
 
 
 def test_bad_input_is_named():
     docs = np.repeat(np.arange(3), 4)
     with pytest.raises(ValueError, match=r"b has 5 tokens, the units array 12"):
-        paired_difference(np.zeros((2, 12)), np.zeros((2, 5)), docs)
+        paired_difference(np.zeros((2, 12)), np.zeros((2, 5)), docs, LEVEL)
     with pytest.raises(ValueError, match="at least 2 independent units"):
-        paired_difference(np.zeros((2, 12)), np.zeros((2, 12)), np.zeros(12, int))
+        paired_difference(np.zeros((2, 12)), np.zeros((2, 12)), np.zeros(12, int), LEVEL)
     with pytest.raises(ValueError, match=r"level must be in \(0, 1\)"):
         paired_difference(np.zeros((2, 12)), np.zeros((2, 12)), docs, level=95)
-    nan = paired_difference(np.full((2, 12), np.nan), np.zeros((2, 12)), docs)
+    nan = paired_difference(np.full((2, 12), np.nan), np.zeros((2, 12)), docs, LEVEL)
     assert np.isnan(nan.estimate) and nan.text() == "n/a" and np.isnan(nan.p_value("<0"))
 
 
 def test_rounding_is_not_a_difference():
     docs = np.repeat(np.arange(4), 5)
-    same = paired_difference(np.ones((2, 20)), np.ones((2, 20)) + 1e-7, docs)
+    same = paired_difference(np.ones((2, 20)), np.ones((2, 20)) + 1e-7, docs, LEVEL)
     assert same.identical and same.p_value("<0") == 1.0 and same.p_value(">0") == 1.0
     assert EPS < 1e-4
 
@@ -202,7 +210,7 @@ def test_the_text_part_is_cr2_with_bell_mccaffrey_df_as_published():
     units = np.repeat(np.arange(9), n.astype(int))
     y = rng.normal(0, 1, 9)
     a = (y[units] + rng.normal(0, 0.1, len(units)))[None]  # one seed a side: the text part alone
-    d = paired_difference(a, np.zeros_like(a), units)
+    d = paired_difference(a, np.zeros_like(a), units, LEVEL)
     ybar = np.bincount(units, weights=a[0]) / n
     V, df = _pustejovsky_tipton(ybar, n)
     assert d.se**2 == pytest.approx(V, rel=1e-9) and d.df == pytest.approx(df, rel=1e-9)
@@ -223,7 +231,7 @@ def test_one_family_holding_half_the_tokens_gives_a_wide_interval():
     for _ in range(200):
         a, b = sim.cell(rng, "a", 3), sim.cell(rng, "b", 3)
         for name, units in (("file", sim.file), ("family", sim.family)):
-            d = paired_difference(a, b, units)
+            d = paired_difference(a, b, units, LEVEL)
             hits[name] += d.low <= 0 <= d.high
             width[name].append(d.high - d.low)
     assert d.units == 14 and d.largest_share == pytest.approx(0.484, abs=0.01) and d.df < 4
@@ -235,6 +243,24 @@ def test_p_values_below_what_the_df_support_print_as_a_bound():
     assert p_text(4.3e-225, 4.0) == "< 1e-3" and p_text(7e-26, 60.0) == "< 1e-4"
     assert p_text(0.0123, 4.0) == "0.012" and p_text(float("nan"), 4.0) == "n/a"
     assert p_text(5e-4, 60.0) == "0.0005"
+
+
+def test_the_token_noise_is_taken_out_of_the_text_part_once_at_its_expected_size():
+    """V_noise is what the token noise adds to V_text in expectation. With token noise alone (no unit, no seed
+    effect) and a unit holding half the tokens, the V_noise the estimator subtracts averages to the noise's mean
+    share of V_text: the (1 - 2 w) of the residual is applied once."""
+    rng = np.random.default_rng(30)
+    units = np.repeat(np.arange(6), [500, 200, 100, 100, 60, 40])
+    index, G, n_g, N = _units(units, "a test")
+    v_text, v_noise = [], []
+    for _ in range(600):
+        A = _unit_sums(rng.normal(0, 1, (3, len(units))), index, G)
+        _, noise = _seed_parts(A, n_g, N)
+        D = A.mean(0) + 1e3 * (-1.0) ** np.arange(G) * n_g  # a large text part: V_text - V_noise stays positive
+        whole, _ = _text_part(D, np.zeros(G), n_g, N)
+        v_noise.append(whole - _text_part(D, noise, n_g, N)[0])
+        v_text.append(_text_part(A.mean(0), np.zeros(G), n_g, N)[0])
+    assert np.mean(v_noise) == pytest.approx(np.mean(v_text), rel=0.04)
 
 
 if __name__ == "__main__":  # the table of analysis/README.md

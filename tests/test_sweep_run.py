@@ -213,7 +213,7 @@ def test_table_interval_over_seeds(tmp_path):
     from scipy import stats
 
     values = [1.0, 1.2, 0.9]
-    mean, low, high = seed_mean_interval(values)
+    mean, low, high = seed_mean_interval(values, 0.95)
     assert low == low, "no estimator: reinstall (pip install -e .) for pyproject's entry point posenc_lab.estimators"
     half = stats.t.ppf(0.975, 2) * stats.sem(values)
     assert mean == pytest.approx(sum(values) / 3) and (low, high) == pytest.approx((mean - half, mean + half))

@@ -113,13 +113,19 @@ def test_a_missing_cell_leaves_the_verdict_untested_and_says_which():
     assert out[1].status == NOT_TESTED and "no recall_beyond measurements" in out[1].note
 
 
-def test_an_unserved_cell_is_listed_with_its_reason_and_the_rest_is_judged():
+def test_an_unserved_cell_leaves_its_verdict_not_tested_saying_why():
+    """A cell the claim names (here through its wildcard) that cannot be measured is not dropped: the verdict is
+    not judged on fewer cells than it names, and says which cell and why; the others are still judged."""
     rng = np.random.default_rng(4)
     e = evidence(rng, {f"{XL}:mem": 0.8, f"{SHAW}:mem": 1.0, f"{SINUSOID}:mem": 1.0})
     e.unavailable[f"{SINUSOID}:mem"] = "cannot serve attention length 128: position 127 is past the table"
-    (out,), _ = judge(config(v("only_xl", [f"{XL}:mem - *:mem"])), {"as_trained": e})
-    noted = [c for c in out.comparisons if c.note]
-    assert out.status == REPRODUCED and len(noted) == 1 and "past the table" in noted[0].note
+    out, _ = judge(
+        config(v("only_xl", [f"{XL}:mem - *:mem"]), v("xl_shaw", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e}
+    )
+    noted = [c for c in out[0].comparisons if c.note]
+    assert out[0].status == NOT_TESTED and np.isnan(out[0].p) and len(noted) == 1
+    assert f"{SINUSOID}:mem: cannot serve attention length 128" in out[0].note
+    assert out[1].status == REPRODUCED
 
 
 def test_absolute_means_every_absolute_scheme_of_the_registry():
@@ -334,8 +340,8 @@ def test_a_verdict_reads_its_p_as_a_bound_its_units_and_the_effect_it_could_dete
     for seed_sd in (0.01, 0.2):
         e = evidence(rng, {f"{XL}:mem": 0.5, f"{SHAW}:mem": 1.0}, seed_sd=seed_sd)
         (verdict,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
-        found[seed_sd] = detectable(verdict)
-        text, row = _sentence(verdict, 1.0, "nats"), _row(verdict, 1.0, "nats")
+        found[seed_sd] = detectable(verdict, DOCS)
+        text, row = _sentence(verdict, 1.0, "nats", found[seed_sd]), _row(verdict, 1.0, "nats", found[seed_sd])
         texts[seed_sd] = text
         assert f"over seeds and {N_DOCS} text units" in text and row["units"] == N_DOCS
         assert f"detectable at 80% power: {found[seed_sd]:.3g}" in text
@@ -343,4 +349,4 @@ def test_a_verdict_reads_its_p_as_a_bound_its_units_and_the_effect_it_could_dete
     assert 0 < found[0.01] < found[0.2]
     e = evidence(rng, {f"{XL}:mem": 0.5, f"{SHAW}:mem": 1.0}, seeds=1)
     (verdict,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
-    assert np.isnan(detectable(verdict)) and "detectable" not in _sentence(verdict, 1.0, "nats")
+    assert np.isnan(detectable(verdict, DOCS)) and "detectable" not in _sentence(verdict, 1.0, "nats")

@@ -77,10 +77,11 @@ def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
 def _power_lines(cfg, specs) -> list[str]:
     """The plan's power statement (``power.plan_lines``): the seeds of its main corpus's cells, the files and
     families of the tokens the report's as-trained evaluation will score on its split (``dumps.scored_files``),
-    the verdicts of conf/paper.yaml and the measured components."""
+    the verdicts of conf/paper.yaml the report will judge on this grid (``power.judged``) and the measured
+    components."""
     from ..coverage import MEASURED
     from ..dumps import scored_files
-    from ..power import plan_lines
+    from ..power import judged, plan_lines
     from ..runs import load_corpus_cached
     from ..verdicts import paper
 
@@ -92,7 +93,20 @@ def _power_lines(cfg, specs) -> list[str]:
     shared = ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis, resolve=True)).shared
     tokens, family = scored_files(corpus, shared.trained, shared.split)
     config = paper()
-    return plan_lines(tokens, family, seeds, len(config["verdicts"]), float(config.get("alpha", 0.05)), MEASURED)
+    n_seeds: dict = {}
+    for s in specs:
+        n_seeds[s.cell_name] = n_seeds.get(s.cell_name, 0) + 1
+    on = set(shared.sections)
+    main, memory = (lambda c: c.group == ""), (lambda c: c.group == "" and c.memory)
+    measures = {  # the measures the report's evidence will hold (report.Group.evidence and the sections')
+        "as_trained": main,
+        "attention_gain": memory,
+        **({"position_gap": main} if "position" in on else {}),
+        **({"context_gain": main} if "effective_context" in on else {}),
+        **({"recall_beyond": lambda c: c.group == "recall"} if "recall" in on else {}),
+    }
+    n = len(judged(config, n_seeds, measures)) if "verdicts" in on else 0
+    return plan_lines(tokens, family, seeds, n, float(config.get("alpha", 0.05)), MEASURED)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -144,7 +144,9 @@ class EffectiveContextSection(Section):
             high=lambda d: d["high"] * g.scale,
         )
         marks = {"L": L} if M == 0 else {"L": L, "L + M": L + M}
-        figure = plots.context_curves(curves, ctx.file("context_curves.png"), marks, f"loss - own best ({g.figure})")
+        figure = plots.context_curves(
+            curves, ctx.file("context_curves.png"), marks, f"loss - own best ({g.figure})", level
+        )
         return Part(
             text,
             [

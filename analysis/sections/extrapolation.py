@@ -15,18 +15,20 @@ from ..stats import NOT_EVALUATED, Difference, paired_difference
 from .base import Figure, Part, Section, Table, register
 
 
-def _contrast(res: ExtrapolationResult, group: list[Run], axis: str, la: int, lb: int | None) -> Difference:
-    """Loss at length la minus at lb over the same runs (lb None: against zero)."""
+def _contrast(
+    res: ExtrapolationResult, group: list[Run], axis: str, la: int, lb: int | None, level: float
+) -> Difference:
+    """Loss at length la minus at lb over the same runs (lb None: against zero), its interval at ``level``."""
     a = [res.tokens.get((r.name, axis, la)) for r in group]
     b = [res.tokens.get((r.name, axis, lb)) for r in group] if lb is not None else None
     if any(x is None for x in a) or (b is not None and any(x is None for x in b)):
         return NOT_EVALUATED
     xa = np.stack([x[0] for x in a]).astype(np.float64)
     xb = np.stack([x[0] for x in b]).astype(np.float64) if b is not None else np.zeros_like(xa)
-    return paired_difference(xa, xb, a[0][1], paired_seeds=True)
+    return paired_difference(xa, xb, a[0][1], level, paired_seeds=True)
 
 
-def summary(res: ExtrapolationResult, cells: dict[str, list[Run]], scale: float) -> pd.DataFrame:
+def summary(res: ExtrapolationResult, cells: dict[str, list[Run]], scale: float, level: float) -> pd.DataFrame:
     ok = res.table[res.table["status"] == "ok"]
     na = res.table[res.table["status"] == NA_STATUS]
     rows = []
@@ -43,13 +45,13 @@ def summary(res: ExtrapolationResult, cells: dict[str, list[Run]], scale: float)
             longest = int(a.groupby("run")["length"].max().min())
             row[f"{axis}_longest"] = longest
             row[f"{axis}_change"] = (
-                _contrast(res, group, axis, longest, base).scaled(scale).text(3)
+                _contrast(res, group, axis, longest, base, level).scaled(scale).text(3)
                 if longest > base
                 else "n/a (no longer length served)"
             )
         T = group[0].episode_len
         if T:
-            row["past_episodes_change"] = _contrast(res, group, "horizon_past", T, None).scaled(scale).text(3)
+            row["past_episodes_change"] = _contrast(res, group, "horizon_past", T, None, level).scaled(scale).text(3)
         rows.append(row)
     df = pd.DataFrame(rows)
     for c in ("segment_na_from", "memory_na_from", "segment_longest", "memory_longest"):
@@ -81,8 +83,8 @@ class Extrapolation(Section):
             f"same-length mask (M = L for runs without memory). Horizon axis: every run as trained over streams of "
             f"{s.horizon_factor} x its training episode T, never reset; `past_episodes_change`: past T, the loss "
             f"minus that of the same tokens with resets every T as in training. `*_change`: the loss at the longest "
-            f"applicable length minus at the training length, {unit_name}, 95% intervals (over seeds and the text's "
-            "units, families or documents, where a cell has 2+ seeds, else the text alone; the "
+            f"applicable length minus at the training length, {unit_name}, {ctx.shared.level:.0%} intervals (over "
+            "seeds and the text's units, families or documents, where a cell has 2+ seeds, else the text alone; the "
             f"same runs at two lengths, seeds paired; `seeds`: how many of the cell's runs were evaluated). Test "
             f"split, {s.n_rows} rows. Descriptive. Every evaluation, "
             f"with the reason where a scheme cannot serve a length: `extrapolation/extrapolation.csv`."
@@ -129,7 +131,7 @@ class Extrapolation(Section):
         )
         figures.append(Figure(path, f"horizon axis: the change past the training episodes ({fig})"))
         na_rows = na[["cell", "axis", "length", "reason", "run"]].reset_index(drop=True)
-        tables = [Table("table_extrapolation", summary(res, cells, scale), "extrapolation by cell")]
+        tables = [Table("table_extrapolation", summary(res, cells, scale, ctx.shared.level), "extrapolation by cell")]
         findings = []
         if len(na_rows):
             tables.append(Table("table_not_applicable", na_rows, "evaluations a scheme cannot serve, and why"))

@@ -19,8 +19,8 @@ from ..verdicts import Evidence
 from .base import RECALL, Figure, Part, Section, Table, register
 
 
-def table(acc: pd.DataFrame, beyond: dict[str, np.ndarray], documents: np.ndarray | None) -> pd.DataFrame:
-    """Per cell: accuracy within one segment and beyond it (with its interval over seeds and chunks)."""
+def table(acc: pd.DataFrame, beyond: dict[str, np.ndarray], documents: np.ndarray | None, level: float) -> pd.DataFrame:
+    """Per cell: accuracy within one segment and beyond it (with its interval at ``level`` over seeds and chunks)."""
     rows = []
     for cell, g in acc.groupby("cell", sort=False):
         L = int(g["segment_len"].iloc[0])
@@ -31,7 +31,7 @@ def table(acc: pd.DataFrame, beyond: dict[str, np.ndarray], documents: np.ndarra
 
         row = {"cell": cell, "seeds": g["seed"].nunique(), "acc_within_L": mean(within), "acc_beyond_L": mean(past)}
         if documents is not None and cell in beyond:
-            row["beyond_interval"] = mean_interval(beyond[cell], documents).text(3, signed=False)
+            row["beyond_interval"] = mean_interval(beyond[cell], documents, level).text(3, signed=False)
         row["chance"] = float(g["chance"].iloc[0])
         row["answers"] = int(g["answers"].sum())
         rows.append(row)
@@ -63,14 +63,14 @@ class Recall(Section):
 
     def render(self, ctx, m: RecallMeasured) -> Part:
         ev = m.beyond
-        t = table(m.accuracy, ev.cells if ev else {}, ev.documents if ev else None)
+        t = table(m.accuracy, ev.cells if ev else {}, ev.documents if ev else None, ctx.shared.level)
         figure = plots.recall_accuracy(m.accuracy, ctx.out / "recall" / "recall_accuracy.png")
         text = (
             f"Settings: {ctx.group.settings_line}. A value is planted and must be answered D tokens later; only "
             f"answers are scored. Accuracy by distance (bins of {DISTANCE_BIN}), each run evaluated as trained over "
             f"{ctx.settings.n_streams} streams x {ctx.settings.n_tokens} tokens of the test split; beyond one segment "
-            f"(D >= L) an answer can come only from the memory. `beyond_interval`: 95%, seeds and chunks of a few "
-            f"items (independent draws) as units. Per bin: `recall/recall_accuracy.csv`."
+            f"(D >= L) an answer can come only from the memory. `beyond_interval`: {ctx.shared.level:.0%}, seeds and "
+            f"chunks of a few items (independent draws) as units. Per bin: `recall/recall_accuracy.csv`."
         )
         return Part(
             text,

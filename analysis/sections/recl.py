@@ -3,12 +3,14 @@ and with against without memory as a paired difference of the same bootstrap rep
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from .. import plots
 from ..dumps import same_tokens
-from ..recl import R_VALUES, ReclResult, interval_text, memory_areas, recl, recl_text
+from ..recl import ReclResult, interval_text, memory_areas, recl, recl_text
 from ..runs import Run
 from ..stats import p_text
 from .base import Figure, Part, Section, Table, register
@@ -87,6 +89,14 @@ def _memory_pairs(cells: dict[str, list[Run]]) -> list[tuple[str, str]]:
     ]
 
 
+def _area_label(d) -> str:
+    """What an area difference's interval leaves out: nothing, the seeds (a cell of one seed), or everything (not
+    evaluated: a seed's area is not finite)."""
+    if not np.isfinite(d.estimate):
+        return " (not evaluated: a non-finite area)"
+    return "" if d.covers_seeds else " (one seed a cell: the text only)"
+
+
 def area_lines(res: ReclResult, step: int) -> list[str]:
     """The smooth estimand of memory (``recl.memory_areas``), one line per pair."""
     return [
@@ -94,7 +104,7 @@ def area_lines(res: ReclResult, step: int) -> list[str]:
         "over seeds and text units, "
         f"`stats.paired_difference`) of {a} minus {b}: {d.text(4)}, one-sided p that memory gains more: "
         f"{p_text(d.p_value('>0'), d.df)}"
-        + ("" if d.covers_seeds else " (one seed a cell: the text only)")
+        + _area_label(d)
         + ". The area sums the gains over consecutive grid points: no threshold and no grid step in it, so it "
         "resolves a difference that RECL's crossing cannot."
         for a, b, c_max, d in res.areas
@@ -114,6 +124,19 @@ class Recl(Section):
     name = "recl"
     title = "Relative effective context length (RECL)"
 
+    @dataclass
+    class Settings:
+        """``ablate.analysis.recl`` (its bootstrap's replicates: ``ablate.analysis.context.n_boot``)."""
+
+        threshold: float  # RECL: the first c whose fitted gain is below this (the paper's 1%)
+        r_values: list[float]  # the fractions r of hardest tokens (the paper's Table 8: 0.1, 0.5, 1.0)
+
+        def __post_init__(self):
+            if not 0 < self.threshold < 1:
+                raise ValueError(f"ablate.analysis.recl.threshold must be in (0, 1), e.g. 0.01, got {self.threshold!r}")
+            if not self.r_values or not all(0 < r <= 1 for r in self.r_values):
+                raise ValueError(f"ablate.analysis.recl.r_values must be fractions in (0, 1], got {self.r_values!r}")
+
     def measure(self, ctx) -> ReclResult:
         g, context = ctx.group, ctx.shared.context
         at_c = g.at_contexts
@@ -121,7 +144,17 @@ class Recl(Section):
         per_seed = per_seed_losses(g)
         units = same_tokens(at_c)
         delta = context.gain_delta(g.runs)
-        res = recl(per_seed, g.grid, units, delta=delta, n_boot=context.n_boot, level=ctx.shared.level)
+        s = ctx.settings
+        res = recl(
+            per_seed,
+            g.grid,
+            units,
+            delta=delta,
+            r_values=s.r_values,
+            threshold=s.threshold,
+            n_boot=context.n_boot,
+            level=ctx.shared.level,
+        )
         res.per_seed["seed"] = [g.cells[m][i].seed for m, i in zip(res.per_seed["model"], res.per_seed["seed"])]
         served = {c: [x for x in g.grid if x not in at_c[runs[0].name].not_served] for c, runs in g.cells.items()}
         res.areas = memory_areas(per_seed, g.grid, units, _memory_pairs(g.cells), served, ctx.shared.level)
@@ -129,6 +162,7 @@ class Recl(Section):
 
     def render(self, ctx, res: ReclResult) -> Part:
         g, grid, level, n_boot = ctx.group, ctx.group.grid, ctx.shared.level, ctx.shared.context.n_boot
+        pct = f"{ctx.settings.threshold:.0%}"
         step, delta = ctx.shared.context.fine_step(g.runs), ctx.shared.context.gain_delta(g.runs)
         L = max(r.segment_len for r in g.runs)
         fine_top = next((a for a, b in zip(grid, grid[1:]) if b - a != step), grid[-1])
@@ -146,12 +180,12 @@ class Recl(Section):
             f"mean of its seeds' (`seeds`: each one's; `recl_seeds.csv`). Two changes to the "
             f"paper's estimator, so that noise cannot fake a gain: the baseline of model m is the best of the *other* "
             f"models (leave-one-out: a model that gains nothing then gains nothing in expectation), and the gain "
-            f"curve is fitted by a non-increasing function of c before the first c below 1% is read. '>c': the "
-            f"fitted gain stayed above 1% up to the last c tested; '<={grid[0]}': it was below 1% at the first c "
+            f"curve is fitted by a non-increasing function of c before the first c below {pct} is read. '>c': the "
+            f"fitted gain stayed above {pct} up to the last c tested; '<={grid[0]}': it was below {pct} at the first c "
             f"tested (the truth may be smaller); '*': an interval narrower than the step of {step} tokens, which is "
             f"the grid's resolution, not certainty. `crossing`: RECL read between the grid points, "
-            f"where the fitted curve crosses 1% by linear interpolation (descriptive: no verdict reads it; it has no "
-            f"grid step in it, the first-below value has). Brackets: {level:.0%} percentile intervals of a "
+            f"where the fitted curve crosses {pct} by linear interpolation (descriptive: no verdict reads it; it has "
+            f"no grid step in it, the first-below value has). Brackets: {level:.0%} percentile intervals of a "
             f"cluster bootstrap over the units and each cell's seeds ({n_boot} replicates; {seed_caveat(g.cells)}). "
             f"Gain curves: `recl_curves.csv`. The group baseline caps each model by the others' best: a model much "
             f"worse than the rest is capped on every token, so its RECL says how far it gains on the tokens where it "
@@ -160,8 +194,8 @@ class Recl(Section):
             f"comparison."
             + (" Paper (WikiText-103, Table 8, r = 0.1/0.5/1.0): " + ", ".join(paper_recl) + "." if paper_recl else "")
         )
-        curves = res.curves[res.curves["r"].isin(R_VALUES)]
-        figure = plots.gain_curves(curves, ctx.file("recl_gain_curves.png"))
+        curves = res.curves[res.curves["r"].isin(res.r_values)]
+        figure = plots.gain_curves(curves, ctx.file("recl_gain_curves.png"), ctx.settings.threshold)
         findings = memory_contrasts(res, g.cells, level, step) + area_lines(res, step)
         findings.append(
             "RECL values are point estimates of a threshold crossing; compare cells by the intervals and the paired "
@@ -173,7 +207,7 @@ class Recl(Section):
                 Table(
                     "table_recl",
                     table(res, step),
-                    f"RECL in tokens per r (first c below 1%, the mean over seeds), with {level:.0%} intervals over "
+                    f"RECL in tokens per r (first c below {pct}, the mean over seeds), with {level:.0%} intervals over "
                     "units and seeds; crossing: interpolated, descriptive",
                 ),
                 Table("recl_seeds", res.per_seed, "RECL of every seed", show=False),
@@ -183,7 +217,7 @@ class Recl(Section):
                 Figure(
                     figure,
                     "RECL gain g(c, c + delta) by cell: the leave-one-out gain (dots), its monotone fit "
-                    "(line) and the bootstrap band; dashed: the 1% threshold",
+                    f"(line) and the bootstrap band; dashed: the {pct} threshold",
                 )
             ],
             findings,

@@ -20,16 +20,18 @@ def _df(tested: list[Comparison]) -> float:
     return min((c.difference.df for c in tested), default=float("nan"))
 
 
-def detectable(v: Verdict) -> float:
+def detectable(v: Verdict, units) -> float:
     """The effect (in nats, or accuracy) the verdict finds with 80% power at the level Holm tested it at, from
-    the seeds and units it had (``power.verdict_detectable``); NaN where it was not judged."""
+    the seeds and units (``units`` [tokens]: its evidence's) it had, its test simulated as it is run
+    (``power.verdict_detectable``); NaN where it was not judged."""
     tested = [c for c in v.comparisons if not c.note]
     if not tested or v.level != v.level or not all(c.difference.covers_seeds for c in tested):
         return float("nan")
-    return verdict_detectable([c.difference for c in tested], (1 - v.level) / 2)
+    alone = [" - " not in c.text for c in tested]  # a cell against zero: its seeds paired
+    return verdict_detectable([c.difference for c in tested], alone, units, (1 - v.level) / 2)
 
 
-def _row(v: Verdict, scale: float, unit_name: str) -> dict:
+def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) -> dict:
     tested = [c for c in v.comparisons if not c.note]
     k = scale if v.measure != "recall_beyond" else 1.0
     return {
@@ -46,14 +48,14 @@ def _row(v: Verdict, scale: float, unit_name: str) -> dict:
         "seeds": "; ".join(sorted({f"{c.difference.n_a}v{c.difference.n_b}" for c in tested})),
         "units": min((c.difference.units for c in tested), default=0),
         "largest_unit_share": max((c.difference.largest_share for c in tested), default=float("nan")),
-        f"detectable_{POWER:.0%}_power": detectable(v) * k,
+        f"detectable_{POWER:.0%}_power": power * k,
         "expands": v.expands,
         "not_tested": v.note,
         "paper": v.paper,
     }
 
 
-def _sentence(v: Verdict, scale: float, unit_name: str) -> str:
+def _sentence(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) -> str:
     if not v.comparisons or all(c.note for c in v.comparisons):
         return f"**{v.claim}**: not tested ({v.note or 'no comparison could be made'})."
     parts = []
@@ -72,7 +74,6 @@ def _sentence(v: Verdict, scale: float, unit_name: str) -> str:
     tested = [c for c in v.comparisons if not c.note]
     units = min((c.difference.units for c in tested), default=0)
     k = scale if v.measure != "recall_beyond" else 1.0
-    power = detectable(v)
     return (
         f"**{v.claim}**: **{v.status}** (predicted {v.predict}; {unit}, {level} intervals over seeds and {units} "
         f"text units: "
@@ -114,6 +115,7 @@ class Judged:
     robustness: str  # the verdicts again without what could be recited ("" where not measured)
     scale: float  # of the main corpus's figure (1 without one)
     unit_name: str
+    power: dict[str, float]  # verdict id -> its detectable effect (nats, or accuracy; NaN: not judged)
 
 
 TEXT = (
@@ -134,7 +136,9 @@ TEXT = (
     "*Inconclusive*: neither; *not judged: one seed*: a cell it needs has one seed (descriptive only); *not "
     "tested*: a cell it needs was not trained, or a value was not finite. Every other interval in this report "
     "is descriptive. `detectable_80%_power`: the effect, the same in each comparison, that the verdict would "
-    "find with 80% power at its level, from the seeds and units it had (`power.py`)."
+    "find with 80% power at its Holm level, from the seeds and units it had: its test simulated as it is run, "
+    "with the estimated degrees of freedom, at the measured components' shape scaled to each comparison's own "
+    "standard error (`power.py`)."
 )
 
 
@@ -154,14 +158,19 @@ class Verdicts(Section):
             again = recheck(report.paper, judged, {"as_trained": kept})
             line = robustness(again, float((~held_out.shared).mean()), WINDOW, main.scale, main.unit_name)
         scale, unit_name = (main.scale, main.unit_name) if main else (1.0, "nats")
-        return Judged(judged, sanity, line, scale, unit_name)
+        power = {
+            v.id: detectable(v, report.evidence[v.measure].documents)
+            for v in judged
+            if v.measure in report.evidence and not report.smoke
+        }
+        return Judged(judged, sanity, line, scale, unit_name, power)
 
     def render(self, ctx, m: Judged) -> Part:
         corpora = ctx.report.corpora
         notes = (
             [f"Verdicts on corpus `{corpora[0].name}`; the other corpora are descriptive."] if len(corpora) > 1 else []
         )
-        findings = [_sentence(v, m.scale, m.unit_name) for v in m.verdicts]
+        findings = [_sentence(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts]
         if m.sanity:
             findings.append(
                 "Sanity checks (true by construction, not counted as reproductions): "
@@ -169,7 +178,9 @@ class Verdicts(Section):
             )
         if m.robustness and not ctx.report.smoke:
             findings.append(m.robustness)
-        df = pd.DataFrame([_row(v, m.scale, m.unit_name) for v in m.verdicts + m.sanity])
+        df = pd.DataFrame(
+            [_row(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts + m.sanity]
+        )
         if len(df):
             df.insert(1, "kind", ["verdict"] * len(m.verdicts) + ["sanity check"] * len(m.sanity))
         return Part(

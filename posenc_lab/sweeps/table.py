@@ -9,13 +9,16 @@ metric. The figure: the metric against each swept parameter, one panel each (sea
 
 from __future__ import annotations
 
+import functools
 import math
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from .. import config_dir
 from ..io import write_text, write_with
 
 if TYPE_CHECKING:
@@ -26,7 +29,15 @@ SEED = "seed"
 ESTIMATORS = "posenc_lab.estimators"  # the entry-point group of the analysis' estimator (seed_mean_interval)
 
 
-def seed_mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+@functools.cache
+def level() -> float:
+    """The project's one confidence level, ``ablate.analysis.level`` of conf/ablate.yaml (the report's too)."""
+    from omegaconf import OmegaConf
+
+    return float(OmegaConf.load(Path(config_dir()) / "ablate.yaml").ablate.analysis.level)
+
+
+def seed_mean_interval(values: list[float], level: float) -> tuple[float, float, float]:
     """(mean, low, high) over seeds of the final metric, by the project's one estimator,
     ``posenc_lab_analysis.stats.mean_interval``. posenc_lab never imports the analysis package (layering runs one
     way), so the estimator stays where the report's statistics are and is found through the entry point
@@ -83,7 +94,7 @@ def seed_groups(frame: pd.DataFrame, names: list[str]) -> list[dict[str, Any]]:
         if len(group) < 2:
             continue
         setting = setting if isinstance(setting, tuple) else (setting,)
-        mean, low, high = seed_mean_interval(group["value"].astype(float).tolist())
+        mean, low, high = seed_mean_interval(group["value"].astype(float).tolist(), level())
         out.append({"setting": dict(zip(keys, setting)), "n": len(group), "mean": mean, "low": low, "high": high})
     return out
 
@@ -114,12 +125,12 @@ def markdown(state: SweepState, frame: pd.DataFrame, figure: bool) -> str:
         for g in groups:
             if all(str(top[k]) == v for k, v in g["setting"].items()):
                 line += (
-                    f"; over its {g['n']} seeds: mean {g['mean']:.4g}, 95% t-interval over seeds of the final "
-                    f"metric [{g['low']:.4g}, {g['high']:.4g}]"
+                    f"; over its {g['n']} seeds: mean {g['mean']:.4g}, {level():.0%} t-interval over seeds of the "
+                    f"final metric [{g['low']:.4g}, {g['high']:.4g}]"
                 )
         lines += [line, ""]
     if groups:
-        lines += ["## Settings with repeated seeds (mean and 95% t-interval of the final metric)", ""]
+        lines += [f"## Settings with repeated seeds (mean and {level():.0%} t-interval of the final metric)", ""]
         lines += ["| setting | seeds | mean | interval |", "|---|---|---|---|"]
         for g in groups:
             setting = " ".join(f"{k}={v}" for k, v in g["setting"].items())
