@@ -258,8 +258,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     layouts = (SPLIT, BEFORE, designed())
     head = (
-        f"| coverage of the {LEVEL:.0%} interval | wholly below 0 | wholly above 0 | one-sided 5% test rejects | median df "
-        "| median width |"
+        f"| coverage of the {LEVEL:.0%} interval | wholly below 0 | wholly above 0 | one-sided 5% test rejects "
+        "| median df | median width |"
     )
     print(f"| difference | {head[2:]}\n|---|---|---|---|---|---|---|")
     pairs, at = _pairs(), lambda **k: Components(**{**MEASURED.__dict__, **k})

@@ -375,6 +375,21 @@ def same_tokens(dumps: dict[str, TokenLosses]) -> np.ndarray:
     return first.token_units
 
 
+def seed_losses(
+    cells: dict[str, list], dumps: dict[str, TokenLosses], grid
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(cell -> [n_seeds, n_c, tokens] losses of its runs at the contexts ``grid`` (NaN where not served), the
+    units of the scored tokens) from the controlled-context dumps (run name -> dump): what RECL and the effective
+    context read, the same tokens for every run (``same_tokens``)."""
+    units = same_tokens(dumps)
+    contexts = next(iter(dumps.values())).contexts
+    k = [contexts.index(c) for c in grid]
+    per_seed = {
+        c: np.stack([dumps[r.name].loss[k][:, dumps[r.name].scored] for r in runs]) for c, runs in cells.items()
+    }
+    return per_seed, units
+
+
 def stack(dumps: list[TokenLosses], c: int | None = None, correct: bool = False) -> np.ndarray:
     """[n_seeds, tokens] of a cell's runs at context c (``correct``: 0/1 argmax hits instead of losses)."""
     return np.stack([(d.correct_at(c).astype(np.float64) if correct else d.at(c).astype(np.float64)) for d in dumps])

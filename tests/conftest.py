@@ -68,6 +68,8 @@ SLOW = {
     "test_configs.py::test_every_option_trains_a_few_steps[experiment-ablation]": "experiment-quick, experiment-tiny",
     "test_reach.py::test_the_tiny_reach_preset_reports_the_heatmap_and_the_reach_table": "test_report's tiny "
     "ablation (its reach section on the recall group)",
+    "test_effective_context.py::test_the_tiny_context_preset_judges_the_recurrence_verdict_alone": "test_verdicts' "
+    "verdict list and test_effective_context's tiny ablation",
     "test_recall.py::test_xl_with_memory_recalls_beyond_the_segment_and_without_memory_does_not": "the tiny ablation's "
     "recall group",
 }

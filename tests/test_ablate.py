@@ -56,6 +56,13 @@ CLAIMS = {
                   half_loss=set(), recall=REACH, recall_without_memory=REACH),
     "reach_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16), seeds=[0], without_memory=set(),
                        recall={XL, NOPE}, recall_without_memory={XL, NOPE}),
+    # the recurrence question (memory_extends_xl_context) at L = M = 64: its cells alone
+    "context": dict(smoke=False, steps=1000, model=(4, 128), lengths=(64, 64),
+                    seeds={"*": [0], "xl:mem64": [0, 1, 2], "xl:nomem": [0, 1, 2]}, without_memory={XL},
+                    half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
+    "context_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16),
+                         seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1]}, without_memory={XL},
+                         half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
     "wt103_table6": dict(smoke=False, steps=200_000, model=(16, 410), lengths=(150, 150), seeds=[0],
                          half_loss={SINUSOID, LEARNED, GLOBAL_SINUSOID, SHAW, XL}, recall=set()),
 }  # fmt: skip
@@ -79,6 +86,8 @@ def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
         assert {s.scheme for s in main if s.mem_len == 0} == claims["without_memory"]
     if claims.get("schemes") == "all":
         assert {s.scheme for s in main} == set(SCHEMES)
+    elif "schemes" in claims:
+        assert {s.scheme for s in main} == claims["schemes"]
     if "half_loss" in claims:
         assert {s.scheme for s in main if s.loss_frac != 1.0} == claims["half_loss"]
     assert {s.scheme for s in specs if s.group == "recall"} == claims["recall"]
@@ -108,7 +117,7 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     specs = make_plan(cfg, [f"experiment={preset}"])
     main = [s for s in specs if s.group is None] or specs  # the reach presets: the recall grid alone
     schemes = {s.scheme for s in main}  # the five: every absolute scheme, at least two relative ones
-    if not CLAIMS[preset]["smoke"]:
+    if not CLAIMS[preset]["smoke"] and not isinstance(CLAIMS[preset].get("schemes"), set):  # else: its own cells
         assert schemes >= set(schemes_of_kind("absolute")) and len(schemes & set(schemes_of_kind("relative"))) >= 2
     if preset == "zoo":  # every registered scheme, with memory only (conf/experiment/zoo.yaml)
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)

@@ -115,6 +115,36 @@ def test_the_recurrence_verdict_judges_the_context_gain_as_planted(memory_knee, 
     assert verdicts[0].status == expected, (verdicts[0].status, verdicts[0].comparisons[0].difference)
 
 
+def test_an_inconclusive_recurrence_verdict_says_what_its_design_could_detect():
+    """Beside an inconclusive `memory_extends_xl_context`, the section states the measured difference and the
+    effect the design detects at 80% power at the verdict's Holm level (power.verdict_detectable), and whether the
+    difference is smaller than that; a judged (reproduced) verdict gets no such line."""
+    from dataclasses import replace
+
+    from posenc_lab_analysis.sections.effective_context import reach_lines
+    from posenc_lab_analysis.sections.verdicts import detectable
+
+    rng = np.random.default_rng(3)
+    judged = {}
+    for memory_knee in (32, 128):
+        cells = {"xl:mem": cell(rng, memory_knee, drop=0.002), "xl:nomem": cell(rng, 32, drop=0.002)}
+        gains = {c: gain_tokens(x, GRID, 32, 128) for c, x in cells.items()}
+        evidence = Evidence(gains, {c: key(c) for c in cells}, UNITS)
+        (judged[memory_knee],), _ = judge({"alpha": 0.05, "verdicts": [_spec()]}, {"context_gain": evidence})
+    flat, gaining = judged[32], judged[128]
+    assert flat.status == INCONCLUSIVE and gaining.status == REPRODUCED
+    power = detectable(flat, UNITS)
+    assert reach_lines([gaining], 1.0, "nats", {gaining.id: detectable(gaining, UNITS)}) == []
+    d = flat.comparisons[0].difference
+    (line,) = reach_lines([flat], 2.0, "bits", {flat.id: power})
+    assert f"detects {power * 2:.3g} with 80% power" in line and d.scaled(2.0).text(3) in line
+    assert f"at its Holm level {flat.level:.1%}" in line
+    assert f"{abs(d.estimate) / power:.0%} of that, smaller than the interval can reach" in line
+    big = replace(flat, comparisons=[replace(flat.comparisons[0], difference=replace(d, estimate=2 * power))])
+    (line,) = reach_lines([big], 1.0, "nats", {big.id: power})
+    assert "200% of that, within reach" in line and "smaller" not in line
+
+
 def test_the_tiny_ablation_report_shows_curves_past_L_plus_M(tiny_ablation):
     """experiment=tiny (L = M = 16): the table and the figure, every cell's curve reaching c = 4 (L + M) = 128 where
     its scheme serves it, and the learned table's window and global_sinusoid past its episodes named."""
@@ -163,3 +193,30 @@ def test_the_attention_gain_verdict_keeps_reading_c_4L_on_the_longer_grid():
     run = SimpleNamespace(name="r", recurrence=True, cell_name=key("xl:mem"), segment_len=32, train_attention_length=64)
     ev = attention_gain({"xl:mem": [run]}, {"r": dump})
     assert np.all(ev.cells["xl:mem"] == contexts.index(128) - contexts.index(64))
+
+
+@pytest.mark.slow
+def test_the_tiny_context_preset_judges_the_recurrence_verdict_alone(tmp_path):
+    """experiment=context_tiny (the context preset at toy size): its sections only, windows to 2 (L + M) = 64 and
+    memory curves to 4 (L + M) = 128, and one verdict in the table, the others named as left out."""
+    from posenc_lab_analysis import ablate
+
+    out = tmp_path / "context_tiny"
+    assert ablate.main(["experiment=context_tiny", f"ablate.out={out}", "ablate.jobs=2"]) == 0
+    rep = out / "report"
+    text = (rep / "report.md").read_text()
+    titles = re.findall(r"^## \d+\. (.+)$", text, re.M)
+    assert titles == [  # data and files are unnumbered; no table6, extrapolation, attention, recall, reach, speed
+        "Verdicts (preregistered, test split, Holm-corrected)",
+        "Loss by position in the segment",
+        "Effective context against each model's own best",
+        "Relative effective context length (RECL)",
+    ], titles
+    assert "Left out, not judged here: `memory_helps_xl`" in text
+    verdicts = pd.read_csv(rep / "table_verdicts.csv")
+    assert list(verdicts[verdicts["kind"] == "verdict"]["verdict"]) == ["memory_extends_xl_context"]
+    table = pd.read_csv(rep / "table_effective_context.csv").set_index("cell")
+    assert set(table.index) == {"xl:mem16", "xl:nomem", "shaw:mem16", "sinusoid:mem16"}
+    assert "window_max" in table.loc["xl:nomem", "served"] and table.loc["xl:mem16", "served"] == "every c to 128"
+    reach = pd.read_csv(rep / "context_curves.csv").groupby("cell")["c"].max()
+    assert reach["xl:nomem"] == 64 and reach["xl:mem16"] == 128

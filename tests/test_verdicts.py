@@ -350,3 +350,41 @@ def test_a_verdict_reads_its_p_as_a_bound_its_units_and_the_effect_it_could_dete
     e = evidence(rng, {f"{XL}:mem": 0.5, f"{SHAW}:mem": 1.0}, seeds=1)
     (verdict,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
     assert np.isnan(detectable(verdict, DOCS)) and "detectable" not in _sentence(verdict, 1.0, "nats")
+
+
+def test_a_preset_judges_only_the_verdicts_it_names_and_holm_runs_over_those_alone():
+    """ablate.analysis.verdicts.only (conf/experiment/context.yaml): the verdicts left out are not judged and are
+    named; the one kept is judged in a family of its own (both directions: level 1 - 2 alpha / 2), not at the
+    stricter level three verdicts would give it."""
+    from posenc_lab_analysis.sections.verdicts import restricted
+
+    rng = np.random.default_rng(5)
+    ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2, f"{SINUSOID}:mem": 1.4})}
+    full = config(
+        v("a", [f"{XL}:mem - {SHAW}:mem"]), v("b", [f"{SHAW}:mem - {SINUSOID}:mem"]), v("c", [f"{XL}:mem - *"])
+    )
+    assert restricted(full, None) == (full, [])
+    kept, left_out = restricted(full, ["b"])
+    assert [x["id"] for x in kept["verdicts"]] == ["b"] and left_out == ["a", "c"]
+    (alone,), _ = judge(kept, ev)
+    family, _ = judge(full, ev)
+    among = next(x for x in family if x.id == "b")
+    assert alone.level == pytest.approx(1 - 2 * 0.05 / 2) and among.level > alone.level  # wider intervals in the family
+    assert alone.p == pytest.approx(among.p) and alone.p_adjusted < among.p_adjusted
+
+
+def test_a_verdict_list_naming_an_unknown_verdict_is_one_line_before_any_compute():
+    from posenc_lab_analysis.report import ReportSettings
+    from posenc_lab_analysis.settings import conf_block
+
+    block = conf_block()
+    block["verdicts"] = {"only": ["memory_extends_xl_contexts"]}
+    with pytest.raises(
+        ValueError,
+        match=r"^ablate\.analysis\.verdicts\.only: 'memory_extends_xl_contexts' not a "
+        r"verdict of conf/paper\.yaml; the verdicts are: memory_helps_xl, .*memory_extends_xl_context",
+    ):
+        ReportSettings.read(block)
+    block["verdicts"] = {"only": []}
+    with pytest.raises(ValueError, match=r"^ablate\.analysis\.verdicts\.only must name at least one verdict"):
+        ReportSettings.read(block)

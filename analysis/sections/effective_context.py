@@ -11,12 +11,15 @@ import numpy as np
 import pandas as pd
 
 from .. import plots
-from ..dumps import same_tokens
+from ..dumps import seed_losses
 from ..effective_context import EffectiveContext, analyze, gain_tokens
+from ..power import POWER
 from ..recl import interval_text
-from ..verdicts import Evidence
+from ..verdicts import INCONCLUSIVE, Evidence, Verdict
 from .base import Figure, Part, Section, Table, register
-from .recl import _memory_pairs, per_seed_losses
+from .recl import _memory_pairs
+
+MEASURE = "context_gain"  # the measure of conf/paper.yaml this section provides
 
 
 def lengths(g) -> tuple[int, int, int]:
@@ -38,7 +41,7 @@ def context_gain(g) -> Evidence:
     """Per cell and seed, each token's loss at c = 2 (L + M) minus at c = L (negative: the contexts past the
     training segment help); a cell that cannot serve both is named with its reason."""
     L, _, far = lengths(g)
-    per_seed, units = per_seed_losses(g), same_tokens(g.at_contexts)
+    per_seed, units = seed_losses(g.cells, g.at_contexts, g.grid)
     out, unavailable = {}, {}
     for cell, runs in g.cells.items():
         not_served = g.at_contexts[runs[0].name].not_served
@@ -49,6 +52,34 @@ def context_gain(g) -> Evidence:
         except ValueError as e:
             unavailable[cell] = str(e)
     return Evidence(out, {c: runs[0].cell_name for c, runs in g.cells.items()}, units, unavailable)
+
+
+def reach_lines(judged: list[Verdict], scale: float, unit_name: str, power_of: dict[str, float]) -> list[str]:
+    """For each inconclusive verdict on this section's measure: its measured difference beside the effect its
+    design detects with 80% power at the level Holm judged it at (``power_of``: ``sections.verdicts.detectable``, from
+    ``power.verdict_detectable``), so a reader sees whether the difference is smaller than the interval reaches."""
+    lines = []
+    for v in judged:
+        tested = [c for c in v.comparisons if not c.note]
+        power = power_of.get(v.id, float("nan"))
+        if v.measure != MEASURE or v.status != INCONCLUSIVE or not tested or power != power:
+            continue
+        shown = "; ".join(f"{c.text} {c.difference.scaled(scale).text(3)}" for c in tested)
+        largest = max(abs(c.difference.estimate) for c in tested)
+        below = largest < power
+        lines.append(
+            f"`{v.id}` is inconclusive: {shown} ({unit_name}, at its Holm level {v.level:.1%}), where this design "
+            f"detects {power * scale:.3g} with {POWER:.0%} power at that level (`power.verdict_detectable`, from "
+            f"its seeds and units): the measured difference is "
+            + (
+                f"{largest / power:.0%} of that, smaller than the interval can reach; answering it needs a design "
+                "that detects less (more seeds, more scored tokens, a longer segment where the difference may be "
+                "larger, or fewer verdicts in Holm's family: e.g. `experiment=context`)."
+                if below
+                else f"{largest / power:.0%} of that, within reach: the interval still holds 0 (chance, at 80% power)."
+            )
+        )
+    return lines
 
 
 def table(res: EffectiveContext, g, shown: list[int], scale: float) -> pd.DataFrame:
@@ -86,10 +117,11 @@ class EffectiveContextSection(Section):
     def measure(self, ctx) -> EffectiveContext:
         g, s = ctx.group, ctx.shared.context
         ctx.log("  effective context (own-baseline truncation curves)")
+        per_seed, units = seed_losses(g.cells, g.at_contexts, g.grid)
         res = analyze(
-            per_seed_losses(g),
+            per_seed,
             g.grid,
-            same_tokens(g.at_contexts),
+            units,
             fraction=s.fraction,
             n_boot=s.n_boot,
             level=ctx.shared.level,
@@ -98,14 +130,14 @@ class EffectiveContextSection(Section):
         return res
 
     def evidence(self, ctx, res: EffectiveContext) -> dict:
-        return {"context_gain": context_gain(ctx.group)}
+        return {MEASURE: context_gain(ctx.group)}
 
     def render(self, ctx, res: EffectiveContext) -> Part:
         g, level = ctx.group, ctx.shared.level
         L, M, far = lengths(g)
         step = ctx.shared.context.fine_step(g.runs)
         shown = [c for c in sorted({g.grid[0], L, L + M, far, g.grid[-1]}) if c in g.grid]
-        units = same_tokens(g.at_contexts)
+        _, units = seed_losses(g.cells, g.at_contexts, g.grid)
         text = (
             f"How much context each model uses, against its own loss (Khandelwal et al. 2018; Sun et al. 2021): "
             f"every scored token sees exactly c previous tokens, c = {', '.join(map(str, g.grid))} (L = {L}, "
@@ -134,6 +166,9 @@ class EffectiveContextSection(Section):
             findings.append(
                 f"{cell}: loss at c = {far} minus at c = {L}: {change:+.4f} {g.unit_name} (mean over seeds)"
             )
+        if "verdicts" in ctx.report.sections and g is ctx.report.main:  # the verdicts judge the main corpus
+            judged = ctx.report.measured("verdicts", None)
+            findings += reach_lines(judged.verdicts, judged.scale, judged.unit_name, judged.power)
         keys = {c: runs[0] for c, runs in g.cells.items()}
         curves = res.curves.assign(
             scheme=lambda d: d["cell"].map(lambda c: keys[c].scheme),

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .. import plots
-from ..dumps import same_tokens
+from ..dumps import same_tokens, seed_losses
 from ..recl import ReclResult, interval_text, memory_areas, recl, recl_text
 from ..runs import Run
 from ..stats import p_text
@@ -141,8 +141,7 @@ class Recl(Section):
         g, context = ctx.group, ctx.shared.context
         at_c = g.at_contexts
         ctx.log("  RECL (per seed; bootstrap over the text's units and seeds)")
-        per_seed = per_seed_losses(g)
-        units = same_tokens(at_c)
+        per_seed, units = seed_losses(g.cells, at_c, g.grid)
         delta = context.gain_delta(g.runs)
         s = ctx.settings
         res = recl(
@@ -222,11 +221,3 @@ class Recl(Section):
             ],
             findings,
         )
-
-
-def per_seed_losses(g) -> dict[str, np.ndarray]:
-    """cell -> [n_seeds, n_c, tokens] losses of its runs at the grid's contexts (NaN where not served)."""
-    at_c = g.at_contexts
-    contexts = next(iter(at_c.values())).contexts
-    k = [contexts.index(c) for c in g.grid]
-    return {c: np.stack([at_c[r.name].loss[k][:, at_c[r.name].scored] for r in runs]) for c, runs in g.cells.items()}

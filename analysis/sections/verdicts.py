@@ -12,7 +12,7 @@ from posenc_lab.data.overlap import WINDOW
 from .. import evidence
 from ..power import POWER, verdict_detectable
 from ..stats import p_text
-from ..verdicts import Comparison, Verdict, judge, on_predicted_side, recheck
+from ..verdicts import Comparison, Verdict, judge, on_predicted_side, paper, recheck
 from .base import REPORT, Part, Section, Table, register
 
 
@@ -108,6 +108,22 @@ def robustness(
     )
 
 
+def restricted(config: dict, only: list[str] | None) -> tuple[dict, list[str]]:
+    """(conf/paper.yaml with only the verdicts ``only`` names, the ids it left out); ``only`` None: all of them.
+    A preset made for one question judges that one alone: the others' cells may be there (contrast cells), but a
+    verdict it was not made for would join Holm's family and cost the question its level."""
+    if only is None:
+        return config, []
+    ids = [v["id"] for v in config.get("verdicts") or []]
+    if unknown := [x for x in only if x not in ids]:
+        raise ValueError(
+            f"ablate.analysis.verdicts.only: {', '.join(map(repr, unknown))} not a verdict of "
+            f"conf/paper.yaml; the verdicts are: {', '.join(ids)}"
+        )
+    kept = [v for v in config["verdicts"] if v["id"] in only]
+    return {**config, "verdicts": kept}, [x for x in ids if x not in only]
+
+
 @dataclass
 class Judged:
     verdicts: list[Verdict]
@@ -116,6 +132,7 @@ class Judged:
     scale: float  # of the main corpus's figure (1 without one)
     unit_name: str
     power: dict[str, float]  # verdict id -> its detectable effect (nats, or accuracy; NaN: not judged)
+    left_out: list[str]  # verdicts of conf/paper.yaml this report does not judge (``only``)
 
 
 TEXT = (
@@ -148,14 +165,25 @@ class Verdicts(Section):
     title = "Verdicts (preregistered, test split, Holm-corrected)"
     scope = REPORT
 
+    @dataclass
+    class Settings:
+        only: list[str] | None  # the ids of conf/paper.yaml's verdicts this report judges (None: every one)
+
+        def __post_init__(self):  # checked before any training, against the file `posenc-lab ablate` reads
+            if self.only is not None:
+                if not self.only:
+                    raise ValueError("ablate.analysis.verdicts.only must name at least one verdict, or be null (all)")
+                restricted(paper(), self.only)
+
     def measure(self, ctx) -> Judged:
         report, main = ctx.report, ctx.report.main
-        judged, sanity = judge(report.paper, report.evidence, smoke=report.smoke)
+        config, left_out = restricted(report.paper, ctx.settings.only if ctx.settings else None)
+        judged, sanity = judge(config, report.evidence, smoke=report.smoke)
         line = ""
         if main is not None and "as_trained" in report.evidence:  # again without the tokens that could be recited
             held_out = ctx.measured("data")
             kept = evidence.restricted(report.evidence["as_trained"], ~held_out.shared)
-            again = recheck(report.paper, judged, {"as_trained": kept})
+            again = recheck(config, judged, {"as_trained": kept})
             line = robustness(again, float((~held_out.shared).mean()), WINDOW, main.scale, main.unit_name)
         scale, unit_name = (main.scale, main.unit_name) if main else (1.0, "nats")
         power = {
@@ -163,13 +191,19 @@ class Verdicts(Section):
             for v in judged
             if v.measure in report.evidence and not report.smoke
         }
-        return Judged(judged, sanity, line, scale, unit_name, power)
+        return Judged(judged, sanity, line, scale, unit_name, power, left_out)
 
     def render(self, ctx, m: Judged) -> Part:
         corpora = ctx.report.corpora
         notes = (
             [f"Verdicts on corpus `{corpora[0].name}`; the other corpora are descriptive."] if len(corpora) > 1 else []
         )
+        if m.left_out:
+            notes.append(
+                f"This preset judges only {', '.join(f'`{v.id}`' for v in m.verdicts)} "
+                f"(`ablate.analysis.verdicts.only`): Holm's family is that alone. Left out, not judged here: "
+                f"{', '.join(f'`{x}`' for x in m.left_out)}."
+            )
         findings = [_sentence(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts]
         if m.sanity:
             findings.append(
