@@ -19,13 +19,14 @@ import numpy as np
 import torch
 
 from posenc_lab.data import load_corpus
+from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.errors import PosencLabError
 from posenc_lab.evaluate import load_model
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import SCHEMES, scheme_names
 from posenc_lab.rundir import RunDir, RunDirError
 
-from .cellnames import CellName, loss_label
+from .cellnames import CellName, loss_label, scheme_label
 
 KIND_ORDER = ("absolute", "relative", "none")
 
@@ -90,8 +91,11 @@ class Run:
 
     @property
     def group(self) -> str | None:
-        """The corpus group of the cell name: None for the language corpus, 'recall' for the probe."""
-        return "recall" if self.corpus_name == "recall" else None
+        """The corpus group of the cell name: None for the language corpus, 'recall' for the probe, the task's
+        name for a length-generalization task (``posenc_lab.data.lengthgen``: its runs form no corpus group)."""
+        if self.corpus_name == "recall":
+            return "recall"
+        return self.corpus_name if self.corpus_name in TASKS else None
 
     @property
     def segment_len(self) -> int:
@@ -110,7 +114,8 @@ class Run:
     @property
     def cell_name(self) -> CellName:
         """The run's cell (``cellnames``); its group is "recall" for the probe, '' for a language corpus."""
-        return CellName(self.scheme, self.mem_len, self.loss_frac, self.group or "")
+        label = scheme_label(self.scheme, self.config["model"].get("random_positions"))
+        return CellName(label, self.mem_len, self.loss_frac, self.group or "")
 
     @property
     def cell(self) -> str:

@@ -42,6 +42,12 @@ def loss_label(frac: float) -> str:
     return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac!r}"
 
 
+def scheme_label(scheme: str, random_positions: int | None = None) -> str:
+    """The scheme part of a cell's name: the scheme, and ``+rand<P>`` where it trains with
+    ``model.random_positions=P`` (Ruoss et al. 2023), so the two are two cells."""
+    return scheme if random_positions is None else f"{scheme}+rand{random_positions}"
+
+
 @dataclass(frozen=True)
 class CellName:
     """One cell: ``mem_len`` 0 without memory; ``loss_frac`` of ``model.loss_recent_frac``; ``group`` '' for the
