@@ -155,9 +155,9 @@ class Lengthgen(Section):
         write_csv(table, ctx.file("lengthgen/lengthgen_accuracy.csv"))
         return LengthgenMeasured(table, verdicts)
 
-    def render(self, ctx, m: LengthgenMeasured | None) -> Part:
-        if m is None:
-            return Part("No run of a length-generalization task (`posenc_lab/data/lengthgen.py`) in this report.")
+    def render(self, ctx, m: LengthgenMeasured | None) -> Part | None:
+        if m is None:  # no task run (e.g. the default ablation): the section is not shown
+            return None
         level = f"{ctx.shared.level:.0%}"
         path = figure(m.table, ctx.file("lengthgen/lengthgen_accuracy.png"))
         text = (
