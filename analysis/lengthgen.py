@@ -185,7 +185,9 @@ def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: 
         if missing:
             d, why = NOT_EVALUATED, f"not judged: {', '.join(missing)} not measured at {c.factor}x"
         else:
-            d = paired_difference(a.exact.astype(float), b.exact.astype(float), np.arange(a.exact.shape[1]), level)
+            d = paired_difference(
+                a.exact.astype(float), b.exact.astype(float), np.arange(a.exact.shape[1]), level=level
+            )
             why = "" if d.covers_seeds else "not judged: a cell with one seed"
         p_up, p_down = (d.p_value(">0"), d.p_value("<0")) if not why else (float("nan"), float("nan"))
         ps.append((p_up, p_down))
