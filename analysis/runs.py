@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from posenc_lab.data import load_corpus
+from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.errors import PosencLabError
 from posenc_lab.evaluate import load_model
 from posenc_lab.io import CorruptFileError
@@ -90,8 +91,11 @@ class Run(HasCell):  # cell_name, cell, label: cellnames.HasCell (its group: "re
 
     @property
     def group(self) -> str | None:
-        """The corpus group of the cell name: None for the language corpus, 'recall' for the probe."""
-        return "recall" if self.corpus_name == "recall" else None
+        """The corpus group of the cell name: None for the language corpus, 'recall' for the probe, the task's
+        name for a length-generalization task (``posenc_lab.data.lengthgen``: its runs form no corpus group)."""
+        if self.corpus_name == "recall":
+            return "recall"
+        return self.corpus_name if self.corpus_name in TASKS else None
 
     @property
     def segment_len(self) -> int:
@@ -106,6 +110,11 @@ class Run(HasCell):  # cell_name, cell, label: cellnames.HasCell (its group: "re
     def seed(self) -> int | None:
         seed = self.config.get("seed")
         return None if seed is None else int(seed)
+
+    @property
+    def random_positions(self) -> int | None:
+        """+model.random_positions=P (Ruoss et al. 2023): the cell <scheme>+rand<P>."""
+        return self.config["model"].get("random_positions")
 
     @property
     def train_attention_length(self) -> int:

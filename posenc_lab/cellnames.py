@@ -42,6 +42,12 @@ def loss_label(frac: float) -> str:
     return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac!r}"
 
 
+def scheme_label(scheme: str, random_positions: int | None = None) -> str:
+    """The scheme part of a cell's name: the scheme, and ``+rand<P>`` where it trains with
+    ``model.random_positions=P`` (Ruoss et al. 2023), so the two are two cells."""
+    return scheme if random_positions is None else f"{scheme}+rand{random_positions}"
+
+
 @dataclass(frozen=True)
 class CellName:
     """One cell: ``mem_len`` 0 without memory; ``loss_frac`` of ``model.loss_recent_frac``; ``group`` '' for the
@@ -88,10 +94,13 @@ class HasCell:
     loss_frac: float
     group: str | None
     seed: int | None
+    random_positions: int | None  # +model.random_positions=P: the cell <scheme>+rand<P> (``scheme_label``)
 
     @property
     def cell_name(self) -> CellName:
-        return CellName(self.scheme, self.mem_len, self.loss_frac, self.group or "")
+        return CellName(
+            scheme_label(self.scheme, self.random_positions), self.mem_len, self.loss_frac, self.group or ""
+        )
 
     @property
     def cell(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .cellnames import CellName
+from .cellnames import CellName, scheme_label
 from .rundir import RunDir
 
 WANDB_LOGGER = "WandbLogger"
@@ -39,7 +39,7 @@ def is_wandb(logger_cfg: Any) -> bool:
 def cell(cfg: DictConfig) -> CellName:
     """The run's cell, its corpus in front (wandb holds the runs of every corpus in one project)."""
     return CellName(
-        str(cfg.posenc.name),
+        scheme_label(str(cfg.posenc.name), OmegaConf.select(cfg, "model.random_positions", default=None)),
         int(cfg.model.mem_len),
         float(OmegaConf.select(cfg, "model.loss_recent_frac", default=1.0)),
         str(cfg.data.name),

@@ -72,6 +72,8 @@ SLOW = {
     "verdict list and test_effective_context's tiny ablation",
     "test_recall.py::test_xl_with_memory_recalls_beyond_the_segment_and_without_memory_does_not": "the tiny ablation's "
     "recall group",
+    "test_lengthgen_section.py::test_the_tiny_preset_reports_every_cell_at_4x": "test_lengthgen_section's summary, "
+    "verdict and grid tests, test_lengthgen's training run",
 }
 # every scheme trains a few steps in test_model (with and without memory): the posenc options of test_configs
 # then only repeat it

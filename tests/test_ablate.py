@@ -63,6 +63,11 @@ CLAIMS = {
     "context_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16),
                          seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1]}, without_memory={XL},
                          half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
+    # length generalization: the task grid alone (issue 41), 4 tasks x 22 cells
+    "lengthgen": dict(smoke=False, steps=800, model=(2, 64), lengths=(32, 32), seeds=[0, 1], without_memory=set(),
+                      half_loss=set(), recall=set()),
+    "lengthgen_tiny": dict(smoke=True, steps=12, model=(2, 32), lengths=(16, 16), seeds=[0], without_memory=set(),
+                           half_loss=set(), recall=set()),
     "wt103_table6": dict(smoke=False, steps=200_000, model=(16, 410), lengths=(150, 150), seeds=[0],
                          half_loss={SINUSOID, LEARNED, GLOBAL_SINUSOID, SHAW, XL}, recall=set()),
 }  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 from posenc_lab.compose import compose
 from posenc_lab.positional import schemes_of_kind
 from posenc_lab_analysis.ablate.plan import RunSpec, plan, seeds_by_cell
-from posenc_lab_analysis.cellnames import CellName, CellPattern, HasCell
+from posenc_lab_analysis.cellnames import CellName, CellPattern, HasCell, scheme_label
 from posenc_lab_analysis.runs import Run
 from posenc_lab_analysis.verdicts import REPRODUCED, Evidence, judge
 from tests.schemes import SHAW, SINUSOID, XL
@@ -26,6 +26,7 @@ from tests.schemes import SHAW, SINUSOID, XL
         (CellName(XL, 32, 0.5), f"{XL}:mem32:half"),
         (CellName(XL, 32, 0.3), f"{XL}:mem32:recent0.3"),
         (CellName(XL, 16, group="recall"), f"recall/{XL}:mem16"),
+        (CellName(scheme_label(SINUSOID, 256), 0, group="reverse"), f"reverse/{SINUSOID}+rand256:nomem"),
     ],
 )
 def test_the_formatter_writes_the_names_users_see_and_the_parser_reads_them_back(cell, text):
@@ -134,3 +135,15 @@ def test_no_module_of_the_analysis_builds_a_cell_name_of_its_own():
     analysis = Path(__file__).resolve().parents[1] / "analysis"
     builders = sorted(str(p.relative_to(analysis)) for p in analysis.rglob("*.py") if "CellName(" in p.read_text())
     assert builders == []
+
+
+def test_random_positions_make_their_own_cell(tmp_path):
+    """A run trained with +model.random_positions=P is not the same cell as the scheme without: the analysis names
+    it <scheme>+rand<P> (as the task grid's plan does), so two such runs of one seed do not collide."""
+    from posenc_lab_analysis.runs import Run, cells
+
+    config = {"posenc": {"name": SINUSOID}, "model": {"mem_len": 0}, "data": {"name": "copy"}, "seed": 0}
+    plain = Run(tmp_path / "a", config)
+    rand = Run(tmp_path / "b", {**config, "model": {"mem_len": 0, "random_positions": 256}})
+    assert (plain.cell, rand.cell) == (f"copy/{SINUSOID}:nomem", f"copy/{SINUSOID}+rand256:nomem")
+    assert set(cells([plain, rand])) == {plain.cell, rand.cell}

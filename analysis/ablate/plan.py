@@ -18,6 +18,7 @@ from posenc_lab.build import build_datamodule
 from posenc_lab.checks import problems
 from posenc_lab.compose import compose, quote
 from posenc_lab.data import check_corpus_options
+from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.grid import Trial
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import scheme_names
@@ -31,12 +32,13 @@ class RunSpec(HasCell):  # cell_name, cell, label: cellnames.HasCell
     """A run of the grid: its cell's settings, its seed, and its trial for the grid runner (``posenc_lab.grid``)."""
 
     name: str
-    group: str | None  # None: the main corpus; "recall": the recall probe
+    group: str | None  # None: the main corpus; "recall": the recall probe; a task's name (ablate.tasks)
     scheme: str
     mem_len: int
     loss_frac: float
     overrides: list[str]
     seed: int = 0
+    random_positions: int | None = None  # +model.random_positions=P (ablate.tasks.random_positions)
 
     @property
     def trial(self) -> Trial:
@@ -94,6 +96,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         "ablate.no_memory_schemes": list(no_memory or []),
         "ablate.half_loss.schemes": list((a.get("half_loss") or {}).get("schemes") or []),
         "ablate.recall.schemes": list((a.get("recall") or {}).get("schemes") or []),
+        "ablate.tasks.schemes": list((a.get("tasks") or {}).get("schemes") or []),
     }
     for key, names in named.items():
         bad = [n for n in names if n not in valid]
@@ -102,21 +105,24 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     raw_overrides = OmegaConf.to_container(a.scheme_overrides, resolve=False) if a.get("scheme_overrides") else {}
     specs: list[RunSpec] = []
 
-    def add(group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig):
+    def add(
+        group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig, rand=None
+    ):
         M = mem if recurrent else 0
-        cell = RunSpec("", group, scheme, M, frac, []).cell_name
+        cell = RunSpec("", group, scheme, M, frac, [], random_positions=rand).cell_name
         per_scheme = [_resolve_in(group_cfg, o) for o in raw_overrides.get(scheme) or []]
         for seed in dict.fromkeys([*seeds, *(extra_seeds if any(p.matches(cell) for p in extra) else [])]):
             overrides = [
                 *head,
                 f"posenc={scheme}",
                 *per_scheme,
+                *([f"+model.random_positions={rand}"] if rand is not None else []),
                 f"model.mem_len={M}",
                 f"model.loss_recent_frac={frac}",
                 f"seed={seed}",
             ]
-            name = f"{'recall_' if group else ''}{scheme}_mem{M}_{loss_label(frac)}_seed{seed}"
-            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed))
+            name = f"{f'{group}_' if group else ''}{cell.scheme}_mem{M}_{loss_label(frac)}_seed{seed}"
+            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand))
 
     mem = int(cfg.model.mem_len)
     if mem < 1 and any(a.recurrence):
@@ -150,6 +156,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
             for rec in recall.get("recurrence") or [True, False]:
                 if rec or no_memory is None or scheme in no_memory:
                     add("recall", scheme, bool(rec), 1.0, head, int(rcfg.model.mem_len), rcfg)
+    _task_grid(a.get("tasks") or {}, user, no_memory, add)
     cells = list(dict.fromkeys(s.cell_name for s in specs))
     unknown = [c for c, p in zip(extra_cells, extra) if not any(p.matches(x) for x in cells)]
     if unknown:
@@ -163,6 +170,35 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     if len(set(names)) < len(names):
         raise ValueError(f"ablate: the grid names runs twice: {sorted({n for n in names if names.count(n) > 1})}")
     return specs
+
+
+def _task_grid(tasks, user: Sequence[str], no_memory, add) -> None:
+    """The grid of ``ablate.tasks``: each task (``data=<task>``) x scheme x recurrence, and the schemes of
+    ``random_positions`` (scheme -> P) once more with ``+model.random_positions=P``."""
+    if not tasks.get("names") or not tasks.get("schemes"):
+        return
+    if bad := [t for t in tasks.names if t not in TASKS]:
+        raise ValueError(
+            f"ablate: ablate.tasks.names names unknown task(s) {bad}; the tasks: {', '.join(sorted(TASKS))}"
+        )
+    rand = {k: v for k, v in (tasks.get("random_positions") or {}).items() if v is not None}  # null: none
+    for scheme, P in rand.items():
+        if scheme not in tasks.schemes or isinstance(P, bool) or not isinstance(P, int) or P < 1:
+            raise ValueError(
+                f"ablate.tasks.random_positions.{scheme}={P!r}: it takes a scheme of ablate.tasks.schemes and an "
+                f"integer P >= 1 (+model.random_positions=P)"
+            )
+    common = [o for o in train_overrides(user) if not o.lstrip("+~").startswith("data")]
+    for task in tasks.names:  # each task defined by its own data: the user's data overrides are the main grid's
+        head = [f"experiment={tasks.get('experiment') or 'lengthgen'}", f"data={task}", *common]
+        head += list(tasks.get("overrides") or [])
+        tcfg = compose("train", head)
+        check_corpus_options(tcfg.data.name, tcfg.data.get("corpus") or {})
+        for scheme in tasks.schemes:
+            for rec in tasks.get("recurrence") or [True, False]:
+                if rec or no_memory is None or scheme in no_memory:
+                    for P in [None] + ([rand[scheme]] if scheme in rand else []):
+                        add(task, scheme, bool(rec), 1.0, head, int(tcfg.model.mem_len), tcfg, P)
 
 
 def seeds_by_cell(specs: Sequence[RunSpec]) -> dict[str, list[int]]:

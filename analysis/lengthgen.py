@@ -1,0 +1,204 @@
+"""Length generalization on the algorithmic tasks (``posenc_lab.data.lengthgen``): exact-match accuracy per
+instance and per answer token, by test length, per run and per cell, with intervals over seeds and instances.
+
+Each test instance is read alone, after the end token training put before it, as the run reads text:
+
+- with memory (M > 0): in segments of the training length L, each layer carrying M states, so an instance
+  longer than a segment is read through the memory;
+- without memory: in one window of the whole instance (the usual length-generalization test, Kazemnejad et al.
+  2023, Ruoss et al. 2023): the positions go past those of training, and a scheme that cannot serve them (a
+  learned table shorter than the instance, random positions fewer than its keys) is not evaluated, with its
+  reason.
+
+An instance is exactly right when every answer token is the model's argmax. Intervals: ``stats.mean_interval``
+(seeds, and the instances as units) at ``level``; the verdicts (``conf/lengthgen_paper.yaml``): the same
+instances for both cells (paired), ``stats.paired_difference``, Holm over the claims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from posenc_lab.context import stream_losses
+from posenc_lab.data.lengthgen import task_instances
+
+from .runs import Run, cells
+from .stats import NOT_EVALUATED, Difference, holm, mean_interval, paired_difference
+
+
+@dataclass
+class Scored:
+    """One run at one test length: ``correct`` [instances, answer tokens] argmax hits, or ``reason`` (not served)."""
+
+    correct: np.ndarray | None
+    reason: str = ""
+
+    @property
+    def exact(self) -> np.ndarray:
+        return self.correct.all(1)
+
+
+def evaluate(run: Run, split: str, max_instances: int | None = None) -> dict[int, Scored]:
+    """Test length n -> the run's hits on the first ``max_instances`` instances of that length (module doc)."""
+    model, out = run.model(), {}
+    for n, (rows, scored) in task_instances(run.corpus(), split).items():
+        rows, scored = rows[:max_instances], scored[:max_instances]
+        segment = run.segment_len if run.recurrence else rows.shape[1] - 1
+        torch.manual_seed(0)  # random positions are drawn at evaluation too: the same draws on every report
+        try:
+            res = stream_losses(
+                model,
+                rows,
+                segment_len=segment,
+                mem_len=run.mem_len,
+                episode_len=run.episode_len if run.mem_len else None,
+            )
+        except ValueError as e:  # the scheme cannot serve this length: checked before any compute
+            out[n] = Scored(None, str(e))
+            continue
+        out[n] = Scored(res.correct.numpy()[scored].reshape(len(rows), -1))
+    return out
+
+
+def n_train(scored: dict[int, Scored]) -> int:
+    """The training length: the shortest test length (the tests are n_train, 2 n_train, ...)."""
+    return min(scored)
+
+
+@dataclass
+class CellLength:
+    """One cell at one test length: its seeds' hits stacked, or why it was not evaluated."""
+
+    task: str
+    cell: str
+    scheme: str
+    mem_len: int
+    length: int
+    factor: int
+    exact: np.ndarray | None  # [seeds, instances]
+    correct: np.ndarray | None  # [seeds, instances * answer tokens]
+    answer_len: int
+    reason: str = ""
+
+    def sequence(self, level: float) -> Difference:
+        if self.exact is None:
+            return NOT_EVALUATED
+        return mean_interval(self.exact.astype(np.float64), np.arange(self.exact.shape[1]), level=level)
+
+    def token(self, level: float) -> Difference:
+        if self.correct is None:
+            return NOT_EVALUATED
+        units = np.repeat(np.arange(self.correct.shape[1] // self.answer_len), self.answer_len)
+        return mean_interval(self.correct.astype(np.float64), units, level=level)
+
+
+def measure(runs: list[Run], split: str, max_instances: int | None, log=print) -> list[CellLength]:
+    """Every cell of every task at every test length (tasks, cells and lengths in order)."""
+    out = []
+    by_task: dict[str, list[Run]] = {}
+    for r in runs:
+        by_task.setdefault(r.corpus_name, []).append(r)
+    for task, task_runs in by_task.items():
+        for cell, group in cells(task_runs).items():
+            scored = {}
+            for r in group:
+                log(f"  lengthgen: {r.label}")
+                scored[r.name] = evaluate(r, split, max_instances)
+            first = scored[group[0].name]
+            base = n_train(first)
+            for n in sorted(first):
+                per = [scored[r.name][n] for r in group]
+                reason = next((s.reason for s in per if s.correct is None), "")
+                ok = not reason
+                answer = per[0].correct.shape[1] if ok else 0
+                out.append(
+                    CellLength(
+                        task,
+                        cell,
+                        group[0].cell_name.scheme,
+                        group[0].mem_len,
+                        n,
+                        n // base,
+                        np.stack([s.exact for s in per]) if ok else None,
+                        np.stack([s.correct.reshape(-1) for s in per]) if ok else None,
+                        answer,
+                        reason,
+                    )
+                )
+    return out
+
+
+def tidy(measured: list[CellLength], level: float) -> pd.DataFrame:
+    """One row per task, cell and test length: accuracies with their intervals, or the reason none was measured."""
+    rows = []
+    for m in measured:
+        seq, tok = m.sequence(level), m.token(level)
+        rows.append(
+            {
+                "task": m.task,
+                "cell": m.cell,
+                "scheme": m.scheme,
+                "memory": m.mem_len > 0,
+                "length": m.length,
+                "factor": m.factor,
+                "seeds": 0 if m.exact is None else m.exact.shape[0],
+                "instances": 0 if m.exact is None else m.exact.shape[1],
+                "seq_acc": seq.estimate,
+                "seq_low": seq.low,
+                "seq_high": seq.high,
+                "token_acc": tok.estimate,
+                "token_low": tok.low,
+                "token_high": tok.high,
+                "not_served": m.reason,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A verdict fixed in advance (``conf/lengthgen_paper.yaml``): ``better`` has the higher exact-match accuracy
+    than ``than`` on ``task`` at ``factor`` x n_train."""
+
+    name: str
+    task: str
+    better: str
+    than: str
+    factor: int
+    source: str
+    claim: str
+
+
+def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: float) -> pd.DataFrame:
+    """Per claim: the difference in exact-match accuracy (better - than) with its interval, its one-sided p, Holm's
+    adjusted p over the claims, and the verdict: reproduced (above 0 at alpha), contradicted (below 0 at alpha),
+    inconclusive, or not judged (a cell missing, not served, or with one seed)."""
+    at = {(m.task, m.cell, m.factor): m for m in measured}
+    rows, ps = [], []
+    for c in claims:
+        a, b = at.get((c.task, f"{c.task}/{c.better}", c.factor)), at.get((c.task, f"{c.task}/{c.than}", c.factor))
+        missing = [name for name, x in ((c.better, a), (c.than, b)) if x is None or x.exact is None]
+        if missing:
+            d, why = NOT_EVALUATED, f"not judged: {', '.join(missing)} not measured at {c.factor}x"
+        else:
+            d = paired_difference(
+                a.exact.astype(float), b.exact.astype(float), np.arange(a.exact.shape[1]), level=level
+            )
+            why = "" if d.covers_seeds else "not judged: a cell with one seed"
+        p_up, p_down = (d.p_value(">0"), d.p_value("<0")) if not why else (float("nan"), float("nan"))
+        ps.append((p_up, p_down))
+        rows.append({"claim": c.name, "task": c.task, "better": c.better, "than": c.than, "factor": c.factor})
+        rows[-1].update({"difference": d.text(3), "p": p_up, "note": why, "source": c.source})
+    # Holm over both directions of every claim at once: any false "reproduced" or "contradicted" at most alpha
+    adjusted = holm([p for pair in ps for p in pair])
+    for row, u, dn in zip(rows, adjusted[0::2], adjusted[1::2]):
+        row["p_holm"] = u
+        if row["note"]:
+            row["verdict"] = "not judged"
+        else:
+            row["verdict"] = "reproduced" if u < alpha else "contradicted" if dn < alpha else "inconclusive"
+    return pd.DataFrame(rows)

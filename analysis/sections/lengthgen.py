@@ -1,0 +1,187 @@
+"""The length-generalization section: per task, cell (scheme, memory) and test length, exact-match accuracy per
+instance and per answer token with intervals over seeds and instances; a figure of accuracy against length, a
+panel per task; where a scheme cannot serve a length, and why; and the verdicts fixed in advance in
+conf/lengthgen_paper.yaml (``analysis/lengthgen.py`` measures and judges)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import yaml
+
+from posenc_lab import config_dir
+from posenc_lab.data.lengthgen import TASKS
+from posenc_lab.tables import write_csv
+
+from ..lengthgen import Claim, judge, measure, tidy
+from ..plots import _save, palette
+from .base import REPORT, Figure, Part, Section, Table, register
+
+CLAIM_KEYS = {"id", "task", "better", "than", "factor", "claim", "source"}
+
+
+def read_claims(name: str) -> tuple[list[Claim], float]:
+    """The claims of ``conf/<name>`` and its alpha; ValueError in one line naming the file and the bad entry."""
+    path = Path(config_dir()) / name
+    where = f"ablate.analysis.lengthgen.claims={name}"
+    if not path.is_file():
+        raise ValueError(f"{where}: no file {path}; e.g. lengthgen_paper.yaml (a file of conf/)")
+    doc = yaml.safe_load(path.read_text()) or {}
+    alpha = doc.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"{where}: alpha must be in (0, 1), got {alpha!r}")
+    claims = []
+    for i, c in enumerate(doc.get("claims") or []):
+        if not isinstance(c, dict) or set(c) != CLAIM_KEYS:
+            got = sorted(c) if isinstance(c, dict) else c
+            raise ValueError(f"{where}: claim {i} must have exactly the keys {sorted(CLAIM_KEYS)}, got {got}")
+        if c["task"] not in TASKS:
+            raise ValueError(f"{where}: claim {c['id']}: task {c['task']!r} is not a task; the tasks: {sorted(TASKS)}")
+        f = c["factor"]
+        if isinstance(f, bool) or not isinstance(f, int) or f < 1 or f & (f - 1):
+            raise ValueError(f"{where}: claim {c['id']}: factor must be a power of 2 (a test length), got {f!r}")
+        claims.append(
+            Claim(c["id"], c["task"], c["better"], c["than"], f, " ".join(str(c["source"]).split()), c["claim"])
+        )
+    return claims, float(alpha)
+
+
+@dataclass
+class LengthgenSettings:
+    """``ablate.analysis.lengthgen``: the test instances evaluated per length (None: all of the split's) and the
+    file of conf/ holding the verdicts fixed in advance."""
+
+    max_instances: int | None
+    claims: str
+
+    def __post_init__(self):
+        if self.max_instances is not None and self.max_instances < 1:
+            raise ValueError(
+                f"ablate.analysis.lengthgen.max_instances must be >= 1 (or null: all), got {self.max_instances!r}"
+            )
+        read_claims(self.claims)  # a bad claims file is named before any training
+
+
+def summary(t: pd.DataFrame) -> pd.DataFrame:
+    """One row per task and cell: exact-match accuracy at each factor, the intervals at 4x (the longest factor
+    below where no 4x was tested), and the first length it cannot serve, with why."""
+    rows = []
+    for cell, g in t.groupby("cell", sort=False):
+        row = {"cell": cell, "seeds": int(g["seeds"].max())}  # the cell's name holds its task
+        for _, r in g.iterrows():
+            row[f"seq_{r['factor']}x"] = r["seq_acc"]
+        ref = g[g["factor"] == 4] if (g["factor"] == 4).any() else g[g["factor"] == g["factor"].max()]
+        r = ref.iloc[0]
+        row[f"seq_{r['factor']}x_interval"] = _interval(r, "seq")
+        row[f"token_{r['factor']}x_interval"] = _interval(r, "token")
+        gone = g[g["not_served"] != ""]
+        row["not_served"] = f"from length {gone['length'].min()}: {gone['not_served'].iloc[0]}" if len(gone) else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _interval(r, kind: str) -> str:
+    if not np.isfinite(r[f"{kind}_acc"]):
+        return "n/a"
+    return f"{r[f'{kind}_acc']:.3f} [{r[f'{kind}_low']:.3f}, {r[f'{kind}_high']:.3f}]"
+
+
+def figure(t: pd.DataFrame, path: Path) -> Path:
+    """Exact-match accuracy against the test length, a panel per task: a colour per scheme (squares: with random
+    positions), solid with memory, dashed without; bars: the intervals; not-served lengths left out."""
+    t = t[np.isfinite(t["seq_acc"])].copy()
+    tasks = list(dict.fromkeys(t["task"]))
+    base = t["scheme"].str.split("+").str[0]  # sinusoid+rand256: sinusoid's colour, square markers
+    colours = palette(list(dict.fromkeys(base)))
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 3.6), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        for cell, g in t[t["task"] == task].groupby("cell", sort=False):
+            g = g.sort_values("factor")
+            ax.errorbar(
+                g["factor"],
+                g["seq_acc"],
+                yerr=[g["seq_acc"] - g["seq_low"].clip(lower=0), g["seq_high"].clip(upper=1) - g["seq_acc"]],
+                color=colours[g["scheme"].iloc[0].split("+")[0]],
+                ls="-" if g["memory"].iloc[0] else "--",
+                marker="s" if "+" in g["scheme"].iloc[0] else "o",
+                ms=3,
+                lw=1,
+                capsize=2,
+                label=cell.split("/", 1)[-1],
+            )
+        ax.set_xscale("log", base=2)
+        factors = sorted(set(t["factor"]))
+        ax.set_xticks(factors, [f"{f}x" for f in factors])
+        ax.minorticks_off()
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(task)
+        ax.set_xlabel("test length (x n_train)")
+    axes.flat[0].set_ylabel("exact match per instance")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
+    fig.suptitle("Length generalization (solid: with memory; dashed: without; squares: random positions)", y=1.02)
+    sns.despine(fig)
+    return _save(fig, path)
+
+
+@dataclass
+class LengthgenMeasured:
+    table: pd.DataFrame  # one row per task, cell and test length
+    verdicts: pd.DataFrame
+
+
+@register
+class Lengthgen(Section):
+    name = "lengthgen"
+    title = "Length generalization"
+    scope = REPORT
+    Settings = LengthgenSettings
+
+    def measure(self, ctx) -> LengthgenMeasured | None:
+        runs = [r for r in ctx.report.runs if r.corpus_name in TASKS]
+        if not runs:
+            return None
+        ctx.log(f"analysis: {len(runs)} runs of length-generalization tasks")
+        level = ctx.shared.level
+        measured = measure(runs, ctx.shared.split, ctx.settings.max_instances, ctx.log)
+        table = tidy(measured, level)
+        claims, alpha = read_claims(ctx.settings.claims)
+        verdicts = judge(claims, measured, level, alpha)
+        write_csv(table, ctx.file("lengthgen/lengthgen_accuracy.csv"))
+        return LengthgenMeasured(table, verdicts)
+
+    def render(self, ctx, m: LengthgenMeasured | None) -> Part | None:
+        if m is None:  # no task run (e.g. the default ablation): the section is not shown
+            return None
+        level = f"{ctx.shared.level:.0%}"
+        path = figure(m.table, ctx.file("lengthgen/lengthgen_accuracy.png"))
+        text = (
+            f"Each task's {ctx.shared.split} instances at n_train, 2, 4 and 8 x n_train (inputs training never saw; "
+            "training: lengths 1..n_train), each read alone after an end token: with memory in segments of the "
+            "training length L through the memory, without memory in one window of the whole instance (as the "
+            "published suites test). Answers only are scored. `seq_*`: exact match per instance (every answer "
+            "token the model's argmax), by test length; intervals "
+            f"{level} over seeds and instances (`analysis/stats.py`'s mean_interval; the instances are the units), "
+            "per instance (`seq`) and per answer token (`token`). `not_served`: the first length a cell's scheme "
+            "cannot serve, and why (nothing is measured there). Every task, cell and length: "
+            "`lengthgen/lengthgen_accuracy.csv`. The verdicts: conf/lengthgen_paper.yaml, fixed in advance; "
+            "exact match of `better` minus `than` on the same instances, Holm over both directions of every claim."
+        )
+        notes = ["smoke run: the numbers mean nothing and no verdict is drawn"] if ctx.report.smoke else []
+        verdicts = m.verdicts.copy()
+        if ctx.report.smoke:
+            verdicts["verdict"] = "not judged (smoke run)"
+        findings = [f"{r['claim']} ({r['task']}, {r['factor']}x): {r['verdict']}" for _, r in verdicts.iterrows()]
+        for cell, g in m.table[m.table["not_served"] != ""].groupby("cell", sort=False):
+            findings.append(f"not served: {cell} from length {g['length'].min()}: {g['not_served'].iloc[0]}")
+        tables = [
+            Table("table_lengthgen", summary(m.table), "exact-match accuracy by test length (x n_train)"),
+            Table("table_lengthgen_verdicts", verdicts, f"the verdicts of {ctx.settings.claims}"),
+            Table("table_lengthgen_lengths", m.table, "every task, cell and length", show=False),
+        ]
+        return Part(text, tables, [Figure(path, "exact match against test length, a panel per task")], findings, notes)

@@ -1,0 +1,244 @@
+"""Length-generalization tasks: algorithmic corpora with answer-only scoring, trained short and tested long.
+
+A task is one module of this package that registers an instance generator with ``@register_task``; that makes
+it a corpus (``data=<task>``, its loader's options ``data.corpus.*``) and lists it in ``TASKS``, where the
+report's lengthgen section finds it. An instance of length n is
+
+    input (n symbols, or as the task frames it)  =  answer  .
+
+``=`` asks for the answer, ``.`` ends the instance (the corpus's ``document_separator``: one instance is one
+document, the unit of the report's intervals). Only the answer's tokens are scored (``loss_mask``), in training
+too; ``distance`` holds n at each of them (-1 elsewhere), so the trainer's ``acc_d*`` metrics bucket by length.
+
+Splits, each from the data's own seed (``data.corpus.seed``, with the task's name and the split), so every run
+sees the same data: ``train`` is instances of lengths drawn uniformly from min_len..n_train, concatenated to
+``train_tokens`` tokens; ``val`` and ``test`` hold ``eval_instances`` instances at each length n_train, 2 n_train,
+4 n_train, ... max_factor n_train, in that order, none of whose inputs occurs in training or in the other
+evaluation split. The streams read them in order (``streams.py``): an instance longer than a segment is read
+through the memory.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .cache import cached, key_dir
+from .registry import Corpus, register_corpus
+from .splits import SPLITS
+
+QUERY, END = "=", "."
+#: how often drawing fresh evaluation instances may come up short before the options are called too small
+_DRAWS = 64
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered task. ``make(rng, n, count, n_symbols) -> (inputs [count, a], answers [count, b])``: symbol
+    ids in [0, n_symbols), a and b fixed given n; ``extra``: the task's own tokens after the symbols (e.g. ``+``),
+    which ``make`` writes as n_symbols, n_symbols + 1, ...; ``space(n, n_symbols)``: how many distinct inputs of
+    length n exist; ``symbol_names(n_symbols)``: the symbols' names (vocabulary)."""
+
+    name: str
+    make: Callable[[np.random.Generator, int, int, int], tuple[np.ndarray, np.ndarray]]
+    space: Callable[[int, int], int]
+    extra: tuple[str, ...] = ()
+    symbol_names: Callable[[int], list[str]] = lambda s: [f"s{i}" for i in range(s)]
+    source: str = ""  # where the task is framed so (the report names it)
+
+    def vocab(self, n_symbols: int) -> list[str]:
+        return [*self.symbol_names(n_symbols), *self.extra, QUERY, END]
+
+    def instances(self, rng: np.random.Generator, n: int, count: int, n_symbols: int) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, tokens [count, size]): ``count`` instances of length n, laid out ``input = answer .``"""
+        inputs, answers = self.make(rng, n, count, n_symbols)
+        vocab = len(self.vocab(n_symbols))
+        query = np.full((count, 1), vocab - 2, dtype=np.int64)
+        end = np.full((count, 1), vocab - 1, dtype=np.int64)
+        return inputs, np.concatenate([inputs, query, answers, end], axis=1).astype(np.int32)
+
+
+TASKS: dict[str, Task] = {}
+
+
+def _option_problems(o: dict) -> list[str]:
+    """Why these options (``data.corpus.*``) cannot make the task, each naming its key and what is valid."""
+    minimum = dict(seed=0, n_train=1, min_len=1, n_symbols=2, max_factor=1, train_tokens=1, eval_instances=1)
+    out = [
+        f"data.corpus.{k} must be an integer >= {low}, got {o[k]!r}"
+        for k, low in minimum.items()
+        if isinstance(o[k], bool) or not isinstance(o[k], int) or o[k] < low
+    ]
+    if out:
+        return out
+    if o["min_len"] > o["n_train"]:
+        out.append(f"data.corpus.min_len={o['min_len']} is above data.corpus.n_train={o['n_train']}: it must be <=")
+    if o["max_factor"] & (o["max_factor"] - 1):
+        out.append(f"data.corpus.max_factor must be a power of 2 (the test lengths double), got {o['max_factor']}")
+    return out
+
+
+def eval_lengths(n_train: int, max_factor: int) -> list[int]:
+    """The test lengths: n_train, 2 n_train, 4 n_train, ... max_factor n_train."""
+    return [n_train * (1 << k) for k in range(max_factor.bit_length())]
+
+
+def _keys(inputs: np.ndarray) -> list[bytes]:
+    return [row.tobytes() for row in np.ascontiguousarray(inputs, dtype=np.int64)]
+
+
+def _train(task: Task, rng, o: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, set]]:
+    """The training stream (tokens, loss_mask, distance) and, per length, the inputs it holds."""
+    lo, hi, S = o["min_len"], o["n_train"], o["n_symbols"]
+    sizes = {n: task.instances(rng, n, 1, S)[1].shape[1] for n in range(lo, hi + 1)}
+    mean = np.mean(list(sizes.values()))
+    lengths = rng.integers(lo, hi + 1, int(o["train_tokens"] / mean * 1.2) + 8)
+    ends = np.cumsum([sizes[n] for n in lengths])
+    lengths = lengths[: int(np.searchsorted(ends, o["train_tokens"])) + 1]  # whole instances, >= train_tokens
+    rows, seen = {}, {}
+    for n in np.unique(lengths):
+        inputs, rows[n] = task.instances(rng, int(n), int((lengths == n).sum()), S)
+        seen[int(n)] = set(_keys(inputs))
+    taken = dict.fromkeys(rows, 0)
+    parts = []
+    for n in lengths:  # in the drawn order: lengths mixed along the stream
+        parts.append(rows[n][taken[n]])
+        taken[n] += 1
+    return (*_layout(task, parts, lengths, S), seen)
+
+
+def _layout(task: Task, parts: list[np.ndarray], lengths, S: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    tokens = np.concatenate(parts)
+    mask = np.zeros(len(tokens), dtype=bool)
+    distance = np.full(len(tokens), -1, dtype=np.int32)
+    start = 0
+    query = len(task.vocab(S)) - 2
+    for part, n in zip(parts, lengths):  # the answer: after the (first) query token, before the end token
+        first = start + int(np.flatnonzero(part == query)[0]) + 1
+        mask[first : start + len(part) - 1] = True
+        distance[first : start + len(part) - 1] = n
+        start += len(part)
+    return tokens, mask, distance
+
+
+def _evaluation(task: Task, rng, o: dict, seen: dict[int, set], split: str):
+    """``eval_instances`` fresh instances per test length (none in ``seen``, which then holds them too)."""
+    S, count, parts, lengths = o["n_symbols"], o["eval_instances"], [], []
+    for n in eval_lengths(o["n_train"], o["max_factor"]):
+        known, got = seen.setdefault(n, set()), []
+        for _ in range(_DRAWS):
+            inputs, rows = task.instances(rng, n, 2 * count, S)
+            for key, row in zip(_keys(inputs), rows):
+                if key not in known and len(got) < count:
+                    known.add(key)
+                    got.append(row)
+            if len(got) == count:
+                break
+        else:
+            raise ValueError(
+                f"{task.name} corpus: only {len(got)} distinct {split} inputs of length {n} that training does not "
+                f"hold (data.corpus.n_symbols={S}, n_train={o['n_train']}); lower data.corpus.eval_instances="
+                f"{count} or raise n_symbols or n_train"
+            )
+        parts += got
+        lengths += [n] * count
+    return _layout(task, parts, lengths, S)
+
+
+def load_task(task: Task, root: Path, options: dict) -> Corpus:
+    """The corpus of ``task`` with these options (module docstring), prepared once and cached."""
+    if problems := _option_problems(options):
+        raise ValueError(f"{task.name} corpus: {'; '.join(problems)}")
+    need = 4 * options["eval_instances"]  # two evaluation splits, and room to draw them apart from training
+    if (space := task.space(options["n_train"], options["n_symbols"])) < need:
+        raise ValueError(
+            f"{task.name} corpus: data.corpus.n_symbols={options['n_symbols']} gives {space} distinct inputs of length "
+            f"n_train={options['n_train']}, fewer than 4 x data.corpus.eval_instances = {need}; raise n_symbols or "
+            f"n_train, or lower eval_instances"
+        )
+
+    def build():
+        base = [options["seed"], zlib.crc32(task.name.encode())]
+        tokens, mask, distance, seen = _train(task, np.random.default_rng([*base, 0]), options)
+        arrays = {"train": tokens, "train.loss_mask": mask, "train.distance": distance}
+        for i, split in enumerate(SPLITS[1:], 1):
+            tokens, mask, distance = _evaluation(task, np.random.default_rng([*base, i]), options, seen, split)
+            arrays.update({split: tokens, f"{split}.loss_mask": mask, f"{split}.distance": distance})
+        return arrays, task.vocab(options["n_symbols"]), {}
+
+    key = {"version": 1, "task": task.name, **options}
+    arrays, itos, _ = cached(key_dir(root / "lengthgen" / task.name, key), key, build)
+    side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
+    return Corpus(
+        task.name,
+        *(arrays[s] for s in SPLITS),
+        vocab_size=len(itos),
+        itos=itos,
+        side=side,
+        document_separator=len(itos) - 1,
+    )
+
+
+def register_task(
+    name: str,
+    space: Callable[[int, int], int],
+    *,
+    extra: tuple[str, ...] = (),
+    symbol_names: Callable[[int], list[str]] | None = None,
+    n_symbols: int = 8,
+    source: str = "",
+):
+    """Decorator: the instance generator ``make`` becomes task ``name`` (``Task``) and corpus ``name``, whose
+    options are those of ``load`` below (``n_symbols``: this task's default alphabet)."""
+
+    def add(make):
+        task = Task(name, make, space, extra, symbol_names or Task.symbol_names, source)
+        default_symbols = n_symbols
+
+        def load(
+            root: Path,
+            *,
+            seed: int = 0,
+            n_train: int = 8,
+            min_len: int = 1,
+            n_symbols: int = default_symbols,
+            max_factor: int = 8,
+            train_tokens: int = 300_000,
+            eval_instances: int = 128,
+        ) -> Corpus:
+            """Task ``name``: the data's own seed; training lengths min_len..n_train; ``n_symbols`` the alphabet;
+            test lengths n_train .. max_factor n_train (doubling); ``train_tokens`` of training instances;
+            ``eval_instances`` per test length in val and test."""
+            options = dict(seed=seed, n_train=n_train, min_len=min_len, n_symbols=n_symbols, max_factor=max_factor)
+            return load_task(task, root, {**options, "train_tokens": train_tokens, "eval_instances": eval_instances})
+
+        load.__name__ = f"load_{name}"
+        register_corpus(name, unit="word", answers=True)(load)
+        TASKS[name] = task
+        return make
+
+    return add
+
+
+def task_instances(corpus: Corpus, split: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per test length n of a task's val or test split: (rows [k, 1 + size], scored [k, size]): each instance with
+    the end token before it (as training read it: after the previous instance), and its answer tokens as targets."""
+    tokens, side = np.asarray(corpus.split(split)), corpus.side[split]
+    distance, mask = np.asarray(side["distance"]), np.asarray(side["loss_mask"])
+    sizes = np.bincount(corpus.documents(split))
+    starts = np.cumsum(sizes) - sizes
+    lengths = np.maximum.reduceat(distance, starts)
+    out = {}
+    for n in np.unique(lengths[lengths > 0]):
+        which = np.flatnonzero(lengths == n)
+        size = int(sizes[which[0]])
+        if (sizes[which] != size).any():
+            raise ValueError(f"corpus {corpus.name}: the {split} instances of length {n} differ in size")
+        at = starts[which][:, None] + np.arange(size)
+        rows = np.concatenate([np.full((len(which), 1), corpus.document_separator), tokens[at]], axis=1)
+        out[int(n)] = (rows.astype(np.int64), mask[at])
+    return out

@@ -1,0 +1,151 @@
+"""The length-generalization tasks (posenc_lab/data/lengthgen.py and its task modules): right answers, answer-only
+scoring, the test lengths, no test input seen in training, the same data on every load, one-line option errors
+before any work, and a task module found by discovery alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from posenc_lab.checks import problems
+from posenc_lab.data import CORPORA, CORPUS_UNITS, load_corpus
+from posenc_lab.data.lengthgen import TASKS, eval_lengths, task_instances
+from tests.helpers_train import compose_config, tiny
+
+SMALL = dict(n_train=4, train_tokens=3000, eval_instances=16)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("lengthgen_cache")
+
+
+def split_instances(corpus, split: str) -> list[tuple[list[int], list[int], np.ndarray]]:
+    """(input, answer, scored mask) of every instance of a split, cut at its end tokens."""
+    tokens, mask = np.asarray(corpus.split(split)), np.asarray(corpus.side[split]["loss_mask"])
+    query, end = len(corpus.itos) - 2, len(corpus.itos) - 1
+    out, start = [], 0
+    for stop in np.flatnonzero(tokens == end):
+        inst = tokens[start:stop].tolist()
+        q = inst.index(query)
+        out.append((inst[:q], inst[q + 1 :], mask[start : stop + 1]))
+        start = stop + 1
+    return out
+
+
+def symbols(xs, corpus) -> str:
+    return "".join(corpus.itos[x] for x in xs)
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "duplicate_string", "addition"])
+def test_every_instance_has_its_answer_and_only_answers_are_scored(task, cache):
+    c = load_corpus(task, root=cache, **SMALL)
+    assert CORPUS_UNITS[task] == "word" and task in TASKS
+    for split in ("train", "test"):
+        instances = split_instances(c, split)
+        assert len(instances) > 20
+        for x, y, scored in instances:
+            if task == "copy":
+                assert y == x
+            elif task == "reverse":
+                assert y == x[::-1]
+            elif task == "duplicate_string":
+                assert y == x + x
+            else:  # a + b, each of n digits, the sum in n + 1 digits
+                a, b = symbols(x, c).split("+")
+                assert len(a) == len(b) and symbols(y, c) == str(int(a) + int(b)).zfill(len(a) + 1)
+            # scored: exactly the answer tokens (as targets), neither the input, the query nor the end token
+            assert scored.tolist() == [False] * (len(x) + 1) + [True] * len(y) + [False]
+
+
+@pytest.mark.parametrize("task", ["copy", "addition"])
+def test_test_lengths_double_and_no_test_input_occurs_in_training(task, cache):
+    # 4 symbols at n_train 4: 256 inputs, a quarter of them in training: drawing at random would repeat some
+    options = dict(SMALL, n_symbols=4 if task == "copy" else 10, n_train=4 if task == "copy" else 2)
+    options["eval_instances"] = 20 if task == "copy" else 24
+    c = load_corpus(task, root=cache, **options)
+    n = options["n_train"]
+    train = {tuple(x) for x, _, _ in split_instances(c, "train")}
+    assert max(len(x) for x in train) == (n if task == "copy" else 2 * n + 1)  # lengths up to n_train
+    assert sum(len(x) == len(max(train, key=len)) for x in train) > 20  # training holds many of length n_train
+    seen = set(train)
+    for split in ("val", "test"):
+        inputs = [tuple(x) for x, _, _ in split_instances(c, split)]
+        assert not seen & set(inputs) and len(set(inputs)) == len(inputs)  # none seen, and val apart from test
+        seen |= set(inputs)
+        by_length = task_instances(c, split)
+        assert sorted(by_length) == eval_lengths(n, 8) == [n, 2 * n, 4 * n, 8 * n]
+        for length, (rows, scored) in by_length.items():
+            assert rows.shape[0] == options["eval_instances"] and rows[:, 0].tolist() == [len(c.itos) - 1] * len(rows)
+            d = np.asarray(c.side[split]["distance"])
+            assert set(d[d >= 0].tolist()) == set(by_length)  # distance: each answer's instance length
+            answer = length if task == "copy" else length + 1  # the copy, or the sum's n + 1 digits
+            assert scored.sum(1).tolist() == [answer] * len(rows)
+
+
+def test_the_data_has_its_own_seed(cache):
+    a, b = load_corpus("reverse", root=cache, **SMALL), load_corpus("reverse", root=cache, **SMALL)
+    assert np.array_equal(a.train, b.train) and np.array_equal(a.test, b.test)
+    other = load_corpus("reverse", root=cache, seed=1, **SMALL)
+    assert not np.array_equal(a.test, other.test)
+    # two tasks of one seed draw apart (the task's name is part of the seed)
+    assert split_instances(load_corpus("copy", root=cache, **SMALL), "test")[0][0] != split_instances(a, "test")[0][0]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(max_factor=3), "data.corpus.max_factor must be a power of 2 (the test lengths double), got 3"),
+        (dict(min_len=9), "data.corpus.min_len=9 is above data.corpus.n_train=8"),
+        (dict(n_symbols=1), "data.corpus.n_symbols must be an integer >= 2, got 1"),
+        (dict(n_train=2, n_symbols=2), "data.corpus.n_symbols=2 gives 4 distinct inputs of length n_train=2, fewer"),
+    ],
+)
+def test_bad_options_are_one_line_before_any_work(options, message, tmp_path):
+    with pytest.raises(ValueError, match="^" + re.escape(f"copy corpus: {message}")) as e:
+        load_corpus("copy", root=tmp_path, **options)
+    assert "\n" not in str(e.value) and not any(tmp_path.iterdir())  # nothing generated, nothing cached
+    cfg = compose_config("train", ["data=copy", "run_dir=x", "data.corpus.n_train=eight"])
+    assert problems(cfg, "train") == ["data.corpus.n_train must be an integer, got 'eight'"]
+
+
+def test_it_trains_with_answer_accuracy(cache, tmp_path):
+    from posenc_lab.train import train
+
+    corpus = ["data.corpus.train_tokens=4000", "data.corpus.eval_instances=8", "data.corpus.n_train=4"]
+    results = train(compose_config("train", tiny(tmp_path / "run", cache, *corpus, steps=2, data="copy")))
+    assert results["data"] == "copy" and 0 <= results["test"]["acc"] <= 1
+
+
+SOURCE = '''
+"""A throwaway task: the input's symbols sorted."""
+import numpy as np
+from posenc_lab.data.lengthgen import register_task
+
+
+@register_task("throwaway_sort", space=lambda n, s: s**n)
+def make_sort(rng, n, count, n_symbols):
+    x = rng.integers(0, n_symbols, (count, n))
+    return x, np.sort(x, axis=1)
+'''
+
+
+def test_a_task_module_is_found_by_discovery(tmp_path):
+    module = tmp_path / "throwaway_sort.py"
+    module.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("_test_task_throwaway_sort", module)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    try:
+        spec.loader.exec_module(mod)
+        c = load_corpus("throwaway_sort", root=tmp_path / "cache", **SMALL)
+        assert "throwaway_sort" in TASKS and sorted(task_instances(c, "test")) == [4, 8, 16, 32]
+        assert all(y == sorted(x) for x, y, _ in split_instances(c, "test"))
+    finally:
+        for registry in (CORPORA, CORPUS_UNITS, TASKS):
+            registry.pop("throwaway_sort", None)
+        sys.modules.pop(spec.name, None)

@@ -1,0 +1,151 @@
+"""The length-generalization analysis and section (analysis/lengthgen.py, analysis/sections/lengthgen.py) and the
+task grid of ``ablate.tasks`` (analysis/ablate/plan.py): intervals from the project's estimator, verdicts judged
+on paired instances with Holm, claims checked before any work, the grid's cells, and the tiny preset end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from posenc_lab.compose import compose
+from posenc_lab_analysis.ablate.plan import plan
+from posenc_lab_analysis.lengthgen import CellLength, Claim, judge, tidy
+from posenc_lab_analysis.report import ReportSettings
+from posenc_lab_analysis.sections.lengthgen import read_claims, summary
+from posenc_lab_analysis.settings import conf_block
+from posenc_lab_analysis.stats import mean_interval
+
+
+def cell(name: str, exact: np.ndarray | None, factor: int = 2, reason: str = "", answer_len: int = 3) -> CellLength:
+    """A cell of task copy at ``factor`` x 8 whose instances are exactly right where ``exact`` [seeds, k] says
+    (an instance right: all its answer tokens; wrong: its first token only)."""
+    correct = None
+    if exact is not None:
+        tokens = np.repeat(exact[:, :, None], answer_len, axis=2).copy()
+        tokens[:, :, 1:] = True
+        correct = tokens.reshape(exact.shape[0], -1)
+    return CellLength(
+        "copy", f"copy/{name}", name.split(":")[0], 0, 8 * factor, factor, exact, correct, answer_len, reason
+    )
+
+
+def hits(p: float, seeds: int = 2, k: int = 200, seed: int = 0, flips: float = 0.05) -> np.ndarray:
+    """[seeds, k]: which instances a cell gets right, about a share p; the seeds agree but on a few (``flips``): an
+    instance is easy or hard for every seed alike, as for trained models."""
+    rng = np.random.default_rng(seed)
+    shared = rng.random(k) < p
+    return shared[None] ^ (rng.random((seeds, k)) < flips)
+
+
+def test_intervals_are_the_estimators_over_seeds_and_instances():
+    c = cell("nope:nomem", hits(0.6))
+    seq, tok = c.sequence(0.9), c.token(0.9)
+    expect = mean_interval(c.exact.astype(float), np.arange(200), level=0.9)
+    assert (seq.estimate, seq.low, seq.high) == (expect.estimate, expect.low, expect.high) and seq.covers_seeds
+    # per token: 2 of every 3 answer tokens are always right, so 2/3 + 1/3 of the exact rate; instances the units
+    assert tok.estimate == pytest.approx(2 / 3 + c.exact.mean() / 3) and tok.units == 200
+    assert tok.high - tok.low < seq.high - seq.low
+    t = tidy([c, cell("learned:nomem", None, reason="a learned table of 32 positions")], 0.9)
+    assert np.isnan(t.loc[1, "seq_acc"]) and t.loc[1, "not_served"].startswith("a learned table")
+
+
+def test_verdicts_paired_on_instances_with_holm():
+    claims = [
+        Claim("up", "copy", "nope:nomem", "sinusoid:nomem", 2, "src", "c"),
+        Claim("down", "copy", "sinusoid:nomem", "nope:nomem", 2, "src", "c"),
+        Claim("tie", "copy", "alibi:nomem", "rope:nomem", 2, "src", "c"),
+        Claim("missing", "copy", "learned:nomem", "rope:nomem", 2, "src", "c"),
+        Claim("one_seed", "copy", "xl:nomem", "rope:nomem", 2, "src", "c"),
+    ]
+    base = hits(0.3, seed=1)
+    measured = [
+        cell("nope:nomem", base | hits(0.5, seed=2, flips=0)),
+        cell("sinusoid:nomem", base),
+        cell("alibi:nomem", hits(0.5, seed=3)),
+        cell("rope:nomem", hits(0.5, seed=3) ^ (np.arange(200) == 7)),  # one instance apart
+        cell("learned:nomem", None, reason="too long"),
+        cell("xl:nomem", hits(0.9, seeds=1)),
+    ]
+    v = judge(claims, measured, 0.95, 0.05).set_index("claim")["verdict"].to_dict()
+    assert v == {
+        "up": "reproduced",
+        "down": "contradicted",
+        "tie": "inconclusive",
+        "missing": "not judged",
+        "one_seed": "not judged",
+    }
+
+
+def test_claims_and_settings_are_checked_before_any_work(tmp_path, monkeypatch):
+    claims, alpha = read_claims("lengthgen_paper.yaml")
+    assert alpha == 0.05 and {c.task for c in claims} == {"copy", "addition", "reverse", "duplicate_string"}
+    assert all(c.source for c in claims) and {c.factor for c in claims} <= {2, 4}
+    block = conf_block()
+    block["lengthgen"]["claims"] = "nothere.yaml"
+    with pytest.raises(ValueError, match=r"^ablate.analysis.lengthgen.claims=nothere.yaml: no file .*nothere.yaml"):
+        ReportSettings.read(block)
+    block["lengthgen"].update(claims="lengthgen_paper.yaml", max_instances=0)
+    with pytest.raises(ValueError, match=r"max_instances must be >= 1 \(or null: all\), got 0$"):
+        ReportSettings.read(block)
+    bad = tmp_path / "conf"
+    bad.mkdir()
+    (bad / "c.yaml").write_text(
+        "claims:\n  - {id: x, task: sort, better: a, than: b, factor: 2, claim: c, source: s}\n"
+    )
+    monkeypatch.setattr("posenc_lab_analysis.sections.lengthgen.config_dir", lambda: str(bad))
+    with pytest.raises(ValueError, match=r"claim x: task 'sort' is not a task; the tasks: \["):
+        read_claims("c.yaml")
+
+
+def test_summary_gives_4x_with_intervals_and_where_a_scheme_stops():
+    measured = [cell("nope:nomem", hits(0.5), factor=f) for f in (1, 2, 4, 8)]
+    measured += [cell("learned:nomem", hits(0.5), factor=1)]
+    measured += [cell("learned:nomem", None, factor=f, reason="table of 32") for f in (2, 4, 8)]
+    s = summary(tidy(measured, 0.95)).set_index("cell")
+    assert set(s.columns) >= {"seq_1x", "seq_2x", "seq_4x", "seq_8x", "seq_4x_interval", "token_4x_interval"}
+    assert s.loc["copy/learned:nomem", "not_served"] == "from length 16: table of 32"
+    assert s.loc["copy/nope:nomem", "not_served"] == "" and "[" in s.loc["copy/nope:nomem", "seq_4x_interval"]
+
+
+def test_the_task_grid_of_the_preset():
+    cfg = compose("ablate", ["experiment=lengthgen"])
+    specs = plan(cfg, ["experiment=lengthgen"])
+    assert len(specs) == 4 * 22 * 2 and {s.group for s in specs} == {"copy", "reverse", "addition", "duplicate_string"}
+    cells = {s.cell for s in specs if s.group == "reverse"}
+    assert {"reverse/sinusoid+rand256:nomem", "reverse/rope+rand256:mem32", "reverse/fox:nomem"} <= cells
+    rand = [s for s in specs if s.random_positions]
+    assert {s.scheme for s in rand} == {"sinusoid", "rope"}
+    assert all("+model.random_positions=256" in s.overrides for s in rand)
+    assert all(f"data={s.group}" in s.overrides for s in specs) and len({s.name for s in specs}) == len(specs)
+    for override, message in (
+        ("ablate.tasks.names=[copy,sort]", r"ablate.tasks.names names unknown task\(s\) \['sort'\]; the tasks: "),
+        ("+ablate.tasks.random_positions.path=64", r"ablate.tasks.random_positions.path=64: it takes a scheme of"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            plan(compose("ablate", ["experiment=lengthgen", override]), ["experiment=lengthgen"])
+
+
+@pytest.mark.slow
+def test_the_tiny_preset_reports_every_cell_at_4x(tmp_path, monkeypatch):
+    from posenc_lab_analysis import ablate
+
+    monkeypatch.setenv("POSENC_LAB_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "lengthgen_tiny"
+    assert ablate.main(["experiment=lengthgen_tiny", f"ablate.out={out}"]) == 0
+    report = out / "report"
+    text = (report / "report.md").read_text()
+    assert "Length generalization" in text and "lengthgen_accuracy.png" in text
+    t = pd.read_csv(report / "table_lengthgen.csv", keep_default_na=False)
+    # 2 tasks x 10 cells, each at 4x with its interval, or with the reason it cannot serve 4x
+    assert len(t) == 2 * 10 and ((t["seq_4x_interval"].str.contains(r"\[")) != (t["not_served"] != "")).all()
+    full = pd.read_csv(report / "lengthgen" / "lengthgen_accuracy.csv", keep_default_na=False)
+    assert sorted(set(full["factor"])) == [1, 2, 4, 8]
+    served = full[full["not_served"] == ""]
+    assert ((served["seq_low"] <= served["seq_acc"]) & (served["seq_acc"] <= served["seq_high"])).all()
+    # without memory a whole instance is one window: random positions of 256 serve it; memory cells serve all
+    assert (full.loc[full["memory"], "not_served"] == "").all()
+    # a learned table of L = 16 positions serves the 1x window (10 tokens of copy), not the 2x one (18)
+    learned = t.set_index("cell").loc["copy/learned:nomem"]
+    assert learned["not_served"].startswith("from length 8: ") and learned["seq_2x"] == "" != learned["seq_1x"]
+    assert t.set_index("cell").loc["copy/sinusoid:nomem", "not_served"] == ""
