@@ -3,9 +3,10 @@
 The sections are a registry (``sections/``, one module each); ``ablate.analysis.sections`` in conf/ablate.yaml
 states their order, once. This module holds what they share: the runs grouped by corpus (``Group``), each
 group's per-token losses on the held-out split (``dumps``: as trained, and at controlled attention lengths) and
-the evidence the verdicts judge (``evidence``), each computed once, when first asked for. The work runs in two
-passes: every section measures (each language corpus, then each recall group, then the report-wide sections,
-in the stated order), then every section renders in that order.
+the evidence the verdicts judge (``evidence``), each computed once, when first asked for (the dumps in worker
+processes with ``--jobs``: workers.py). The work runs in two passes: every section measures (each language
+corpus, then each recall group, then the report-wide sections, in the stated order), then every section renders
+in that order.
 
     python -m posenc_lab_analysis.report RUNS_DIR [RUNS_DIR...] --out DIR [--experiment NAME]
 RUNS_DIR: run directories or folders holding runs (a Hydra multirun folder, an ablation's runs/ folder).
@@ -15,20 +16,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing
 import platform
 import sys
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
@@ -36,10 +31,11 @@ from posenc_lab.errors import ConfigError, PosencLabError
 from posenc_lab.metrics import figure_name, figure_scale
 
 from . import dumps, evidence, verdicts
-from .runs import Run, add_threads_argument, analysis_device, apply_threads, cells, find_runs, load_run, set_device
+from .runs import Run, add_threads_argument, apply_threads, cells, find_runs, set_device
 from .sections import CORPUS, RECALL, REPORT, SECTIONS, Part, Section, render, section_class
 from .sections.speed import Speed
 from .settings import PREFIX, conf_block, structured
+from .workers import DumpWorkers
 
 
 @dataclass
@@ -131,7 +127,7 @@ class Group:
         first, the longest), then each is read where it is kept."""
         paths = {r.name: self.out / "dumps" / folder / f"{r.name}.npz" for r in self.runs}
         order = sorted(self.runs, key=first) if first else self.runs
-        done = self.report.prefetch(compute, [(r, args, paths[r.name]) for r in order], what)
+        done = self.report.workers.prefetch(compute, [(r, args, paths[r.name]) for r in order], what)
         out = {}
         for i, r in enumerate(self.runs, 1):
             if r.name not in done:
@@ -218,7 +214,7 @@ class Report:
         self.main = self.corpora[0] if self.corpora else None  # the corpus the verdicts judge on
         self.sections = {name: SECTIONS[name]() for name in settings.shared.sections}
         self._measured: dict[tuple[str, int], Any] = {}
-        self._pool, self._jobs, self._threads = None, 1, 1  # the worker processes of ``parallel``
+        self.workers = DumpWorkers(log)  # computes the runs' dumps in parallel inside ``workers.running``
 
     def groups(self, scope: str) -> list[Group | None]:
         return {CORPUS: self.corpora, RECALL: self.recalls, REPORT: [None]}[scope]
@@ -239,61 +235,6 @@ class Report:
             for group in groups:
                 out.update(section.evidence(Context(self, section, group), self.measured(name, group)))
         return out
-
-    @contextmanager
-    def parallel(self, jobs: int, threads: int | None):
-        """For the block, ``prefetch`` computes the runs' dumps in ``jobs`` worker processes of ``threads`` torch
-        threads each (started when first needed): small models use two processes of one thread better than one
-        of two. Not on a GPU (one device, one process) and not for jobs = 1."""
-        if jobs <= 1 or analysis_device() != "cpu":
-            yield
-            return
-        self._jobs, self._threads = jobs, threads or max(1, torch.get_num_threads() // jobs)
-        try:
-            yield
-        except BaseException:  # an interrupt or an error: the workers stop now, not after their dumps
-            if self._pool is not None:
-                for process in list(getattr(self._pool, "_processes", {}).values()):
-                    process.terminate()
-            raise
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool, self._jobs = None, 1
-
-    def prefetch(self, compute: Callable, tasks: list[tuple[Run, tuple, Path]], what: str) -> set[str]:
-        """``compute(run, *args, path)`` for every (run, args, path) of ``tasks`` in the worker processes, started
-        in that order; the names of those computed (none without workers). A task that fails there (or a worker
-        that dies) is left to the caller, which computes it in this process and so raises its error where a
-        sequential report would."""
-        if self._jobs <= 1 or len(tasks) < 2:
-            return set()
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self._jobs, multiprocessing.get_context("spawn"), _worker_init, (self._threads, analysis_device())
-            )
-        try:
-            futures = {
-                self._pool.submit(_dump_in_worker, compute, str(r.path), args, str(path)): r for r, args, path in tasks
-            }
-        except BrokenProcessPool:  # a worker died earlier (e.g. out of memory): the rest in this process
-            self.log("  the report's worker processes stopped; computing the rest in this process")
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool, self._jobs = None, 1
-            return set()
-        done: set[str] = set()
-        for i, future in enumerate(as_completed(futures), 1):
-            run = futures[future]
-            try:
-                messages, seconds = future.result()
-            except Exception as e:  # noqa: BLE001 - computed again here, where its error is raised
-                self.log(f"  {what}: {run.label} failed in a worker ({type(e).__name__}: {e}); computing it here")
-                continue
-            for m in messages:
-                self.log(m)
-            done.add(run.name)
-            self.log(f"  {what} [{i}/{len(tasks)}] {run.label} ({seconds:.0f} s, {self._jobs} at a time)")
-        return done
 
     def measure(self) -> None:
         """Every listed section's measurement: each corpus, each recall group, then the report-wide ones."""
@@ -359,19 +300,6 @@ def _preamble(runs: list[Run], device: str, smoke: bool, meta: dict[str, Any]) -
     return lines
 
 
-def _worker_init(threads: int, device: str) -> None:
-    torch.set_num_threads(threads)
-    set_device(device)
-
-
-def _dump_in_worker(compute: Callable, run_path: str, args: tuple, path: str) -> tuple[list[str], float]:
-    """In a worker: ``compute`` one run's dump, kept where the report reads it; (its log lines, seconds)."""
-    messages: list[str] = []
-    t0 = time.perf_counter()
-    compute(load_run(run_path), *args, Path(path), messages.append)
-    return messages, time.perf_counter() - t0
-
-
 def _remove_stale_temporaries(out: Path) -> None:
     """Temporary files a killed report left (io.atomic_path names them .<name>.*.tmp*)."""
     for p in out.rglob(".*.tmp*"):
@@ -405,7 +333,7 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out)
     report = Report(runs, out, s, verdicts.paper(paper_path), bool(meta.get("smoke")), log)
-    with report.parallel(jobs, threads):
+    with report.workers.running(jobs, threads):
         report.measure()
     return render(report.parts(), out, title, _preamble(runs, device, report.smoke, meta))
 

@@ -46,7 +46,7 @@ def usage() -> str:
     lines += [
         "",
         "`posenc-lab <command> --help` shows a command's own options. train and eval take Hydra",
-        "overrides (key=value, group=option, -m for sweeps); see README.md.",
+        "overrides (key=value, group=option, -m for sweeps); see docs/USAGE.md.",
     ]
     return "\n".join(lines)
 

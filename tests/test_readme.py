@@ -1,26 +1,45 @@
-"""The README's reliability section is a list of promises, each naming the tests that hold it: every promise
-names at least one test, and every test named exists (a renamed or deleted test breaks the promise here, not
-silently)."""
+"""The README is a landing page, and the pages it links hold the rest; these tests keep both honest.
+
+- The README stays short (at most 150 lines), gives the two commands for a fresh machine (the same as the install
+  page's and as what .ci/run runs), lists every scheme of conf/posenc/, and names no date or machine outside a
+  link (measurements live in docs/perf/, reached by links).
+- docs/RELIABILITY.md is a list of promises, each naming the tests that hold it: every promise names at least
+  one test, and every test named exists (a renamed or deleted test breaks the promise here, not silently).
+- Every relative link of the README and of the documentation pages points to a file that exists (the CI's
+  `mkdocs build --strict` also checks anchors and the site's own links); docs/hooks.py, which brings the pages
+  outside docs/ into the site, rewrites their links as the site sees them.
+"""
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## Reliability"
+README = ROOT / "README.md"
+RELIABILITY = ROOT / "docs" / "RELIABILITY.md"
 TEST_REF = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
-
-
-def _section(text: str, title: str) -> str:
-    start = text.index(title + "\n")
-    end = text.find("\n## ", start + len(title))
-    return text[start : end if end >= 0 else len(text)]
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
+SETUP = "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e '.[dev]'"
+COMMANDS = [f"{SETUP} && posenc-lab ablate", f"{SETUP} && python -m pytest"]
+# the pages of the site (mkdocs.yml, docs/hooks.py): docs/perf/ holds raw outputs besides its README and LOG pages
+PAGES = [
+    README,
+    ROOT / "analysis" / "README.md",
+    ROOT / "conf" / "experiment" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "docs" / "perf" / "LOG.md",
+    *sorted((ROOT / "docs" / "perf").glob("*/README.md")),
+]
 
 
 def _promises() -> list[tuple[str, list[tuple[str, str]]]]:
-    """The section's table rows: (promise, [(file, test), ...])."""
+    """The reliability table's rows: (promise, [(file, test), ...])."""
     rows = []
-    for line in _section((ROOT / "README.md").read_text(), SECTION).splitlines():
+    for line in RELIABILITY.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
         if len(cells) == 2 and not set(cells[1]) <= set("-: ") and cells[1] != "held by":
             rows.append((cells[0], TEST_REF.findall(cells[1])))
@@ -33,6 +52,21 @@ def _test_names(path: Path) -> set[str]:
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
     }
+
+
+def _links(markdown: str) -> list[str]:
+    """The targets of the inline links and images of ``markdown``, outside fenced code."""
+    return LINK.findall(FENCE.sub("", markdown))
+
+
+def _broken(page: Path) -> list[str]:
+    """The relative links of ``page`` whose file does not exist."""
+    out = []
+    for target in _links(page.read_text()):
+        path = target.partition("#")[0]
+        if path and not re.match(r"^[a-z][a-z0-9+.-]*:", path) and not (page.parent / path).exists():
+            out.append(target)
+    return out
 
 
 def test_every_reliability_promise_names_tests_that_exist():
@@ -51,3 +85,76 @@ def test_the_checker_reads_a_row_and_refuses_a_missing_test(tmp_path):
     row = "| a promise | `tests/test_readme.py::test_every_reliability_promise_names_tests_that_exist` |"
     assert TEST_REF.findall(row) == [("tests/test_readme.py", "test_every_reliability_promise_names_tests_that_exist")]
     assert "test_not_there" not in _test_names(Path(__file__))
+
+
+def test_the_readme_is_a_landing_page_without_dates_or_machines():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines; the rest goes to docs/"
+    for title in ("## Quick start", "## A result", "## Schemes", "## Presets", "## Documentation", "## Architecture"):
+        assert f"\n{title}\n" in text, f"README.md has no section {title!r}"
+    prose = LINK.sub("", text)  # link targets (docs/perf/<date>_...) may carry dates; the text may not
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", prose)
+    assert not re.findall(r"EPYC|Xeon|H100|H200|A100|AMX|\d-core", prose)
+    assert "[Measured](docs/perf/" in text  # the one place that says where and when the result was measured
+
+
+def test_the_two_commands_are_the_install_pages_and_what_ci_runs():
+    block = re.search(r"```bash\n(.*?)```", README.read_text(), re.S)
+    assert block and block.group(1).splitlines() == COMMANDS
+    usage = (ROOT / "docs" / "USAGE.md").read_text()
+    assert all(c in usage for c in COMMANDS)  # the install page gives the same two commands
+    ci = (ROOT / ".ci" / "run").read_text()
+    steps = [s.strip() for s in SETUP.split("&&")[2:]] + ["python -m pytest"]  # after the venv .ci/run makes
+    lines = [line.strip() for line in ci.splitlines()]
+    assert all(any(line.startswith(s) for line in lines) for s in steps), f"{steps} not all in .ci/run"
+
+
+def test_the_readme_lists_every_scheme():
+    table = re.search(r"\n## Schemes\n(.*?)\n## ", README.read_text(), re.S).group(1)
+    listed = set(re.findall(r"^\| `(\w+)`(?:, `(\w+)`)?", table, re.M))
+    names = {n for pair in listed for n in pair if n}
+    assert names == {p.stem for p in (ROOT / "conf" / "posenc").glob("*.yaml")}
+
+
+def test_every_relative_link_of_the_pages_points_to_a_file():
+    assert len(PAGES) >= 12 and all(p.is_file() for p in PAGES)
+    broken = {str(p.relative_to(ROOT)): b for p in PAGES if (b := _broken(p))}
+    assert not broken, f"links to files that do not exist: {broken}"
+
+
+def test_the_link_checker_finds_a_broken_link_and_skips_code_and_urls(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "there.md").write_text("")
+    page.write_text(
+        "[ok](there.md#a) ![img](there.md) [gone](gone.md#b) [web](https://example.org/x.md) [self](#c)\n"
+        "```bash\n[not a link](in_code.md)\n```\n"
+    )
+    assert _broken(page) == ["gone.md#b"]
+
+
+def _hooks():
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_site_hook_writes_each_link_as_the_site_sees_it():
+    hooks = _hooks()
+    readme = (
+        "[u](docs/USAGE.md#install) [a](analysis/README.md) ![f](docs/perf/LOG.md) [t](tests/test_readme.py) "
+        "`[c](docs/x.md)` [g](docs/GONE.md) [w](https://example.org)"
+    )
+    assert hooks.rewrite(readme, "README.md") == (
+        "[u](USAGE.md#install) [a](analysis/README.md) ![f](perf/LOG.md) t (`tests/test_readme.py`) "
+        "`[c](docs/x.md)` [g](GONE.md) [w](https://example.org)"
+    )  # a missing page stays a link, which the strict build names; code is left as written
+    assert hooks.rewrite("[`tests/test_readme.py`](tests/test_readme.py)", "README.md") == "`tests/test_readme.py`"
+    analysis = "[s](../docs/SCHEMES.md#xl) [r](../README.md) [p](../conf/experiment/README.md) [m](stats.py)"
+    assert hooks.rewrite(analysis, "analysis/README.md") == (
+        "[s](../SCHEMES.md#xl) [r](../index.md) [p](../conf/experiment/README.md) m (`analysis/stats.py`)"
+    )
+    assert hooks.rewrite("[r](../../README.md)\n```\n[k](../x.md)\n```\n", "docs/perf/LOG.md") == (
+        "[r](../index.md)\n```\n[k](../x.md)\n```\n"
+    )
