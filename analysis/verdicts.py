@@ -22,7 +22,7 @@ The intervals. Each verdict's intervals are shown at the level of the Holm step 
 hypothesis (two-sided 1 - 2 alpha_i), or, for a verdict Holm did not reach, of the step where it stopped: so a
 verdict is reproduced exactly when every one of its intervals lies on its predicted side. (Shown at the level
 of its own rank instead, an interval of a verdict Holm never reached can lie on the predicted side while the
-verdict is inconclusive: ``tests/test_verdicts.py`` has the case.) Sanity checks (true by construction) are
+verdict is inconclusive: ``tests/analysis/test_verdicts.py`` has the case.) Sanity checks (true by construction) are
 computed alike, each direction at alpha with no correction, shown apart, never counted.
 """
 

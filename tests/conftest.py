@@ -27,29 +27,33 @@ _spec.loader.exec_module(sys.modules["posenc_lab_analysis"])
 # The default run's budget (CI: the whole of .ci/run in 20 minutes on 2 cores) leaves these end-to-end variants
 # to `pytest -m slow`; each has a lighter sibling in the default run, named after the arrow.
 SLOW = {
-    "test_ablate.py::test_jobs_train_runs_concurrently_one_per_seed": "the tiny ablation fixture trains two at a time",
-    "test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[2-15]": "the [1-2] case",
-    "test_ablate.py::test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work": "test_report's damaged files",
-    "test_ablate.py::test_a_failed_run_says_no_run_finished_when_none_did": "test_ablate's bad grid settings",
-    "test_ablate_outdir.py::test_ablate_times_keeps_every_run_through_sigterm_and_a_kill_9_of_ablate": "test_ablate_"
-    "outdir's stopped attempt (the ledger with a real process)",
-    "test_ablate_outdir.py::test_the_report_is_rewritten_whole_and_keeps_its_dumps": "test_ablate_outdir's "
+    "analysis/ablate/test_ablate.py::test_jobs_train_runs_concurrently_one_per_seed": "the tiny ablation fixture "
+    "trains two at a time",
+    "analysis/ablate/test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[2-15]": "the [1-2] case",
+    "analysis/ablate/test_ablate.py::test_damaged_files_of_a_finished_grid_are_named_and_odd_"
+    "paths_work": "test_report's damaged files",
+    "analysis/ablate/test_ablate.py::test_a_failed_run_says_no_run_finished_when_none_did": "test_ablate's bad grid "
+    "settings",
+    "analysis/ablate/test_outdir.py::test_ablate_times_keeps_every_run_through_sigterm_and_a_kill_9_"
+    "of_ablate": "test_ablate_outdir's stopped attempt (the ledger with a real process)",
+    "analysis/ablate/test_outdir.py::test_the_report_is_rewritten_whole_and_keeps_its_dumps": "test_ablate_outdir's "
     "interrupted report (the swap itself)",
-    "test_sweep_run.py::test_hyperband_stops_a_planted_bad_trial": "the sweep runner's grid tests",
-    "test_sweep_run.py::test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues": "the runner's state tests",
-    "test_sweeps.py::test_two_job_multirun_and_report": "test_report's multirun folder, test_sweeps' composition",
-    "test_sweeps.py::test_sweep_trial_runs_end_to_end_with_wandb_offline": "test_report's wandb logging",
+    "sweeps/test_run.py::test_hyperband_stops_a_planted_bad_trial": "the sweep runner's grid tests",
+    "sweeps/test_run.py::test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues": "the runner's state tests",
+    "sweeps/test_sweeps.py::test_two_job_multirun_and_report": "test_report's multirun folder, test_sweeps' "
+    "composition",
+    "sweeps/test_sweeps.py::test_sweep_trial_runs_end_to_end_with_wandb_offline": "test_report's wandb logging",
     "test_tracking.py::test_a_run_killed_and_extended_stays_one_wandb_run": "test_tracking's resume after SIGTERM",
-    "test_report.py::test_damaged_analysis_files_recover_or_name_what_to_delete": "test_robustness' truncated files",
-    "test_report.py::test_report_reads_a_multirun_folder": "test_sweeps' multirun composition",
-    "test_robustness.py::test_a_refused_new_run_dir_leaves_nothing_behind": "test_one_line_errors' long tail",
+    "analysis/test_report.py::test_damaged_analysis_files_recover_or_name_what_to_delete": "test_io's truncated files",
+    "analysis/test_report.py::test_report_reads_a_multirun_folder": "test_sweeps' multirun composition",
+    "test_rundir.py::test_a_refused_new_run_dir_leaves_nothing_behind": "test_one_line_errors' long tail",
     "test_one_line_errors.py::test_a_text_file_cut_short_while_a_run_trains_leaves_the_run_its_copy_and_a_resume_is_"
     "one_line": "test_data's copied text corpora",
     "test_one_line_errors.py::test_a_signal_during_the_sweeps_start_up_is_one_line_and_its_exit_status[INT]": "[TERM]",
-    "test_schemes_2025.py::test_path_chunks_equal_the_product_per_pair[64-64-16]": "the six smaller layouts",
-    "test_stats.py::test_the_interval_covers_at_its_nominal_rate[0.97-0.05-0.05]": "the [0.9-0.0-0.05] case",
-    "test_stats.py::test_the_interval_covers_at_its_nominal_rate[0.99-0.05-0.05]": "the [0.9-0.0-0.05] case",
-    "test_data.py::test_pystdlib_real_stdlib_capped": "test_families' real-stdlib split",
+    "positional/test_path.py::test_path_chunks_equal_the_product_per_pair[64-64-16]": "the six smaller layouts",
+    "analysis/test_stats.py::test_the_interval_covers_at_its_nominal_rate[0.97-0.05-0.05]": "the [0.9-0.0-0.05] case",
+    "analysis/test_stats.py::test_the_interval_covers_at_its_nominal_rate[0.99-0.05-0.05]": "the [0.9-0.0-0.05] case",
+    "data/test_pystdlib.py::test_pystdlib_real_stdlib_capped": "test_families' real-stdlib split",
     "test_cli.py::test_console_train_bf16_mixed_with_clipping_in_a_fresh_run_dir": "test_precision's bf16 runs",
     "test_cli.py::test_console_eval": "test_cli's in-process evaluation tests",
     "test_cli.py::test_console_train": "test_ablate_is_a_posenc_lab_command (the console entry point)",
@@ -59,20 +63,26 @@ SLOW = {
     "test_configs.py::test_every_option_trains_a_few_steps[model-base]": "model-tiny, model-small",
     "test_configs.py::test_every_option_trains_a_few_steps[logger-wandb]": "test_report's wandb logging",
     "test_install.py::test_the_command_line_keeps_freed_memory_instead_of_faulting_it_in_again": "test_install's env",
-    "test_ddp.py::test_ddp_ranks_take_disjoint_streams_and_match_one_process": "test_reliability's DDP stop",
+    "test_ddp.py::test_ddp_ranks_take_disjoint_streams_and_match_one_process": "test_train's DDP stop",
     "test_lit.py::test_byte_corpus_logs_bits_per_token": "test_lit's figure names",
-    "test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[1-2]": "test_stop_signals (train's stops)",
-    "test_new_section.py::test_the_report_finds_it_and_writes_its_table_and_figure": "test_report's every section",
-    "test_new_scheme.py::test_ablate_grid_trains_it_and_the_report_orders_it": "test_new_scheme's registration test",
-    "test_report.py::test_ablate_reuses_finished_runs_and_refuses_other_settings": "test_ablate's continue command",
+    "analysis/ablate/test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[1-2]": "test_stop_signals "
+    "(train's stops)",
+    "analysis/sections/test_new_section.py::test_the_report_finds_it_and_writes_its_table_and_figure": "test_report's "
+    "every section",
+    "positional/test_new_scheme.py::test_ablate_grid_trains_it_and_the_report_orders_it": "test_new_scheme's "
+    "registration test",
+    "analysis/test_report.py::test_ablate_reuses_finished_runs_and_refuses_other_settings": "test_ablate's continue "
+    "command",
     "test_configs.py::test_every_option_trains_a_few_steps[experiment-ablation]": "experiment-quick, experiment-tiny",
-    "test_reach.py::test_the_tiny_reach_preset_reports_the_heatmap_and_the_reach_table": "test_report's tiny "
+    "analysis/test_reach.py::test_the_tiny_reach_preset_reports_the_heatmap_and_the_reach_table": "test_report's tiny "
     "ablation (its reach section on the recall group)",
-    "test_effective_context.py::test_the_tiny_context_preset_judges_the_recurrence_verdict_alone": "test_verdicts' "
-    "verdict list and test_effective_context's tiny ablation",
-    "test_recall.py::test_xl_with_memory_recalls_beyond_the_segment_and_without_memory_does_not": "the tiny ablation's "
+    "analysis/test_effective_context.py::test_the_tiny_context_preset_judges_the_recurrence_"
+    "verdict_alone": "test_verdicts' verdict list and test_effective_context's tiny ablation",
+    "analysis/test_recall.py::test_xl_with_memory_recalls_beyond_the_segment_and_without_memory_does_not": "the tiny "
+    "ablation's "
     "recall group",
-    "test_lengthgen_section.py::test_the_tiny_preset_reports_every_cell_at_4x": "test_lengthgen_section's summary, "
+    "analysis/sections/test_lengthgen.py::test_the_tiny_preset_reports_every_cell_at_4x": "test_lengthgen_section's "
+    "summary, "
     "verdict and grid tests, test_lengthgen's training run",
 }
 # every scheme trains a few steps in test_model (with and without memory): the posenc options of test_configs

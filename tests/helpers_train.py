@@ -4,8 +4,10 @@ and train tiny models in seconds."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,9 @@ from pathlib import Path
 import lightning as L
 import pytest
 
+from posenc_lab.checkpoints import read_checkpoint
 from posenc_lab.compose import compose
+from posenc_lab.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -121,3 +125,58 @@ def recorded(path, rank: int = 0) -> list[dict]:
 def record(path) -> list[str]:
     """Overrides that add a LossRecorder writing to ``path``."""
     return ["+callbacks.record._target_=tests.helpers_train.LossRecorder", f"+callbacks.record.path={path}"]
+
+
+def run_train(run_dir, cache, *extra, steps=4, data="recall"):
+    return train(compose_config("train", tiny(run_dir, cache, *extra, steps=steps, data=data)))
+
+
+@pytest.fixture(autouse=True)
+def no_stale_log_handlers():
+    """Log handlers an earlier in-process Hydra command left on the root logger, writing to a stream pytest has
+    closed since, would print "--- Logging error ---" tracebacks into this test's stderr: drop them."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(getattr(handler, "stream", None), "closed", False):
+            root.removeHandler(handler)
+
+
+def step_of(path) -> int:
+    return int(read_checkpoint(path)["global_step"])
+
+
+def cli(main, argv, monkeypatch, capsys) -> tuple[int, str]:
+    """Run a Hydra command's main() in this process as the console does: (exit status, stderr). The log
+    handlers Hydra adds (a file in the run directory, which the test may remove) are taken off again."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    root, handlers = logging.getLogger(), list(logging.getLogger().handlers)
+    monkeypatch.setattr(sys, "argv", ["posenc-lab", *map(str, argv)])
+    try:
+        with pytest.raises(SystemExit) as info:
+            main()
+    finally:
+        GlobalHydra.instance().clear()
+        for handler in set(root.handlers) - set(handlers):
+            handler.close()
+        root.handlers[:] = handlers
+    return info.value.code, capsys.readouterr().err
+
+
+class SignalAt(L.Callback):
+    """Sends ``signum`` to this process during training step ``step`` (0-based global step)."""
+
+    def __init__(self, step: int, signum: str):
+        self.step, self.signum = int(step), getattr(signal, signum)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def signal_at(step: int, signum: str = "SIGTERM") -> list[str]:
+    return [
+        "+callbacks.signal._target_=tests.helpers_train.SignalAt",
+        f"+callbacks.signal.step={step}",
+        f"+callbacks.signal.signum={signum}",
+    ]

@@ -1,4 +1,4 @@
-"""Several nodes (issue 27): two processes started as two nodes of one job on loopback (trainer.num_nodes=2,
+"""Several nodes: two processes started as two nodes of one job on loopback (trainer.num_nodes=2,
 trainer.devices=1, gloo), with the environment variables a cluster sets for Lightning's LightningEnvironment
 (MASTER_ADDR, MASTER_PORT, NODE_RANK, WORLD_SIZE, LOCAL_RANK: each process is then one rank, Lightning starts
 none). Their losses are a one-process run's; a node killed mid-training leaves the other with one line, and
@@ -19,8 +19,7 @@ import lightning as L
 import pytest
 
 from posenc_lab.train import train
-from tests.helpers_train import REPO, compose_config, subprocess_env, tiny
-from tests.test_reliability import no_stale_log_handlers, step_of  # noqa: F401 - autouse fixture
+from tests.helpers_train import REPO, compose_config, no_stale_log_handlers, step_of, subprocess_env, tiny  # noqa: F401 - autouse fixture
 
 STEPS = 8
 COMMON = ("data.batch_size=4", "optim.lr=3e-3", f"optim.total_steps={STEPS}", "checkpoint_every=2")

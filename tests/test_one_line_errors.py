@@ -1,4 +1,4 @@
-"""The long tail (issues 23, 27): every bad input is one line naming the key or the file and the fix, before
+"""The long tail: every bad input is one line naming the key or the file and the fix, before
 anything is written, through the real command entry points (in this process, as the console runs them); a stop
 signal during a command's start-up is one line and its exit status."""
 
@@ -24,9 +24,8 @@ from posenc_lab import bench, evaluate
 from posenc_lab import train as train_module
 from posenc_lab.compose import compose
 from posenc_lab.data import load_corpus
-from tests.helpers_train import CORPUS, run_module, tiny
-from tests.test_reliability import cli, no_stale_log_handlers  # noqa: F401 - an autouse fixture
-from tests.test_textdir import notes
+from tests.data.test_textdir import notes
+from tests.helpers_train import CORPUS, cli, no_stale_log_handlers, run_module, tiny  # noqa: F401 - an autouse fixture
 
 
 def _file(tmp, name, content: bytes) -> Path:

@@ -1,4 +1,4 @@
-"""Stops within a scheduler's grace period (issue 27): a stop signal during a validation pass of training ends it at
+"""Stops within a scheduler's grace period: a stop signal during a validation pass of training ends it at
 the end of the validation batch with a checkpoint that resumes exactly; SIGHUP stops as SIGTERM does (exit 129)."""
 
 from __future__ import annotations
@@ -15,8 +15,17 @@ import lightning as L
 import pytest
 
 from posenc_lab.errors import Interrupted
-from tests.helpers_train import REPO, record, recorded, run_module, subprocess_env, tiny
-from tests.test_reliability import no_stale_log_handlers, run_train, step_of  # noqa: F401 - autouse fixture
+from tests.helpers_train import (  # noqa: F401 - autouse fixture
+    REPO,
+    no_stale_log_handlers,
+    record,
+    recorded,
+    run_module,
+    run_train,
+    step_of,
+    subprocess_env,
+    tiny,
+)
 
 
 class SignalInValidation(L.Callback):

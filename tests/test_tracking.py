@@ -19,10 +19,9 @@ from posenc_lab import tracking
 from posenc_lab.io import CorruptFileError
 from posenc_lab.rundir import RunDir
 from posenc_lab.sweeps.command import merge_overrides, runner_overrides
-from tests.helpers_train import REPO, compose_config, subprocess_env, tiny
+from tests.helpers_train import REPO, compose_config, run_train, subprocess_env, tiny
 from tests.schemes import XL
-from tests.test_reliability import run_train
-from tests.test_sweeps import read_wandb_records
+from tests.sweeps.test_sweeps import read_wandb_records
 
 STEPS = 6
 WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -64,7 +63,7 @@ def _read_offline_runs(run_dir: Path) -> list[dict]:
 
 
 def _stop(step: int, signum: str) -> list[str]:
-    return ["+callbacks.signal._target_=tests.test_reliability.SignalAt", f"+callbacks.signal.step={step}",
+    return ["+callbacks.signal._target_=tests.helpers_train.SignalAt", f"+callbacks.signal.step={step}",
             f"+callbacks.signal.signum={signum}"]  # fmt: skip
 
 

@@ -1,0 +1,149 @@
+"""One naming rule for cells (analysis/cellnames.py): the names users see stay valid, one parser reads what one
+formatter writes, and a cell trained with any recent-loss fraction can be named in conf/paper.yaml and in
+ablate.extra_seed_cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from posenc_lab.compose import compose
+from posenc_lab.positional import schemes_of_kind
+from posenc_lab_analysis.ablate.plan import RunSpec, plan, seeds_by_cell
+from posenc_lab_analysis.cellnames import CellName, CellPattern, HasCell, scheme_label
+from posenc_lab_analysis.runs import Run
+from posenc_lab_analysis.verdicts import REPRODUCED, Evidence, judge
+from tests.schemes import SHAW, SINUSOID, XL
+
+
+@pytest.mark.parametrize(
+    "cell, text",
+    [
+        (CellName(XL, 32), f"{XL}:mem32"),
+        (CellName(XL, 0), f"{XL}:nomem"),
+        (CellName(XL, 32, 0.5), f"{XL}:mem32:half"),
+        (CellName(XL, 32, 0.3), f"{XL}:mem32:recent0.3"),
+        (CellName(XL, 16, group="recall"), f"recall/{XL}:mem16"),
+        (CellName(scheme_label(SINUSOID, 256), 0, group="reverse"), f"reverse/{SINUSOID}+rand256:nomem"),
+    ],
+)
+def test_the_formatter_writes_the_names_users_see_and_the_parser_reads_them_back(cell, text):
+    assert str(cell) == text and CellName.parse(text) == cell and CellPattern.parse(text).matches(cell)
+
+
+def test_a_pattern_leaves_parts_open():
+    cells = [CellName(XL, 32), CellName(XL, 64), CellName(XL, 0), CellName(XL, 32, 0.5), CellName(SHAW, 32)]
+    cells += [CellName(s, 32) for s in schemes_of_kind("absolute")] + [CellName(XL, 16, group="recall")]
+
+    def names(pattern):
+        return [str(c) for c in cells if CellPattern.parse(pattern).matches(c)]
+
+    assert names(f"{XL}:mem") == [f"{XL}:mem32", f"{XL}:mem64"]  # any memory length, the full loss
+    assert names(f"{XL}:mem:half") == [f"{XL}:mem32:half"] and names(f"{XL}:mem:recent0.5") == [f"{XL}:mem32:half"]
+    assert names(f"{XL}:mem32:*") == [f"{XL}:mem32", f"{XL}:mem32:half"]
+    assert names(XL) == [f"{XL}:mem32", f"{XL}:mem64", f"{XL}:nomem"]  # with or without memory
+    assert names("absolute:mem") == [f"{s}:mem32" for s in schemes_of_kind("absolute")]
+    assert (
+        len(names("*:mem")) == 3 + len(schemes_of_kind("absolute"))
+        and f"{XL}:nomem" not in names("*:mem")
+        and names("recall/*") == [f"recall/{XL}:mem16"]
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (f"{XL}:memory", "is not a cell"),
+        (f"{XL}:mem0", "is not a cell"),
+        (f"{XL}:mem:quarter", "is not a cell"),
+        (f"{XL}:mem:recent1.5", "a recent-loss fraction is in (0, 1), got 1.5"),
+        (f"{XL}:mem32:half:x", "is not a cell"),
+    ],
+)
+def test_a_bad_name_is_one_line_with_the_grammar(text, message):
+    with pytest.raises(ValueError, match=r"^paper: .*" + message.replace("(", r"\(").replace(")", r"\)")) as e:
+        CellPattern.parse(text, "paper")
+    assert "\n" not in str(e.value)
+
+
+def test_a_name_names_one_cell():
+    with pytest.raises(ValueError, match="names several cells"):
+        CellName.parse(f"{XL}:mem")
+
+
+def test_a_cell_of_any_loss_fraction_can_be_named_in_a_verdict():
+    rng = np.random.default_rng(0)
+    docs = np.repeat(np.arange(40), 100)
+    keys = {
+        f"{XL}:mem32:recent0.3": CellName(XL, 32, 0.3),
+        f"{XL}:mem32": CellName(XL, 32),
+        f"{SINUSOID}:mem32": CellName(SINUSOID, 32),
+    }
+    means = dict(zip(keys, (0.8, 1.0, 1.0)))
+    ev = Evidence({n: m + rng.normal(0, 0.3, (3, len(docs))) for n, m in means.items()}, keys, docs)
+    spec = {"id": "v", "claim": "v", "measure": "as_trained", "predict": "<0", "compare": [f"{XL}:mem:recent0.3 - *"]}
+    (verdict,), _ = judge({"alpha": 0.05, "verdicts": [spec]}, {"as_trained": ev})
+    assert [c.text for c in verdict.comparisons] == [
+        f"{XL}:mem32:recent0.3 - {XL}:mem32",
+        f"{XL}:mem32:recent0.3 - {SINUSOID}:mem32",
+    ]
+    assert verdict.status == REPRODUCED
+
+
+def test_a_cell_of_any_loss_fraction_can_be_named_in_extra_seed_cells():
+    args = [
+        "experiment=tiny",
+        "ablate.half_loss.frac=0.3",
+        "ablate.extra_seeds=[1]",
+        f"ablate.extra_seed_cells=[{XL}:mem:recent0.3]",
+    ]
+    specs = plan(compose("ablate", args), args)
+    by_cell = seeds_by_cell(specs)
+    assert by_cell[f"{XL}:mem16:recent0.3"] == [0, 1] and by_cell[f"{SINUSOID}:mem16:recent0.3"] == [0]
+    spec = next(s for s in specs if s.cell == f"{XL}:mem16:recent0.3")
+    assert "model.loss_recent_frac=0.3" in spec.overrides and spec.name == f"{XL}_mem16_recent0.3_seed0"
+    assert all(s.loss_frac in (1.0, 0.3) for s in specs)
+    with pytest.raises(ValueError, match=r"ablate.half_loss.frac must be a number in \(0, 1\)"):
+        bad = ["experiment=tiny", "ablate.half_loss.frac=1.5"]
+        plan(compose("ablate", bad), bad)
+
+
+@pytest.mark.parametrize(
+    "group, data, mem_len, frac, seed, label",
+    [
+        (None, "enwik8", 32, 1.0, 0, f"{XL}:mem32, seed 0"),
+        ("recall", "recall", 16, 0.5, 3, f"recall/{XL}:mem16:half, seed 3"),
+        (None, "enwik8", 0, 0.3, 1, f"{XL}:nomem:recent0.3, seed 1"),
+    ],
+)
+def test_a_planned_run_and_the_run_it_trains_have_one_cell_name(tmp_path, group, data, mem_len, frac, seed, label):
+    """The plan (before training) and the analysis (reading the run folder after) name a cell by one rule,
+    cellnames.HasCell: a run is found under the cell it was planned for."""
+    config = {"posenc": {"name": XL}, "model": {"mem_len": mem_len, "loss_recent_frac": frac}, "data": {"name": data}}
+    run = Run(tmp_path, {**config, "seed": seed})
+    spec = RunSpec("r", group, XL, mem_len, frac, [], seed)
+    assert run.label == spec.label == label and run.cell_name == spec.cell_name and run.cell == spec.cell
+    assert isinstance(run, HasCell) and isinstance(spec, HasCell)
+    assert Run(tmp_path, config).label == spec.cell  # a run of no known seed: its cell alone
+
+
+def test_no_module_of_the_analysis_builds_a_cell_name_of_its_own():
+    """The twins of analysis/runs.py and analysis/ablate/plan.py are gone: the analysis builds no CellName from
+    run settings (it parses names, and takes runs' cells from cellnames.HasCell)."""
+    analysis = Path(__file__).resolve().parents[2] / "analysis"
+    builders = sorted(str(p.relative_to(analysis)) for p in analysis.rglob("*.py") if "CellName(" in p.read_text())
+    assert builders == []
+
+
+def test_random_positions_make_their_own_cell(tmp_path):
+    """A run trained with +model.random_positions=P is not the same cell as the scheme without: the analysis names
+    it <scheme>+rand<P> (as the task grid's plan does), so two such runs of one seed do not collide."""
+    from posenc_lab_analysis.runs import Run, cells
+
+    config = {"posenc": {"name": SINUSOID}, "model": {"mem_len": 0}, "data": {"name": "copy"}, "seed": 0}
+    plain = Run(tmp_path / "a", config)
+    rand = Run(tmp_path / "b", {**config, "model": {"mem_len": 0, "random_positions": 256}})
+    assert (plain.cell, rand.cell) == (f"copy/{SINUSOID}:nomem", f"copy/{SINUSOID}+rand256:nomem")
+    assert set(cells([plain, rand])) == {plain.cell, rand.cell}
