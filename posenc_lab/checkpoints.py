@@ -393,6 +393,11 @@ class Checkpointing(ModelCheckpoint):
         if isinstance(exception, Interrupted) and exception.saved is None and hasattr(launcher, "kill"):
             launcher.kill(exception.signum)  # stopped at once: so are the DDP ranks this process started
 
+    @property
+    def stop_requested(self) -> bool:
+        """A stop signal arrived in this process and this step will be the last (LitLM logs it)."""
+        return self._stop is not None
+
     def _request_stop(self, signum: int, frame: Any) -> None:
         if self._stop is not None:
             raise Interrupted(signum, f"stopped by {signal_name(signum)} (sent twice) during a training step")

@@ -200,7 +200,11 @@ class LitLM(L.LightningModule):
         read anything from the device. Outside a trainer (a bare call): every step."""
         if self._trainer is None:
             return True
-        return self.trainer._logger_connector.should_update_logs
+        if self.trainer._logger_connector.should_update_logs:
+            return True
+        # the step a stop signal ends is logged too (its metrics.csv row); one process only: under DDP the signal
+        # reaches ranks apart, and a rank-local decision to log would enter sync_dist's collective alone
+        return self.trainer.world_size == 1 and any(getattr(c, "stop_requested", False) for c in self.trainer.callbacks)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """No host sync (tests/test_no_host_sync.py): the finite check and the recall accuracy accumulate on the

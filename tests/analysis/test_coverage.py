@@ -105,7 +105,7 @@ def test_skewed_family_effects_the_correction_balances_the_tails():
     below = above = t_below = 0
     for _ in range(400):
         d = paired_difference(
-            sim.cell(rng, PAIR[0], None, "exponential"), sim.cell(rng, PAIR[1], None, "none"), sim.family
+            sim.cell(rng, PAIR[0], None, "exponential"), sim.cell(rng, PAIR[1], None, "none"), sim.family, 0.95
         )
         below, above = below + (d.high < 0), above + (d.low > 0)
         t_below += d.estimate + stats.t.ppf(0.975, d.df) * d.se < 0
