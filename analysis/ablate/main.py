@@ -83,6 +83,7 @@ def _power_lines(cfg, specs) -> list[str]:
     from ..dumps import scored_files
     from ..power import judged, plan_lines
     from ..runs import load_corpus_cached
+    from ..sections.verdicts import restricted
     from ..verdicts import paper
 
     main_cells = [s for s in specs if not s.group]
@@ -90,9 +91,11 @@ def _power_lines(cfg, specs) -> list[str]:
         return []
     seeds = sorted({len(v) for k, v in seeds_by_cell(main_cells).items()})
     corpus = load_corpus_cached(cfg.data.name, cfg.data.get("root"), OmegaConf.to_container(cfg.data.corpus or {}))
-    shared = ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis, resolve=True)).shared
+    settings = ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis, resolve=True))
+    shared = settings.shared
     tokens, family = scored_files(corpus, shared.trained, shared.split)
-    config = paper()
+    verdicts_block = settings.blocks.get("verdicts")  # a preset that judges some verdicts alone (verdicts.only)
+    config, _ = restricted(paper(), verdicts_block.only if verdicts_block else None)
     n_seeds: dict = {}
     for s in specs:
         n_seeds[s.cell_name] = n_seeds.get(s.cell_name, 0) + 1

@@ -381,3 +381,16 @@ def test_compare_two_runs_and_refuse_what_cannot_be_compared(tiny, tmp_path, cap
     assert "other corpora or tokenizers" in capsys.readouterr().err
     assert compare.main([str(runs), str(runs / "xl_mem0_full_seed0")]) == 2
     assert "differ by more than their seed" in capsys.readouterr().err
+
+
+def test_the_plan_counts_only_the_verdicts_the_preset_judges(tmp_path, capsys):
+    """With `ablate.analysis.verdicts.only` the report puts only those verdicts in Holm's family, and the plan's
+    power line counts (and sets Holm's first step by) those alone, not every verdict of conf/paper.yaml."""
+    from posenc_lab_analysis import ablate
+
+    def counted(*overrides: str) -> int:
+        assert ablate.main(["experiment=ablation", f"ablate.out={tmp_path}", *overrides, "--plan"]) == 0
+        return int(re.search(r"(\d+) verdicts the report will judge", capsys.readouterr().out).group(1))
+
+    assert counted() > 1
+    assert counted("ablate.analysis.verdicts.only=[memory_helps_xl]") == 1
