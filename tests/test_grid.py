@@ -292,6 +292,7 @@ def test_train_with_no_run_dir_runs_where_the_rule_says(tmp_path, cache):
     assert len(made) == 1 and made[0] in {run_folder(tmp_path, run_name(XL, "recall", t)) for t in times}, made
 
 
+@pytest.mark.slow  # about 21 s on 2 busy cores; test_train_yaml_writes_the_run_folder_rule holds the rule by default
 def test_each_job_of_train_m_runs_where_the_rule_says(tmp_path, cache):
     times, made = _train_in(tmp_path, cache, "-m", "seed=0")
     assert len(made) == 1 and made[0] in {run_folder(tmp_path, run_name(XL, "recall", t, job=0)) for t in times}
