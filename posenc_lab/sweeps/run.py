@@ -62,7 +62,7 @@ class Runner:
         self.devices = opts.get("devices")  # CUDA_VISIBLE_DEVICES of each job slot, round robin
         self.metric = sweep.metric["name"]
         self.launcher = command.launcher(extra)
-        self.grid = grid.Grid(jobs, state.ledger)  # one state file: the grid records each attempt in the sweep's
+        self.grid = grid.Grid(jobs, state.ledger)  # the grid writes each attempt into the sweep's one state file
         self.exhausted = False
         self.signal: int | None = None
         self.stopping = False
