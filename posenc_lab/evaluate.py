@@ -7,11 +7,11 @@ CLI (Hydra, conf/eval.yaml):
 
 writes ``<name>.json`` (the figures and settings) and, with ``dump_losses=true``, ``.npz`` of per-token
 arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically, into a folder of the run and checkpoint
-(``output_dir``): ``<run dir>/eval/<checkpoint>/``, or with ``out_dir=DIR`` ``DIR/<run folder>-<hash of its
-path>/<checkpoint>/``. The name carries every setting that changes the figures (``output_name``:
-``test_step6_L256_M512_same_Tnone_B16_all``; a GPU or another precision is named too), so evaluations never
-overwrite each other, and no option value can name another folder. out_dir is checked
-before anything is computed.
+(``output_dir``): ``<run dir>/eval/<checkpoint>/``, or with ``out_dir=DIR`` the same in the run's mirror in DIR
+by the one run-folder rule (``grid.run_folder``): ``DIR/runs/<run folder>-<hash of its path>/eval/<checkpoint>/``.
+The name carries every setting that changes the figures (``output_name``: ``test_step6_L256_M512_same_Tnone_B16_all``;
+a GPU or another precision is named too), so evaluations never overwrite each other, and no option value can name
+another folder. out_dir is checked before anything is computed.
 
 The corpus is compared with the one the run was trained on (the SHA-256 in its run.json): a changed
 corpus (an edited text file, a rebuilt cache) is refused, naming both hashes, unless ``allow_other_corpus=
@@ -51,6 +51,7 @@ from .checks import check, compile_problem
 from .compose import override_problem
 from .data import CORPORA, path_options
 from .errors import ConfigError, PosencLabError, reported
+from .grid import run_folder
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
 from .metrics import FIGURES, TokenDump
@@ -310,14 +311,16 @@ def output_name(result: dict[str, Any]) -> str:
 
 
 def output_dir(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike | None) -> Path:
-    """The folder of the outputs of evaluating ``ckpt_path``: ``<run dir>/eval/<checkpoint>``; with ``out_dir``,
-    ``<out_dir>/<run folder>-<hash of its absolute path>/<checkpoint>`` (two runs may share a folder name).
-    <checkpoint>: the file name without .ckpt (last, good, good.prev, step0000500)."""
+    """The folder of the outputs of evaluating ``ckpt_path``: ``<run folder>/eval/<checkpoint>`` (``RunDir.eval_dir``),
+    the run folder being the run's own or, with ``out_dir``, its mirror there by the one run-folder rule:
+    ``grid.run_folder(out_dir, <run folder's name>-<hash of its absolute path>)`` (two runs may share a folder
+    name), that is ``<out_dir>/runs/<run>-<hash>/eval/<checkpoint>``. <checkpoint>: the file name without .ckpt
+    (last, good, good.prev, step0000500)."""
     run, name = RunDir.of_checkpoint(ckpt_path), Path(ckpt_path).name.removesuffix(".ckpt")
-    if out_dir is None:
-        return run.eval_dir / name
-    tag = hashlib.sha1(str(run.path.resolve()).encode()).hexdigest()[:8]
-    return Path(out_dir) / f"{run.path.resolve().name}-{tag}" / name
+    if out_dir is not None:
+        tag = hashlib.sha1(str(run.path.resolve()).encode()).hexdigest()[:8]
+        run = RunDir(run_folder(out_dir, f"{run.path.resolve().name}-{tag}"))
+    return run.eval_dir / name
 
 
 def main() -> None:

@@ -1,6 +1,11 @@
 """The one grid runner: trials (``Trial``, a name and the overrides of its `posenc-lab train`), each in the run
 folder that ``run_folder`` names, each its own process, up to ``jobs`` at once (``processes.Pool``), until none is
-left or a stop signal comes; and the ledger of their wall and CPU seconds (``Ledger``).
+left or a stop signal comes; and the grid's one state file (``Ledger``, ``<out>/grid.json``): every trial, its
+overrides, status and wall and CPU seconds, and what the command that runs the grid keeps beside them.
+
+    <out>/grid.json          the state (``ledger_file``)
+    <out>/runs/<trial>/      each trial's run folder (``run_folder``: also train's, train -m's and eval's rule)
+    <out>/logs/<trial>.log   each trial's output
 
 It serves ``posenc-lab ablate`` (``posenc_lab_analysis.ablate`` plans the cells into trials, hands them here and
 reads the run folders afterwards: the analysis launches nothing) and ``posenc-lab sweep`` (``sweeps/run.py``: the
@@ -20,17 +25,33 @@ import datetime
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .compose import quote
 from .io import CorruptFileError, read_json, write_json
 from .processes import Job, Pool
 
-__all__ = ["RUNS", "Grid", "Job", "Launch", "Ledger", "Trial", "run_folder", "train_argv"]
+__all__ = [
+    "LEDGER",
+    "LOGS",
+    "RUNS",
+    "Grid",
+    "Job",
+    "Launch",
+    "Ledger",
+    "Trial",
+    "ledger_file",
+    "log_file",
+    "run_folder",
+    "run_name",
+    "train_argv",
+]
 
 RUNS = "runs"  # a grid's run folders: <out>/runs/<trial>/
+LOGS = "logs"  # its trials' output: <out>/logs/<trial>.log
 
 
 @dataclass(frozen=True)
@@ -43,8 +64,28 @@ class Trial:
 
 
 def run_folder(out: str | Path, name: str) -> Path:
-    """The run folder of trial ``name`` of the grid in ``out``: the one rule (ablate's runs and sweep's trials)."""
+    """The run folder of trial ``name`` of the grid in ``out``: ``<out>/runs/<name>/``, the one rule of run folders
+    that no one named. ``posenc-lab ablate``: out ``ablate.out``, name the cell and seed; ``posenc-lab sweep``: out
+    ``--out``, name the trial id (unless the sweep file names a folder); ``posenc-lab train`` with no ``run_dir``:
+    out the working directory, name ``run_name`` (conf/train.yaml's ``hydra.run.dir`` writes this rule for Hydra),
+    and each job of ``train -m`` with none the same (``hydra.sweep.dir``/``subdir``); ``posenc-lab eval
+    out_dir=DIR``: the run's mirror in DIR (``evaluate.output_dir``). A folder the user names (``run_dir=``,
+    ``hydra.run.dir=``, ``hydra.sweep.dir=``, a sweep file's) is used as named."""
     return Path(out).resolve() / RUNS / name
+
+
+def log_file(out: str | Path, name: str) -> Path:
+    """The log of trial ``name`` of the grid in ``out``: its process's output (``Launch.log``)."""
+    return Path(out).resolve() / LOGS / f"{name}.log"
+
+
+def run_name(posenc: str, data: str, when: datetime.datetime, job: int | None = None) -> str:
+    """The name of a `posenc-lab train` run started at ``when`` that no one named: ``<date>/<time>_<scheme>_<data>``;
+    job ``job`` of a multirun (``train -m``): ``multirun/<date>/<time>/<job>_<scheme>_<data>``."""
+    day, clock = when.strftime("%Y-%m-%d"), when.strftime("%H-%M-%S")
+    if job is None:
+        return f"{day}/{clock}_{posenc}_{data}"
+    return f"multirun/{day}/{clock}/{job}_{posenc}_{data}"
 
 
 def train_argv(trial: Trial, run_dir: Path) -> list[str]:
@@ -55,8 +96,9 @@ def train_argv(trial: Trial, run_dir: Path) -> list[str]:
 @dataclass
 class Launch:
     """What the grid starts for a trial: its command line and environment, and the log its output is appended to
-    (``header``: the command line first, to rerun it by hand). With a ledger: the run folder (``run_dir``) and what
-    the attempt does (``what``, "trained" or "resumed": its status in the ledger when it ends well)."""
+    (``header``: the command line first, to rerun it by hand). With a ledger: the run folder (``run_dir``), the
+    trial's overrides (``overrides``, recorded) and what the attempt does (``what``, "trained" or "resumed": its
+    status in the ledger when it ends well)."""
 
     name: str
     argv: list[str]
@@ -65,6 +107,7 @@ class Launch:
     header: bool = False
     run_dir: Path | None = None
     what: str = "trained"
+    overrides: Sequence[str] = ()
 
 
 class Grid:
@@ -85,7 +128,7 @@ class Grid:
 
     def _start(self, launch: Launch) -> Job:
         if self.ledger is not None:
-            self.ledger.start(launch.name, launch.run_dir or Path(launch.name))
+            self.ledger.start(launch.name, launch.run_dir or Path(launch.name), launch.overrides)
         job = self.pool.start(launch.name, launch.argv, launch.env, launch.log, launch.header)
         self._launches[launch.name] = launch
         if self.ledger is not None:
@@ -167,62 +210,94 @@ class Grid:
         return received[0] if received else None
 
 
-# ---- the ledger ---------------------------------------------------------------------------------------------
+# ---- the ledger: the grid's one state file ---------------------------------------------------------------
 
+LEDGER = "grid.json"  # a grid's state: <out>/grid.json, beside its run folders <out>/runs/<trial>/
+FORMAT = 2  # 1: ablate_times.json, the trials' entries alone at the top level (read as they are)
 HEARTBEAT_S = 5.0  # how often a running trial's entry is rewritten
 FINISHED = ("trained", "resumed")  # the status of an attempt that ended well
 
 
+def ledger_file(out: str | Path) -> Path:
+    """The state file of the grid in ``out``: the one rule, as ``run_folder`` is for its trials' folders."""
+    return Path(out).resolve() / LEDGER
+
+
 class Ledger:
-    """The wall and CPU seconds of every trial of a grid, across every invocation (``ablate_times.json``):
+    """The one state file of a grid (``<out>/grid.json``, ``ledger_file``), across every invocation:
 
-        {"<trial>": {"status": ..., "wall_s": ..., "cpu_s": ..., "attempts": N, "updated": "<ISO time>"}, ...}
+        {"format": 2,
+         "trials": {"<trial>": {"status": ..., "wall_s": ..., "cpu_s": ..., "attempts": N, "updated": "<ISO time>",
+                                "run_dir": ..., "overrides": [...], <what the command that runs the grid adds>}},
+         <its sections>}
 
-    A trial's figures are the sum over its attempts: every process started for it (an interrupted one, and the
+    A trial's seconds are the sum over its attempts: every process started for it (an interrupted one, and the
     one that continued it, each count), so they say what the run cost. ``status`` is the last attempt's:
     "trained" or "resumed" (it ended well, from the start or from a checkpoint), "stopped" (by a signal),
     "failed" (another exit), or "running" (in progress; while a trial runs its entry is rewritten every
     ``HEARTBEAT_S``, so that a kill -9 of the runner loses at most that much; the next attempt continues the
     sum). A run reused finished adds nothing. A run trained anew (``drop``, or a finished run whose folder was
-    deleted by hand) starts a new sum. The file is rewritten atomically each time; only the process that holds
-    the grid folder's lock writes it."""
+    deleted by hand) starts a new sum. The caller's own keys of an entry (``posenc-lab sweep``'s: the trial's
+    parameters, its objective value, the engine's proposal state) are kept as they are, and so are the file's
+    ``sections`` (the sweep's: its id, seed, file and overrides). The file is rewritten atomically each time;
+    only the process that holds the grid folder's lock writes it.
 
-    def __init__(self, path: Path, log=print):
+    A damaged file is started afresh in one line (``log``), or with ``remedy`` refused (CorruptFileError naming
+    it and the remedy): a sweep's state cannot be guessed again."""
+
+    def __init__(self, path: Path, log=print, remedy: str | None = None):
         self.path = Path(path)
-        self.recorded: dict[str, dict] = {}
+        self.recorded: dict[str, dict] = {}  # the trials' entries, by name, in the order they were first recorded
+        self.sections: dict[str, Any] = {}
         if self.path.is_file():
             try:
-                data = read_json(self.path)
+                data = read_json(self.path, **({"remedy": remedy} if remedy else {}))
             except CorruptFileError as e:
+                if remedy:
+                    raise
                 log(f"{e.args[0].split(';')[0]}: starting it afresh")
                 data = {}
-            self.recorded = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+            self.read(data)
         self._before: dict[str, dict] = {}  # trial -> its entry before the attempt in progress
         self._written = 0.0
+
+    def read(self, data: Any) -> None:
+        """The entries and sections of ``data``: this format, or format 1's entries alone."""
+        if not isinstance(data, dict):
+            data = {}
+        trials = data.get("trials") if data.get("format") == FORMAT else data
+        self.recorded = {k: v for k, v in (trials or {}).items() if isinstance(v, dict)}
+        if data.get("format") == FORMAT:
+            self.sections = {k: v for k, v in data.items() if k not in ("format", "trials")}
 
     def drop(self, name: str) -> None:
         """Trial ``name`` is trained anew (``ablate.retrain``): its earlier attempts are no part of it."""
         self.recorded.pop(name, None)
 
-    def start(self, name: str, run_dir: Path) -> None:
-        """An attempt of ``name`` into ``run_dir`` is about to start its process (``update`` writes it once the
-        process runs). A run that had finished and whose folder is gone (deleted by hand) starts a new sum; an
-        attempt killed before it made the folder is still counted."""
+    def start(self, name: str, run_dir: Path, overrides: Sequence[str] = ()) -> None:
+        """An attempt of ``name`` into ``run_dir`` with ``overrides`` is about to start its process (``update``
+        writes it once the process runs). A run that had finished and whose folder is gone (deleted by hand)
+        starts a new sum; an attempt killed before it made the folder is still counted."""
         before = self.recorded.get(name, {})
-        self._before[name] = {} if before.get("status") in FINISHED and not run_dir.exists() else before
+        new_sum = before.get("status") in FINISHED and not run_dir.exists()
+        kept = {} if new_sum else {k: before[k] for k in ("wall_s", "cpu_s", "attempts") if k in before}
+        self._before[name] = {**kept, "counted": "status" in before and not new_sum}  # an attempt ran before
+        entry = self.recorded.setdefault(name, {})
+        entry.update(run_dir=str(run_dir), overrides=list(overrides))
 
     def update(self, name: str, wall_s: float, cpu_s: float | None, status: str, force: bool = False) -> None:
         """The attempt in progress of ``name`` has taken ``wall_s`` and ``cpu_s`` so far; rewritten at most every
         HEARTBEAT_S unless ``force`` (an attempt's start and end)."""
         before = self._before[name]
         cpu = [before.get("cpu_s"), cpu_s]
-        self.recorded[name] = {
-            "status": status,
-            "wall_s": round(float(before.get("wall_s") or 0.0) + wall_s, 3),
-            "cpu_s": None if all(c is None for c in cpu) else round(sum(float(c or 0.0) for c in cpu), 3),
-            "attempts": int(before.get("attempts") or (1 if before else 0)) + 1,  # an entry of before the count: 1
-            "updated": datetime.datetime.now().isoformat(timespec="seconds"),
-        }
+        earlier = int(before.get("attempts") or (1 if before["counted"] else 0))  # an entry of before the count: 1
+        self.recorded.setdefault(name, {}).update(
+            status=status,
+            wall_s=round(float(before.get("wall_s") or 0.0) + wall_s, 3),
+            cpu_s=None if all(c is None for c in cpu) else round(sum(float(c or 0.0) for c in cpu), 3),
+            attempts=earlier + 1,
+            updated=datetime.datetime.now().isoformat(timespec="seconds"),
+        )
         if force or time.monotonic() - self._written >= HEARTBEAT_S:
             self.write()
 
@@ -232,5 +307,5 @@ class Ledger:
         self._before.pop(name, None)
 
     def write(self) -> None:
-        write_json(self.path, self.recorded)
+        write_json(self.path, {"format": FORMAT, "trials": self.recorded, **self.sections})
         self._written = time.monotonic()

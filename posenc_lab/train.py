@@ -27,6 +27,7 @@ A run that ends unhealthy (a divergence to a finite loss) warns in one line and 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import math
@@ -34,7 +35,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -56,6 +56,7 @@ from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
 from .distributed import lost_process
 from .errors import ConfigError, Interrupted, reported, stop_at_once
+from .grid import run_folder, run_name
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .precision import check_precision
@@ -70,7 +71,7 @@ CONF_DIR = config_dir()
 
 
 def _run_dir(cfg: DictConfig) -> Path:
-    """run_dir; unset: Hydra's output directory (without Hydra: a fresh runs/ folder). In a sweep
+    """run_dir; unset: Hydra's output directory (without Hydra: the same rule's, ``grid.run_folder``). In a sweep
     always the job's own output directory (under run_dir when set, see hydra.sweep in train.yaml).
     RunDirError if it cannot be a folder (a file, a dangling link, a name too long)."""
     if _in_multirun():
@@ -80,7 +81,7 @@ def _run_dir(cfg: DictConfig) -> Path:
         run_dir = (
             HydraConfig.get().runtime.output_dir
             if HydraConfig.initialized()
-            else f"runs/{time.strftime('%Y-%m-%d/%H-%M-%S')}_{cfg.posenc.name}_{cfg.data.name}"
+            else run_folder(".", run_name(cfg.posenc.name, cfg.data.name, datetime.datetime.now()))
         )
     problem = path_problem(run_dir, "run_dir")
     if problem:  # before resolve(), which fails on a loop of links

@@ -154,12 +154,12 @@ def test_evals_of_two_runs_or_two_checkpoints_into_one_out_dir_never_overwrite_e
     a, b = runs[0][0], runs[0][1]
     for ckpt in (a / "checkpoints" / "last.ckpt", a / "checkpoints" / "good.ckpt", b / "checkpoints" / "last.ckpt"):
         evaluate_cli(ckpt, f"out_dir={tmp_path}")
-    folders = sorted(p.name for p in tmp_path.iterdir())
+    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())  # the runs' mirrors (grid.run_folder)
     assert len(folders) == 2 and all(f.startswith("run-") for f in folders)  # a folder per run, same folder name
     of_a = output_dir(a / "checkpoints" / "last.ckpt", tmp_path).parent
     in_a = sorted(str(p.relative_to(of_a)) for p in of_a.rglob("*.json"))
     assert in_a == [f"{c}/test_step{s}_L16_M16_Tnone_B4_first2.json" for c, s in (("good", 1), ("last", 2))]
-    results = [json.loads(p.read_text()) for p in tmp_path.glob("*/last/*.json")]
+    results = [json.loads(p.read_text()) for p in tmp_path.glob("runs/*/eval/last/*.json")]
     assert sorted(r["checkpoint"] for r in results) == sorted(str(r / "checkpoints" / "last.ckpt") for r in (a, b))
     assert results[0]["loss"] != results[1]["loss"]  # two runs, two figures, both kept
     # without out_dir: the run's own eval/ folder
@@ -195,7 +195,9 @@ def test_out_dir_is_checked_before_the_compute(runs, tmp_path, monkeypatch):
     run = runs[0][0]
     (tmp_path / "afile").write_text("not a folder")
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **k: pytest.fail("computed before the check"))
-    with pytest.raises(ConfigError, match=r"out_dir=.*afile/run-[0-9a-f]{8}/last: .*afile is a file, not a folder"):
+    with pytest.raises(
+        ConfigError, match=r"out_dir=.*afile/runs/run-[0-9a-f]{8}/eval/last: .*afile is a file, not a folder"
+    ):
         evaluate_cli(run / "checkpoints" / "last.ckpt", f"out_dir={tmp_path / 'afile'}")
     assert (tmp_path / "afile").read_text() == "not a folder"
 

@@ -4,20 +4,29 @@ passed on, a failure stopping the rest, the run-folder rule, the ledger; and tha
 from __future__ import annotations
 
 import ast
+import datetime
+import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from hydra.core.utils import setup_globals
+from omegaconf import OmegaConf
 
 import posenc_lab
-from posenc_lab.grid import Grid, Launch, Ledger, Trial, run_folder, train_argv
+from posenc_lab.compose import Composer
+from posenc_lab.grid import Grid, Launch, Ledger, Trial, ledger_file, run_folder, run_name, train_argv
+from posenc_lab.io import CorruptFileError
 from posenc_lab.processes import Pool
 from posenc_lab_analysis.ablate.outdir import AblationDir
 from posenc_lab_analysis.ablate.plan import RunSpec
+from tests.helpers_train import subprocess_env, tiny
+from tests.schemes import ROPE, XL
 
 ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
 
@@ -69,7 +78,7 @@ def test_a_failed_trial_stops_the_others_and_its_error_goes_on(tmp_path):
         runner.run(lambda: todo.pop(0) if todo else None, ended, on_stopped=stopped.append, poll=0.05)
     assert [j.name for j in stopped] == ["slow"] and stopped[0].returncode == 0
     assert mark.read_text() == str(int(signal.SIGTERM))  # a failure's stop is SIGTERM
-    ledger = json.loads((tmp_path / "times.json").read_text())
+    ledger = json.loads((tmp_path / "times.json").read_text())["trials"]
     assert {k: v["status"] for k, v in ledger.items()} == {"bad": "failed", "slow": "stopped"}
     assert all(v["attempts"] == 1 and v["wall_s"] > 0 for v in ledger.values())
 
@@ -78,7 +87,8 @@ def test_the_runner_keeps_the_ledger_of_each_attempt(tmp_path):
     """An attempt's entry is on disk while it runs ("running") and holds what it did when it ends well."""
     path = tmp_path / "times.json"
     seen = []
-    code = f"import json, time\ntime.sleep(0.3)\nseen = json.load(open({str(path)!r}))\nprint(seen['r']['status'])"
+    code = f"import json, time\ntime.sleep(0.3)\nseen = json.load(open({str(path)!r}))['trials']\n"
+    code += "print(seen['r']['status'])"
     todo = [
         Launch(
             "r", [sys.executable, "-c", code], dict(os.environ), tmp_path / "r.log", run_dir=tmp_path, what="resumed"
@@ -86,7 +96,7 @@ def test_the_runner_keeps_the_ledger_of_each_attempt(tmp_path):
     ]
     Grid(1, Ledger(path)).run(lambda: todo.pop(0) if todo else None, seen.append, poll=0.05)
     assert (tmp_path / "r.log").read_text() == "running\n" and seen[0].returncode == 0
-    entry = json.loads(path.read_text())["r"]
+    entry = json.loads(path.read_text())["trials"]["r"]
     assert entry["status"] == "resumed" and entry["attempts"] == 1 and entry["cpu_s"] > 0
 
 
@@ -179,7 +189,7 @@ def test_the_analysis_launches_nothing_and_posenc_lab_imports_no_analysis():
         assert not any(m.startswith(("posenc_lab_analysis", "analysis")) for m in imported), path
 
 
-# ---- the ledger (ablate_times.json) ----------------------------------------------------------------------------
+# ---- the ledger (grid.json) ---------------------------------------------------------------------------------
 
 
 def test_an_entry_of_before_the_attempt_count_counts_as_one_attempt(tmp_path):
@@ -188,7 +198,7 @@ def test_an_entry_of_before_the_attempt_count_counts_as_one_attempt(tmp_path):
     ledger = Ledger(path)
     ledger.start("r", tmp_path)  # the run's directory is there: the run is extended
     ledger.end("r", 1.0, 1.0, "resumed")
-    assert {k: json.loads(path.read_text())["r"][k] for k in ("attempts", "wall_s", "cpu_s")} == {
+    assert {k: json.loads(path.read_text())["trials"]["r"][k] for k in ("attempts", "wall_s", "cpu_s")} == {
         "attempts": 2,
         "wall_s": 6.0,
         "cpu_s": 5.0,
@@ -196,11 +206,107 @@ def test_an_entry_of_before_the_attempt_count_counts_as_one_attempt(tmp_path):
 
 
 def test_a_damaged_ledger_starts_afresh_in_one_line(tmp_path):
-    path = tmp_path / "ablate_times.json"
+    path = tmp_path / "grid.json"
     path.write_text('{"r": {"status": "trai')
     said = []
     assert Ledger(path, said.append).recorded == {} and len(said) == 1 and "starting it afresh" in said[0]
     assert "\n" not in said[0] and str(path) in said[0]
+
+
+def test_the_ledger_is_the_grid_state_and_keeps_what_its_caller_adds(tmp_path):
+    """One state file: each trial's overrides, run folder and seconds, beside the keys the command that runs the
+    grid keeps in the entry (a sweep's objective value) and its sections (the sweep's id); read back whole."""
+    path = ledger_file(tmp_path)
+    assert path == tmp_path.resolve() / "grid.json"
+    ledger = Ledger(path)
+    ledger.sections["sweep"] = {"sweep_id": "abcd1234", "seed": 7}
+    ledger.recorded["t"] = {"id": "t", "metric": None}  # a sweep's trial before its first attempt
+    ledger.start("t", run_folder(tmp_path, "t"), ["posenc=xl", "seed=1"])
+    ledger.update("t", 0.0, 0.0, "running", force=True)
+    ledger.recorded["t"]["metric"] = 1.5
+    ledger.end("t", 2.0, 1.0, "trained")
+    data = json.loads(path.read_text())
+    assert data["format"] == 2 and data["sweep"] == {"sweep_id": "abcd1234", "seed": 7}
+    entry = data["trials"]["t"]
+    assert entry["id"] == "t" and entry["metric"] == 1.5 and entry["overrides"] == ["posenc=xl", "seed=1"]
+    assert entry["run_dir"] == str(tmp_path.resolve() / "runs" / "t")
+    assert (entry["status"], entry["attempts"], entry["wall_s"], entry["cpu_s"]) == ("trained", 1, 2.0, 1.0)
+    again = Ledger(path)
+    assert again.sections == {"sweep": data["sweep"]} and again.recorded == data["trials"]
+
+
+def test_a_damaged_state_is_refused_where_it_cannot_be_started_afresh(tmp_path):
+    path = ledger_file(tmp_path)
+    path.write_text('{"format": 2, "trials": {"t')
+    with pytest.raises(CorruptFileError, match=r"grid\.json is corrupt.*use another --out"):
+        Ledger(path, remedy="use another --out")
+    assert path.read_text() == '{"format": 2, "trials": {"t'  # left as it was
+
+
+# ---- the one run-folder rule: train, train -m, eval (ablate and sweep: tests/analysis/ablate, tests/sweeps) --
+
+
+def test_train_yaml_writes_the_run_folder_rule(tmp_path, monkeypatch):
+    """conf/train.yaml's hydra.run.dir (posenc-lab train with no run_dir) and hydra.sweep.dir/subdir (train -m) are
+    ``run_folder(".", run_name(...))`` for the same scheme, corpus, time and job; run_dir= names the folder."""
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    monkeypatch.chdir(tmp_path)
+    keys = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+    with Composer() as composer:
+        OmegaConf.register_new_resolver("now", lambda pattern: when.strftime(pattern), replace=True)
+        try:  # Hydra's ${now:} (registered as the composer starts) at a known time
+            cfg = composer.compose([f"posenc={ROPE}", "data=recall", "hydra.job.num=3"], return_hydra_config=True)
+            run, sweep, job = (OmegaConf.select(cfg, k) for k in keys)
+            named = composer.compose(["run_dir=mine"], return_hydra_config=True)
+        finally:
+            setup_globals()  # Hydra's own resolvers back
+    assert run_name(ROPE, "recall", when) == f"2026-01-02/03-04-05_{ROPE}_recall"
+    assert (
+        Path(run).resolve()
+        == run_folder(".", run_name(ROPE, "recall", when))
+        == tmp_path / "runs" / run_name(ROPE, "recall", when)
+    )
+    assert (Path(sweep) / job).resolve() == run_folder(".", run_name(ROPE, "recall", when, job=3))
+    assert OmegaConf.select(named, "hydra.run.dir") == "mine" and OmegaConf.select(named, "hydra.sweep.dir") == "mine"
+
+
+def _seconds(before: datetime.datetime, after: datetime.datetime) -> list[datetime.datetime]:
+    start = before.replace(microsecond=0)
+    return [start + datetime.timedelta(seconds=i) for i in range(int((after - start).total_seconds()) + 1)]
+
+
+def _train_in(folder: Path, cache: Path, *args: str) -> tuple[list[datetime.datetime], list[Path]]:
+    """`python -m posenc_lab.train` in ``folder`` with no run_dir: the seconds it ran in, the run folders it made."""
+    overrides = [o for o in tiny(folder / "unused", cache, steps=2) if not o.startswith("run_dir=")]
+    before = datetime.datetime.now()
+    proc = subprocess.run(
+        [sys.executable, "-m", "posenc_lab.train", *args, *overrides],
+        cwd=folder, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _seconds(before, datetime.datetime.now()), [p.parent for p in folder.rglob("results.json")]
+
+
+def test_train_with_no_run_dir_runs_where_the_rule_says(tmp_path, cache):
+    times, made = _train_in(tmp_path, cache)
+    assert len(made) == 1 and made[0] in {run_folder(tmp_path, run_name(XL, "recall", t)) for t in times}, made
+
+
+@pytest.mark.slow  # about 21 s on 2 busy cores; test_train_yaml_writes_the_run_folder_rule holds the rule by default
+def test_each_job_of_train_m_runs_where_the_rule_says(tmp_path, cache):
+    times, made = _train_in(tmp_path, cache, "-m", "seed=0")
+    assert len(made) == 1 and made[0] in {run_folder(tmp_path, run_name(XL, "recall", t, job=0)) for t in times}
+
+
+def test_an_evaluation_goes_to_its_run_folder_or_the_runs_mirror_by_the_rule(tmp_path):
+    from posenc_lab.evaluate import output_dir
+
+    ckpt = tmp_path / "a run" / "checkpoints" / "good.ckpt"
+    assert output_dir(ckpt, None) == tmp_path / "a run" / "eval" / "good"
+    tag = hashlib.sha1(str(tmp_path / "a run").encode()).hexdigest()[:8]
+    mirror = run_folder(tmp_path / "elsewhere", f"a run-{tag}")
+    assert output_dir(ckpt, tmp_path / "elsewhere") == mirror / "eval" / "good"
+    assert mirror == tmp_path / "elsewhere" / "runs" / f"a run-{tag}"
 
 
 def test_subprocess_is_used_only_through_the_pool():

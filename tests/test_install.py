@@ -223,7 +223,7 @@ def test_train_eval_and_ablate_run_from_an_unrelated_directory(installed, tmp_pa
         ],
         cwd=work,
     )
-    (evaluation,) = (tmp_path / "eval").glob("run-*/last/*.json")  # <out_dir>/<run folder>-<hash>/<checkpoint>/
+    (evaluation,) = (tmp_path / "eval").glob("runs/run-*/eval/last/*.json")  # the run's mirror in out_dir
     assert json.loads(evaluation.read_text())["loss"] > 0
 
     assert "posenc-lab ablate" in run([cli, "ablate", "--help"], cwd=work).stdout

@@ -212,7 +212,7 @@ CASES = [
      r"checkpoint \S+/x\.ckpt cannot be read \(corrupt or not a checkpoint\)"),
     ("eval: out_dir is a file", "eval",
      lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", f"out_dir={_file(t, 'out', b'mine')}"],
-     r"out_dir=\S+/out/run-[0-9a-f]{8}/last: \S+/out is a file, not a folder; use another out_dir$"),
+     r"out_dir=\S+/out/runs/run-[0-9a-f]{8}/eval/last: \S+/out is a file, not a folder; use another out_dir$"),
     # command lines Hydra would refuse with a message that names no valid key (or suggests +key=): refused first
     ("a misspelled model key", "train", lambda t, c, f: tiny(t / "run", c, "model.mem_lenn=32"),
      r"^model\.mem_lenn is not a key of model; the keys are: .*\bmem_len, "),

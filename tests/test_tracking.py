@@ -21,7 +21,7 @@ from posenc_lab.rundir import RunDir
 from posenc_lab.sweeps.command import merge_overrides, runner_overrides
 from tests.helpers_train import REPO, compose_config, run_train, subprocess_env, tiny
 from tests.schemes import XL
-from tests.sweeps.test_sweeps import read_wandb_records
+from tests.sweeps.helpers import read_wandb_records
 
 STEPS = 6
 WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}

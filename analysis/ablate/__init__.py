@@ -5,7 +5,8 @@ the optional recall grid it asks for), each cell once per seed, then runs every 
 
     <ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/   one `posenc-lab train` run directory each
     <ablate.out>/report/report.md                        the report, its CSVs and PNGs (rewritten whole each time)
-    <ablate.out>/ablate_times.json                       wall and CPU seconds of every run, summed over its attempts
+    <ablate.out>/grid.json                               the grid's state: every run, its overrides, status, and
+                                                         wall and CPU seconds summed over its attempts
 
 ``ablate.out`` is a new or empty folder, or one an earlier `posenc-lab ablate` made (marked by its
 ``.ablate.json``), which it continues; a folder of other files is refused in one line before anything is loaded
@@ -23,7 +24,7 @@ its last checkpoint. Ctrl-C or SIGTERM stops cleanly (exit 130 / 143) and prints
     posenc-lab ablate --train-only                  # train the grid, no analysis or report
 
 Layout: ``plan.py`` (the grid: cells -> runs, and what each run needs), ``jobs.py`` (the runs handed to the one
-grid runner, ``posenc_lab.grid``, which starts and stops their processes and keeps ablate_times.json; the progress
+grid runner, ``posenc_lab.grid``, which starts and stops their processes and keeps grid.json; the progress
 lines; what to say after a stop), ``outdir.py`` (the output folder: its files, whose it is, its lock, the report's
 swap), ``main.py`` (the command). The analysis package starts no process itself.
 """

@@ -91,7 +91,8 @@ def run_jobs(
                 continue
             run_dir = out.run(spec.name)
             argv = train_argv(spec.trial, run_dir)
-            return Launch(spec.name, argv, env, out.log(spec.name), run_dir=run_dir, what=status[spec.name])
+            what, output = status[spec.name], out.log(spec.name)
+            return Launch(spec.name, argv, env, output, run_dir=run_dir, what=what, overrides=spec.trial.overrides)
         return None
 
     def started(job: Job) -> None:

@@ -17,7 +17,6 @@ from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
 from posenc_lab.errors import PosencLabError
-from posenc_lab.grid import Ledger
 from posenc_lab.rundir import RunDir, RunDirError
 
 from ..report import ReportSettings, build_report
@@ -180,7 +179,7 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         f"ablate {a.name}: {len(specs)} runs -> {out.runs}; report -> {out.report} ({jobs} at a time, "
         f"{a.get('threads') or 'all'} torch thread(s) each)"
     )
-    ledger = Ledger(out.times, log)
+    ledger = out.ledger(log)
     if a.retrain:
         for spec in specs:
             shutil.rmtree(out.run(spec.name), ignore_errors=True)

@@ -5,7 +5,9 @@ does for a run, and its lock.
     <ablate.out>/runs/<run>/          one `posenc-lab train` run directory each (``plan.RunSpec.name``)
     <ablate.out>/logs/<run>.log       the output of each run's training process
     <ablate.out>/report/              report.md, its CSVs and PNGs
-    <ablate.out>/ablate_times.json    wall and CPU seconds of every run (``posenc_lab.grid.Ledger``)
+    <ablate.out>/grid.json            the grid's one state file: every run, its overrides, status and wall and CPU
+                                      seconds (``posenc_lab.grid.Ledger``; an earlier version's ablate_times.json
+                                      is read into it once, and removed)
     <ablate.out>/.lock                the process writing the folder (``posenc_lab.rundir.RunLock``): a second
                                       ``posenc-lab ablate`` into the same folder is refused while the first runs
 
@@ -28,7 +30,7 @@ import os
 import shutil
 from pathlib import Path
 
-from posenc_lab.grid import RUNS, run_folder
+from posenc_lab.grid import LEDGER, LOGS, RUNS, Ledger, ledger_file, log_file, run_folder
 from posenc_lab.io import CorruptFileError, path_problem, read_json, write_json
 from posenc_lab.rundir import LOCK_FILE, RunDir, RunLock
 
@@ -39,9 +41,10 @@ FORMAT = 1
 class AblationDir:
     MARK = ".ablate.json"
     RUNS = RUNS
-    LOGS = "logs"
+    LOGS = LOGS
     REPORT = "report"
-    TIMES = "ablate_times.json"
+    TIMES = LEDGER
+    OLD_TIMES = "ablate_times.json"  # the ledger of an earlier version: the same entries, alone in the file
     NEW_REPORT = ".report.new"  # the report being written
     OLD_REPORT = ".report.old"  # the report being replaced (left only by a kill between two renames)
     DUMPS = "dumps"
@@ -69,8 +72,8 @@ class AblationDir:
         return self.path / self.LOGS
 
     def log(self, name: str) -> Path:
-        """The training log of run ``name``."""
-        return self.logs / f"{name}.log"
+        """The training log of run ``name`` (the grid runner's rule)."""
+        return log_file(self.path, name)
 
     @property
     def report(self) -> Path:
@@ -78,7 +81,20 @@ class AblationDir:
 
     @property
     def times(self) -> Path:
-        return self.path / self.TIMES
+        return ledger_file(self.path)
+
+    def ledger(self, log=print) -> Ledger:
+        """The grid's state (grid.json); an earlier version's ablate_times.json is read into it once, written as
+        grid.json and removed, said in one line (``log``). Under the folder's lock."""
+        old = self.path / self.OLD_TIMES
+        if self.times.exists() or not old.exists():
+            return Ledger(self.times, log)
+        ledger = Ledger(old, log)
+        ledger.path = self.times
+        ledger.write()
+        old.unlink()
+        log(f"{old} (an earlier version's) is now {self.times}")
+        return ledger
 
     def problem(self) -> str | None:
         """Why the folder cannot be written (a file in its place, no permission, ...), in one line; None if it can."""
@@ -87,8 +103,9 @@ class AblationDir:
     # ---- whose folder it is ----
     def _own(self, name: str) -> bool:
         """A name `posenc-lab ablate` writes at the top of its folder (a temporary of its atomic writes too)."""
-        own = {self.MARK, self.RUNS, self.LOGS, self.REPORT, self.TIMES, LOCK_FILE, self.NEW_REPORT, self.OLD_REPORT}
-        return name in own or (name.startswith((f".{self.TIMES}.", f".{self.MARK}.")) and ".tmp" in name)
+        own = {self.MARK, self.RUNS, self.LOGS, self.REPORT, self.TIMES, self.OLD_TIMES, LOCK_FILE}
+        temporary = name.startswith((f".{self.TIMES}.", f".{self.OLD_TIMES}.", f".{self.MARK}.")) and ".tmp" in name
+        return name in own | {self.NEW_REPORT, self.OLD_REPORT} or temporary
 
     def _marked(self) -> bool:
         try:

@@ -10,7 +10,8 @@ runs as the sweep file's command (command.py) in a process of its own, ``--jobs`
 environment wandb's agent gives (WANDB_SWEEP_ID, WANDB_RUN_ID; wandb offline); its SweepTrial callback
 (trial.py) writes the metric at every validation, which feeds hyperband (``early_terminate``) while it runs;
 a trial the engine stops ends at its next validation. When a trial ends its metric is read back from its run
-directory (results.json, else its last validation) and the state (state.py, ``<out>/sweep.json``) is saved;
+directory (results.json, else its last validation) and the state (state.py: the grid's one state file,
+``<out>/grid.json``, which the grid runner also writes as each trial starts, runs and ends) is saved;
 at the end the table (table.py) is written. Ctrl-C or SIGTERM stop the running trials cleanly (SIGTERM to
 each, SIGKILL after ``--kill-after`` s), save the state and name the command that continues the sweep; before
 the first trial (the checks) they end the command at once, in one line (exit 130 / 143).
@@ -61,7 +62,7 @@ class Runner:
         self.devices = opts.get("devices")  # CUDA_VISIBLE_DEVICES of each job slot, round robin
         self.metric = sweep.metric["name"]
         self.launcher = command.launcher(extra)
-        self.grid = grid.Grid(jobs)
+        self.grid = grid.Grid(jobs, state.ledger)  # the grid writes each attempt into the sweep's one state file
         self.exhausted = False
         self.signal: int | None = None
         self.stopping = False
@@ -118,7 +119,9 @@ class Runner:
             fixed = resolve_run_dir(overrides, env, out)
             trial["run_dir"] = str(fixed or grid.run_folder(out, tid))
         run_dir = Path(trial["run_dir"])
-        trial["log"] = str(out / "logs" / f"{tid}.log")
+        trial["log"] = str(grid.log_file(out, tid))
+        # an interrupted trial continues from its checkpoint (train.py's resume=auto)
+        what = "resumed" if trial["state"] == "interrupted" and RunDir(run_dir).newest_checkpoint() else "trained"
         stop = self._stop_file(tid)
         stop.unlink(missing_ok=True)
         label = str(self.sweep.spec.get("name") or self.sweep.path.stem)
@@ -132,7 +135,8 @@ class Runner:
         params = " ".join(f"{k}={v}" for k, v in trial["params"].items())
         print(f"trial {trial['number'] + 1}/{self.total} {tid}: {params} -> {run_dir}", flush=True)
         # the log's header: the trial's own environment and command line, to rerun it by hand
-        return grid.Launch(tid, argv, env, Path(trial["log"]), header=True)
+        log = Path(trial["log"])
+        return grid.Launch(tid, argv, env, log, header=True, run_dir=run_dir, what=what, overrides=overrides)
 
     def _stop_file(self, trial_id: str) -> Path:
         return self.state.out / "stop" / trial_id
@@ -156,7 +160,7 @@ class Runner:
         elif self.stopping:
             trial["state"] = "interrupted"
         else:
-            trial["state"] = "failed"
+            trial["state"] = trial["status"] = "failed"  # the grid's status too, for an exit 0 without results
             trial["error"] = trial["error"] or last_error(Path(trial["log"])) or f"exit status {returncode}"
         self._stop_file(tid).unlink(missing_ok=True)
         self.state.save()
@@ -312,7 +316,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("sweep", help="the sweep file, e.g. sweeps/bayes_xl.yaml")
     parser.add_argument("--count", type=int, help="trials in the sweep in all (grid: default every grid point)")
     parser.add_argument("--jobs", type=int, default=1, help="trials running at once (default 1)")
-    parser.add_argument("--out", help="the sweep's folder: sweep.json, the table, logs (default runs/sweep-NAME)")
+    parser.add_argument("--out", help="the sweep's folder: grid.json, the table, logs (default runs/sweep-NAME)")
     parser.add_argument(
         "--devices", help="GPUs for the job slots, e.g. 0,1,2,3: slot i runs with CUDA_VISIBLE_DEVICES=the i-th (mod)"
     )

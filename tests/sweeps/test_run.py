@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from posenc_lab.grid import log_file, run_folder
 from posenc_lab.runlock import RunLock
-from posenc_lab.sweeps import engine
+from posenc_lab.sweeps import engine, load_sweep
 from posenc_lab.sweeps.check import check_sweep
 from posenc_lab.sweeps.command import merge_overrides
 from posenc_lab.sweeps.run import main
@@ -25,11 +26,8 @@ from posenc_lab.sweeps.state import SweepState
 from posenc_lab.sweeps.table import seed_mean_interval, sweep_frame, write_table
 from tests.helpers_train import CORPUS
 from tests.schemes import FOX, PATH, ROPE, STICKBREAKING
-from tests.sweeps.test_sweeps import read_wandb_records, wandb_run_summary
+from tests.sweeps.helpers import REPO, SWEEPS, read_wandb_records, state_of, sweep_file, wandb_run_summary
 from tests.test_slurm import slurm  # noqa: F401 - the real one-node SLURM fixture, for the slow SLURM test
-
-REPO = Path(__file__).resolve().parents[2]
-SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 
 # every trial: a tiny model on a small corpus, a validation every 2 steps (later overrides replace the file's)
 TINY = [
@@ -67,18 +65,6 @@ def here(tmp_path, monkeypatch):
     }.items():
         monkeypatch.setenv(key, value)
     return tmp_path
-
-
-def sweep_file(tmp_path: Path, base: str = "ablation_recall.yaml", name: str = "test.yaml", **changes) -> Path:
-    spec = yaml.safe_load((REPO / "sweeps" / base).read_text())
-    spec.update(changes)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
-def state_of(out: Path) -> dict:
-    return json.loads((out / "sweep.json").read_text())
 
 
 # ---- no training ----------------------------------------------------------------------------------------
@@ -233,6 +219,67 @@ def test_table_interval_over_seeds(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 0 and (tmp_path / "sweep.csv").is_file()
 
 
+def test_the_table_takes_the_level_and_the_estimator_from_the_analysis_by_one_route(monkeypatch):
+    """The level is the analysis settings' (conf_block: a changed block changes it), not a second reading of
+    conf/ablate.yaml; the entry point is looked up once a process, in posenc-lab's own metadata."""
+    from posenc_lab.sweeps import table
+    from posenc_lab_analysis import settings
+
+    block = {**settings.conf_block(), "level": 0.8}
+    monkeypatch.setattr(settings, "_conf_analysis", lambda: block)
+    assert table.level() == 0.8
+    looked, real = [], table.distribution
+    monkeypatch.setattr(table, "distribution", lambda name: looked.append(name) or real(name))
+    table.from_analysis.cache_clear()
+    try:
+        intervals = [table.seed_mean_interval([1.0, 2.0, 1.5], 0.9) for _ in range(3)]
+    finally:
+        table.from_analysis.cache_clear()
+    assert looked == ["posenc-lab"] and intervals[0] == intervals[2] and intervals[0][1] < 1.5 < intervals[0][2]
+
+
+def test_an_earlier_versions_sweep_json_is_read_and_becomes_grid_json_once(here, capsys):
+    """A sweep folder of an earlier version, its state in sweep.json: the same command continues it (here its
+    count is reached: nothing trains); the state becomes grid.json at the first save, said in one line, and
+    sweep.json is gone. The trial keeps every key it had, with the grid's status of its state."""
+    path = sweep_file(here)
+    out, overrides = here / "out", tiny()
+    done = {
+        "id": "abcd1234", "number": 0, "params": {"posenc": "xl", "model.mem_len": 0}, "state": "finished",
+        "run_dir": str(out / "runs" / "abcd1234"), "log": str(out / "logs" / "abcd1234.log"), "history": [[2, 0.5]],
+        "metric": 0.5, "steps": 6, "stopped_at": None, "returncode": 0, "error": None, "search_info": None,
+        "started": "2026-01-01T00:00:00", "ended": "2026-01-01T00:01:00",
+    }  # fmt: skip
+    legacy = {
+        "format": 1, "sweep_id": "sweep001", "seed": 3, "sweep_file": str(path), "sweep": load_sweep(path).spec,
+        "overrides": overrides, "created": "2026-01-01T00:00:00", "trials": [done],
+    }  # fmt: skip
+    out.mkdir()
+    (out / "sweep.json").write_text(json.dumps(legacy))
+    capsys.readouterr()
+    assert main([str(path), "--out", str(out), "--count", "1", *overrides]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "sweep.json" in line]
+    assert said == [f"posenc-lab sweep: {out / 'sweep.json'} (an earlier version's state) is now {out / 'grid.json'}"]
+    assert not (out / "sweep.json").exists()
+    state = state_of(out)
+    assert state["sweep_id"] == "sweep001" and state["seed"] == 3 and state["overrides"] == overrides
+    (trial,) = state["trials"]
+    assert {k: trial[k] for k in done} == done and trial["status"] == "trained" and trial["wall_s"] is None
+    assert "abcd1234" in (out / "sweep.md").read_text()
+    assert main([str(path), "--out", str(out), "--count", "1", *overrides]) == 0  # once
+    assert "sweep.json" not in capsys.readouterr().out and state_of(out) == state
+
+
+def test_a_sweep_refuses_the_state_of_another_grid(here, capsys):
+    out = here / "out"
+    out.mkdir()
+    (out / "grid.json").write_text('{"format": 2, "trials": {}}')  # an ablation's, say
+    assert main([str(REPO / "sweeps" / "ablation_recall.yaml"), "--out", str(out), *tiny()]) == 2
+    err = capsys.readouterr().err.strip()
+    why = "is not a posenc-lab sweep's state (another grid's); use another --out"
+    assert err == f"posenc-lab sweep: error: {out / 'grid.json'} {why}"
+
+
 # ---- end to end, tiny trials ------------------------------------------------------------------------------
 
 
@@ -273,9 +320,9 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     old = here / "runs" / "sweeps" / sweep_id / done["id"]
     old.parent.mkdir(parents=True)
     shutil.move(done["run_dir"], old)
-    record = json.loads((out / "sweep.json").read_text())
-    record["trials"][0]["run_dir"] = str(old)
-    (out / "sweep.json").write_text(json.dumps(record))
+    record = json.loads((out / "grid.json").read_text())
+    record["trials"][done["id"]]["run_dir"] = str(old)
+    (out / "grid.json").write_text(json.dumps(record))
     first = state_of(out)
 
     assert main(args) == 0  # the same command: the third grid point only, under --out
@@ -289,6 +336,22 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
     rows = (out / "sweep.csv").read_text().splitlines()
     assert rows[0].startswith("trial,number,state,data.batch_size,metric,value") and len(rows) == 4
     assert (out / "sweep.png").is_file() and "**Best trial**" in (out / "sweep.md").read_text()
+
+
+def test_a_trial_runs_in_the_grid_run_folder_and_the_grid_records_it(here):
+    """A sweep file that names no folder: the trial's run folder is grid.run_folder(--out, its id), and its entry
+    in grid.json holds what the grid records of every trial (overrides, status, seconds) beside the sweep's."""
+    spec = yaml.safe_load((REPO / "sweeps" / "ablation_recall.yaml").read_text())
+    command = [c for c in spec["command"] if not c.startswith("hydra.run.dir=")]
+    params = {"posenc": {"values": ["xl"]}, "model.mem_len": {"values": [16]}}
+    out = here / "out"
+    assert main([str(sweep_file(here, command=command, parameters=params)), "--out", str(out), *tiny()]) == 0
+    (trial,) = state_of(out)["trials"]
+    assert trial["run_dir"] == str(run_folder(out, trial["id"])) and (Path(trial["run_dir"]) / "results.json").is_file()
+    assert trial["log"] == str(log_file(out, trial["id"]))
+    assert (trial["state"], trial["status"], trial["attempts"]) == ("finished", "trained", 1)
+    assert trial["wall_s"] > 0 and trial["cpu_s"] > 0 and trial["metric"] is not None
+    assert trial["overrides"][:2] == ["posenc=xl", "model.mem_len=16"] and "model=tiny" in trial["overrides"]
 
 
 def test_a_grid_over_the_data_dependent_schemes_runs(here):
@@ -416,6 +479,7 @@ def test_a_signal_stops_the_sweep_cleanly_and_the_rerun_continues(here, signum, 
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     trials = state_of(out)["trials"]
     assert [t["state"] for t in trials] == ["finished", "finished"] and len(trials) == 2
+    assert all(t["status"] == "resumed" and t["attempts"] == 2 for t in trials)  # the grid's record of each
     for t in trials:
         results = json.loads((Path(t["run_dir"]) / "results.json").read_text())
         assert results["steps"] == 400 and results["resumed_from"].endswith("last.ckpt")

@@ -11,7 +11,6 @@ import re
 import resource
 import socket
 import stat
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +33,7 @@ from posenc_lab.sweeps import (
 from posenc_lab.sweeps.command import command_prefix
 from posenc_lab.sweeps.spec import TRAIN_COMMANDS
 from tests.schemes import SHAW, SINUSOID, XL
-
-REPO = Path(__file__).resolve().parents[2]
-SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+from tests.sweeps.helpers import REPO, SWEEPS, sweep_env, sweep_file, wandb_run_summary
 
 # A few-second training run: small recall corpus, short segments, few steps (later overrides win).
 TINY = [
@@ -55,23 +52,6 @@ TINY = [
     "final_eval.limit_batches=2",
     "optim.warmup_steps=2",
 ]
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = "1"
-    env["POSENC_LAB_CACHE"] = str(tmp_path / "cache")
-    env.update(extra)
-    return env
-
-
-def _write_sweep(tmp_path: Path, base: str, name: str = "bad.yaml", **changes) -> Path:
-    spec = yaml.safe_load((REPO / "sweeps" / base).read_text())
-    spec.update(changes)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
 
 
 # ---- every sweep file ----------------------------------------------------------------------------
@@ -147,7 +127,7 @@ def test_checked_configs_equal_hydra_compose():
 
 
 def test_bad_key_is_rejected(tmp_path):
-    path = _write_sweep(tmp_path, "ablation.yaml", parameters={"model.men_len": {"values": [0, 128]}})
+    path = sweep_file(tmp_path, "ablation.yaml", parameters={"model.men_len": {"values": [0, 128]}})
     with pytest.raises(SweepError) as e:
         check_sweep(path)
     msg = str(e.value)
@@ -157,19 +137,19 @@ def test_bad_key_is_rejected(tmp_path):
 
 def test_an_added_key_that_nothing_reads_is_rejected(tmp_path):
     """+KEY only where its owner checks it (compose.ADDABLE), as on the command line: +optim.lrr would train unread."""
-    path = _write_sweep(tmp_path, "ablation.yaml", parameters={"+optim.lrr": {"values": [0.1]}})
+    path = sweep_file(tmp_path, "ablation.yaml", parameters={"+optim.lrr": {"values": [0.1]}})
     with pytest.raises(SweepError, match=r"'optim\.lrr' does not exist: optim has no 'lrr' \(did you mean 'optim\.lr'"):
         check_sweep(path)
 
 
 def test_bad_scheme_option_key_is_rejected(tmp_path):
-    path = _write_sweep(tmp_path, "shaw_k.yaml", parameters={"posenc.clamp_len": {"values": [16]}})
+    path = sweep_file(tmp_path, "shaw_k.yaml", parameters={"posenc.clamp_len": {"values": [16]}})
     with pytest.raises(SweepError, match=r"posenc \(with posenc=shaw\) has no 'clamp_len'; keys there: K, name"):
         check_sweep(path)
 
 
 def test_bad_value_is_rejected(tmp_path):
-    path = _write_sweep(
+    path = sweep_file(
         tmp_path, "shaw_k.yaml", parameters={"posenc.K": {"values": [4, 0]}, "model.mem_len": {"values": [0, 32]}}
     )
     with pytest.raises(SweepError) as e:
@@ -180,7 +160,7 @@ def test_bad_value_is_rejected(tmp_path):
 
 
 def test_bad_group_option_is_rejected(tmp_path):
-    path = _write_sweep(tmp_path, "ablation.yaml", parameters={"posenc": {"values": [XL, XL + "l"]}})
+    path = sweep_file(tmp_path, "ablation.yaml", parameters={"posenc": {"values": [XL, XL + "l"]}})
     with pytest.raises(
         SweepError,
         match=rf"'{XL}l' is not an option of config group 'posenc' "
@@ -206,31 +186,31 @@ def test_bad_group_option_is_rejected(tmp_path):
     ],
 )
 def test_bad_values_name_key_and_reason(tmp_path, params, expected):
-    path = _write_sweep(tmp_path, "shaw_k.yaml", parameters=params, method="bayes")
+    path = sweep_file(tmp_path, "shaw_k.yaml", parameters=params, method="bayes")
     with pytest.raises(SweepError) as e:
         check_sweep(path)
     assert expected in str(e.value)
 
 
 def test_metric_and_command_are_checked(tmp_path):
-    path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/bpb", "goal": "minimize"})
+    path = sweep_file(tmp_path, "shaw_k.yaml", metric={"name": "val/bpb", "goal": "minimize"})
     with pytest.raises(SweepError, match=r"'val/bpb' is never logged for data=recall \(did you mean 'val/ppl'\?\)"):
         check_sweep(path)
     for base, figure in (("ablation.yaml", "val/bpb"), ("shaw_k.yaml", "val/ppl")):  # the old name: the new one
-        path = _write_sweep(tmp_path, base, metric={"name": "val/bpt", "goal": "minimize"})
+        path = sweep_file(tmp_path, base, metric={"name": "val/bpt", "goal": "minimize"})
         with pytest.raises(SweepError, match=rf"metric\.name: val/bpt is no longer logged: its name is now {figure} "):
             check_sweep(path)
-    path = _write_sweep(tmp_path, "shaw_k.yaml", metric={"name": "val/acc", "goal": "minimize"})
+    path = sweep_file(tmp_path, "shaw_k.yaml", metric={"name": "val/acc", "goal": "minimize"})
     with pytest.raises(SweepError, match="should be maximized"):
         check_sweep(path)
-    path = _write_sweep(tmp_path, "ablation.yaml", command=["${env}", "python", "${program}", "${args}"])
+    path = sweep_file(tmp_path, "ablation.yaml", command=["${env}", "python", "${program}", "${args}"])
     with pytest.raises(SweepError, match=r"use \$\{args_no_hyphens\}"):
         load_sweep(path)
     spec = yaml.safe_load((REPO / "sweeps" / "ablation.yaml").read_text())
-    path = _write_sweep(tmp_path, "ablation.yaml", command=[c for c in spec["command"] if not c.startswith("logger")])
+    path = sweep_file(tmp_path, "ablation.yaml", command=[c for c in spec["command"] if not c.startswith("logger")])
     with pytest.raises(SweepError, match="add logger=wandb"):
         check_sweep(path)
-    path = _write_sweep(tmp_path, "ablation.yaml", command=spec["command"] + ["model.mem_len=64"])
+    path = sweep_file(tmp_path, "ablation.yaml", command=spec["command"] + ["model.mem_len=64"])
     with pytest.raises(SweepError, match="also fixed in the command"):
         load_sweep(path)
 
@@ -265,7 +245,7 @@ def test_a_sweep_file_runs_only_posenc_labs_trainer(tmp_path, monkeypatch, capsy
     from posenc_lab import sweeps
 
     monkeypatch.chdir(tmp_path)
-    path = _write_sweep(tmp_path, "ablation_recall.yaml", **changes)
+    path = sweep_file(tmp_path, "ablation_recall.yaml", **changes)
     assert sweeps.main([str(path)]) == 1
     out, err = capsys.readouterr()
     assert named in err and "nothing was run" in err and "wandb agent" in err, err
@@ -276,7 +256,7 @@ def test_a_sweep_file_runs_only_posenc_labs_trainer(tmp_path, monkeypatch, capsy
 def test_every_form_of_the_trainer_runs_this_pythons_posenc_lab(tmp_path, trainer):
     """The forms wandb's agent accepts for posenc-lab's trainer all pass; the runner runs each with this Python's
     posenc_lab, not whatever python or posenc-lab is first on PATH."""
-    path = _write_sweep(tmp_path, "ablation_recall.yaml", command=[*trainer, "${args_no_hyphens}", *RECALL_FIXED])
+    path = sweep_file(tmp_path, "ablation_recall.yaml", command=[*trainer, "${args_no_hyphens}", *RECALL_FIXED])
     sweep = load_sweep(path)
     assert sweep.after == RECALL_FIXED and sweep.before == []
     console = trainer[-2:] == ("posenc-lab", "train")
@@ -288,7 +268,7 @@ def test_every_form_of_the_trainer_runs_this_pythons_posenc_lab(tmp_path, traine
 
 
 def test_cli_reports_bad_sweep(tmp_path):
-    bad = _write_sweep(tmp_path, "ablation.yaml", parameters={"model.men_len": {"values": [0]}})
+    bad = sweep_file(tmp_path, "ablation.yaml", parameters={"model.men_len": {"values": [0]}})
     good = REPO / "sweeps" / "shaw_k.yaml"
     from posenc_lab import sweeps
 
@@ -342,7 +322,13 @@ def test_a_sweep_file_that_expands_past_the_bound_is_one_line_before_it_expands(
     argv = [sys.executable, "-m", "posenc_lab.cli", command, str(path), *(["--out", str(out)] * (command == "sweep"))]
     before = _snapshot(tmp_path)
     proc = subprocess.run(
-        argv, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240, preexec_fn=_bounded_memory
+        argv,
+        cwd=tmp_path,
+        env=sweep_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=_bounded_memory,
     )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == (1 if command == "sweep-check" else 2) and len(lines) == 1, proc.stderr[-3000:]
@@ -450,62 +436,6 @@ def test_multirun_overrides_of_a_grid():
 # ---- one sweep trial end to end, wandb offline ---------------------------------------------------
 
 
-def read_wandb_records(path: Path) -> list:
-    """The protobuf records of an offline run file (run-ID.wandb): a W&B header, then LevelDB-log
-    style records (crc32c, length, type) in 32 KiB blocks."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", path
-    pos, block, out, pending = 7, 32768, [], b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
-        if length == 0 and kind == 0:
-            pos += left
-            continue
-        chunk = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        pending += chunk
-        if kind in (1, 4):  # FULL or LAST
-            record = pb.Record()
-            record.ParseFromString(pending)
-            out.append(record)
-            pending = b""
-    return out
-
-
-def wandb_run_summary(run_dir: Path) -> dict:
-    """run settings, config keys, history keys and values of the one offline wandb run under run_dir."""
-    files = list(run_dir.rglob("run-*.wandb"))
-    assert len(files) == 1, files
-    info: dict = {"history": {}, "config": {}}
-    for r in read_wandb_records(files[0]):
-        kind = r.WhichOneof("record_type")
-        if kind == "run":
-            info.update(group=r.run.run_group, tags=list(r.run.tags), job_type=r.run.job_type, run_id=r.run.run_id)
-            info["name"] = r.run.display_name
-            for item in r.run.config.update:
-                info["config"][item.key] = json.loads(item.value_json)
-        elif kind == "config":
-            for item in r.config.update:
-                info["config"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-        elif kind == "history":  # items are leaves: key, or nested_key [top, sub, ...] of a logged media dict
-            row: dict = {}
-            for item in r.history.item:
-                path = [item.key] if item.key else list(item.nested_key)
-                node = row
-                for part in path[:-1]:
-                    node = node.setdefault(part, {})
-                node[path[-1]] = json.loads(item.value_json)
-            for key, value in row.items():
-                info["history"].setdefault(key, []).append(value)
-    return info
-
-
 def agent_command(path: Path, assignment: dict, python: str = sys.executable) -> list[str]:
     """The command wandb's agent runs for one trial (wandb/wandb_agent.py, _command_run)."""
     from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
@@ -531,7 +461,7 @@ def test_sweep_trial_runs_end_to_end_with_wandb_offline(tmp_path):
         :2
     ]
     assert command[command.index("posenc_lab.train") + 1 :] in trials
-    env = _env(
+    env = sweep_env(
         tmp_path,
         WANDB_MODE="offline",
         WANDB_DIR=str(tmp_path / "wandb"),
@@ -582,7 +512,7 @@ def test_two_job_multirun_and_report(tmp_path):
         *TINY,
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=sweep_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dirs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
     assert [p.name for p in run_dirs] == ["0_xl_recall", "1_sinusoid_recall"]
@@ -605,7 +535,7 @@ def test_two_job_multirun_and_report(tmp_path):
 
     # the tables and figures go to wandb as Tables and Images (offline here; a child process, so
     # that wandb's service has written the run file when it exits)
-    env = _env(tmp_path, WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true")
+    env = sweep_env(tmp_path, WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true")
     proc = subprocess.run(
         [
             sys.executable,
@@ -739,7 +669,7 @@ def test_lightning_slurm_environment_two_tasks(tmp_path):
     ]
     procs = []
     for rank in range(2):
-        env = _env(
+        env = sweep_env(
             tmp_path,
             SLURM_NTASKS="2",
             SLURM_NTASKS_PER_NODE="2",

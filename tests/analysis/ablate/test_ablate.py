@@ -23,6 +23,7 @@ from posenc_lab.build import build_datamodule, model_config
 from posenc_lab.checks import problems as config_problems
 from posenc_lab.compose import compose
 from posenc_lab.data import check_corpus_options, load_corpus
+from posenc_lab.grid import run_folder
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind
 from posenc_lab_analysis import ablate
@@ -316,7 +317,7 @@ def test_jobs_train_runs_concurrently_one_per_seed(tmp_path):
     # the second run started before the first finished: two at a time
     events = [("start" if "(pid" in line else "done") for line in out.splitlines() if re.search(r"\] \[\d/4\]", line)]
     assert events[:2] == ["start", "start"], out
-    times = json.loads((tmp_path / "ablate_times.json").read_text())
+    times = json.loads((tmp_path / "grid.json").read_text())["trials"]
     assert set(times) == set(runs) and all(t["cpu_s"] > 0 and t["status"] == "trained" for t in times.values())
     # rerun: every run is reused, nothing trains
     again = ablate_process(*args)
@@ -358,16 +359,21 @@ def test_a_signal_stops_cleanly_and_says_how_to_continue(jobs, signum, tmp_path,
 
 def test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work(tmp_path, capsys):
     """An ablate.out with `(` and `$(` in it trains (run_dir= is quoted for Hydra); a damaged results.json or
-    config.yaml of a finished run, and a damaged ablate_times.json, are named in one line with what to do."""
+    config.yaml of a finished run, and a damaged grid.json (the grid's state), are named in one line with what to do."""
     out = tmp_path / "a (b) $(c)"
     args = [*SMALL_GRID, "ablate.recurrence=[true]", "trainer.max_steps=2", f"ablate.out='{out}'", "--train-only"]
     assert ablate.main(args) == 0
     run = out / "runs" / "xl_mem16_full_seed0"
     assert (run / "results.json").is_file() and json.loads((run / "results.json").read_text())["steps"] == 2
-    (out / "ablate_times.json").write_text('{"xl_mem16')
+    # the run folder is the grid's rule, and the grid's one state file records the run: folder, overrides, seconds
+    (spec,) = make_plan(compose("ablate", args[:-1]), args[:-1])
+    entry = json.loads((out / "grid.json").read_text())["trials"][spec.name]
+    assert run == run_folder(out, spec.name) and entry["run_dir"] == str(run_folder(out, spec.name))
+    assert entry["overrides"] == list(spec.trial.overrides) and entry["status"] == "trained" and entry["cpu_s"] > 0
+    (out / "grid.json").write_text('{"xl_mem16')
     capsys.readouterr()
     assert ablate.main(args) == 0
-    assert f"{out / 'ablate_times.json'} is corrupt" in capsys.readouterr().out
+    assert f"{out / 'grid.json'} is corrupt" in capsys.readouterr().out
     good = (run / "results.json").read_text()
     (run / "results.json").write_text('{"val": {"loss": 1.')
     assert ablate.main(args) == 2

@@ -1,5 +1,5 @@
 """`posenc-lab ablate`'s output folder (analysis/ablate/outdir.py, times.py): a folder it did not make is refused in
-one line before any compute and left as it was; the report folder is rewritten whole; ablate_times.json keeps the
+one line before any compute and left as it was; the report folder is rewritten whole; grid.json keeps the
 seconds of every attempt of every run, through SIGTERM and a kill -9 of ablate itself."""
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ def test_a_new_or_empty_folder_and_one_ablate_made_are_taken(tmp_path):
         (tmp_path / name).mkdir()
     (tmp_path / "ablate_times.json").write_text("{}")
     (tmp_path / ".ablate_times.json.abc.tmp.json").write_text("{")  # a write cut by a kill
+    (tmp_path / "grid.json").write_text("{}")  # its state now (an earlier version's ablate_times.json beside it)
+    (tmp_path / ".grid.json.def.tmp.json").write_text("{")
     assert out.foreign() is None
     assert json.loads(out.mark.read_text())["made_by"] == "posenc-lab ablate"
 
@@ -136,7 +138,7 @@ def test_the_report_is_rewritten_whole_and_keeps_its_dumps(tmp_path, capsys):
     capsys.readouterr()
     assert ablate.main(args) == 0
     assert set(tree(report)) == written and dump.stat().st_ino == inode
-    assert sorted(p.name for p in out.iterdir()) == [".ablate.json", "ablate_times.json", "logs", "report", "runs"]
+    assert sorted(p.name for p in out.iterdir()) == [".ablate.json", "grid.json", "logs", "report", "runs"]
 
 
 def test_an_interrupted_report_leaves_the_last_one_and_its_newer_dumps_are_kept(tmp_path):
@@ -159,18 +161,18 @@ def test_an_interrupted_report_leaves_the_last_one_and_its_newer_dumps_are_kept(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
-# ---- ablate_times.json (the ledger on its own: tests/test_grid.py) ----------------------------------------
+# ---- grid.json (the ledger on its own: tests/test_grid.py) ------------------------------------------------
 
 
 def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
     """The ledger on its own: a training process stopped by a signal leaves its wall and CPU seconds (os.wait4), an
     attempt of a later invocation adds to them and counts, a run directory made anew starts afresh."""
-    path = tmp_path / "ablate_times.json"
+    path = tmp_path / "grid.json"
     run = tmp_path / "run"
     ledger = Ledger(path)
     ledger.start("r", run)
     ledger.update("r", 0.0, 0.0, "running", force=True)
-    assert json.loads(path.read_text())["r"]["status"] == "running"  # on disk from its start
+    assert json.loads(path.read_text())["trials"]["r"]["status"] == "running"  # on disk from its start
     pool = Pool(1)  # the grid runner's pool: its stop passes the signal on and reaps with os.wait4
     code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(60)"
     proc = pool.start("r", [sys.executable, "-c", code], dict(os.environ), tmp_path / "r.log").proc
@@ -178,13 +180,13 @@ def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
     while (process_cpu_s(proc.pid) or 0) < 0.3:
         time.sleep(0.05)
     pool.stop(15, 60.0, lambda job: ledger.end(job.name, job.wall_s, job.cpu_s, "stopped"))
-    first = json.loads(path.read_text())["r"]
+    first = json.loads(path.read_text())["trials"]["r"]
     assert first["status"] == "stopped" and first["attempts"] == 1 and proc.returncode == -signal.SIGTERM
     assert first["wall_s"] >= 1.0 and first["cpu_s"] >= 0.3
     later = Ledger(path)  # the next invocation continues the run (stopped before it made its directory)
     later.start("r", run)
     later.end("r", 2.0, 1.5, "resumed")
-    second = json.loads(path.read_text())["r"]
+    second = json.loads(path.read_text())["trials"]["r"]
     assert second["attempts"] == 2 and second["status"] == "resumed"
     assert second["wall_s"] == pytest.approx(first["wall_s"] + 2.0) and second["cpu_s"] == pytest.approx(
         first["cpu_s"] + 1.5
@@ -192,15 +194,34 @@ def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
     run.mkdir()
     later.start("r", run)  # a third attempt: the run's directory is there, the sum goes on
     later.end("r", 1.0, 1.0, "resumed")
-    assert json.loads(path.read_text())["r"]["attempts"] == 3
+    assert json.loads(path.read_text())["trials"]["r"]["attempts"] == 3
     run.rmdir()  # a finished run's directory deleted by hand: a new run, a new sum
     later.start("r", run)
     later.end("r", 3.0, 2.0, "trained")
-    assert {k: json.loads(path.read_text())["r"][k] for k in ("attempts", "wall_s", "cpu_s")} == {
+    assert {k: json.loads(path.read_text())["trials"]["r"][k] for k in ("attempts", "wall_s", "cpu_s")} == {
         "attempts": 1,
         "wall_s": 3.0,
         "cpu_s": 2.0,
     }
+
+
+def test_an_earlier_versions_ablate_times_json_becomes_grid_json_once(tmp_path):
+    """An ablate folder of an earlier version, its ledger in ablate_times.json: it is still the folder ablate made,
+    and its entries become grid.json (format 2) the first time the ledger is opened, said in one line."""
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "run.json").write_text('{"identity": {}}')
+    entries = {"r": {"status": "trained", "wall_s": 5.0, "cpu_s": 4.0, "attempts": 1, "updated": "2026-01-01"}}
+    (tmp_path / "ablate_times.json").write_text(json.dumps(entries))
+    out = AblationDir(tmp_path)
+    assert out.foreign() is None
+    said = []
+    ledger = out.ledger(said.append)
+    assert ledger.recorded == entries and said == [
+        f"{tmp_path / 'ablate_times.json'} (an earlier version's) is now {out.times}"
+    ]
+    assert not (tmp_path / "ablate_times.json").exists() and out.times == tmp_path / "grid.json"
+    assert json.loads(out.times.read_text()) == {"format": 2, "trials": entries}
+    assert out.ledger(said.append).recorded == entries and len(said) == 1  # once
 
 
 class SlowSteps(L.Callback):
@@ -225,7 +246,7 @@ def wait_for(what: str, ok, proc: subprocess.Popen, timeout: float = 300):
 
 def recorded(out: Path) -> dict:
     try:
-        return json.loads((out / "ablate_times.json").read_text())
+        return json.loads((out / "grid.json").read_text())["trials"]
     except (FileNotFoundError, ValueError):
         return {}
 
