@@ -212,3 +212,15 @@ def test_the_model_sets_the_path_of_every_layer():
     model = MemoryTransformer(ModelConfig(n_layer=2, d_model=D, n_head=H, posenc=HYBRID, attention_impl="unfused",
                                           posenc_kwargs={"layers": [T5, FOX]}))  # fmt: skip
     assert {p.attention_impl for p in model.scheme.parts.values()} == {"unfused"}
+
+
+def test_a_layer_that_cannot_compile_refuses_compile_for_the_hybrid(monkeypatch):
+    from posenc_lab.checks import compile_problem
+
+    monkeypatch.setattr(SCHEMES[FOX], "compile_refused", "its gates read the host")
+    scheme = build_scheme(HYBRID, Dims(2, D, H), layers=[ROPE, FOX])
+    assert (
+        compile_problem(HYBRID, scheme)
+        == "compile=true cannot serve posenc=hybrid: its gates read the host (set compile=false)"
+    )
+    assert compile_problem(HYBRID, build_scheme(HYBRID, Dims(2, D, H), layers=[ROPE, NOPE])) is None
