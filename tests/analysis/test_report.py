@@ -392,7 +392,7 @@ def test_a_hybrid_enters_the_report_as_a_cell(tiny, tmp_path):
     shutil.copytree(tiny, out)
     hybrid = [
         "ablate.schemes=[sinusoid,learned,global_sinusoid,shaw,xl,hybrid]",
-        "ablate.scheme_overrides={hybrid:['posenc.layers=[rope,nope]']}",
+        "+ablate.scheme_overrides.hybrid=['posenc.layers=[rope,nope]']",
     ]
     assert ablate.main(["experiment=tiny", f"ablate.out={out}", *hybrid]) == 0
     text = check_report(out)
