@@ -224,3 +224,15 @@ def test_a_layer_that_cannot_compile_refuses_compile_for_the_hybrid(monkeypatch)
         == "compile=true cannot serve posenc=hybrid: its gates read the host (set compile=false)"
     )
     assert compile_problem(HYBRID, build_scheme(HYBRID, Dims(2, D, H), layers=[ROPE, NOPE])) is None
+
+
+def test_a_hybrid_trains_and_resumes_exactly(tmp_path, cache):
+    """Steps 1..8 in one go against 1..4, a checkpoint, then 5..8 (tests/test_lit.py's check: dropout on, the memory
+    and data position carried): a hybrid with a parameterised layer (fox) and a windowed one."""
+    from tests.test_lit import resume_is_exact
+
+    state = resume_is_exact(
+        tmp_path, cache, f"posenc={HYBRID}", f"posenc.layers=[{FOX},{ROPE}]", "posenc.windows={rope:8}"
+    )
+    assert state["hyper_parameters"]["model"]["posenc_kwargs"]["layers"] == [FOX, ROPE]
+    assert any(k.startswith("model.scheme.parts.fox.") for k in state["state_dict"])
