@@ -117,6 +117,11 @@ class Run(HasCell):  # cell_name, cell, label: cellnames.HasCell (its group: "re
         return self.config["model"].get("random_positions")
 
     @property
+    def posenc(self) -> dict | None:
+        """The run's posenc node: a hybrid's layers and DroPE's step name its cell (``cellnames.scheme_label``)."""
+        return self.config.get("posenc")
+
+    @property
     def train_attention_length(self) -> int:
         """What a training token saw at most: M with memory (the same-length window), L - 1 without."""
         return self.mem_len if self.recurrence else self.segment_len - 1

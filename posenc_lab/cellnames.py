@@ -9,7 +9,8 @@ A *cell* is the runs equal but for their seed. Its name::
 
 ``xl:mem32`` (xl with memory 32), ``xl:nomem``, ``xl:mem32:half`` (the recent-half loss,
 ``model.loss_recent_frac=0.5``), ``xl:mem32:recent0.3`` (any other fraction), ``recall/xl:mem16`` (a cell of
-the recall probe; a corpus name stands there when a report holds several language corpora). A *pattern* names
+the recall probe; a corpus name stands there when a report holds several language corpora), ``rope3+nope1:mem32``
+(a per-layer hybrid, by its pattern), ``rope+drop@800:mem32`` (rope dropped at step 800, DroPE). A *pattern* names
 cells the same way, with parts left open::
 
     <scheme> may be a kind of the registry (absolute, relative, none) or *        any scheme of that kind
@@ -29,6 +30,7 @@ import re
 from dataclasses import dataclass
 
 from .positional import SCHEMES, schemes_of_kind
+from .positional.hybrid import IROPE, Hybrid, pattern_label
 
 ANY = "*"
 GRAMMAR = "[<group>/]<scheme>[:mem<M>|:mem|:nomem][:half|:recent<f>|:*]"
@@ -42,10 +44,17 @@ def loss_label(frac: float) -> str:
     return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac!r}"
 
 
-def scheme_label(scheme: str, random_positions: int | None = None) -> str:
-    """The scheme part of a cell's name: the scheme, and ``+rand<P>`` where it trains with
-    ``model.random_positions=P`` (Ruoss et al. 2023), so the two are two cells."""
-    return scheme if random_positions is None else f"{scheme}+rand{random_positions}"
+def scheme_label(scheme: str, random_positions: int | None = None, posenc: dict | None = None) -> str:
+    """The scheme part of a cell's name: the scheme; a per-layer hybrid by its pattern (``rope3+nope1``,
+    ``positional.hybrid.pattern_label``); ``+drop@K`` where it drops its encoding at step K (DroPE); ``+rand<P>``
+    where it trains with ``model.random_positions=P`` (Ruoss et al. 2023), so that each is a cell of its own.
+    posenc: the run's ``posenc`` node (its ``name`` wins over ``scheme``, a preset's file name such as ``irope``)."""
+    posenc = posenc or {}
+    scheme = str(posenc.get("name", scheme))
+    label = pattern_label(posenc.get("layers", IROPE), posenc.get("windows")) if scheme == Hybrid.name else scheme
+    if posenc.get("drop_at_step") is not None:
+        label += f"+drop@{posenc['drop_at_step']}"
+    return label if random_positions is None else f"{label}+rand{random_positions}"
 
 
 @dataclass(frozen=True)
@@ -95,12 +104,12 @@ class HasCell:
     group: str | None
     seed: int | None
     random_positions: int | None  # +model.random_positions=P: the cell <scheme>+rand<P> (``scheme_label``)
+    posenc: dict | None  # the posenc node: a hybrid's layers, DroPE's step (``scheme_label``); None: the scheme alone
 
     @property
     def cell_name(self) -> CellName:
-        return CellName(
-            scheme_label(self.scheme, self.random_positions), self.mem_len, self.loss_frac, self.group or ""
-        )
+        label = scheme_label(self.scheme, self.random_positions, self.posenc)
+        return CellName(label, self.mem_len, self.loss_frac, self.group or "")
 
     @property
     def cell(self) -> str:

@@ -32,7 +32,7 @@ from .data import CORPORA, EVAL_SPLITS, check_corpus_options, option_problems
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, shown
 from .model import ModelConfig
-from .positional import SCHEMES, build_scheme
+from .positional import SCHEMES, PositionalScheme, build_scheme
 from .precision import POLICIES as BF16_POLICIES
 
 COMMANDS = ("train", "eval", "sweep")
@@ -213,12 +213,14 @@ def _model_problems(cfg: DictConfig) -> list[str]:
         scheme.validate(int(data["segment_len"]), mc.mem_len, int(episode) if _is_int(episode) else 0)
     except (TypeError, ValueError) as e:
         return [f"posenc: {e}"]
-    return [compile_problem(mc.posenc)] if _value(cfg, "compile") is True and compile_problem(mc.posenc) else []
+    problem = compile_problem(mc.posenc, scheme)
+    return [problem] if _value(cfg, "compile") is True and problem else []
 
 
-def compile_problem(scheme: str) -> str | None:
-    """Why ``compile=true`` cannot serve ``scheme`` (its ``compile_refused``), as one line; None if it can."""
-    why = SCHEMES[scheme].compile_refused if scheme in SCHEMES else None
+def compile_problem(scheme: str, built: PositionalScheme | None = None) -> str | None:
+    """Why ``compile=true`` cannot serve ``scheme`` (its ``compile_refused``; that of ``built``, the scheme as built,
+    where given: a hybrid's is its layers'), as one line; None if it can."""
+    why = built.compile_refused if built is not None else SCHEMES[scheme].compile_refused if scheme in SCHEMES else None
     return f"compile=true cannot serve posenc={scheme}: {why} (set compile=false)" if why else None
 
 

@@ -159,7 +159,7 @@ def evaluate_checkpoint(
     corpus = _check_corpus(ckpt_path, datamodule, on_purpose=on_purpose)
 
     model = lit.model
-    if compile and (problem := compile_problem(model.cfg.posenc)):
+    if compile and (problem := compile_problem(model.cfg.posenc, model.scheme)):
         raise ConfigError(problem)
     if compile:  # in place: the state_dict keys stay those of the eager model
         model.compile()

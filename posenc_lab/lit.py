@@ -194,6 +194,7 @@ class LitLM(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         torch.manual_seed(self._step_seed(batch_idx))  # dropout noise depends on (seed, step, rank) only
+        self.model.at_step(self.global_step)  # a scheme's schedule (DroPE) from the step alone, as the noise
 
     def _log_step(self) -> bool:
         """True on the steps whose metrics Lightning logs (every ``trainer.log_every_n_steps``): the only steps that
@@ -273,6 +274,7 @@ class LitLM(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """lr, tokens and tokens/s (over the steps since the last logged one) at the logged steps only: a number
         logged is a tensor made on the device, a copy that waits for it."""
+        self.model.at_step(self.global_step)  # the weights now stand at this step: a validation pass evaluates them
         if not self._log_step():
             return
         now = time.perf_counter()
@@ -389,6 +391,7 @@ class LitLM(L.LightningModule):
         self._wall_offset = float(state["wall_time_s"])
         self.loaded_health = state.get("health")
         self.stretches, self._plan_from = optimizer.stretches(checkpoint), int(checkpoint.get("global_step", 0))
+        self.model.at_step(self._plan_from)  # the weights' step: an evaluation of a checkpoint sees what it trained
         if self._trainer is not None and checkpoint.get("hyper_parameters", {}).get("optim") != self.hparams.optim:
             optimizer.use_settings(checkpoint, self.optim, self._schedule())
 

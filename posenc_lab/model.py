@@ -279,6 +279,10 @@ class MemoryTransformer(nn.Module):
     def same_length(self) -> bool:
         return self.cfg.same_length
 
+    def at_step(self, step: int) -> None:
+        """The optimizer steps the weights have taken, for a scheme that changes during training (DroPE)."""
+        self.scheme.at_step(step)
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

@@ -22,12 +22,15 @@ def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentData
     """The global step of the checkpoint at ``path``; CheckpointError if it cannot continue this run."""
     ckpt = read_checkpoint(path)
     saved, now = dict(ckpt["hyper_parameters"]["model"]), lit.hparams.model
+    step = int(ckpt.get("global_step", 0))
     # Dropout may change on resume; everything else shapes the parameters or their meaning.
     diff = {
         k: (saved.get(k), v)
         for k, v in now.items()
         if k not in ("dropout", "attn_dropout", "attention_impl") and saved.get(k) != v
     }  # speed-only: may change
+    if "posenc_kwargs" in diff and _same_past(*diff["posenc_kwargs"], step):
+        del diff["posenc_kwargs"]
     if diff:
         listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(f"checkpoint {path} was trained with another model: {listed}")
@@ -50,7 +53,15 @@ def check_resumable(path: str | os.PathLike, lit: LitLM, datamodule: SegmentData
             stream.load_state_dict(data_state)
         except ValueError as e:
             raise CheckpointError(f"checkpoint {path} was trained on other data settings: {e}") from e
-    return int(ckpt.get("global_step", 0))
+    return step
+
+
+def _same_past(saved: dict | None, now: dict | None, step: int) -> bool:
+    """The scheme's options differ in DroPE's step alone, and both steps lie at or after the checkpoint's: every step
+    taken so far ran as either would run it, so a finished run continues with a drop (``+posenc.drop_at_step=K``)."""
+    saved, now = dict(saved or {}), dict(now or {})
+    drops = [saved.pop("drop_at_step", None), now.pop("drop_at_step", None)]
+    return saved == now and all(k is None or (isinstance(k, int) and k >= step) for k in drops)
 
 
 def resume_path(cfg: DictConfig, run: RunDir, record: dict | None) -> Path | None:

@@ -39,7 +39,11 @@ def is_wandb(logger_cfg: Any) -> bool:
 def cell(cfg: DictConfig) -> CellName:
     """The run's cell, its corpus in front (wandb holds the runs of every corpus in one project)."""
     return CellName(
-        scheme_label(str(cfg.posenc.name), OmegaConf.select(cfg, "model.random_positions", default=None)),
+        scheme_label(
+            str(cfg.posenc.name),
+            OmegaConf.select(cfg, "model.random_positions", default=None),
+            OmegaConf.to_container(cfg.posenc, resolve=True),
+        ),
         int(cfg.model.mem_len),
         float(OmegaConf.select(cfg, "model.loss_recent_frac", default=1.0)),
         str(cfg.data.name),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
-from tests.schemes import COPE, FIRE, LEARNED, SHAW, T5
+from tests.schemes import COPE, FIRE, FOX, HYBRID, LEARNED, ROPE, SHAW, T5
 
 # Options that make the interesting branches reachable at test sizes (clipping, log buckets, FIRE's interpolation
 # past its threshold, CoPE's counts clamped at its maximum position).
@@ -16,6 +16,7 @@ OPTIONS = {
     LEARNED: {"max_positions": 64},
     FIRE: {"init_threshold": 3.0},
     COPE: {"max_position": 6},
+    HYBRID: {"layers": [ROPE, FOX]},  # two layers or more: a rotation and a data-dependent bias, each its own part
 }
 
 

@@ -7,6 +7,7 @@ from posenc_lab.positional.cope import CoPE
 from posenc_lab.positional.fire import FIRE
 from posenc_lab.positional.fox import FoX
 from posenc_lab.positional.global_sinusoid import GlobalSinusoid
+from posenc_lab.positional.hybrid import Hybrid
 from posenc_lab.positional.kerple_log import KerpleLog
 from posenc_lab.positional.kerple_power import KerplePower
 from posenc_lab.positional.learned import Learned
@@ -32,3 +33,4 @@ COPE, FIRE, KERPLE_LOG, KERPLE_POWER, SANDWICH, XPOS = (
     XPos.name,
 )
 FOX, STICKBREAKING, PATH = FoX.name, StickBreaking.name, PaTH.name
+HYBRID = Hybrid.name

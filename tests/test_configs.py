@@ -74,8 +74,13 @@ def fake_corpora(tmp_path_factory):
     return root, extra
 
 
+def presets() -> list[str]:
+    """The posenc options that preset another scheme (irope, rnope: a hybrid): their ``name`` is not their file's."""
+    return [o for o in options("posenc") if group_option("posenc", o)["name"] != o]
+
+
 def test_groups_are_complete():
-    assert set(options("posenc")) == set(SCHEME_NAMES)
+    assert set(options("posenc")) - set(presets()) == set(SCHEME_NAMES)
     assert set(options("data")) == set(CORPUS_NAMES)
     assert {"tiny", "small", "base"} <= set(options("model"))
     assert set(options("trainer")) == {"cpu", "gpu", "ddp", "ddp_cpu"}
@@ -89,6 +94,16 @@ def test_posenc_files_hold_the_scheme_options(scheme):
     opts = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "name"}
     assert set(opts) == set(scheme_options(scheme))
     build_scheme(scheme, Dims(2, 64, 4), **sized_options(scheme, opts, segment_len=64, mem_len=64))  # nulls: the run's
+
+
+@pytest.mark.parametrize("preset", presets())
+def test_a_posenc_preset_builds_the_registered_scheme_it_names(preset):
+    """A preset (posenc=irope) is a registered scheme with some options set: it composes to that scheme's name and
+    options, and builds for a 4-layer model with its nulls sized to a run."""
+    cfg = OmegaConf.to_container(compose_config("train", [f"posenc={preset}"]).posenc)
+    name = cfg.pop("name")
+    assert name in SCHEME_NAMES and set(cfg) <= set(scheme_options(name))
+    build_scheme(name, Dims(4, 64, 4), **sized_options(name, cfg, segment_len=64, mem_len=64))
 
 
 @pytest.mark.parametrize("group,option", ALL_OPTIONS)

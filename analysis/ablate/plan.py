@@ -8,6 +8,7 @@ into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/`` (``posenc_lab.grid.ru
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from posenc_lab.checks import problems
 from posenc_lab.compose import compose, quote
 from posenc_lab.data import check_corpus_options
 from posenc_lab.data.lengthgen import TASKS
+from posenc_lab.defaults import group_options
 from posenc_lab.grid import Trial
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import scheme_names
@@ -39,6 +41,7 @@ class RunSpec(HasCell):  # cell_name, cell, label: cellnames.HasCell
     overrides: list[str]
     seed: int = 0
     random_positions: int | None = None  # +model.random_positions=P (ablate.tasks.random_positions)
+    posenc: dict | None = None  # its posenc node where it names the cell (a hybrid, DroPE): ``posenc_node``
 
     @property
     def trial(self) -> Trial:
@@ -89,8 +92,8 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     extra_cells = [str(c) for c in a.get("extra_seed_cells") or []]
     extra = [CellPattern.parse(c, "ablate.extra_seed_cells") for c in extra_cells]
     no_memory = a.get("no_memory_schemes")
-    valid = scheme_names()
-    schemes = list(valid) if a.schemes == "all" else list(a.schemes)  # "all": every registered scheme
+    valid = tuple(sorted({*scheme_names(), *group_options("posenc")}))  # a preset of conf/posenc/ too (irope)
+    schemes = list(scheme_names()) if a.schemes == "all" else list(a.schemes)  # "all": every registered scheme
     named = {
         "ablate.schemes": schemes,
         "ablate.no_memory_schemes": list(no_memory or []),
@@ -109,8 +112,9 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig, rand=None
     ):
         M = mem if recurrent else 0
-        cell = RunSpec("", group, scheme, M, frac, [], random_positions=rand).cell_name
         per_scheme = [_resolve_in(group_cfg, o) for o in raw_overrides.get(scheme) or []]
+        node = posenc_node(tuple(head), scheme, tuple(per_scheme))
+        cell = RunSpec("", group, scheme, M, frac, [], random_positions=rand, posenc=node).cell_name
         for seed in dict.fromkeys([*seeds, *(extra_seeds if any(p.matches(cell) for p in extra) else [])]):
             overrides = [
                 *head,
@@ -122,7 +126,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
                 f"seed={seed}",
             ]
             name = f"{f'{group}_' if group else ''}{cell.scheme}_mem{M}_{loss_label(frac)}_seed{seed}"
-            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand))
+            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand, node))
 
     mem = int(cfg.model.mem_len)
     if mem < 1 and any(a.recurrence):
@@ -170,6 +174,16 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     if len(set(names)) < len(names):
         raise ValueError(f"ablate: the grid names runs twice: {sorted({n for n in names if names.count(n) > 1})}")
     return specs
+
+
+@functools.cache
+def posenc_node(head: tuple[str, ...], scheme: str, per_scheme: tuple[str, ...]) -> dict | None:
+    """The posenc node a run of ``scheme`` composes, where it names the cell: a preset of conf/posenc/ (a hybrid's
+    layers) or overrides of posenc (``+posenc.drop_at_step=K``); None where the scheme's name alone does."""
+    if scheme in scheme_names() and not any(o.lstrip("+~").startswith("posenc") for o in (*head, *per_scheme)):
+        return None
+    node = compose("train", [*head, f"posenc={scheme}", *per_scheme]).posenc
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def _task_grid(tasks, user: Sequence[str], no_memory, add) -> None:

@@ -14,7 +14,7 @@ from .base import Dims, PositionalScheme, Positions, sinusoid_table
 from .registry import SCHEMES, build_scheme, register, scheme_class, scheme_options, sized_options
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("base", "registry", "fused"):  # fused: the flex_attention path, no scheme
+    if _module.name not in ("base", "registry", "fused", "drope"):  # the flex_attention path, DroPE's schedule
         importlib.import_module(f"{__name__}.{_module.name}")
 
 

@@ -217,10 +217,17 @@ class PositionalScheme(nn.Module):
     #: segment); None: it compiles whole, one graph a segment length (tests/test_compile.py pins every scheme).
     #: Training and evaluation refuse the option naming this reason, before any compute.
     compile_refused: str | None = None
+    #: Why this scheme cannot take the layers of a per-layer hybrid (``hybrid.py``); None: it can, unless it acts on
+    #: the input embedding (``embed``), which the hybrid refuses for every scheme.
+    hybrid_refused: str | None = None
 
     def __init__(self, dims: Dims):
         super().__init__()
         self.dims = dims
+
+    def at_step(self, step: int) -> None:
+        """The optimizer steps the weights have taken: the model hands it over before and after every training step
+        and from a loaded checkpoint. A scheme that changes during training reads it (DroPE, ``drope.py``)."""
 
     # -- 0. sizes and cost, asked by training, the benchmark and the sweeps ---------------------
     @classmethod

@@ -12,11 +12,19 @@ import types
 import typing
 from types import NoneType
 
+from . import drope
 from .base import Dims, PositionalScheme
 
 SCHEMES: dict[str, type[PositionalScheme]] = {}
 #: the option types a scheme may declare, with what a config must give for each (bool before int: a bool is an int)
-TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+TYPES = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",  # a hybrid's layers
+    dict: "a mapping",  # a hybrid's options per scheme
+}
 
 
 def register(cls: type[PositionalScheme]) -> type[PositionalScheme]:
@@ -41,6 +49,7 @@ def option_types(name: str) -> dict[str, tuple[type, ...]]:
         hint = hints.get(option)
         union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
         args = typing.get_args(hint) if union else (hint,)
+        args = tuple(typing.get_origin(a) or a for a in args)  # list[str] -> list
         if all(a in TYPES or a is NoneType for a in args):
             out[option] = args
     return out
@@ -75,8 +84,13 @@ def sized_options(name: str, options: dict, segment_len: int, mem_len: int, max_
 
 def build_scheme(name: str, dims: Dims, **options) -> PositionalScheme:
     """Build scheme ``name`` for a model of ``dims``; unknown names or options, and values not of an option's
-    type, fail with the valid ones, before the scheme is built."""
+    type, fail with the valid ones, before the scheme is built. ``drop_at_step`` (any scheme): DroPE, drope.py."""
+    drop = options.pop("drop_at_step", None)
     cls = scheme_class(name)
+    if drop is not None:  # before the build: a bad step or a scheme that cannot drop costs nothing
+        drope.check_option(name, drop)
+        if (why := drope.refusal(cls)) is not None:
+            raise ValueError(f"{name}: posenc.drop_at_step cannot apply: {why}")
     valid = scheme_options(name)
     unknown = sorted(set(options) - set(valid))
     if unknown:
@@ -85,4 +99,7 @@ def build_scheme(name: str, dims: Dims, **options) -> PositionalScheme:
     for option, value in options.items():
         if (problem := option_problem(name, option, value)) is not None:
             raise ValueError(problem)
-    return cls(dims, **options)
+    scheme = cls(dims, **options)
+    if drop is None:
+        return scheme
+    return drope.drop_at(scheme, drop)

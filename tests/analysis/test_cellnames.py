@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from posenc_lab.compose import compose
 from posenc_lab.positional import schemes_of_kind
@@ -15,7 +16,7 @@ from posenc_lab_analysis.ablate.plan import RunSpec, plan, seeds_by_cell
 from posenc_lab_analysis.cellnames import CellName, CellPattern, HasCell, scheme_label
 from posenc_lab_analysis.runs import Run
 from posenc_lab_analysis.verdicts import REPRODUCED, Evidence, judge
-from tests.schemes import SHAW, SINUSOID, XL
+from tests.schemes import HYBRID, NOPE, ROPE, SHAW, SINUSOID, XL
 
 
 @pytest.mark.parametrize(
@@ -147,3 +148,33 @@ def test_random_positions_make_their_own_cell(tmp_path):
     rand = Run(tmp_path / "b", {**config, "model": {"mem_len": 0, "random_positions": 256}})
     assert (plain.cell, rand.cell) == (f"copy/{SINUSOID}:nomem", f"copy/{SINUSOID}+rand256:nomem")
     assert set(cells([plain, rand])) == {plain.cell, rand.cell}
+
+
+def test_a_hybrid_and_a_dropped_scheme_are_cells_of_their_own():
+    """A per-layer hybrid is named by its pattern, DroPE by its step, both before random positions; the plain names
+    stay as they were, and the names parse back."""
+    irope = {"name": HYBRID, "layers": [ROPE, ROPE, ROPE, NOPE]}
+    assert scheme_label(HYBRID, None, irope) == "rope3+nope1"
+    assert scheme_label("irope", None, irope) == "rope3+nope1"  # a preset's file name: the node's name wins
+    both = {**irope, "windows": {ROPE: 32}, "drop_at_step": 50}
+    assert scheme_label(HYBRID, 64, both) == "rope3w32+nope1+drop@50+rand64"
+    assert scheme_label(ROPE, None, {"name": ROPE, "drop_at_step": 800}) == "rope+drop@800"
+    assert scheme_label(XL, None, {"name": XL, "clamp_len": None}) == XL
+    name = str(CellName("rope3+nope1+drop@50", 32))
+    assert name == "rope3+nope1+drop@50:mem32" and CellName.parse(name) == CellName("rope3+nope1+drop@50", 32)
+
+
+def test_a_preset_hybrid_is_planned_and_read_back_under_one_cell(tmp_path):
+    """`ablate.schemes=[xl, irope]` plans the hybrid cell by its pattern, in a run folder of that name; the run it
+    trains (posenc.name: hybrid, its layers in the config) is read back under the same cell."""
+    args = ["experiment=quick", f"ablate.schemes=[{XL},irope]", "ablate.half_loss.schemes=[]"]
+    specs = plan(compose("ablate", args), args)
+    assert {s.cell for s in specs} == {f"{XL}:mem32", f"{XL}:nomem", "rope3+nope1:mem32", "rope3+nope1:nomem"}
+    spec = next(s for s in specs if s.cell == "rope3+nope1:mem32")
+    assert spec.name == "rope3+nope1_mem32_full_seed0" and "posenc=irope" in spec.overrides
+    config = compose("train", [*spec.overrides, f"run_dir={tmp_path}"])
+    run = Run(tmp_path, {**OmegaConf.to_container(config, resolve=True), "seed": 0})
+    assert run.scheme == HYBRID and run.label == spec.label == "rope3+nope1:mem32, seed 0"
+    dropped = ["experiment=quick", f"ablate.schemes=[{ROPE}]", "+posenc.drop_at_step=100"]
+    dropped.append("ablate.half_loss.schemes=[]")
+    assert {s.cell for s in plan(compose("ablate", dropped), dropped)} == {"rope+drop@100:mem32", "rope+drop@100:nomem"}

@@ -394,3 +394,21 @@ def test_the_plan_counts_only_the_verdicts_the_preset_judges(tmp_path, capsys):
 
     assert counted() > 1
     assert counted("ablate.analysis.verdicts.only=[memory_helps_xl]") == 1
+
+
+@pytest.mark.slow  # the tiny grid (session fixture), 2 more runs and every analysis again: 1-2 min on 2 CPU cores
+def test_a_hybrid_enters_the_report_as_a_cell(tiny, tmp_path):
+    """The tiny ablation with a per-layer hybrid added to its schemes (two layers: rope then nope, so the pattern
+    fits the model): the finished runs are reused, the hybrid's two are trained, and its cell is a row of the
+    report's tables beside the others, with and without memory."""
+    out = tmp_path / "tiny"
+    shutil.copytree(tiny, out)
+    hybrid = [
+        "ablate.schemes=[sinusoid,learned,global_sinusoid,shaw,xl,hybrid]",
+        "+ablate.scheme_overrides.hybrid=['posenc.layers=[rope,nope]']",
+    ]
+    assert ablate.main(["experiment=tiny", f"ablate.out={out}", *hybrid]) == 0
+    text = check_report(out)
+    table6 = pd.read_csv(out / "report" / "table_ablation.csv")
+    assert {"rope1+nope1:mem16", "rope1+nope1:nomem", f"{XL}:mem16"} <= set(table6["cell"])
+    assert "| rope1+nope1:mem16 |" in text

@@ -21,7 +21,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from posenc_lab.compose import Composer
-from posenc_lab.positional import SCHEME_NAMES, schemes_of_kind
+from posenc_lab.defaults import group_options
+from posenc_lab.positional import schemes_of_kind
 from posenc_lab.sweeps import (
     SweepError,
     check_sweep,
@@ -164,7 +165,7 @@ def test_bad_group_option_is_rejected(tmp_path):
     with pytest.raises(
         SweepError,
         match=rf"'{XL}l' is not an option of config group 'posenc' "
-        rf"\(did you mean '{XL}'\?\); options: {', '.join(SCHEME_NAMES)}",
+        rf"\(did you mean '{XL}'\?\); options: {', '.join(group_options('posenc'))}",  # the schemes and presets
     ):
         check_sweep(path)
 
