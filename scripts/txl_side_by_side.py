@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from posenc_lab.bench.overhead import overrides, time_fit  # noqa: E402
 from posenc_lab.bench.probes import environment_line  # noqa: E402
 from posenc_lab.build import build_datamodule  # noqa: E402
-from posenc_lab.compose import compose  # noqa: E402
+from posenc_lab.compose import compose, override_problem  # noqa: E402
 from posenc_lab.tables import text_row, text_table  # noqa: E402
 
 #: the reference's files this runs, and the fixes each needs (old text -> new text)
@@ -140,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem := reference_problem(args.reference):
         print(f"txl_side_by_side: {problem}", file=sys.stderr)
         return 2
-    bad = [f"--{k} {getattr(args, k)}" for k in ("rounds", "warmup", "steps") if getattr(args, k) < 1]
+    bad = [f"--{k} {getattr(args, k)}: at least 1" for k in ("rounds", "warmup", "steps") if getattr(args, k) < 1]
+    if not bad and (problem := override_problem("train", args.overrides, "train")):
+        bad.append(problem)
     if bad:
-        print(f"txl_side_by_side: {', '.join(bad)}: at least 1", file=sys.stderr)
+        print(f"txl_side_by_side: {'; '.join(bad)}", file=sys.stderr)
         return 2
     print(environment_line())
     rows = []

@@ -40,7 +40,8 @@ import torch
 from .. import optim as optimizer
 from ..build import build_datamodule, build_lit, build_trainer
 from ..checkpoints import Checkpointing
-from ..compose import compose
+from ..checks import problems as check_problems
+from ..compose import compose, override_problem
 from ..memory import Recurrence
 from ..slurm import stop_signals
 from ..tables import text_row, text_table
@@ -234,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     problems += [f"--{k} {getattr(args, k)} (at least {low})" for k, low in (("rounds", 1), ("warmup", 1), ("steps", 1))
                  if getattr(args, k) < low]  # fmt: skip
     problems += [f"{o!r} (model is --configs)" for o in args.overrides if o.split("=")[0] in ("model", "+model")]
+    if not problems and (problem := override_problem("train", args.overrides, "train")):
+        problems.append(problem)
+    for preset in presets if not problems else ():  # the values, as posenc-lab train checks them, before any step
+        cfg = compose("train", overrides(preset, args.warmup, args.steps, "unused", args.overrides))
+        problems += [p for p in check_problems(cfg, "train") if p not in problems]
     if problems:
         print(f"posenc-lab bench overhead: error: {'; '.join(problems)}", file=sys.stderr)
         return 2

@@ -65,6 +65,8 @@ def test_rounds_combine_to_medians_with_the_overhead_spread_paired():
         (["--configs", "tiny,huge"], "--configs huge (valid: "),
         (["--steps", "0"], "--steps 0 (at least 1)"),
         (["model=base"], "'model=base' (model is --configs)"),
+        (["posenc=nosuch"], "nosuch"),  # Hydra's own refusal, in one line
+        (["data.batch_size=0"], "data.batch_size"),  # a value posenc-lab train refuses
     ],
 )
 def test_bad_options_are_one_line_before_any_step(argv, named, capsys):
