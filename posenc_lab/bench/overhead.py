@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import torch
@@ -139,16 +140,19 @@ def time_bare(cfg, warmup: int, steps: int, device: torch.device, keep_losses: b
     batches = [{k: v.to(device) for k, v in next(stream).items()} for _ in range(warmup + steps)]
     model = lit.model.to(device).train()
     plan = optimizer.schedule({**lit.optim, "total_steps": lit.optim.get("total_steps") or cfg.trainer.max_steps}, None)
-    configured = optimizer.configure(model, lit.optim, None, plan)
+    clip, precision = cfg.trainer.get("gradient_clip_val"), str(cfg.trainer.precision)
+    as_fit = SimpleNamespace(precision=precision, gradient_clip_val=clip)  # the AdamW kernel the fit takes
+    configured = optimizer.configure(model, lit.optim, as_fit, plan)
     opt, sched = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
-    params, clip = [p for p in model.parameters() if p.requires_grad], cfg.trainer.get("gradient_clip_val")
+    params = [p for p in model.parameters() if p.requires_grad]
     memory, losses, marks = Recurrence(), [], []
     for i, batch in enumerate(batches):
         if i == warmup:
             _sync(device)
             marks.append((time.perf_counter(), time.process_time()))
         kw = {"reset": batch["reset"], "offset": batch["offset"], "loss_mask": batch["loss_mask"]}
-        out = memory.step(model, batch["tokens"], batch["targets"], **kw)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            out = memory.step(model, batch["tokens"], batch["targets"], **kw)
         out.loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(params, clip)
@@ -191,6 +195,7 @@ def measure(preset: str, warmup: int, steps: int, extra: Sequence[str] = (), ord
     }
 
 
+PRECISIONS = ("32-true", "32", "bf16-mixed")  # what the bare loop reproduces (autocast; no gradient scaler)
 SPREAD = ("overhead_ms", "overhead_cpu_ms", "overhead_frac")
 
 
@@ -240,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     for preset in presets if not problems else ():  # the values, as posenc-lab train checks them, before any step
         cfg = compose("train", overrides(preset, args.warmup, args.steps, "unused", args.overrides))
         problems += [p for p in check_problems(cfg, "train") if p not in problems]
+        if str(cfg.trainer.precision) not in PRECISIONS and not any("precision" in p for p in problems):
+            problems.append(f"trainer.precision={cfg.trainer.precision}: the bare loop runs {' or '.join(PRECISIONS)}")
     if problems:
         print(f"posenc-lab bench overhead: error: {'; '.join(problems)}", file=sys.stderr)
         return 2

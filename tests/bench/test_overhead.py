@@ -15,17 +15,19 @@ from tests.helpers_train import CONF_DIR, CORPUS
 WARMUP, STEPS = 1, 3
 
 
-def _cfg(tmp_path, *extra):
+def _cfg(tmp_path, *extras):
     run = tmp_path / "run"
     data = ["data=pystdlib", f"data.root={tmp_path.parent / 'cache'}", *CORPUS["pystdlib"], "data.batch_size=4"]
-    extra = [*data, "data.segment_len=16", "model.mem_len=16", "trainer.enable_model_summary=false", *extra]
+    extra = [*data, "data.segment_len=16", "model.mem_len=16", "trainer.enable_model_summary=false", "bf16_check=off"]
+    extra += extras
     return compose("train", overhead.overrides("tiny", WARMUP, STEPS, str(run), extra), conf_dir=CONF_DIR)
 
 
-def test_bare_loop_takes_the_fit_steps_losses(tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_bare_loop_takes_the_fit_steps_losses(tmp_path, precision):
     # same initial weights, batches, clipping, AdamW and schedule: every step's loss equal to the real fit's, so
-    # fit - bare is the framework alone (a bare loop without the clipping or the schedule drifts from step 2)
-    cfg = _cfg(tmp_path, "optim.warmup_steps=1", "trainer.gradient_clip_val=0.05")
+    # fit - bare is the framework alone (a bare loop without the clipping, the schedule or autocast drifts)
+    cfg = _cfg(tmp_path, "optim.warmup_steps=1", "trainer.gradient_clip_val=0.05", f"trainer.precision={precision}")
     _, _, bare = overhead.time_bare(cfg, WARMUP, STEPS, torch.device("cpu"), keep_losses=True)
     _, _, clock = overhead.time_fit(cfg, WARMUP, STEPS, keep_losses=True)
     assert len(bare) == WARMUP + STEPS and len(clock.losses) == WARMUP + STEPS + 1
@@ -67,6 +69,7 @@ def test_rounds_combine_to_medians_with_the_overhead_spread_paired():
         (["model=base"], "'model=base' (model is --configs)"),
         (["posenc=nosuch"], "nosuch"),  # Hydra's own refusal, in one line
         (["data.batch_size=0"], "data.batch_size"),  # a value posenc-lab train refuses
+        (["trainer.precision=16-mixed"], "trainer.precision=16-mixed: the bare loop runs"),
     ],
 )
 def test_bad_options_are_one_line_before_any_step(argv, named, capsys):
