@@ -53,10 +53,33 @@ class NonFiniteLossError(PosencLabError, FloatingPointError):
 
 class LoggedStepBar(TQDMProgressBar):
     """Lightning's progress bar, showing the training figures of the last logged step (``LitLM.shown``, read there):
-    a figure logged to the bar is read from the device at every step after, a host sync."""
+    a figure logged to the bar is read from the device at every step after, a host sync. Drawn once a step
+    (Lightning's draws twice); its figures are gathered again only when new ones were logged (``_figures``)."""
+
+    _figures: tuple[Any, dict] | None = None  # (the LitLM.shown they hold, the figures)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         return {**super().get_metrics(trainer, pl_module), **getattr(pl_module, "shown", {})}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        bar, n = self.train_progress_bar, batch_idx + 1
+        if bar is None or bar.disable or not self._should_update(n, bar.total):
+            return
+        shown = getattr(pl_module, "shown", None)
+        if self._figures is None or self._figures[0] is not shown:  # LitLM.shown is a new dict at a logged step
+            self._figures = (shown, self.get_metrics(trainer, pl_module))
+        bar.n = n
+        bar.set_postfix(self._figures[1])  # draws
+
+
+def seed_step(seed: int, device: torch.device) -> None:
+    """Seed the CPU's generator and, on a GPU, this device's: ``torch.manual_seed``'s noise without its cost, a seed
+    queued with a formatted stack (a file read per frame) for every device kind not in use (a ms of a CPU step)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the current device: this rank's (Lightning sets it)
+    elif device.type != "cpu":
+        torch.manual_seed(seed)
 
 
 def load_lit(ckpt_path: str | os.PathLike, checkpoint: dict[str, Any] | None = None) -> LitLM:
@@ -105,6 +128,7 @@ class LitLM(L.LightningModule):
         self._t_last: float | None = None
         self._tokens_last = 0  # train_tokens at _t_last
         self._first_bad: Tensor | None = None  # (step, batch index, loss) of a non-finite loss, on the device
+        self._watched: list[tuple[Tensor, int, int]] = []  # (loss, step, batch index) since the last fold
         self._acc_counts: Tensor | None = None  # (correct, answered) since the last logged step, on the device
         self.shown: dict[str, float] = {}  # the training figures of the last logged step, for the progress bar
         self._answers = True  # the corpus carries recall answers (set from the datamodule; unknown: True)
@@ -112,6 +136,7 @@ class LitLM(L.LightningModule):
         self.stretches: list[dict[str, Any]] = []  # the schedules of the steps before this invocation (checkpoint)
         self.plan: dict[str, Any] | None = None  # the schedule of this invocation (optim.schedule)
         self._plan_from = 0  # the step this invocation started at
+        self._stop_sources: list[L.Callback] = []  # the callbacks that can end training at a step (on_train_start)
 
     # ---- checks before any step ------------------------------------------------------------
 
@@ -188,24 +213,24 @@ class LitLM(L.LightningModule):
             self.memory["train"].memory = Memory.of(mems, self.model.mem_len) if mems else None
             self._pending_train_mems = None
         self._t_last = None
+        # what can end training at a step, found once; one process only: under DDP the signal reaches ranks apart,
+        # and a rank-local decision to log would enter sync_dist's collective alone
+        stops = [c for c in self.trainer.callbacks if hasattr(c, "stop_requested")]  # Checkpointing
+        self._stop_sources = stops if self.trainer.world_size == 1 else []
 
     def on_train_end(self) -> None:
         self._check_finite()  # the steps since the last logged one
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        torch.manual_seed(self._step_seed(batch_idx))  # dropout noise depends on (seed, step, rank) only
+        seed_step(self._step_seed(batch_idx), self.device)  # dropout noise depends on (seed, step, rank) only
         self.model.at_step(self.global_step)  # a scheme's schedule (DroPE) from the step alone, as the noise
 
     def _log_step(self) -> bool:
         """True on the steps whose metrics Lightning logs (every ``trainer.log_every_n_steps``): the only steps that
         read anything from the device. Outside a trainer (a bare call): every step."""
-        if self._trainer is None:
+        if self._trainer is None or self.trainer._logger_connector.should_update_logs:
             return True
-        if self.trainer._logger_connector.should_update_logs:
-            return True
-        # the step a stop signal ends is logged too (its metrics.csv row); one process only: under DDP the signal
-        # reaches ranks apart, and a rank-local decision to log would enter sync_dist's collective alone
-        return self.trainer.world_size == 1 and any(getattr(c, "stop_requested", False) for c in self.trainer.callbacks)
+        return any(c.stop_requested for c in self._stop_sources)  # the step a stop ends is logged too
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """No host sync (tests/test_no_host_sync.py): the finite check and the recall accuracy accumulate on the
@@ -252,16 +277,29 @@ class LitLM(L.LightningModule):
             return []
         return [LoggedStepBar(refresh_rate=bar.refresh_rate, process_position=bar.process_position, leave=bar._leave)]
 
+    WATCH_FOLD = 256  # losses kept before they are folded on the device (no logged step may come)
+
     def _watch_finite(self, loss: Tensor, batch_idx: int) -> None:
+        """Keep the loss for the check at the next logged step: no device work at the steps between."""
+        self._watched.append((loss, self.global_step, batch_idx))
+        if len(self._watched) >= self.WATCH_FOLD:
+            self._fold_watched()
+
+    def _fold_watched(self) -> None:
         """Keep (step, batch index, loss) of the first non-finite loss since the last check, on the device."""
-        now = torch.stack([torch.full_like(loss, self.global_step), torch.full_like(loss, batch_idx), loss]).float()
-        if self._first_bad is None:
-            self._first_bad = torch.full_like(now, float("inf"))  # step inf: none yet
-        fresh = ~torch.isfinite(loss) & torch.isinf(self._first_bad[0])
-        self._first_bad = torch.where(fresh, now, self._first_bad)
+        if not self._watched:
+            return
+        losses = torch.stack([w[0] for w in self._watched]).float()  # [n]
+        at = torch.tensor([w[1:] for w in self._watched], dtype=torch.float32).to(losses.device, non_blocking=True)
+        self._watched, bad = [], ~torch.isfinite(losses)
+        first = bad.int().argmax().view(1)  # the first non-finite one (0 if none)
+        now = torch.cat([at.index_select(0, first)[0], losses.index_select(0, first)])  # (step, batch index, loss)
+        kept = torch.full_like(now, float("inf")) if self._first_bad is None else self._first_bad  # step inf: none yet
+        self._first_bad = torch.where(bad.any() & torch.isinf(kept[0]), now, kept)
 
     def _check_finite(self) -> None:
         """Raise NonFiniteLossError if a loss since the last check was not finite (one host read)."""
+        self._fold_watched()
         if self._first_bad is None:
             return
         first = self._first_bad
@@ -387,8 +425,7 @@ class LitLM(L.LightningModule):
                 f"{', '.join(missing)}); train the run again"
             )
         self._pending_train_mems = list(state["train_mems"]) or None
-        self.train_tokens = int(state["train_tokens"])
-        self._wall_offset = float(state["wall_time_s"])
+        self.train_tokens, self._wall_offset = int(state["train_tokens"]), float(state["wall_time_s"])
         self.loaded_health = state.get("health")
         self.stretches, self._plan_from = optimizer.stretches(checkpoint), int(checkpoint.get("global_step", 0))
         self.model.at_step(self._plan_from)  # the weights' step: an evaluation of a checkpoint sees what it trained

@@ -297,3 +297,68 @@ def test_a_checkpoint_without_its_schedule_is_refused_in_one_line(tmp_path, cach
     torch.save(old, tmp_path / "old.ckpt")
     with pytest.raises(ValueError, match=r"development version of posenc-lab .*lacks schedule\); train the run again"):
         train(compose_config("train", tiny(tmp_path / "new", cache, f"resume={tmp_path / 'old.ckpt'}", steps=6)))
+
+
+def test_a_step_seed_gives_torch_manual_seeds_noise_without_formatting_a_stack(monkeypatch):
+    """torch.manual_seed queues a seed, with traceback.format_stack() (a file stat per frame), for each device kind
+    not initialised (CUDA, XPU, MTIA): a millisecond of every CPU step. seed_step gives the same noise without it."""
+    import traceback
+
+    from posenc_lab.lit import seed_step
+
+    torch.manual_seed(1234)
+    expected = torch.get_rng_state()
+    torch.manual_seed(0)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a stack formatted to seed a step")
+
+    monkeypatch.setattr(traceback, "format_stack", refuse)
+    seed_step(1234, torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), expected)
+    if not torch.cuda.is_initialized():  # what the step did before: the guard above would have caught it
+        with pytest.raises(AssertionError, match="a stack formatted"):
+            torch.manual_seed(1234)
+
+
+def test_the_finite_check_keeps_the_first_bad_loss_across_folds(monkeypatch):
+    """The losses wait on the host side until the check (or WATCH_FOLD of them): the first non-finite one, its step
+    and batch index are kept on the device, whatever follows."""
+    lit = LitLM(model=dict(vocab_size=10, n_layer=1, d_model=16, n_head=2, d_inner=32, dropout=0.0))
+    monkeypatch.setattr(LitLM, "WATCH_FOLD", 3)
+    for i, loss in enumerate([1.0, 2.0, 3.0, 4.0, float("nan")]):  # a fold at 3 (all finite), then 2 kept
+        lit._watch_finite(torch.tensor(loss), i)
+    assert len(lit._watched) == 2 and torch.isinf(lit._first_bad[0])  # folded: none bad yet
+    for i, loss in enumerate([float("inf"), 7.0], start=5):
+        lit._watch_finite(torch.tensor(loss), i)
+    lit._fold_watched()
+    step, batch_idx, loss = lit._first_bad.tolist()
+    assert (step, batch_idx, math.isnan(loss)) == (0, 4, True)  # the nan at batch 4, not the inf after it
+    lit._watch_finite(torch.tensor(float("inf")), 9)
+    lit._fold_watched()
+    assert lit._first_bad[1].item() == 4  # kept until a check reads it
+
+
+def test_the_progress_bar_draws_once_a_step_and_gathers_figures_when_new_ones_are_logged(monkeypatch):
+    import io
+
+    from lightning.pytorch.callbacks import TQDMProgressBar
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    from posenc_lab.lit import LoggedStepBar
+
+    gathered = []
+    monkeypatch.setattr(TQDMProgressBar, "get_metrics", lambda self, trainer, module: gathered.append(1) or {})
+    bar = LoggedStepBar()
+    bar.train_progress_bar = Tqdm(total=10, file=io.StringIO())
+    draws = []
+    monkeypatch.setattr(bar.train_progress_bar, "refresh", lambda *a, **k: draws.append(1))
+    module = L.LightningModule()
+    module.shown = {"train/loss": 2.5}
+    for i in range(3):
+        bar.on_train_batch_end(None, module, None, None, i)
+    assert len(draws) == 3 and len(gathered) == 1 and bar.train_progress_bar.n == 3
+    assert bar.train_progress_bar.postfix.endswith("train/loss=2.500")
+    module.shown = {"train/loss": 1.5}  # a logged step
+    bar.on_train_batch_end(None, module, None, None, 3)
+    assert len(draws) == 4 and len(gathered) == 2 and "train/loss=1.500" in bar.train_progress_bar.postfix

@@ -9,6 +9,7 @@ memory reuse), peak memory and model FLOPs utilisation (MFU). One concern per mo
     probes.py   device, autocast, timing, peak memory, the matmul peak, the machine's state
     loops.py    the grid and the timed training / evaluation loops, memory reuse vs a sliding window
     cli.py      the command line; tables are written by ``posenc_lab.tables``
+    overhead.py ``bench overhead``: what a training step of ``posenc-lab train`` costs beyond the model's arithmetic
 
 The bf16-mixed vs fp32 loss curves live in ``analysis/loss_curve.py`` (an experiment, not a benchmark).
 

@@ -75,6 +75,9 @@ class BenchResult:
     matmul_peak_cpu_gflops: float = float("nan")
     train_mfu_cpu: float = float("nan")
     eval_mfu_cpu: float = float("nan")
+    # the first training / evaluation step, which compiles under compile=True (its cost in a run: add_compile_cost)
+    train_first_ms: float = float("nan")
+    eval_first_ms: float = float("nan")
     extra: dict = field(default_factory=dict, repr=False)
 
     def __getattr__(self, name: str):  # r.scheme, r.precision, ...: the point's fields
@@ -176,8 +179,9 @@ def bench_one(
             opt.step()
 
         train_cpu: list[float] = []
+        train_first: list[float] = []
         train_s = _unless_cannot_run(
-            lambda: median_time(train_step, device, warmup, reps, train_cpu), train_cpu, not_run
+            lambda: median_time(train_step, device, warmup, reps, train_cpu, train_first), train_cpu, not_run
         )
     params = model.num_params()
 
@@ -191,7 +195,10 @@ def bench_one(
                 memory.step(step_model, data[:, :-1], data[:, 1:])
 
         eval_cpu: list[float] = []
-        eval_s = _unless_cannot_run(lambda: median_time(eval_step, device, warmup, reps, eval_cpu), eval_cpu, not_run)
+        eval_first: list[float] = []
+        eval_s = _unless_cannot_run(
+            lambda: median_time(eval_step, device, warmup, reps, eval_cpu, eval_first), eval_cpu, not_run
+        )
 
     train_flops = model_flops_per_token(model, L, M, training=True, batch_size=B)
     eval_flops = model_flops_per_token(model, L, M, training=False, batch_size=B)
@@ -216,6 +223,8 @@ def bench_one(
         train_mfu=train_flops * tokens / train_s / matmul_peak,
         eval_mfu=eval_flops * tokens / eval_s / matmul_peak,
         extra={"memory_method": train_mem.method, **({"not_run": not_run[0]} if not_run else {})},
+        train_first_ms=train_first[0] * 1e3 if train_first else float("nan"),
+        eval_first_ms=eval_first[0] * 1e3 if eval_first else float("nan"),
     )
     if device.type == "cpu":
         threads = torch.get_num_threads()

@@ -106,14 +106,24 @@ class PeakMemory:
 
 
 def median_time(
-    fn: Callable[[], None], device: torch.device, warmup: int, reps: int, cpu_times: list | None = None
+    fn: Callable[[], None],
+    device: torch.device,
+    warmup: int,
+    reps: int,
+    cpu_times: list | None = None,
+    first: list | None = None,
 ) -> float:
     """Median seconds of one call of ``fn`` over ``reps`` timed calls after ``warmup`` calls.
 
     ``cpu_times`` (optional) receives the process CPU seconds of each timed call (all threads): on a
-    shared machine, wall time includes waiting for the cores; CPU time is the work done."""
-    for _ in range(warmup):
+    shared machine, wall time includes waiting for the cores; CPU time is the work done. ``first`` (optional)
+    receives the wall seconds of the first warm-up call (the one that compiles, with ``torch.compile``)."""
+    for i in range(warmup):
+        start = time.perf_counter()
         fn()
+        if i == 0 and first is not None:
+            _sync(device)
+            first.append(time.perf_counter() - start)
     _sync(device)
     times = []
     for _ in range(reps):

@@ -9,9 +9,10 @@ from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from posenc_lab import bench
-from posenc_lab.bench import probes
+from posenc_lab.bench import cli, probes
 from posenc_lab.bench.configs import CONF_MODEL
 from posenc_lab.compose import compose
 from posenc_lab.model import MemoryTransformer, ModelConfig
@@ -236,6 +237,34 @@ def test_rounds_keep_points_apart_on_every_point_field():
     rows = [{**base, "train_ms": 1.0}, {**base, "attention": "unfused", "train_ms": 2.0}]
     assert [r["train_ms"] for r in bench.combine_rounds([rows, rows[::-1]])] == [1.0, 2.0]
     assert set(bench.POINT_KEYS) == {f.name for f in fields(bench.Point)} - {"memory"} | {"mem_len"}
+
+
+def test_the_compile_cost_counts_the_first_step_once_in_a_1000_step_run():
+    point = {"config": "tiny", "scheme": XL, "precision": "fp32", "mem_len": 16, "attention": "auto"}
+    eager = {**point, "compile": False, "train_ms": 20.0, "train_first_ms": 30.0}
+    compiled = {**point, "compile": True, "train_ms": 10.0, "train_first_ms": 5010.0}
+    other = {**point, "scheme": SINUSOID, "compile": True, "train_ms": 10.0, "train_first_ms": 10.0}  # no eager twin
+    rows = {(r["scheme"], r["compile"]): r for r in cli.add_compile_cost([compiled, eager, other])}
+    c = rows[(XL, True)]
+    assert c["compile_s"] == pytest.approx(5.0)  # the first step over a median one
+    # (5,010 + 999 x 10) / (30 + 999 x 20) ms: half the step time, but 5 s of compiling
+    assert c["train_1000_ratio"] == pytest.approx(15_000 / 20_010)
+    assert rows[(XL, False)]["train_1000_ratio"] == 1.0 and math.isnan(rows[(SINUSOID, True)]["train_1000_ratio"])
+
+
+def test_the_first_warm_up_call_is_timed_apart(monkeypatch):
+    import time
+
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.05)  # the call that compiles
+
+    first: list[float] = []
+    median = probes.median_time(step, torch.device("cpu"), warmup=2, reps=3, first=first)
+    assert len(calls) == 5 and len(first) == 1 and first[0] >= 0.05 and median < 0.05
 
 
 def test_bench_rounds_from_the_command_line(tmp_path, capsys):
