@@ -18,7 +18,7 @@ from posenc_lab import config_dir
 from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.tables import write_csv
 
-from ..lengthgen import Claim, judge, measure, tidy
+from ..lengthgen import METRICS, Claim, judge, measure, tidy
 from ..plots import _save, palette
 from .base import REPORT, Figure, Part, Section, Table, register
 
@@ -37,18 +37,38 @@ def read_claims(name: str) -> tuple[list[Claim], float]:
         raise ValueError(f"{where}: alpha must be in (0, 1), got {alpha!r}")
     claims = []
     for i, c in enumerate(doc.get("claims") or []):
-        if not isinstance(c, dict) or set(c) != CLAIM_KEYS:
+        if not isinstance(c, dict) or not CLAIM_KEYS <= set(c) <= CLAIM_KEYS | {"metric"}:
             got = sorted(c) if isinstance(c, dict) else c
-            raise ValueError(f"{where}: claim {i} must have exactly the keys {sorted(CLAIM_KEYS)}, got {got}")
+            raise ValueError(
+                f"{where}: claim {i} must have exactly the keys {sorted(CLAIM_KEYS)} (and optionally metric), got {got}"
+            )
+        if (metric := c.get("metric", "sequence")) not in METRICS:
+            raise ValueError(f"{where}: claim {c['id']}: metric must be one of {list(METRICS)}, got {metric!r}")
         if c["task"] not in TASKS:
             raise ValueError(f"{where}: claim {c['id']}: task {c['task']!r} is not a task; the tasks: {sorted(TASKS)}")
         f = c["factor"]
         if isinstance(f, bool) or not isinstance(f, int) or f < 1 or f & (f - 1):
             raise ValueError(f"{where}: claim {c['id']}: factor must be a power of 2 (a test length), got {f!r}")
-        claims.append(
-            Claim(c["id"], c["task"], c["better"], c["than"], f, " ".join(str(c["source"]).split()), c["claim"])
-        )
+        source = " ".join(str(c["source"]).split())
+        claims.append(Claim(c["id"], c["task"], c["better"], c["than"], f, source, c["claim"], metric))
     return claims, float(alpha)
+
+
+def plan_lines(cell_seeds: dict[str, int], claims_file: str, instances: int) -> list[str]:
+    """The plan's power statement for a task grid (``power.task_plan_lines``): ``cell_seeds`` the grid's task
+    cells (``<task>/<cell>``) and their seeds; the claims of ``claims_file`` judged on it (both cells present with
+    at least 2 seeds, as ``judge`` judges them); ``instances`` test instances a length; the seed SD of
+    ``plan_seed_sd`` in that file."""
+    from ..power import task_plan_lines
+
+    if not cell_seeds:
+        return []
+    claims, alpha = read_claims(claims_file)
+    seed_sd = (yaml.safe_load((Path(config_dir()) / claims_file).read_text()) or {}).get("plan_seed_sd", 0.0)
+    if isinstance(seed_sd, bool) or not isinstance(seed_sd, (int, float)) or not 0 <= seed_sd < 0.5:
+        raise ValueError(f"{claims_file}: plan_seed_sd must be a number in [0, 0.5), got {seed_sd!r}")
+    n = sum(min(cell_seeds.get(f"{c.task}/{c.better}", 0), cell_seeds.get(f"{c.task}/{c.than}", 0)) >= 2 for c in claims)
+    return task_plan_lines(n, sorted(set(cell_seeds.values())), instances, alpha, float(seed_sd))
 
 
 @dataclass
@@ -170,7 +190,8 @@ class Lengthgen(Section):
             "per instance (`seq`) and per answer token (`token`). `not_served`: the first length a cell's scheme "
             "cannot serve, and why (nothing is measured there). Every task, cell and length: "
             "`lengthgen/lengthgen_accuracy.csv`. The verdicts: conf/lengthgen_paper.yaml, fixed in advance; "
-            "exact match of `better` minus `than` on the same instances, Holm over both directions of every claim."
+            "the accuracy (`metric`: exact match per instance, or per answer token) of `better` minus `than` on the "
+            "same instances, Holm over both directions of every claim."
         )
         notes = ["smoke run: the numbers mean nothing and no verdict is drawn"] if ctx.report.smoke else []
         verdicts = m.verdicts.copy()
