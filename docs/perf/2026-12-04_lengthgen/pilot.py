@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from posenc_lab_analysis.lengthgen import evaluate
@@ -30,6 +31,14 @@ def cpu_seconds(stderr: str) -> float:
     user = float(re.search(r"User time \(seconds\): ([\d.]+)", stderr).group(1))
     system = float(re.search(r"System time \(seconds\): ([\d.]+)", stderr).group(1))
     return user + system
+
+
+def train_curve(run_dir: Path) -> str:
+    """The answer tokens' train accuracy at each quarter of training (the mean of the logged steps in it)."""
+    m = pd.read_csv(run_dir / "metrics.csv")
+    m = m[["step", "train/acc"]].dropna()
+    quarter = (4 * m["step"] / (m["step"].max() + 1)).astype(int)
+    return " ".join(f"{v:.2f}" for v in m.groupby(quarter)["train/acc"].mean())
 
 
 def main(argv: list[str]) -> None:
@@ -50,6 +59,7 @@ def main(argv: list[str]) -> None:
     c0 = time.process_time()
     scored = evaluate(load_run(run_dir), "val", instances)
     eval_cpu = time.process_time() - c0
+    curve = train_curve(run_dir)
     base = min(scored)
     acc = {
         f"{n // base}x": (round(float(s.exact.mean()), 3), round(float(s.correct.mean()), 3))
@@ -59,10 +69,11 @@ def main(argv: list[str]) -> None:
     }
     row = dict(name=name, overrides=overrides, train_cpu_s=round(train_cpu, 1), wall_s=round(wall), eval_cpu_s=round(eval_cpu, 1))
     row["acc"] = acc  # factor -> (exact match per instance, per answer token)
+    row["train_acc"] = curve
     with open(root / "pilots.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
     cells = " | ".join(f"{v[0]:.2f} / {v[1]:.2f}" if isinstance(v, tuple) else "not served" for v in acc.values())
-    print(f"| {name} | {' '.join(overrides)} | {train_cpu:.0f} | {cells} |")
+    print(f"| {name} | {' '.join(overrides)} | {train_cpu:.0f} | {cells} | {curve} |")
 
 
 if __name__ == "__main__":
