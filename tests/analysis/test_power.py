@@ -131,7 +131,9 @@ def test_a_task_verdicts_stated_effect_is_found_with_its_power(n_seeds, seed_sd)
     delta = task_null_draws(128, n_seeds, level, seed_sd, reps=600, seed=1).detectable(level)
     rng, found = np.random.default_rng(2), 0
     for _ in range(400):
-        acc = np.clip(0.5 + np.array([delta / 2, -delta / 2])[:, None, None] + rng.normal(0, seed_sd, (2, n_seeds, 1)), 0, 1)
+        acc = np.clip(
+            0.5 + np.array([delta / 2, -delta / 2])[:, None, None] + rng.normal(0, seed_sd, (2, n_seeds, 1)), 0, 1
+        )
         hits = (rng.random((2, n_seeds, 128)) < acc).astype(float)
         found += paired_difference(hits[0], hits[1], np.arange(128), 1 - 2 * level).p_value(">0") <= level
     assert 0.7 <= found / 400 <= 0.9, (delta, found / 400)  # 0/1 outcomes are not a pure shift: 73-80% found

@@ -67,7 +67,13 @@ def main(argv: list[str]) -> None:
         else s.reason
         for n, s in sorted(scored.items())
     }
-    row = dict(name=name, overrides=overrides, train_cpu_s=round(train_cpu, 1), wall_s=round(wall), eval_cpu_s=round(eval_cpu, 1))
+    row = dict(
+        name=name,
+        overrides=overrides,
+        train_cpu_s=round(train_cpu, 1),
+        wall_s=round(wall),
+        eval_cpu_s=round(eval_cpu, 1),
+    )
     row["acc"] = acc  # factor -> (exact match per instance, per answer token)
     row["train_acc"] = curve
     with open(root / "pilots.jsonl", "a") as f:

@@ -85,8 +85,9 @@ def test_a_token_claim_is_judged_on_answer_tokens_with_instances_as_units():
     def missing(k: int) -> CellLength:
         tokens = np.repeat(exact[:, :, None], 3, axis=2).copy()
         tokens[:, :, k:] |= True  # a wrong instance misses its first k tokens
-        return CellLength("copy", "copy/a:nomem" if k == 1 else "copy/b:nomem", "a", 0, 32, 4, exact,
-                          tokens.reshape(2, -1), 3)
+        return CellLength(
+            "copy", "copy/a:nomem" if k == 1 else "copy/b:nomem", "a", 0, 32, 4, exact, tokens.reshape(2, -1), 3
+        )
 
     both = [missing(1), missing(2)]
     claims = [Claim(m, "copy", "a:nomem", "b:nomem", 4, "src", "c", metric=m) for m in ("token", "sequence")]
