@@ -63,9 +63,14 @@ CLAIMS = {
     "context_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16),
                          seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1]}, without_memory={XL},
                          half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
-    # length generalization: the task grid alone (issue 41), 4 tasks x 22 cells
-    "lengthgen": dict(smoke=False, steps=800, model=(2, 64), lengths=(32, 32), seeds=[0, 1], without_memory=set(),
-                      half_loss=set(), recall=set()),
+    # length generalization: the task grid alone (issue 41), reverse x 22 cells, the verdict's cells a third seed
+    "lengthgen": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32),
+                      seeds={"*": [0, 1], "reverse/sinusoid:nomem": [0, 1, 2],
+                             "reverse/sinusoid+rand256:nomem": [0, 1, 2]},
+                      without_memory=set(), half_loss=set(), recall=set()),
+    # the published finding (Ruoss et al.): reverse, sinusoid and rope with and without random positions, 3 seeds
+    "lengthgen_finding": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],
+                              without_memory=set(), half_loss=set(), recall=set(), task_schemes={SINUSOID, ROPE}),
     "lengthgen_tiny": dict(smoke=True, steps=12, model=(2, 32), lengths=(16, 16), seeds=[0], without_memory=set(),
                            half_loss=set(), recall=set()),
     "wt103_table6": dict(smoke=False, steps=200_000, model=(16, 410), lengths=(150, 150), seeds=[0],
@@ -95,6 +100,8 @@ def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
         assert {s.scheme for s in main} == claims["schemes"]
     if "half_loss" in claims:
         assert {s.scheme for s in main if s.loss_frac != 1.0} == claims["half_loss"]
+    if "task_schemes" in claims:  # a task grid of its own cells (a finding's)
+        assert {s.scheme for s in specs if s.group} == claims["task_schemes"]
     assert {s.scheme for s in specs if s.group == "recall"} == claims["recall"]
     if "recall_without_memory" in claims:
         assert {s.scheme for s in specs if s.group == "recall" and s.mem_len == 0} == claims["recall_without_memory"]
@@ -122,11 +129,12 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     specs = make_plan(cfg, [f"experiment={preset}"])
     main = [s for s in specs if s.group is None] or specs  # the reach presets: the recall grid alone
     schemes = {s.scheme for s in main}  # the issue's five: every absolute scheme, at least two relative ones
-    if not CLAIMS[preset]["smoke"] and not isinstance(CLAIMS[preset].get("schemes"), set):  # else: its own cells
+    own = isinstance(CLAIMS[preset].get("schemes"), set) or "task_schemes" in CLAIMS[preset]  # its own cells
+    if not CLAIMS[preset]["smoke"] and not own:
         assert schemes >= set(schemes_of_kind("absolute")) and len(schemes & set(schemes_of_kind("relative"))) >= 2
     if preset == "zoo":  # every registered scheme, with memory only (conf/experiment/zoo.yaml)
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
-    else:
+    elif preset != "lengthgen_finding":  # the finding's cells: without memory only, as published
         assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
     ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis))  # the analysis block is valid
     for spec in specs if every_run else representative(specs):

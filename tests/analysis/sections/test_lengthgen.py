@@ -135,13 +135,22 @@ def test_summary_gives_4x_with_intervals_and_where_a_scheme_stops():
 def test_the_task_grid_of_the_preset():
     cfg = compose("ablate", ["experiment=lengthgen"])
     specs = plan(cfg, ["experiment=lengthgen"])
-    assert len(specs) == 4 * 22 * 2 and {s.group for s in specs} == {"copy", "reverse", "addition", "duplicate_string"}
+    # reverse alone (the others through ablate.tasks.names): 22 cells x 2 seeds, the verdict's 2 cells a third
+    assert len(specs) == 22 * 2 + 2 and {s.group for s in specs} == {"reverse"}
+    third = {s.cell for s in specs if s.seed == 2}
+    assert third == {"reverse/sinusoid:nomem", "reverse/sinusoid+rand256:nomem"}
     cells = {s.cell for s in specs if s.group == "reverse"}
     assert {"reverse/sinusoid+rand256:nomem", "reverse/rope+rand256:mem32", "reverse/fox:nomem"} <= cells
     rand = [s for s in specs if s.random_positions]
     assert {s.scheme for s in rand} == {"sinusoid", "rope"}
     assert all("+model.random_positions=256" in s.overrides for s in rand)
     assert all(f"data={s.group}" in s.overrides for s in specs) and len({s.name for s in specs}) == len(specs)
+    others = [
+        "experiment=lengthgen",
+        "ablate.tasks.names=[copy,addition,duplicate_string]",
+        "ablate.extra_seed_cells=[]",
+    ]
+    assert {s.group for s in plan(compose("ablate", others), others)} == {"copy", "addition", "duplicate_string"}
     for override, message in (
         ("ablate.tasks.names=[copy,sort]", r"ablate.tasks.names names unknown task\(s\) \['sort'\]; the tasks: "),
         ("+ablate.tasks.random_positions.path=64", r"ablate.tasks.random_positions.path=64: it takes a scheme of"),
