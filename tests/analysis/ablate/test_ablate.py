@@ -63,10 +63,10 @@ CLAIMS = {
     "context_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16),
                          seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1]}, without_memory={XL},
                          half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
-    # length generalization: the task grid alone (issue 41), reverse x 22 cells, the verdict's cells a third seed
+    # length generalization: the task grid alone (issue 41), reverse x 22 cells, the verdicts' cells a third seed
     "lengthgen": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32),
-                      seeds={"*": [0, 1], "reverse/sinusoid:nomem": [0, 1, 2],
-                             "reverse/sinusoid+rand256:nomem": [0, 1, 2]},
+                      seeds={"*": [0, 1], **{f"reverse/{s}:nomem": [0, 1, 2] for s in
+                                             ("sinusoid", "sinusoid+rand256", "rope", "rope+rand256")}},
                       without_memory=set(), half_loss=set(), recall=set()),
     # the published finding (Ruoss et al.): reverse, sinusoid and rope with and without random positions, 3 seeds
     "lengthgen_finding": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],

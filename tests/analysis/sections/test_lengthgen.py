@@ -135,10 +135,10 @@ def test_summary_gives_4x_with_intervals_and_where_a_scheme_stops():
 def test_the_task_grid_of_the_preset():
     cfg = compose("ablate", ["experiment=lengthgen"])
     specs = plan(cfg, ["experiment=lengthgen"])
-    # reverse alone (the others through ablate.tasks.names): 22 cells x 2 seeds, the verdict's 2 cells a third
-    assert len(specs) == 22 * 2 + 2 and {s.group for s in specs} == {"reverse"}
+    # reverse alone (the others through ablate.tasks.names): 22 cells x 2 seeds, the verdicts' 4 cells a third
+    assert len(specs) == 22 * 2 + 4 and {s.group for s in specs} == {"reverse"}
     third = {s.cell for s in specs if s.seed == 2}
-    assert third == {"reverse/sinusoid:nomem", "reverse/sinusoid+rand256:nomem"}
+    assert third == {f"reverse/{s}{r}:nomem" for s in ("sinusoid", "rope") for r in ("", "+rand256")}
     cells = {s.cell for s in specs if s.group == "reverse"}
     assert {"reverse/sinusoid+rand256:nomem", "reverse/rope+rand256:mem32", "reverse/fox:nomem"} <= cells
     rand = [s for s in specs if s.random_positions]
