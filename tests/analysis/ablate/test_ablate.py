@@ -398,3 +398,16 @@ def test_a_failed_run_says_no_run_finished_when_none_did(tmp_path, capsys):
     assert ablate.main(args) == 1
     log = capsys.readouterr().out
     assert "no run finished" in log and "finished run(s) are kept" not in log
+
+
+def test_the_plan_states_what_a_task_grids_seeds_detect(capsys, tmp_path):
+    """A task grid alone (no language-corpus cells): `--plan` states the task verdicts' power, counting the claims
+    of conf/lengthgen_paper.yaml whose both cells the grid trains with 2 seeds or more."""
+    assert ablate.main(["experiment=lengthgen_finding", f"ablate.out={tmp_path}", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "# power (task verdicts): 2 claim(s) the report will judge" in out and "same 128 test instances" in out
+    assert re.search(r"#   3 seeds a cell: detects a difference of 0\.\d+ in exact match", out)
+    one = ["experiment=lengthgen_finding", f"ablate.out={tmp_path}", "ablate.seeds=[0]", "--plan"]
+    assert ablate.main(one) == 0
+    out = capsys.readouterr().out
+    assert "0 claim(s)" in out and "1 seed a cell: no task verdict is judged" in out
