@@ -159,10 +159,14 @@ def tidy(measured: list[CellLength], level: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+METRICS = ("sequence", "token")
+
+
 @dataclass(frozen=True)
 class Claim:
-    """A verdict fixed in advance (``conf/lengthgen_paper.yaml``): ``better`` has the higher exact-match accuracy
-    than ``than`` on ``task`` at ``factor`` x n_train."""
+    """A verdict fixed in advance (``conf/lengthgen_paper.yaml``): ``better`` has the higher accuracy than
+    ``than`` on ``task`` at ``factor`` x n_train; ``metric``: exact match per instance (``sequence``) or accuracy
+    per answer token (``token``, as Ruoss et al. 2023 score), the instances the units either way."""
 
     name: str
     task: str
@@ -171,10 +175,17 @@ class Claim:
     factor: int
     source: str
     claim: str
+    metric: str = "sequence"
+
+    def values(self, m: CellLength) -> tuple[np.ndarray, np.ndarray]:
+        """(hits [seeds, scored], units [scored]) of a measured cell under this claim's metric."""
+        if self.metric == "token":
+            return m.correct.astype(float), np.repeat(np.arange(m.exact.shape[1]), m.answer_len)
+        return m.exact.astype(float), np.arange(m.exact.shape[1])
 
 
 def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: float) -> pd.DataFrame:
-    """Per claim: the difference in exact-match accuracy (better - than) with its interval, its one-sided p, Holm's
+    """Per claim: the difference in its metric's accuracy (better - than) with its interval, its one-sided p, Holm's
     adjusted p over the claims, and the verdict: reproduced (above 0 at alpha), contradicted (below 0 at alpha),
     inconclusive, or not judged (a cell missing, not served, or with one seed)."""
     at = {(m.task, m.cell, m.factor): m for m in measured}
@@ -185,13 +196,13 @@ def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: 
         if missing:
             d, why = NOT_EVALUATED, f"not judged: {', '.join(missing)} not measured at {c.factor}x"
         else:
-            d = paired_difference(
-                a.exact.astype(float), b.exact.astype(float), np.arange(a.exact.shape[1]), level=level
-            )
+            (hits_a, units), (hits_b, _) = c.values(a), c.values(b)
+            d = paired_difference(hits_a, hits_b, units, level=level)
             why = "" if d.covers_seeds else "not judged: a cell with one seed"
         p_up, p_down = (d.p_value(">0"), d.p_value("<0")) if not why else (float("nan"), float("nan"))
         ps.append((p_up, p_down))
         rows.append({"claim": c.name, "task": c.task, "better": c.better, "than": c.than, "factor": c.factor})
+        rows[-1]["metric"] = c.metric
         rows[-1].update({"difference": d.text(3), "p": p_up, "note": why, "source": c.source})
     # Holm over both directions of every claim at once: any false "reproduced" or "contradicted" at most alpha
     adjusted = holm([p for pair in ps for p in pair])

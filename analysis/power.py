@@ -174,3 +174,53 @@ def plan_lines(
             f"(median df {p['df']:.1f})"
         )
     return out
+
+
+def task_null_draws(
+    instances: int, n_seeds: int, alpha: float, seed_sd: float, p: float = 0.5, reps: int = REPS, seed: int = 0
+) -> NullDraws:
+    """The test of a length-generalization verdict (``lengthgen.judge``: exact match of two cells on the same
+    ``instances`` test instances, each with ``n_seeds`` seeds, the instances the units) simulated at the null:
+    each seed's accuracy p + N(0, seed_sd) (clipped to [0, 1]), each instance right with that probability. p = 0.5
+    gives a 0/1 outcome its largest variance, so the statement holds at any accuracy."""
+    _check(alpha, POWER)
+    rng, units = np.random.default_rng(seed), np.arange(instances)
+    est, se, df = np.empty(reps), np.empty(reps), np.empty(reps)
+    for r in range(reps):
+        acc = np.clip(p + rng.normal(0, seed_sd, (2, n_seeds, 1)), 0, 1)  # [cell, seed, 1]
+        hits = (rng.random((2, n_seeds, instances)) < acc).astype(np.float64)
+        d = paired_difference(hits[0], hits[1], units, 1 - 2 * alpha)
+        est[r], se[r], df[r] = d.estimate, d.se, d.df
+    return NullDraws(est, se, df)
+
+
+def task_plan_lines(n_claims: int, seeds: Sequence[int], instances: int, alpha: float, seed_sd: float) -> list[str]:
+    """What ``posenc-lab ablate --plan`` says a task grid can detect: for each number of seeds a cell, the smallest
+    difference in exact match per instance (``task_null_draws``) that a task verdict tested at Holm's first step
+    (alpha / (2 m), m the claims the report will judge) finds with 80% power, at a seed SD ``seed_sd``. A claim
+    per answer token (``metric: token``) has less spread per instance: the statement bounds it from above."""
+    level = alpha / (2 * max(1, n_claims))
+    out = [
+        f"# power (task verdicts): {n_claims} claim(s) the report will judge ({2 * n_claims} hypotheses; Holm's "
+        f"first step: one-sided alpha {level:.2g}); exact match per instance of two cells on the same {instances} "
+        f"test instances, simulated {REPS} times at the null at accuracy 0.5 (the largest 0/1 variance) with a "
+        f"seed SD of {seed_sd} (conf/lengthgen_paper.yaml's plan_seed_sd); a claim per answer token detects less "
+        f"than this at most"
+    ]
+    for n in seeds:
+        if n < 2:
+            out.append(f"#   {n} seed a cell: no task verdict is judged (one seed has no spread)")
+            continue
+        draws = task_null_draws(instances, n, level, seed_sd)
+        delta, df = draws.detectable(level), np.median(draws.df)
+        if delta >= 1:  # an accuracy moves at most 1: the interval over seeds (df about seeds - 1) is too wide
+            out.append(
+                f"#   {n} seeds a cell: detects no difference in exact match with {POWER:.0%} power (it would take "
+                f"{delta:.2f}, more than an accuracy can move; median df {df:.1f}): a claim needs more seeds"
+            )
+            continue
+        out.append(
+            f"#   {n} seeds a cell: detects a difference of {delta:.3f} in exact match ({delta * 100:.0f} points) "
+            f"with {POWER:.0%} power (median df {df:.1f})"
+        )
+    return out

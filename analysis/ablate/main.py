@@ -85,9 +85,10 @@ def _power_lines(cfg, specs) -> list[str]:
     from ..sections.verdicts import restricted
     from ..verdicts import paper
 
+    task_lines = _task_power_lines(cfg, specs)
     main_cells = [s for s in specs if not s.group]
     if not main_cells:
-        return []
+        return task_lines
     seeds = sorted({len(v) for k, v in seeds_by_cell(main_cells).items()})
     corpus = load_corpus_cached(cfg.data.name, cfg.data.get("root"), OmegaConf.to_container(cfg.data.corpus or {}))
     settings = ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis, resolve=True))
@@ -108,7 +109,22 @@ def _power_lines(cfg, specs) -> list[str]:
         **({"recall_beyond": lambda c: c.group == "recall"} if "recall" in on else {}),
     }
     n = len(judged(config, n_seeds, measures)) if "verdicts" in on else 0
-    return plan_lines(tokens, family, seeds, n, float(config.get("alpha", 0.05)), MEASURED)
+    return plan_lines(tokens, family, seeds, n, float(config.get("alpha", 0.05)), MEASURED) + task_lines
+
+
+def _task_power_lines(cfg, specs) -> list[str]:
+    """The task grid's (ablate.tasks) power statement: its claims (ablate.analysis.lengthgen.claims) on the test
+    instances the report evaluates a length (data.corpus.eval_instances, at most max_instances)."""
+    from ..sections.lengthgen import plan_lines as lengthgen_plan_lines
+
+    tasks = [s for s in specs if s.group and s.group != "recall"]
+    if not tasks:
+        return []
+    settings = cfg.ablate.analysis.lengthgen
+    instances = int(cfg.data.corpus.get("eval_instances") or 0)
+    if settings.get("max_instances"):
+        instances = min(instances, int(settings.max_instances))
+    return lengthgen_plan_lines({c: len(v) for c, v in seeds_by_cell(tasks).items()}, settings.claims, instances)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from posenc_lab import config_dir
 from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.tables import write_csv
 
-from ..lengthgen import Claim, judge, measure, tidy
+from ..lengthgen import METRICS, Claim, judge, measure, tidy
 from ..plots import _save, palette
 from .base import REPORT, Figure, Part, Section, Table, register
 
@@ -37,18 +37,40 @@ def read_claims(name: str) -> tuple[list[Claim], float]:
         raise ValueError(f"{where}: alpha must be in (0, 1), got {alpha!r}")
     claims = []
     for i, c in enumerate(doc.get("claims") or []):
-        if not isinstance(c, dict) or set(c) != CLAIM_KEYS:
+        if not isinstance(c, dict) or not CLAIM_KEYS <= set(c) <= CLAIM_KEYS | {"metric"}:
             got = sorted(c) if isinstance(c, dict) else c
-            raise ValueError(f"{where}: claim {i} must have exactly the keys {sorted(CLAIM_KEYS)}, got {got}")
+            raise ValueError(
+                f"{where}: claim {i} must have exactly the keys {sorted(CLAIM_KEYS)} (and optionally metric), got {got}"
+            )
+        if (metric := c.get("metric", "sequence")) not in METRICS:
+            raise ValueError(f"{where}: claim {c['id']}: metric must be one of {list(METRICS)}, got {metric!r}")
         if c["task"] not in TASKS:
             raise ValueError(f"{where}: claim {c['id']}: task {c['task']!r} is not a task; the tasks: {sorted(TASKS)}")
         f = c["factor"]
         if isinstance(f, bool) or not isinstance(f, int) or f < 1 or f & (f - 1):
             raise ValueError(f"{where}: claim {c['id']}: factor must be a power of 2 (a test length), got {f!r}")
-        claims.append(
-            Claim(c["id"], c["task"], c["better"], c["than"], f, " ".join(str(c["source"]).split()), c["claim"])
-        )
+        source = " ".join(str(c["source"]).split())
+        claims.append(Claim(c["id"], c["task"], c["better"], c["than"], f, source, c["claim"], metric))
     return claims, float(alpha)
+
+
+def plan_lines(cell_seeds: dict[str, int], claims_file: str, instances: int) -> list[str]:
+    """The plan's power statement for a task grid (``power.task_plan_lines``): ``cell_seeds`` the grid's task
+    cells (``<task>/<cell>``) and their seeds; the claims of ``claims_file`` judged on it (both cells present with
+    at least 2 seeds, as ``judge`` judges them); ``instances`` test instances a length; the seed SD of
+    ``plan_seed_sd`` in that file."""
+    from ..power import task_plan_lines
+
+    if not cell_seeds:
+        return []
+    claims, alpha = read_claims(claims_file)
+    seed_sd = (yaml.safe_load((Path(config_dir()) / claims_file).read_text()) or {}).get("plan_seed_sd", 0.0)
+    if isinstance(seed_sd, bool) or not isinstance(seed_sd, (int, float)) or not 0 <= seed_sd < 0.5:
+        raise ValueError(f"{claims_file}: plan_seed_sd must be a number in [0, 0.5), got {seed_sd!r}")
+    n = sum(
+        min(cell_seeds.get(f"{c.task}/{c.better}", 0), cell_seeds.get(f"{c.task}/{c.than}", 0)) >= 2 for c in claims
+    )
+    return task_plan_lines(n, sorted(set(cell_seeds.values())), instances, alpha, float(seed_sd))
 
 
 @dataclass
@@ -92,39 +114,44 @@ def _interval(r, kind: str) -> str:
 
 
 def figure(t: pd.DataFrame, path: Path) -> Path:
-    """Exact-match accuracy against the test length, a panel per task: a colour per scheme (squares: with random
+    """Accuracy against the test length, a panel per task: exact match per instance (top row) and per answer
+    token (bottom row; a task learned in part shows there first); a colour per scheme (squares: with random
     positions), solid with memory, dashed without; bars: the intervals; not-served lengths left out."""
     t = t[np.isfinite(t["seq_acc"])].copy()
     tasks = list(dict.fromkeys(t["task"]))
     base = t["scheme"].str.split("+").str[0]  # sinusoid+rand256: sinusoid's colour, square markers
     colours = palette(list(dict.fromkeys(base)))
-    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 3.6), squeeze=False)
-    for ax, task in zip(axes.flat, tasks):
-        for cell, g in t[t["task"] == task].groupby("cell", sort=False):
-            g = g.sort_values("factor")
-            ax.errorbar(
-                g["factor"],
-                g["seq_acc"],
-                yerr=[g["seq_acc"] - g["seq_low"].clip(lower=0), g["seq_high"].clip(upper=1) - g["seq_acc"]],
-                color=colours[g["scheme"].iloc[0].split("+")[0]],
-                ls="-" if g["memory"].iloc[0] else "--",
-                marker="s" if "+" in g["scheme"].iloc[0] else "o",
-                ms=3,
-                lw=1,
-                capsize=2,
-                label=cell.split("/", 1)[-1],
-            )
-        ax.set_xscale("log", base=2)
-        factors = sorted(set(t["factor"]))
-        ax.set_xticks(factors, [f"{f}x" for f in factors])
-        ax.minorticks_off()
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_title(task)
-        ax.set_xlabel("test length (x n_train)")
-    axes.flat[0].set_ylabel("exact match per instance")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    n = max(1, len(tasks))
+    fig, axes = plt.subplots(2, n, figsize=(4.2 * n, 6.6), squeeze=False, sharex=True)
+    factors = sorted(set(t["factor"]))
+    for row, (kind, label) in enumerate((("seq", "exact match per instance"), ("token", "accuracy per answer token"))):
+        for ax, task in zip(axes[row], tasks):
+            for cell, g in t[t["task"] == task].groupby("cell", sort=False):
+                g = g.sort_values("factor")
+                acc, low, high = g[f"{kind}_acc"], g[f"{kind}_low"].clip(lower=0), g[f"{kind}_high"].clip(upper=1)
+                ax.errorbar(
+                    g["factor"],
+                    acc,
+                    yerr=[acc - low, high - acc],
+                    color=colours[g["scheme"].iloc[0].split("+")[0]],
+                    ls="-" if g["memory"].iloc[0] else "--",
+                    marker="s" if "+" in g["scheme"].iloc[0] else "o",
+                    ms=3,
+                    lw=1,
+                    capsize=2,
+                    label=cell.split("/", 1)[-1],
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(factors, [f"{f}x" for f in factors])
+            ax.minorticks_off()
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_title(task if row == 0 else "")
+            if row == 1:
+                ax.set_xlabel("test length (x n_train)")
+        axes[row, 0].set_ylabel(label)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
-    fig.suptitle("Length generalization (solid: with memory; dashed: without; squares: random positions)", y=1.02)
+    fig.suptitle("Length generalization (solid: with memory; dashed: without; squares: random positions)", y=1.01)
     sns.despine(fig)
     return _save(fig, path)
 
@@ -170,7 +197,8 @@ class Lengthgen(Section):
             "per instance (`seq`) and per answer token (`token`). `not_served`: the first length a cell's scheme "
             "cannot serve, and why (nothing is measured there). Every task, cell and length: "
             "`lengthgen/lengthgen_accuracy.csv`. The verdicts: conf/lengthgen_paper.yaml, fixed in advance; "
-            "exact match of `better` minus `than` on the same instances, Holm over both directions of every claim."
+            "the accuracy (`metric`: exact match per instance, or per answer token) of `better` minus `than` on the "
+            "same instances, Holm over both directions of every claim."
         )
         notes = ["smoke run: the numbers mean nothing and no verdict is drawn"] if ctx.report.smoke else []
         verdicts = m.verdicts.copy()
@@ -184,4 +212,15 @@ class Lengthgen(Section):
             Table("table_lengthgen_verdicts", verdicts, f"the verdicts of {ctx.settings.claims}"),
             Table("table_lengthgen_lengths", m.table, "every task, cell and length", show=False),
         ]
-        return Part(text, tables, [Figure(path, "exact match against test length, a panel per task")], findings, notes)
+        return Part(
+            text,
+            tables,
+            [
+                Figure(
+                    path,
+                    "exact match (top) and accuracy per answer token (bottom) against test length, a panel per task",
+                )
+            ],
+            findings,
+            notes,
+        )

@@ -11,7 +11,15 @@ import pytest
 
 from posenc_lab_analysis.cellnames import CellName
 from posenc_lab_analysis.coverage import BEFORE, MEASURED, SPLIT, Simulator, designed
-from posenc_lab_analysis.power import _coarse, judged, plan_lines, planned, verdict_detectable
+from posenc_lab_analysis.power import (
+    _coarse,
+    judged,
+    plan_lines,
+    planned,
+    task_null_draws,
+    task_plan_lines,
+    verdict_detectable,
+)
 from posenc_lab_analysis.stats import paired_difference
 from posenc_lab_analysis.verdicts import paper
 
@@ -112,3 +120,32 @@ def test_the_plan_states_what_each_seed_count_detects_and_a_dominant_family_cost
     (dominated,) = effects([40_000] + [1000] * 39, [5])
     assert dominated > 1.3 * five
     assert "no verdict is judged" in plan_lines(*layout(even), [1], 7, 0.05, MEASURED)[1]
+
+
+@pytest.mark.parametrize("n_seeds,seed_sd", [(3, 0.0), (4, 0.05)])
+def test_a_task_verdicts_stated_effect_is_found_with_its_power(n_seeds, seed_sd):
+    """The task grid's statement (power.task_plan_lines): at the stated difference in exact match, fresh studies of
+    the test as the lengthgen verdicts run it (two cells on the same 128 instances, each seed's accuracy off by
+    N(0, seed_sd)) find it in about 80% of them (400 studies; one SE 0.02)."""
+    level = 0.05 / 4
+    delta = task_null_draws(128, n_seeds, level, seed_sd, reps=600, seed=1).detectable(level)
+    rng, found = np.random.default_rng(2), 0
+    for _ in range(400):
+        acc = np.clip(
+            0.5 + np.array([delta / 2, -delta / 2])[:, None, None] + rng.normal(0, seed_sd, (2, n_seeds, 1)), 0, 1
+        )
+        hits = (rng.random((2, n_seeds, 128)) < acc).astype(float)
+        found += paired_difference(hits[0], hits[1], np.arange(128), 1 - 2 * level).p_value(">0") <= level
+    assert 0.7 <= found / 400 <= 0.9, (delta, found / 400)  # 0/1 outcomes are not a pure shift: 73-80% found
+
+
+def test_the_task_plan_states_each_seed_count_and_seed_spread_costs_power():
+    lines = task_plan_lines(2, [1, 2, 3, 4], 128, 0.05, 0.05)
+    assert "2 claim(s)" in lines[0] and "one-sided alpha 0.013" in lines[0] and "seed SD of 0.05" in lines[0]
+    assert "no task verdict is judged" in lines[1]
+    # two seeds: the seed part of the interval has about 1 df, and no difference an accuracy can make is found
+    assert "2 seeds a cell: detects no difference" in lines[2] and "a claim needs more seeds" in lines[2]
+    three, four = (float(re.search(r"difference of ([\d.]+) in exact match", x).group(1)) for x in lines[3:])
+    assert 0 < four < three < 1
+    calm = float(re.search(r"difference of ([\d.]+)", task_plan_lines(2, [3], 128, 0.05, 0.0)[1]).group(1))
+    assert calm < three  # seeds that spread detect less

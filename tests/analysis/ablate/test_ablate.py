@@ -64,9 +64,14 @@ CLAIMS = {
     "context_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16),
                          seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1]}, without_memory={XL},
                          half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
-    # length generalization: the task grid alone (issue 41), 4 tasks x 22 cells
-    "lengthgen": dict(smoke=False, steps=800, model=(2, 64), lengths=(32, 32), seeds=[0, 1], without_memory=set(),
-                      half_loss=set(), recall=set()),
+    # length generalization: the task grid alone (issue 41), reverse x 22 cells, the verdicts' cells a third seed
+    "lengthgen": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32),
+                      seeds={"*": [0, 1], **{f"reverse/{s}:nomem": [0, 1, 2] for s in
+                                             ("sinusoid", "sinusoid+rand256", "rope", "rope+rand256")}},
+                      without_memory=set(), half_loss=set(), recall=set()),
+    # the published finding (Ruoss et al.): reverse, sinusoid and rope with and without random positions, 3 seeds
+    "lengthgen_finding": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],
+                              without_memory=set(), half_loss=set(), recall=set(), task_schemes={SINUSOID, ROPE}),
     "lengthgen_tiny": dict(smoke=True, steps=12, model=(2, 32), lengths=(16, 16), seeds=[0], without_memory=set(),
                            half_loss=set(), recall=set()),
     "wt103_table6": dict(smoke=False, steps=200_000, model=(16, 410), lengths=(150, 150), seeds=[0],
@@ -96,6 +101,8 @@ def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
         assert {s.scheme for s in main} == claims["schemes"]
     if "half_loss" in claims:
         assert {s.scheme for s in main if s.loss_frac != 1.0} == claims["half_loss"]
+    if "task_schemes" in claims:  # a task grid of its own cells (a finding's)
+        assert {s.scheme for s in specs if s.group} == claims["task_schemes"]
     assert {s.scheme for s in specs if s.group == "recall"} == claims["recall"]
     if "recall_without_memory" in claims:
         assert {s.scheme for s in specs if s.group == "recall" and s.mem_len == 0} == claims["recall_without_memory"]
@@ -123,11 +130,12 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     specs = make_plan(cfg, [f"experiment={preset}"])
     main = [s for s in specs if s.group is None] or specs  # the reach presets: the recall grid alone
     schemes = {s.scheme for s in main}  # the issue's five: every absolute scheme, at least two relative ones
-    if not CLAIMS[preset]["smoke"] and not isinstance(CLAIMS[preset].get("schemes"), set):  # else: its own cells
+    own = isinstance(CLAIMS[preset].get("schemes"), set) or "task_schemes" in CLAIMS[preset]  # its own cells
+    if not CLAIMS[preset]["smoke"] and not own:
         assert schemes >= set(schemes_of_kind("absolute")) and len(schemes & set(schemes_of_kind("relative"))) >= 2
     if preset == "zoo":  # every registered scheme, with memory only (conf/experiment/zoo.yaml)
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
-    else:
+    elif preset != "lengthgen_finding":  # the finding's cells: without memory only, as published
         assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
     ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis))  # the analysis block is valid
     for spec in specs if every_run else representative(specs):
@@ -396,3 +404,16 @@ def test_a_failed_run_says_no_run_finished_when_none_did(tmp_path, capsys):
     assert ablate.main(args) == 1
     log = capsys.readouterr().out
     assert "no run finished" in log and "finished run(s) are kept" not in log
+
+
+def test_the_plan_states_what_a_task_grids_seeds_detect(capsys, tmp_path):
+    """A task grid alone (no language-corpus cells): `--plan` states the task verdicts' power, counting the claims
+    of conf/lengthgen_paper.yaml whose both cells the grid trains with 2 seeds or more."""
+    assert ablate.main(["experiment=lengthgen_finding", f"ablate.out={tmp_path}", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "# power (task verdicts): 2 claim(s) the report will judge" in out and "same 128 test instances" in out
+    assert re.search(r"#   3 seeds a cell: detects a difference of 0\.\d+ in exact match", out)
+    one = ["experiment=lengthgen_finding", f"ablate.out={tmp_path}", "ablate.seeds=[0]", "--plan"]
+    assert ablate.main(one) == 0
+    out = capsys.readouterr().out
+    assert "0 claim(s)" in out and "1 seed a cell: no task verdict is judged" in out

@@ -77,6 +77,25 @@ def test_verdicts_paired_on_instances_with_holm():
     }
 
 
+def test_a_token_claim_is_judged_on_answer_tokens_with_instances_as_units():
+    """Ruoss et al. score per answer token: two cells with the same exact match (the same instances wholly right)
+    whose wrong instances miss 1 and 2 of their 3 tokens: the token claim is reproduced, the sequence one is not."""
+    exact = hits(0.3, seed=1, flips=0)
+
+    def missing(k: int) -> CellLength:
+        tokens = np.repeat(exact[:, :, None], 3, axis=2).copy()
+        tokens[:, :, k:] |= True  # a wrong instance misses its first k tokens
+        return CellLength(
+            "copy", "copy/a:nomem" if k == 1 else "copy/b:nomem", "a", 0, 32, 4, exact, tokens.reshape(2, -1), 3
+        )
+
+    both = [missing(1), missing(2)]
+    claims = [Claim(m, "copy", "a:nomem", "b:nomem", 4, "src", "c", metric=m) for m in ("token", "sequence")]
+    v = judge(claims, both, 0.95, 0.05).set_index("claim")
+    assert v.loc["token", "verdict"] == "reproduced" and v.loc["token", "metric"] == "token"
+    assert v.loc["sequence", "verdict"] != "reproduced"
+
+
 def test_claims_and_settings_are_checked_before_any_work(tmp_path, monkeypatch):
     claims, alpha = read_claims("lengthgen_paper.yaml")
     assert alpha == 0.05 and {c.task for c in claims} == {"copy", "addition", "reverse", "duplicate_string"}
@@ -96,6 +115,11 @@ def test_claims_and_settings_are_checked_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr("posenc_lab_analysis.sections.lengthgen.config_dir", lambda: str(bad))
     with pytest.raises(ValueError, match=r"claim x: task 'sort' is not a task; the tasks: \["):
         read_claims("c.yaml")
+    (bad / "c.yaml").write_text(
+        "claims:\n  - {id: x, task: copy, better: a, than: b, factor: 2, claim: c, source: s, metric: bits}\n"
+    )
+    with pytest.raises(ValueError, match=r"claim x: metric must be one of \['sequence', 'token'\], got 'bits'$"):
+        read_claims("c.yaml")
 
 
 def test_summary_gives_4x_with_intervals_and_where_a_scheme_stops():
@@ -111,13 +135,22 @@ def test_summary_gives_4x_with_intervals_and_where_a_scheme_stops():
 def test_the_task_grid_of_the_preset():
     cfg = compose("ablate", ["experiment=lengthgen"])
     specs = plan(cfg, ["experiment=lengthgen"])
-    assert len(specs) == 4 * 22 * 2 and {s.group for s in specs} == {"copy", "reverse", "addition", "duplicate_string"}
+    # reverse alone (the others through ablate.tasks.names): 22 cells x 2 seeds, the verdicts' 4 cells a third
+    assert len(specs) == 22 * 2 + 4 and {s.group for s in specs} == {"reverse"}
+    third = {s.cell for s in specs if s.seed == 2}
+    assert third == {f"reverse/{s}{r}:nomem" for s in ("sinusoid", "rope") for r in ("", "+rand256")}
     cells = {s.cell for s in specs if s.group == "reverse"}
     assert {"reverse/sinusoid+rand256:nomem", "reverse/rope+rand256:mem32", "reverse/fox:nomem"} <= cells
     rand = [s for s in specs if s.random_positions]
     assert {s.scheme for s in rand} == {"sinusoid", "rope"}
     assert all("+model.random_positions=256" in s.overrides for s in rand)
     assert all(f"data={s.group}" in s.overrides for s in specs) and len({s.name for s in specs}) == len(specs)
+    others = [
+        "experiment=lengthgen",
+        "ablate.tasks.names=[copy,addition,duplicate_string]",
+        "ablate.extra_seed_cells=[]",
+    ]
+    assert {s.group for s in plan(compose("ablate", others), others)} == {"copy", "addition", "duplicate_string"}
     for override, message in (
         ("ablate.tasks.names=[copy,sort]", r"ablate.tasks.names names unknown task\(s\) \['sort'\]; the tasks: "),
         ("+ablate.tasks.random_positions.path=64", r"ablate.tasks.random_positions.path=64: it takes a scheme of"),
