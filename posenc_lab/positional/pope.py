@@ -68,7 +68,9 @@ class PoPE(PositionalScheme):
         delta = project_(self.phase, -2 * math.pi, 0.0)  # [H, d_h]
         phi = pos.q.to(torch.float32)[:, None] * self.inv_freq  # [L, d_h]: i theta_c
         psi = pos.k.to(torch.float32)[:, None] * self.inv_freq + delta[:, None, :]  # [H, N, d_h]: j theta_c + delta
-        mu, nu = F.softplus(q.float()) * math.sqrt(2), F.softplus(k.float())  # sqrt(2): SDPA's 1/sqrt(2 d_h)
+        # contiguous: from the model's transposed views, compile's backward (aot_eager) views a gradient it laid out
+        # otherwise and fails (tests/test_compile.py); sqrt(2): SDPA scales by 1/sqrt(2 d_h)
+        mu, nu = F.softplus(q.float().contiguous()) * math.sqrt(2), F.softplus(k.float().contiguous())
         q = torch.cat([mu * phi.cos(), mu * phi.sin()], dim=-1).to(q.dtype)
         k = torch.cat([nu * psi.cos(), nu * psi.sin()], dim=-1).to(k.dtype)
         return q, k
