@@ -23,10 +23,12 @@ so every factor lies in [0, 1] whatever the gates: nothing overflows, and a fact
 a pair whose decay is smaller still (the product of two factors <= 1 is at most either), a term below fp32's
 smallest number, at any length M + L. A single reference for the whole row would not be safe: P falls by up to
 |g| per token and per channel, so its range over N keys has no bound a float can hold. The keys after a_b inside
-the block (fewer than C) have no such anchor; their logits are computed per pair, [B, H, L, C, d_h] (C = 32),
-and written over the block's columns. The rest is one batched matmul over the query blocks (each block against
-all N keys: the FLOPs of one q k^T), the softmax and the values. The logits need every channel's decay, which no
-SDPA or flex score_mod takes, so the attention is written out (as CoPE's and stick-breaking's).
+the block (fewer than C = 32) have no such anchor; they are the same problem over the block's C tokens with no
+memory, solved the same way in blocks of c = 8 (``pair_scores`` calls itself), and inside those one pair at a
+time, [B, H, L, c, d_h]; written over the block's columns. The rest is one batched matmul over the query blocks
+(each block against all N keys: the FLOPs of one q k^T), the softmax and the values. The logits need every
+channel's decay, which no SDPA or flex score_mod takes, so the attention is written out (as CoPE's and
+stick-breaking's).
 
 With memory the memory positions' gates come from the memory's own hidden states (the oldest key's gate enters no
 pair), so a segment with memory scores exactly as the same tokens at the end of one long run; a static memory's
@@ -46,6 +48,30 @@ from torch import Tensor, nn
 
 from .base import Dims, PositionalScheme, Positions
 from .registry import register
+
+#: the block size below which a block's own pairs are computed one by one (above: blocks of it inside the block)
+PAIR_BLOCK = 8
+
+
+def pair_scores(q: Tensor, k: Tensor, P: Tensor, M: int, C: int) -> Tensor:
+    """q: [..., L, d], k, P: [..., M + L, d] fp32, query i at key column M + i, L a multiple of C -> [..., L, M + L]
+    sum_n q_in k_jn exp(P_in - P_jn) for j <= M + i (later keys: finite, to be masked). Query block b scales by
+    its anchor R_b = P at its first query (both factors <= 1 for the keys up to it); the block's own later keys are
+    the same problem over C tokens with no memory, solved in blocks of PAIR_BLOCK, and one pair at a time below."""
+    L = q.shape[-2]
+    Pq = P[..., M:, :].unflatten(-2, (L // C, C))  # the queries' P, block by block
+    R = Pq[..., :1, :]  # [..., nb, 1, d]: R_b
+    qb, kb = q.unflatten(-2, (L // C, C)), k[..., M:, :].unflatten(-2, (L // C, C))
+    q_far = qb * torch.exp(Pq - R)  # q~: exponent <= 0
+    k_far = k.unsqueeze(-3) * torch.exp((R - P.unsqueeze(-3)).clamp(max=0))  # k~: exact for j <= a_b, <= 1 always
+    far = (q_far @ k_far.transpose(-1, -2)).float()  # [..., nb, C, M + L]
+    if C > PAIR_BLOCK and C % PAIR_BLOCK == 0:
+        near = pair_scores(qb, kb, Pq, 0, PAIR_BLOCK)  # [..., nb, C, C]
+    else:  # per pair (future pairs clamped, then masked)
+        decay = torch.exp((Pq.unsqueeze(-2) - Pq.unsqueeze(-3)).clamp(max=0))  # [..., nb, C, C, d]
+        near = (qb.unsqueeze(-2) * kb.unsqueeze(-3) * decay).sum(-1)
+    columns = (M + torch.arange(L, device=q.device)).view(L // C, 1, C).expand(*near.shape)
+    return far.scatter(-1, columns, near).flatten(-3, -2)
 
 
 @register
@@ -71,9 +97,10 @@ class Wall(PositionalScheme):
         self.gate = nn.ModuleList(nn.Linear(dims.d_model, dims.d_model) for _ in range(dims.n_layer))  # W, b
 
     def extra_flops(self, segment_len: int, mem_len: int, batch_size: int = 1) -> float:
-        """The gate projection of every key, memory included (2 N D^2), and the per-pair block (2 L C D)."""
-        D = self.dims.d_model
-        return 2 * (segment_len + mem_len) * D * D + 2 * segment_len * min(self.block, segment_len) * D
+        """The gate projection of every key, memory included (2 N D^2), and each block's own keys computed again
+        (2 L C D by sub-blocks, 2 L c D one pair at a time, c = PAIR_BLOCK)."""
+        D, L = self.dims.d_model, segment_len
+        return 2 * (L + mem_len) * D * D + 2 * L * (min(self.block, L) + min(PAIR_BLOCK, L)) * D
 
     def cumulative_gates(self, layer: int, context: Tensor, pos: Positions) -> Tensor:
         """context: [B, N, D] -> [B, H, N, d_h] P_tn, fp32."""
@@ -92,20 +119,10 @@ class Wall(PositionalScheme):
         M = k.shape[2] - L
         P = self.cumulative_gates(layer, context, pos)
         C = min(self.block, L)
-        nb = -(-L // C)
-        pad = nb * C - L  # the last block filled with zero queries and keys repeating the last P (cropped below)
+        pad = -L % C  # the last block filled with zero queries and keys repeating the last P (cropped below)
         q, k = F.pad(q.float(), (0, 0, 0, pad)), F.pad(k.float(), (0, 0, 0, pad))
         P = torch.cat([P, P[:, :, -1:].expand(B, H, pad, d)], 2)
-        Pq = P[:, :, M:].view(B, H, nb, C, d)  # the queries' P, block by block
-        R = Pq[:, :, :, :1]  # [B, H, nb, 1, d]: R_b = P at the block's first query
-        q_far = q.view(B, H, nb, C, d) * torch.exp(Pq - R)  # q~: exponent <= 0
-        k_far = k[:, :, None] * torch.exp((R - P[:, :, None]).clamp(max=0))  # k~: exact for j <= a_b, <= 1 always
-        far = (q_far @ k_far.transpose(-1, -2)).float()  # [B, H, nb, C, N + pad]
-        # the block's own keys, per pair: sum_n q_in k_jn exp(P_in - P_jn) (future pairs clamped, then masked)
-        decay = torch.exp((Pq[..., :, None, :] - Pq[..., None, :, :]).clamp(max=0))  # [B, H, nb, C, C, d]
-        near = (q.view(B, H, nb, C, 1, d) * k[:, :, M:].reshape(B, H, nb, 1, C, d) * decay).sum(-1)
-        columns = (M + torch.arange(nb * C, device=q.device)).view(1, 1, nb, 1, C).expand(B, H, nb, C, C)
-        logits = far.scatter(-1, columns, near).view(B, H, nb * C, -1)[:, :, :L, : M + L]
+        logits = pair_scores(q, k, P, M, C)[:, :, :L, : M + L]
         return (logits * d**-0.5).masked_fill(~pos.visible, float("-inf"))
 
     def attention_probs(

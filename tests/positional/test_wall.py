@@ -68,6 +68,17 @@ def test_wall_equals_naive_forward_and_backward(L, M, same_length, block):
     assert_equals_naive(new_scheme(block), q, k, v, make_positions(L, M, same_length), x)
 
 
+@pytest.mark.parametrize("L, M, block", [(5, 3, 4), (4, 9, 4), (7, 2, 6)])
+def test_blocks_inside_blocks_equal_naive(monkeypatch, L, M, block):
+    """A block's own keys are the same problem over its C tokens, solved in blocks of PAIR_BLOCK (2 here, so that
+    the nesting shows at small sizes), one pair at a time below that."""
+    from posenc_lab.positional import wall
+
+    monkeypatch.setattr(wall, "PAIR_BLOCK", 2)
+    q, k, v, x = new_inputs(L, M)
+    assert_equals_naive(new_scheme(block), q, k, v, make_positions(L, M, same_length=True), x)
+
+
 def test_gates_closed_hard_stay_exact_where_one_reference_would_overflow():
     """Gates of about e^-64 at five tokens, e^-0.018 elsewhere (g = logsigmoid(x + 4), W = I): P falls by 64 per
     closed token and channel, so over the row exp(P_i - P_ref) for one reference would pass fp32's range (e^88) one
@@ -164,6 +175,6 @@ def test_without_the_layer_input_it_says_what_it_needs():
         make_scheme(WALL).attend(0, *qkv(5, 3), make_positions(5, 3), 0.0)
 
 
-def test_extra_flops_count_the_gate_projection_and_the_per_pair_block():
+def test_extra_flops_count_the_gate_projection_and_the_blocks_own_keys():
     scheme = make_scheme(WALL)
-    assert scheme.extra_flops(40, 24) == 2 * 64 * 16 * 16 + 2 * 40 * 32 * 16
+    assert scheme.extra_flops(40, 24) == 2 * 64 * 16 * 16 + 2 * 40 * (32 + 8) * 16

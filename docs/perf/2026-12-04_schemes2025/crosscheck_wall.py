@@ -100,7 +100,7 @@ cases = [
 ]
 for L, M, same_length, gate, what in cases:
     scheme = build_scheme("wall", Dims(n_layer=1, d_model=D, n_head=H), gate_bias=4.0 if gate == "closed" else gate)
-    scheme.train().block = 8  # several anchors at these sizes (the default, 32, serves longer segments)
+    scheme.train().block = 16  # several anchors, and blocks of 8 inside (the default, 32, serves longer segments)
     q, k, v = (torch.randn(B, H, M + L, DH, requires_grad=True) for _ in range(3))
     x = torch.randn(B, M + L, D)
     if gate == "closed":  # W = I, b = 0: g = logsigmoid(x + 4), x = -68 at six tokens (a gate of e^-64)
