@@ -13,12 +13,14 @@ from posenc_lab.positional.kerple_power import KerplePower
 from posenc_lab.positional.learned import Learned
 from posenc_lab.positional.nope import NoPE
 from posenc_lab.positional.path import PaTH
+from posenc_lab.positional.pope import PoPE
 from posenc_lab.positional.rope import RoPE
 from posenc_lab.positional.sandwich import Sandwich
 from posenc_lab.positional.shaw import Shaw
 from posenc_lab.positional.sinusoid import Sinusoid
 from posenc_lab.positional.stickbreaking import StickBreaking
 from posenc_lab.positional.t5 import T5Bias
+from posenc_lab.positional.wall import Wall
 from posenc_lab.positional.xl import XLRelative
 from posenc_lab.positional.xpos import XPos
 
@@ -34,3 +36,4 @@ COPE, FIRE, KERPLE_LOG, KERPLE_POWER, SANDWICH, XPOS = (
 )
 FOX, STICKBREAKING, PATH = FoX.name, StickBreaking.name, PaTH.name
 HYBRID = Hybrid.name
+POPE, WALL = PoPE.name, Wall.name

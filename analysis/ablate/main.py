@@ -211,7 +211,7 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         return 1
     fresh = [t for t in times.values() if t["status"] != "reused"]
     train_note = (
-        f"{sum(t['wall_s'] for t in fresh):.0f} s wall / {sum(t['cpu_s'] or 0 for t in fresh):.0f} s CPU of training "
+        f"{sum(t['wall_s'] for t in fresh):.0f} s real / {sum(t['cpu_s'] or 0 for t in fresh):.0f} s CPU of training "
         f"in this invocation ({jobs} at a time), {len(specs) - len(fresh)} finished runs reused"
     )
     log(f"training done: {train_note}")

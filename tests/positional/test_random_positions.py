@@ -12,7 +12,7 @@ import torch
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, Positions, sized_options
-from tests.positional import naive_kerple_sandwich_fire_cope_xpos, test_fused
+from tests.positional import naive_kerple_sandwich_fire_cope_xpos, test_fused, test_pope
 from tests.positional.test_fused import grads, reference  # noqa: F401 (a fixture)
 from tests.positional.test_schemes import B, D, make_positions, make_scheme, pe, qkv
 from tests.schemes import (
@@ -24,15 +24,25 @@ from tests.schemes import (
     LEARNED,
     NOPE,
     PATH,
+    POPE,
     ROPE,
     SHAW,
     SINUSOID,
     STICKBREAKING,
     T5,
+    WALL,
     XL,
 )
 
-REFUSED = (NOPE, GLOBAL_SINUSOID, COPE, FOX, STICKBREAKING, PATH)  # they read no position index (or, global, s + i)
+REFUSED = (
+    NOPE,
+    GLOBAL_SINUSOID,
+    COPE,
+    FOX,
+    STICKBREAKING,
+    PATH,
+    WALL,
+)  # they read no position index (or, global, s + i)
 TAKES = tuple(name for name in SCHEME_NAMES if name not in REFUSED)
 FUSED = (XL, T5, ALIBI, *naive_kerple_sandwich_fire_cope_xpos.BIAS)
 V = 23
@@ -115,6 +125,9 @@ def test_gapped_positions_equal_the_naive_reference(name, L, M, same_length):
         scheme, h = make_scheme(name), torch.randn(B, L, D)
         want = [scheme.table[p] if name == LEARNED else pe(int(p), D) for p in pos.q]  # P[i] or PE(i)
         torch.testing.assert_close(scheme.embed(h, pos), h + torch.stack(want), atol=1e-5, rtol=0)
+        return
+    if name == POPE:  # its own reference (tests/positional/test_pope.py)
+        test_pope.assert_equals_naive(test_pope.new_scheme(), *(x.requires_grad_() for x in (q, k, v)), pos)
         return
     scheme = (
         naive_kerple_sandwich_fire_cope_xpos.new_scheme(name).train()
