@@ -32,7 +32,20 @@ from posenc_lab_analysis.ablate.outdir import AblationDir
 from posenc_lab_analysis.ablate.plan import plan as make_plan
 from posenc_lab_analysis.ablate.plan import seeds_by_cell
 from posenc_lab_analysis.report import ReportSettings
-from tests.schemes import ALIBI, FOX, GLOBAL_SINUSOID, LEARNED, NOPE, PATH, ROPE, SHAW, SINUSOID, STICKBREAKING, XL
+from tests.schemes import (
+    ALIBI,
+    FOX,
+    GLOBAL_SINUSOID,
+    LEARNED,
+    NOPE,
+    PATH,
+    ROPE,
+    SHAW,
+    SINUSOID,
+    STICKBREAKING,
+    WALL,
+    XL,
+)
 
 CONF = Path(config_dir())
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "\nablate:" in p.read_text())
@@ -48,7 +61,7 @@ CLAIMS = {
                                                           "recall/xl:nomem"], [0, 1, 2])},
                      without_memory={XL}, recall={XL}, half_loss=set()),
     "zoo": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32), seeds=[0], without_memory=set(),
-                recall={XL, FOX, STICKBREAKING, PATH}, recall_without_memory={XL, FOX, STICKBREAKING, PATH},
+                recall={XL, FOX, STICKBREAKING, PATH, WALL}, recall_without_memory={XL, FOX, STICKBREAKING, PATH, WALL},
                 schemes="all"),
     "quick": dict(smoke=True, steps=120, model=(2, 64), lengths=(32, 32), half_loss={SINUSOID, XL}, recall=set()),
     "tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16), half_loss={SINUSOID, XL}, recall={XL}),
