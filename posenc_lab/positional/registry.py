@@ -16,7 +16,7 @@ from .base import Dims, PositionalScheme
 
 SCHEMES: dict[str, type[PositionalScheme]] = {}
 #: the option types a scheme may declare, with what a config must give for each (bool before int: a bool is an int)
-TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list[float]: "a list of numbers"}
 
 
 def register(cls: type[PositionalScheme]) -> type[PositionalScheme]:
@@ -47,7 +47,10 @@ def option_types(name: str) -> dict[str, tuple[type, ...]]:
 
 
 def _is_of(value, kind: type) -> bool:
-    """A bool is only a bool, an integer never a bool, a number an integer or a float."""
+    """A bool is only a bool, an integer never a bool, a number an integer or a float; a list of numbers a list (or
+    tuple) of them."""
+    if typing.get_origin(kind) is list:
+        return isinstance(value, (list, tuple)) and all(_is_of(v, typing.get_args(kind)[0]) for v in value)
     if kind is bool or isinstance(value, bool):
         return kind is bool and isinstance(value, bool)
     return isinstance(value, (int, float) if kind is float else kind)
