@@ -32,7 +32,7 @@ from .positional import SCHEMES, Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
 from .positional.fused import IMPLS
 from .positional.xl import XLRelative
-from .softmax_scale import SOFTMAX_SCALES, SSMax
+from .softmax_scale import SSMax, softmax_scale_problem
 
 FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 #: same_length windows: how many keys each query sees. "mem_len+1": itself and the mem_len states before
@@ -133,17 +133,7 @@ class ModelConfig:
                     f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
                     f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)"
                 )
-        if self.softmax_scale is not None:
-            if self.softmax_scale not in SOFTMAX_SCALES:
-                out.append(
-                    f"model.softmax_scale must be null (the plain softmax) or one of {', '.join(SOFTMAX_SCALES)}, "
-                    f"got {self.softmax_scale!r}"
-                )
-            elif self.posenc in SCHEMES and (refused := SCHEMES[self.posenc].softmax_scale_refused):
-                out.append(
-                    f"model.softmax_scale={self.softmax_scale} does not apply to posenc={self.posenc}: {refused} "
-                    f"(set model.softmax_scale=null)"
-                )
+        out.append(softmax_scale_problem(self.softmax_scale, self.posenc))
         if self.random_positions is not None:
             if (problem := int_problem("model.random_positions", self.random_positions, 1)) is not None:
                 out.append(problem)

@@ -28,11 +28,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .positional import Positions
+from .positional import SCHEMES, Positions
 
 #: model.softmax_scale: null (the plain softmax) or one of these
 SOFTMAX_SCALES = ("ssmax",)
 SSMAX_INIT = 0.168
+
+
+def softmax_scale_problem(value, scheme: str) -> str | None:
+    """Why ``model.softmax_scale=value`` cannot serve ``posenc=scheme`` (one line; "; " joins the model's
+    problems), or None."""
+    if value is None:
+        return None
+    if value not in SOFTMAX_SCALES:
+        return (
+            f"model.softmax_scale must be null (the plain softmax) or one of {', '.join(SOFTMAX_SCALES)}, got {value!r}"
+        )
+    if scheme in SCHEMES and (refused := SCHEMES[scheme].softmax_scale_refused):
+        return (
+            f"model.softmax_scale={value} does not apply to posenc={scheme}: {refused} (set model.softmax_scale=null)"
+        )
+    return None
 
 
 class SSMax(nn.Module):
