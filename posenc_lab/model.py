@@ -32,6 +32,7 @@ from .positional import SCHEMES, Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
 from .positional.fused import IMPLS
 from .positional.xl import XLRelative
+from .softmax_scale import SSMax, softmax_scale_problem
 
 FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 #: same_length windows: how many keys each query sees. "mem_len+1": itself and the mem_len states before
@@ -81,6 +82,8 @@ class ModelConfig:
     # of them; null: the token indices -M..L-1. A scheme that reads no position index refuses it, saying why.
     random_positions: int | None = None
     attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
+    # null: the plain softmax; ssmax: each logit times s_h log n_i, n_i the keys query i sees (softmax_scale.py)
+    softmax_scale: str | None = None
 
     def __post_init__(self) -> None:
         if self.adaptive_cutoffs is not None and not isinstance(self.adaptive_cutoffs, list):
@@ -130,6 +133,7 @@ class ModelConfig:
                     f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
                     f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)"
                 )
+        out.append(softmax_scale_problem(self.softmax_scale, self.posenc))
         if self.random_positions is not None:
             if (problem := int_problem("model.random_positions", self.random_positions, 1)) is not None:
                 out.append(problem)
@@ -184,6 +188,7 @@ class Block(nn.Module):
             nn.Linear(cfg.d_inner, D),
         )
         self.drop = nn.Dropout(cfg.dropout)
+        self.ssmax = SSMax(cfg.n_head) if cfg.softmax_scale == "ssmax" else None  # s_h of this layer
 
     def attention(
         self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions, probs_out: list | None
@@ -194,10 +199,11 @@ class Block(nn.Module):
         N, H = context.shape[1], self.n_head
         q = self.q_proj(x).view(B, L, H, D // H).transpose(1, 2)  # [B, H, L, d_h]
         k, v = self.kv_proj(context).view(B, N, 2, H, D // H).permute(2, 0, 3, 1, 4)  # 2 x [B, H, N, d_h]
+        scale = {} if self.ssmax is None else {"logit_scale": self.ssmax(pos)}  # [H, L, 1] s_h log n_i
         if probs_out is not None:
-            probs_out.append(scheme.attention_probs(layer, q, k, pos, context).detach())
+            probs_out.append(scheme.attention_probs(layer, q, k, pos, context, **scale).detach())
         dropout_p = self.attn_dropout if self.training else 0.0
-        out = scheme.attend(layer, q, k, v, pos, dropout_p, context)
+        out = scheme.attend(layer, q, k, v, pos, dropout_p, context, **scale)
         return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
 
     def forward(

@@ -93,15 +93,43 @@ def _segments(model, x):
         yield t, results[-1]
 
 
+# Options that read the lengths on the device: rope's dynamic and longrope scalings (the span M + L), SSMax (the keys
+# each query sees, a static memory's valid slots included). d_h = 8: longrope's factors are 4 numbers each.
+LENGTH_READING = {
+    "rope dynamic": ("rope", {"scaling": "dynamic", "factor": 2.0, "original_len": SEG_LEN}, {}),
+    "rope longrope": (
+        "rope",
+        {
+            "scaling": "longrope",
+            "factor": 2.0,
+            "original_len": SEG_LEN,
+            "short_factor": [1.0, 1.0, 1.1, 1.2],
+            "long_factor": [1.0, 1.5, 3.0, 8.0],
+        },
+        {},
+    ),
+    "alibi ssmax": ("alibi", {}, {"softmax_scale": "ssmax"}),
+    "xl ssmax": ("xl", {}, {"softmax_scale": "ssmax"}),
+    "cope ssmax": ("cope", {}, {"softmax_scale": "ssmax"}),
+}
+
+
+@pytest.mark.parametrize("variant", LENGTH_READING)
+def test_length_reading_options_compile_without_graph_breaks_or_recompiles(variant):
+    """From a static memory's empty start to a full one: one graph, as every scheme."""
+    name, options, model = LENGTH_READING[variant]
+    test_every_scheme_compiles_without_graph_breaks_or_recompiles(name, options, model)
+
+
 @pytest.mark.parametrize("name", SCHEME_NAMES)
-def test_every_scheme_compiles_without_graph_breaks_or_recompiles(name):
+def test_every_scheme_compiles_without_graph_breaks_or_recompiles(name, options=None, model=None):
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    options = sized_options(name, {}, SEG_LEN, MEM)
+    options = sized_options(name, options or {}, SEG_LEN, MEM)
     cfg = ModelConfig(
         vocab_size=32, n_layer=2, d_model=16, n_head=2, d_inner=32, mem_len=MEM, dropout=0.0, posenc=name,
-        posenc_kwargs=options,
+        posenc_kwargs=options, **(model or {}),
     )  # fmt: skip
     eager = MemoryTransformer(cfg).train()
     compiled = copy.deepcopy(eager)

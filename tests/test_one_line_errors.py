@@ -227,6 +227,12 @@ CASES = [
     ("random positions for a scheme that reads none", "train",
      lambda t, c, f: tiny(t / "run", c, "posenc=nope", "+model.random_positions=256"),
      r"^model\.random_positions=256 does not apply to posenc=nope: .* \(set model\.random_positions=null\)$"),
+    ("scalable softmax for a scheme whose attention is no softmax", "train",
+     lambda t, c, f: tiny(t / "run", c, "posenc=stickbreaking", "model.softmax_scale=ssmax"),
+     r"^model\.softmax_scale=ssmax does not apply to posenc=stickbreaking: .* \(set model\.softmax_scale=null\)$"),
+    ("longrope without its factors", "train",
+     lambda t, c, f: tiny(t / "run", c, "posenc=rope", "posenc.scaling=longrope"),
+     r"^posenc: rope: scaling=longrope needs posenc\.short_factor, a list of d_h/2 = 8 numbers > 0 .*got None$"),
     ("an unknown scheme", "train", lambda t, c, f: tiny(t / "run", c, "posenc=xll"),
      r"^posenc=xll is not an option of posenc; the options are: alibi, .*\bxl, xpos$"),
     ("a group train does not take", "train", lambda t, c, f: tiny(t / "run", c, "preset=txl_wt103_base"),
@@ -288,7 +294,7 @@ CASES = [
      lambda t, c, f: ["-m", *_without(tiny(t / "run", c), "model.mem_len"), "posenc=shaw,rope", "model.mem_len=8,16",
                       "posenc.K=4"],
      r"^job 2 \(posenc=rope model\.mem_len=8\) \(also job 3\): posenc\.K is not a key of posenc; the keys are: "
-     r"base, .*; no job was started$"),
+     r".*\bbase, .*; no job was started$"),
     # the corpus cache
     ("a cache file changed after it was written", "train", lambda t, c, f: tiny(t / "run", _tampered_cache(t)),
      r"^corpus cache file \S+/recall/[0-9a-f]{12}/train\.npy is not the file posenc-lab wrote there \(blake2b "

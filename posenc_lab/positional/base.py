@@ -180,13 +180,34 @@ class CumulativeBias(ScoreBias):
         return lambda s, b, h, i, j: s + (C[b, h, i + M] - C[b, h, j]).to(s.dtype)
 
 
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, pos: Positions, bias: ScoreBias | None, dropout_p: float):
-    """softmax(q k^T / sqrt(d_h) + bias + mask) v through SDPA; q: [B, H, L, d_h], k, v: [B, H, N, d_h]."""
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos: Positions,
+    bias: ScoreBias | None,
+    dropout_p: float,
+    logit_scale: Tensor | None = None,
+):
+    """softmax(lambda (q k^T / sqrt(d_h) + bias) + mask) v through SDPA; q: [B, H, L, d_h], k, v: [B, H, N, d_h];
+    logit_scale lambda: [H, L, 1] or None (1), scaling q and the bias (``softmax_scale.py``)."""
+    if logit_scale is not None:
+        q = q * logit_scale.to(q.dtype)  # lambda_i q_i . k_j: no [L, N] tensor
     if bias is None:
         mask = pos.visible  # bool masks keep SDPA's fused kernels available
     else:
-        mask = bias.dense(pos).to(q.dtype) + mask_to_bias(pos.visible, q.dtype)
+        dense = bias.dense(pos).to(q.dtype)
+        if logit_scale is not None:
+            dense = dense * logit_scale.to(q.dtype)  # lambda_i b_ij, on the bias tensor SDPA reads anyway
+        mask = dense + mask_to_bias(pos.visible, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def scaled_score_mod(score_mod: Callable, logit_scale: Tensor | None) -> Callable:
+    """A flex score_mod (s, b, h, i, j) -> s + b_ij made lambda_hi (s + b_ij); logit_scale: [H, L, 1] or None."""
+    if logit_scale is None:
+        return score_mod
+    return lambda s, b, h, i, j: score_mod(s, b, h, i, j) * logit_scale[h, i, 0].to(s.dtype)
 
 
 class PositionalScheme(nn.Module):
@@ -220,6 +241,10 @@ class PositionalScheme(nn.Module):
     #: Why this scheme cannot take the layers of a per-layer hybrid (``hybrid.py``); None: it can, unless it acts on
     #: the input embedding (``embed``), which the hybrid refuses for every scheme.
     hybrid_refused: str | None = None
+    #: Why ``model.softmax_scale`` (SSMax, ``posenc_lab.softmax_scale``) does not apply to this scheme (its attention
+    #: is no softmax); None: its ``attend`` and ``attention_probs`` take ``logit_scale``. ModelConfig refuses it
+    #: naming this reason.
+    softmax_scale_refused: str | None = None
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -278,20 +303,28 @@ class PositionalScheme(nn.Module):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
-        """q: [B, H, L, d_h]; k, v: [B, H, N, d_h] -> [B, H, L, d_h].
+        """q: [B, H, L, d_h]; k, v: [B, H, N, d_h] -> [B, H, L, d_h]; logit_scale: [H, L, 1] (SSMax's s_h log n_i)
+        or None.
 
-        softmax(rotate(q) rotate(k)^T / sqrt(d_h) + bias + mask) v: through flex_attention where the fused path
-        runs (a bias, ``fused.use_fused``), else SDPA.
+        softmax(lambda (rotate(q) rotate(k)^T / sqrt(d_h) + bias) + mask) v: through flex_attention where the fused
+        path runs (a bias, ``fused.use_fused``), else SDPA.
         """
         q, k = self.rotate(layer, q, k, pos, context)
         bias = self._bias(layer, pos, context)
         if bias is not None and fused.use_fused(self, q, k, dropout_p):
-            return fused.attend_bias(q, k, v, pos, bias.score_mod(pos, q))
-        return sdpa_attention(q, k, v, pos, bias, dropout_p)
+            return fused.attend_bias(q, k, v, pos, scaled_score_mod(bias.score_mod(pos, q), logit_scale))
+        return sdpa_attention(q, k, v, pos, bias, dropout_p, logit_scale)
 
     def attention_probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
         """[B, H, L, N] attention probabilities, for analysis (where the model looks).
 
@@ -303,7 +336,7 @@ class PositionalScheme(nn.Module):
         N = k.shape[2]
         one_hot = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
         q, k = self.rotate(layer, q, k, pos, context)
-        return sdpa_attention(q, k, one_hot, pos, self._bias(layer, pos, context), 0.0)
+        return sdpa_attention(q, k, one_hot, pos, self._bias(layer, pos, context), 0.0, logit_scale)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

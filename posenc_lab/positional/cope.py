@@ -36,6 +36,7 @@ from .base import Dims, PositionalScheme, Positions, mask_to_bias
 from .registry import register
 
 OVERFLOWS = ("clamp", "error")
+FAR = -1e4  # the gates' mask under SSMax: finite, and sigmoid(FAR + any score) = 0 in fp32
 
 
 class _CountedScores(torch.autograd.Function):
@@ -119,17 +120,30 @@ class CoPE(PositionalScheme):
         """z = q e^T over the P + 1 integer positions: 2 L D (P + 1)."""
         return 2 * segment_len * self.dims.d_model * (self.max_position + 1)
 
-    def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
+    def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions, logit_scale: Tensor | None = None) -> Tensor:
         """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, N] masked scores, -inf where j is not visible;
-        the count in fp32 (in bf16 a count past 256 would move in steps of 2)."""
-        content = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2) + mask_to_bias(pos.visible, q.dtype)
+        the count in fp32 (in bf16 a count past 256 would move in steps of 2). logit_scale lambda: [H, L, 1]
+        (SSMax) or None: the scores times lambda_i, the gates (and so the counts) read the unscaled logits."""
         z = q @ self.embedding[layer].to(q.dtype).T  # [B, H, L, P + 1]: z_i[n] = q_i . e[n]
-        return _CountedScores.apply(content, z).to(q.dtype)  # + q_i . e[p_ij]
+        content = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+        if logit_scale is None:
+            return _CountedScores.apply(content + mask_to_bias(pos.visible, q.dtype), z).to(q.dtype)  # + q_i . e[p_ij]
+        # a finite mask for the gates (sigmoid(-1e4 + z) is 0 in fp32, as sigmoid(-inf)), so that lambda_i times the
+        # scores never meets an infinity (lambda_i = 0 at n_i = 1; s may turn negative), then -inf where not visible
+        content = content.masked_fill(~pos.visible, FAR)
+        scaled = _CountedScores.apply(content, z) * logit_scale.to(torch.float32)
+        return (scaled + mask_to_bias(pos.visible, scaled.dtype)).to(q.dtype)
 
     def attention_probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
-        return torch.softmax(self.scores(layer, q, k, pos), dim=-1)
+        return torch.softmax(self.scores(layer, q, k, pos, logit_scale), dim=-1)
 
     def attend(
         self,
@@ -140,8 +154,9 @@ class CoPE(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
-        probs = self.attention_probs(layer, q, k, pos)
+        probs = self.attention_probs(layer, q, k, pos, logit_scale=logit_scale)
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)
         return probs @ v

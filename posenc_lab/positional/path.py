@@ -151,17 +151,27 @@ class PaTH(PositionalScheme):
         beta = 2 * torch.sigmoid(self.beta[layer](context).float()).transpose(1, 2)
         return w, beta
 
-    def _inputs(self, layer: int, q: Tensor, context: Tensor | None, pos: Positions) -> tuple[Tensor, Tensor, Tensor]:
-        """(q / sqrt(d_h), w, beta) in fp32 (a triangular solve per chunk: no bf16 kernel)."""
+    def _inputs(
+        self, layer: int, q: Tensor, context: Tensor | None, pos: Positions, logit_scale: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(lambda q / sqrt(d_h), w, beta) in fp32 (a triangular solve per chunk: no bf16 kernel); logit_scale lambda
+        [H, L, 1] (SSMax) or None (1): s_ij is linear in q_i, so lambda_i q_i scales the row's scores."""
         if context is None:
             raise ValueError("path: the transforms come from the layer's input; attend needs context=[B, N, D]")
         w, beta = self.transforms(layer, context, pos.valid)
-        return (q * q.shape[-1] ** -0.5).float(), w, beta
+        q = (q * q.shape[-1] ** -0.5).float()
+        return (q if logit_scale is None else q * logit_scale.float()), w, beta
 
     def attention_probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
-        q, w, beta = self._inputs(layer, q, context, pos)
+        q, w, beta = self._inputs(layer, q, context, pos, logit_scale)
         with torch.autocast(q.device.type, enabled=False):
             scores = path_scores(q, k.float(), w, beta) + mask_to_bias(pos.visible, torch.float32)
         return torch.softmax(scores, dim=-1).to(k.dtype)
@@ -175,12 +185,13 @@ class PaTH(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
         """Row by row of query chunks: each row's softmax over its keys up to its own chunk (later keys are never
         visible, so they are neither computed nor normalised), the mask added, one product with the matching keys'
         values."""
         L, N = q.shape[2], k.shape[2]
-        q, w, beta = self._inputs(layer, q, context, pos)
+        q, w, beta = self._inputs(layer, q, context, pos, logit_scale)
         with torch.autocast(q.device.type, enabled=False):
             rows, front = path_rows(q, k.float(), w, beta)
             C = rows[0].shape[-2]

@@ -22,6 +22,7 @@ TYPES = {
     int: "an integer",
     float: "a number",
     str: "a string",
+    list[float]: "a list of numbers",  # rope's longrope factors (each element checked)
     list: "a list",  # a hybrid's layers
     dict: "a mapping",  # a hybrid's options per scheme
 }
@@ -49,14 +50,17 @@ def option_types(name: str) -> dict[str, tuple[type, ...]]:
         hint = hints.get(option)
         union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
         args = typing.get_args(hint) if union else (hint,)
-        args = tuple(typing.get_origin(a) or a for a in args)  # list[str] -> list
+        args = tuple(a if a in TYPES else typing.get_origin(a) or a for a in args)  # list[str] -> list
         if all(a in TYPES or a is NoneType for a in args):
             out[option] = args
     return out
 
 
 def _is_of(value, kind: type) -> bool:
-    """A bool is only a bool, an integer never a bool, a number an integer or a float."""
+    """A bool is only a bool, an integer never a bool, a number an integer or a float; a list of numbers a list (or
+    tuple) of them."""
+    if typing.get_origin(kind) is list:
+        return isinstance(value, (list, tuple)) and all(_is_of(v, typing.get_args(kind)[0]) for v in value)
     if kind is bool or isinstance(value, bool):
         return kind is bool and isinstance(value, bool)
     return isinstance(value, (int, float) if kind is float else kind)

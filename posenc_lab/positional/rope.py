@@ -18,6 +18,9 @@ each a change of theta_c (and, for YaRN, of the scores' temperature):
             r_c = L_orig theta_c / (2 pi), alpha = 1, beta = 32; q and k times 0.1 ln(s) + 1  (Peng et al. 2023)
     llama3  the same blend with alpha = low_freq_factor, beta = high_freq_factor (1 and 4), no temperature
             (Llama 3.1's apply_scaling)
+    dynamic (base a^{d_h/(d_h-2)})^{-2c/d_h},  a = max(1, s S / L_orig - (s - 1))          dynamic NTK (Hugging Face)
+    longrope theta_c / f_c, f = short_factor if S <= L_orig else long_factor; q and k times
+            attention_factor, null: sqrt(1 + ln(s) / ln(L_orig)) (1 at s = 1)        (LongRoPE, Phi-3; Ding et al. 2024)
 
 r_c counts how many turns channel pair c makes over the trained span L_orig (``original_len``), i.e. L_orig over
 its wavelength 2 pi / theta_c: pairs that turn many times (g = 1) keep theta, pairs that turn less than alpha
@@ -27,6 +30,14 @@ divided by s above L_orig / low_freq_factor, smooth = (L_orig / wavelength - low
 is this ramp. L_orig is the attention span the model trained with, M + L (the largest distance it saw plus one);
 null sizes it to the run, so a checkpoint carries it into evaluation (Llama 3.1's is 8192, its factor 8).
 YaRN's alpha, beta and temperature are the paper's values for LLaMA.
+
+dynamic and longrope read the span S of the segment being scored, the largest distance plus one,
+S = q_{L-1} - k_0 + 1: M + L, memory keys included (a query's keys reach M back), the analogue of Hugging Face's
+seq_len (the largest position + 1, which with a whole cache is also the largest distance + 1). S is read from the
+positions' shapes, never from which memory slots are valid: a static memory (``posenc_lab.memory``) keeps M slots
+from a stream's start, so the first segments use the full span's frequencies though fewer keys exist yet; one
+graph and one set of frequencies per (M, L), no device read. At S <= L_orig dynamic is RoPE and longrope uses its
+short factors; both are computed on the device (a tensor S), so random positions (gaps) need no host read either.
 """
 
 import math
@@ -37,7 +48,8 @@ from torch import Tensor
 from .base import Dims, PositionalScheme, Positions
 from .registry import register
 
-SCALINGS = ("none", "linear", "ntk", "yarn", "llama3")
+SCALINGS = ("none", "linear", "ntk", "yarn", "llama3", "dynamic", "longrope")
+SIZED = ("yarn", "llama3", "dynamic", "longrope")  # the scalings that read original_len
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
 
 
@@ -70,6 +82,37 @@ def scaled_inv_freq(
     return torch.where(torch.arange(d_head // 2) < rotated, theta, 0.0)
 
 
+def check_longrope(d_head: int, short: list | None, long: list | None, attention_factor: float | None) -> None:
+    """One line naming the bad value if longrope's factors are not d_h/2 numbers > 0 each, or its attention factor
+    not a number > 0 (or null)."""
+    pairs = d_head // 2
+    for option, factors in (("short_factor", short), ("long_factor", long)):
+        if factors is None:
+            raise ValueError(
+                f"rope: scaling=longrope needs posenc.{option}, a list of d_h/2 = {pairs} numbers > 0 (one per channel "
+                f"pair, theta_c divided by it: LongRoPE finds them by search, Phi-3's config ships them), got None"
+            )
+        if len(factors) != pairs or not all(math.isfinite(f) and f > 0 for f in factors):
+            raise ValueError(
+                f"rope: posenc.{option} must be d_h/2 = {pairs} numbers > 0 (one per channel pair), got {factors!r}"
+            )
+    if attention_factor is not None and not (math.isfinite(attention_factor) and attention_factor > 0):
+        raise ValueError(
+            f"rope: posenc.attention_factor must be a number > 0 or null (sqrt(1 + ln factor / ln original_len)), "
+            f"got {attention_factor!r}"
+        )
+
+
+def longrope_attention_factor(factor: float, original_len: int, given: float | None) -> float:
+    """The factor on q and on k (so the scores times its square): ``given``, else Hugging Face's default
+    sqrt(1 + ln(s) / ln(L_orig)) for s > 1, and 1 at s = 1 (and at L_orig = 1, where ln L_orig = 0)."""
+    if given is not None:
+        return float(given)
+    if factor <= 1 or original_len <= 1:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original_len))
+
+
 @register
 class RoPE(PositionalScheme):
     name = "rope"
@@ -86,6 +129,9 @@ class RoPE(PositionalScheme):
         original_len: int | None = None,
         low_freq_factor: float = 1.0,
         high_freq_factor: float = 4.0,
+        short_factor: list[float] | None = None,
+        long_factor: list[float] | None = None,
+        attention_factor: float | None = None,
     ):
         super().__init__(dims)
         if dims.d_head % 2:
@@ -116,7 +162,14 @@ class RoPE(PositionalScheme):
                 f"rope: llama3 needs 0 < low_freq_factor < high_freq_factor (Llama 3.1: 1 and 4), got "
                 f"{low_freq_factor!r} and {high_freq_factor!r}"
             )
-        if scaling in ("yarn", "llama3") and (original_len is None or original_len < 1):
+        if scaling != "longrope" and (short_factor, long_factor, attention_factor) != (None, None, None):
+            raise ValueError(
+                f"rope: short_factor={short_factor!r}, long_factor={long_factor!r}, attention_factor="
+                f"{attention_factor!r} have no effect with scaling={scaling}; they shape scaling=longrope (null there)"
+            )
+        if scaling == "longrope":
+            check_longrope(dims.d_head, short_factor, long_factor, attention_factor)
+        if scaling in SIZED and (original_len is None or original_len < 1):
             raise ValueError(
                 f"rope: scaling={scaling} needs original_len, the attention span trained with (M + L), "
                 f"got {original_len!r}"
@@ -124,9 +177,17 @@ class RoPE(PositionalScheme):
         self.base, self.partial, self.scaling, self.factor = base, float(partial), scaling, float(factor)
         self.original_len, self.ramp = original_len, (float(low_freq_factor), float(high_freq_factor))
         inv_freq = scaled_inv_freq(dims.d_head, base, scaling, self.factor, original_len, self.partial, self.ramp)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # theta_c within the trained span
         # YaRN's temperature, sqrt(1/t) = 0.1 ln(s) + 1 on q and on k: the scores times (0.1 ln s + 1)^2
         self.qk_scale = 0.1 * math.log(self.factor) + 1.0 if scaling == "yarn" else 1.0
+        self.short_factor, self.long_factor, self.attention_factor = short_factor, long_factor, attention_factor
+        if scaling == "dynamic":  # theta_c a^{-2c/(d_h-2)} = (base a^{d_h/(d_h-2)})^{-2c/d_h}
+            exponent = torch.arange(0, dims.d_head, 2, dtype=torch.float32) / (dims.d_head - 2)
+            self.register_buffer("ntk_exponent", exponent, persistent=False)
+        if scaling == "longrope":  # theta_c / f_c; inv_freq: the short factors' (the trained span's)
+            self.register_buffer("long_inv_freq", inv_freq / torch.tensor(long_factor), persistent=False)
+            self.inv_freq = inv_freq / torch.tensor(short_factor)
+            self.qk_scale = longrope_attention_factor(self.factor, original_len, attention_factor)
 
     @classmethod
     def sized_options(cls, options: dict, segment_len: int, mem_len: int, max_offset: int = 0) -> dict:
@@ -135,16 +196,30 @@ class RoPE(PositionalScheme):
             return {**options, "original_len": segment_len + mem_len}
         return dict(options)
 
-    def _cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq  # [P, d_h/2]: p * theta_c
+    def frequencies(self, pos: Positions) -> Tensor:
+        """[d_h/2] theta_c for this segment: ``inv_freq``, but for dynamic and longrope, which read the span
+        S = q_{L-1} - k_0 + 1 (M + L with consecutive positions) as a device tensor (no host read)."""
+        if self.scaling not in ("dynamic", "longrope"):
+            return self.inv_freq
+        span = (pos.q[-1] - pos.k[0] + 1).to(torch.float32)  # S
+        if self.scaling == "dynamic":
+            stretch = (self.factor * span / self.original_len - (self.factor - 1)).clamp(min=1.0)  # a
+            return self.inv_freq * stretch**-self.ntk_exponent  # theta_c a^{-2c/(d_h-2)}
+        return torch.where(span > self.original_len, self.long_inv_freq, self.inv_freq)  # long past L_orig
+
+    def _cos_sin(self, positions: Tensor, dtype: torch.dtype, theta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """[P] positions -> cos, sin [P, d_h] of p theta_c (theta: ``inv_freq`` if None), times the qk scale."""
+        theta = self.inv_freq if theta is None else theta
+        angles = positions.to(torch.float32)[:, None] * theta  # [P, d_h/2]: p * theta_c
         angles = torch.cat([angles, angles], dim=-1)  # [P, d_h]
         return (angles.cos() * self.qk_scale).to(dtype), (angles.sin() * self.qk_scale).to(dtype)
 
     def rotate(
         self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        cos_q, sin_q = self._cos_sin(pos.q, q.dtype)
-        cos_k, sin_k = self._cos_sin(pos.k, k.dtype)
+        theta = self.frequencies(pos)
+        cos_q, sin_q = self._cos_sin(pos.q, q.dtype, theta)
+        cos_k, sin_k = self._cos_sin(pos.k, k.dtype, theta)
         # x * cos + rotate_half(x) * sin  is the 2-D rotation of each channel pair.
         return q * cos_q + rotate_half(q) * sin_q, k * cos_k + rotate_half(k) * sin_k
 

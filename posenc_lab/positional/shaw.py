@@ -167,8 +167,16 @@ class Shaw(PositionalScheme):
         return _AddNearScores.apply(e, near, mask_to_bias(pos.visible, q.dtype))
 
     def attention_probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
+        if logit_scale is not None:  # e_ij is linear in q_i: lambda_i e_ij = (lambda_i q_i) . (k_j + a^K)
+            q = q * logit_scale.to(q.dtype)
         return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
 
     def attend(
@@ -180,7 +188,10 @@ class Shaw(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
+        if logit_scale is not None:  # SSMax: e_ij is linear in q_i, so lambda_i q_i scales it on both paths
+            q = q * logit_scale.to(q.dtype)
         if fused.use_fused(self, q, k, dropout_p, needs_lse=True):
             # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
             rows = self.a_key[layer].to(q.dtype)[self.K - torch.arange(self.K + 1, device=q.device)]

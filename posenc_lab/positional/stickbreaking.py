@@ -89,6 +89,10 @@ class StickBreaking(PositionalScheme):
     name = "stickbreaking"
     kind = "relative"
     random_positions_refused = "it reads no position: the order of the keys alone decides which breaks the stick first"
+    softmax_scale_refused = (
+        "its attention is no softmax: each key takes sigmoid(z) of the stick the nearer keys left, and the stick left "
+        "over goes to no key, so there is no normalisation over n keys to rescale"
+    )
     not_translation_invariant = (
         "a pair's weight is its share of the stick the keys between its two tokens leave: it depends on what lies "
         "between them, not on i - j alone"

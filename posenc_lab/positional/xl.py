@@ -122,14 +122,18 @@ class XLRelative(PositionalScheme):
         _, v = self._uv(layer)
         return (q + v.to(q.dtype)) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
 
-    def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions) -> Tensor:
-        """[B, H, L, N] masked scores A_ij / sqrt(d_h), -inf where key j is not visible to query i."""
+    def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions, logit_scale: Tensor | None = None) -> Tensor:
+        """[B, H, L, N] masked scores lambda_i A_ij / sqrt(d_h), -inf where key j is not visible to query i;
+        logit_scale lambda: [H, L, 1] (SSMax) or None (1)."""
         B, H, L, d_h = q.shape
         N, scale = k.shape[2], 1.0 / math.sqrt(d_h)
         u, v = self._uv(layer)
         q = q.contiguous() * scale  # 1/sqrt(d_h) applied to [L, d_h] here, not to [L, N] later
-        qu = (q + u.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + u) / sqrt(d_h)
-        qv = (q + v.to(q.dtype) * scale).view(B * H, L, d_h)  # (q_i + v) / sqrt(d_h)
+        qu = q + u.to(q.dtype) * scale  # (q_i + u) / sqrt(d_h)
+        qv = q + v.to(q.dtype) * scale  # (q_i + v) / sqrt(d_h)
+        if logit_scale is not None:  # A_ij is linear in (q_i + u, q_i + v): lambda_i on them scales all four terms
+            qu, qv = qu * logit_scale.to(q.dtype), qv * logit_scale.to(q.dtype)
+        qu, qv = qu.reshape(B * H, L, d_h), qv.reshape(B * H, L, d_h)
         # (b)+(d) for the distances N-1 .. -1 (one future column keeps the shifted view free of overlap): [B*H, L, W]
         r = self.position_vectors(layer, pos, q.dtype, future=1)  # [H, W, d_h]
         W = r.shape[1]
@@ -147,9 +151,16 @@ class XLRelative(PositionalScheme):
         return a.add_(mask_to_bias(pos.visible, q.dtype)).view(B, H, L, N)
 
     def attention_probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
-        return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
+        # bf16 in, bf16 out: fp32 inside the kernel
+        return torch.softmax(self.scores(layer, q, k, pos, logit_scale), dim=-1)
 
     def attend(
         self,
@@ -160,15 +171,17 @@ class XLRelative(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
         # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path: fused.py.
         if fused.use_fused(self, q, k, dropout_p):
             u, vb = self._uv(layer)
-            scale = q.shape[-1] ** -0.5
-            bd = ((q + vb.to(q.dtype)) * scale) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
-            return fused.attend_xl(q + u.to(q.dtype), k, v, pos, bd)
-        probs = self.attention_probs(layer, q, k, pos)
+            row = q.shape[-1] ** -0.5 if logit_scale is None else logit_scale.to(q.dtype) * q.shape[-1] ** -0.5
+            bd = ((q + vb.to(q.dtype)) * row) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
+            q_u = q + u.to(q.dtype)
+            return fused.attend_xl(q_u if logit_scale is None else q_u * logit_scale.to(q.dtype), k, v, pos, bd)
+        probs = self.attention_probs(layer, q, k, pos, logit_scale=logit_scale)
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)
         return probs @ v

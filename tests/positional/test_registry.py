@@ -49,3 +49,13 @@ def test_option_types_bools_integers_and_numbers():
     assert option_problem(SHAW, "K", 4.0) == "shaw: posenc.K must be an integer, got 4.0"
     assert option_problem(XL, "clamp_len", "8") == "xl: posenc.clamp_len must be an integer or null, got '8'"
     assert option_problem(ROPE, "factor", 4) is None and option_problem(XL, "clamp_len", None) is None
+
+
+def test_option_types_lists_of_numbers():
+    """RoPE's longrope factors: a list (or tuple) of numbers, each an integer or a float but never a bool."""
+    assert option_problem(ROPE, "long_factor", [1, 2.5]) is None and option_problem(ROPE, "long_factor", (1.0,)) is None
+    assert option_problem(ROPE, "long_factor", None) is None
+    wrong = "rope: posenc.long_factor must be a list of numbers or null, got "
+    assert option_problem(ROPE, "long_factor", [1.0, "x"]) == wrong + "[1.0, 'x']"
+    assert option_problem(ROPE, "long_factor", [True]) == wrong + "[True]"
+    assert option_problem(ROPE, "long_factor", 2.0) == wrong + "2.0"

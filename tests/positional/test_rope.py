@@ -1,6 +1,7 @@
-"""RoPE scaling for evaluation past the trained span: linear (position interpolation), NTK-aware, YaRN and
-Llama 3.1's, and p-RoPE's partial rotation, against their formulas written per channel; bad values refused with
-the valid ones; and the option reaching an evaluation of a trained checkpoint with no other edit."""
+"""RoPE scaling for evaluation past the trained span: linear (position interpolation), NTK-aware, YaRN,
+Llama 3.1's, dynamic NTK and LongRoPE, and p-RoPE's partial rotation, against their formulas written per channel
+(dynamic's and LongRoPE's as Hugging Face writes them); bad values refused with the valid ones; memory equal to one
+long pass; and the option reaching an evaluation of a trained checkpoint with no other edit."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: list[float]) -> torc
     return torch.cat([x[..., :half] * cos - x[..., half:] * sin, x[..., :half] * sin + x[..., half:] * cos], -1)
 
 
+LONGROPE = {"original_len": 8, "short_factor": [1.0, 1.25], "long_factor": [1.5, 6.0]}
+
+
 def naive_theta(
     scaling: str,
     s: float,
@@ -35,8 +39,15 @@ def naive_theta(
     partial: float = 1.0,
     low: float = 1.0,
     high: float = 4.0,
+    span: int | None = None,
 ) -> list[float]:
+    """theta_c of ``scaling``; dynamic and longrope at the attention ``span`` (largest distance + 1)."""
+    if scaling == "dynamic" and span > L_orig:  # Hugging Face's _compute_dynamic_ntk_parameters, seq_len = span
+        base = base * ((s * span / L_orig) - (s - 1)) ** (d / (d - 2))
     theta = [base ** (-2 * c / d) for c in range(d // 2)]
+    if scaling == "longrope":  # _compute_longrope_parameters: 1 / (ext_factors * base^{2c/d})
+        factors = LONGROPE["long_factor"] if span > L_orig else LONGROPE["short_factor"]
+        theta = [t / f for t, f in zip(theta, factors)]
     if scaling == "linear":
         theta = [t / s for t in theta]
     if scaling == "ntk":
@@ -87,6 +98,93 @@ def test_scaled_rotation_equals_the_formula(scaling, factor, partial, M):
     got_grads = torch.autograd.grad((got * weights).sum(), got_in)
     for a, b in zip(got_grads, torch.autograd.grad((want * weights).sum(), want_in)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def attend_with_grads(scheme, pos, q, k, v, theta, temperature):
+    """The scheme's attention and the formula's (rotation by ``theta``, scores times ``temperature``), with the
+    gradients of q, k, v under one random weighting, for comparison."""
+    got_in, want_in = ([t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2))
+    got = scheme.attend(0, *got_in, pos, 0.0)
+    scores = rotate(want_in[0], pos.q, theta) @ rotate(want_in[1], pos.k, theta).transpose(-1, -2) / math.sqrt(DH)
+    want = masked_softmax(scores * temperature, pos.visible) @ want_in[2]
+    weights = torch.randn_like(got)
+    grads = [torch.autograd.grad((x * weights).sum(), inputs) for x, inputs in ((got, got_in), (want, want_in))]
+    return got, want, grads
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
+@pytest.mark.parametrize("factor", [1.0, 4.0])
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+@pytest.mark.parametrize("L_orig", [8, 64])
+@pytest.mark.parametrize("M", [7, 0])
+def test_dynamic_and_longrope_equal_hugging_faces_formulas(scaling, factor, partial, L_orig, M):
+    """At the span S = M + L (memory keys included): past L_orig (8) dynamic's base grows and longrope takes its
+    long factors, within it (64) dynamic is RoPE and longrope takes the short ones; longrope's q and k times
+    sqrt(1 + ln s / ln L_orig). Forward and backward (q, k, v)."""
+    factors = {k: v for k, v in LONGROPE.items() if k != "original_len"} if scaling == "longrope" else {}
+    scheme = rope(scaling=scaling, factor=factor, partial=partial, original_len=L_orig, **factors)
+    L = 5
+    pos, (q, k, v) = make_positions(L, M), qkv(L, M)
+    theta = naive_theta(scaling, factor, L_orig, partial=partial, span=M + L)
+    attention = math.sqrt(1 + math.log(factor) / math.log(L_orig)) if scaling == "longrope" else 1.0
+    got, want, (got_grads, want_grads) = attend_with_grads(scheme, pos, q, k, v, theta, attention**2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    if M + L > L_orig and factor > 1:  # the scaling acts: not RoPE's attention
+        assert (got - rope().attend(0, q, k, v, pos, 0.0)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
+def test_the_span_is_the_static_memorys_slots_not_its_valid_ones(scaling):
+    """A static memory keeps M slots from a stream's start (posenc_lab/memory.py): S = M + L whichever are valid yet,
+    so the frequencies (and the compiled graph) depend on the shapes alone. At a stream's start this is not the pass
+    over the valid keys alone (S = valid + L): documented in docs/SCHEMES.md."""
+    L, M, valid_slots = 5, 7, 2
+    scheme = rope(scaling=scaling, factor=4.0, **(LONGROPE if scaling == "longrope" else {"original_len": 8}))
+    pos, (q, k, v) = make_positions(L, M), qkv(L, M)
+    pos.valid = torch.arange(M + L) >= M - valid_slots
+    pos.visible = pos.visible & pos.valid[None, :]
+    attention = math.sqrt(1 + math.log(4.0) / math.log(8)) if scaling == "longrope" else 1.0
+    with torch.no_grad():
+        got = scheme.attend(0, q, k, v, pos, 0.0)
+        for span, equal in ((M + L, True), (valid_slots + L, False)):
+            theta = naive_theta(scaling, 4.0, 8, span=span)
+            scores = rotate(q, pos.q, theta) @ rotate(k, pos.k, theta).transpose(-1, -2) / math.sqrt(DH)
+            want = masked_softmax(scores * attention**2, pos.visible) @ v
+            assert torch.allclose(got, want, atol=1e-5, rtol=1e-5) == equal
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
+def test_with_memory_equals_one_long_pass(scaling):
+    """One layer, a full memory (M = 8 > L = 4): the last segment's logits equal those of one pass over the window
+    the memory covers, whose span M + L is the same; the scaling acts (S = 12 > L_orig = 6)."""
+    from tests.models import make_model
+
+    options = {"scaling": scaling, "factor": 2.0, "original_len": 6}
+    if scaling == "longrope":  # d_h = 8: 4 pairs
+        options |= {"short_factor": [1.0, 1.0, 1.1, 1.2], "long_factor": [1.0, 1.5, 3.0, 8.0]}
+    model = make_model(ROPE, n_layer=1, mem_len=8, randomize="all", posenc_kwargs=options)
+    stream, L = torch.randint(0, 23, (2, 12)), 4
+    with torch.no_grad():
+        mems = None
+        for t in range(3):
+            out = model(stream[:, t * L : (t + 1) * L], mems=mems, offset=t * L)
+            mems = out.mems
+        window = model(stream, mem_len=0).logits[:, -L:]
+        scaled, model.scheme = model.scheme, build_scheme(ROPE, Dims(1, 16, 2))
+        unscaled = model(stream, mem_len=0).logits[:, -L:]
+        model.scheme = scaled
+    torch.testing.assert_close(out.logits, window, atol=1e-5, rtol=1e-4)
+    assert (window - unscaled).abs().max() > 1e-3
+
+
+def test_longrope_attention_factor_is_hugging_faces_default_unless_given():
+    from posenc_lab.positional.rope import longrope_attention_factor
+
+    assert longrope_attention_factor(4.0, 64, None) == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
+    assert longrope_attention_factor(1.0, 64, None) == 1.0 and longrope_attention_factor(4.0, 64, 1.3) == 1.3
+    assert rope(scaling="longrope", factor=4.0, **LONGROPE, attention_factor=1.3).qk_scale == 1.3
 
 
 def test_linear_scaling_is_positions_divided_by_the_factor_and_yarn_at_one_is_none():
@@ -145,7 +243,33 @@ def test_yarn_keeps_the_fast_channels_and_interpolates_the_slow_ones():
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"scaling": "dynamic"}, r"scaling must be one of none, linear, ntk, yarn, llama3, got 'dynamic'"),
+        (
+            {"scaling": "ntk-by-parts"},
+            r"scaling must be one of none, linear, ntk, yarn, llama3, dynamic, longrope, got 'ntk-by-parts'",
+        ),
+        ({"scaling": "dynamic", "factor": 2.0}, r"scaling=dynamic needs original_len.*got None"),
+        (
+            {"scaling": "longrope", "original_len": 8, "long_factor": [1.0, 2.0]},
+            r"^rope: scaling=longrope needs posenc.short_factor, a list of d_h/2 = 2 numbers > 0 .*got None$",
+        ),
+        (
+            {"scaling": "longrope", "original_len": 8, "short_factor": [1.0], "long_factor": [1.0, 2.0]},
+            r"^rope: posenc.short_factor must be d_h/2 = 2 numbers > 0 \(one per channel pair\), got \[1.0\]$",
+        ),
+        (
+            {"scaling": "longrope", "original_len": 8, "short_factor": [1.0, 1.0], "long_factor": [2.0, 0.0]},
+            r"^rope: posenc.long_factor must be d_h/2 = 2 numbers > 0 .*got \[2.0, 0.0\]$",
+        ),
+        (
+            {"scaling": "longrope", **LONGROPE, "attention_factor": -1.0},
+            r"^rope: posenc.attention_factor must be a number > 0 or null .*got -1.0$",
+        ),
+        ({"scaling": "ntk", "factor": 2.0, "long_factor": [1.0, 2.0]}, r"have no effect with scaling=ntk"),
+        ({"short_factor": "1,2"}, r"^rope: posenc.short_factor must be a list of numbers or null, got '1,2'$"),
+        (
+            {"long_factor": [1.0, True]},
+            r"^rope: posenc.long_factor must be a list of numbers or null, got \[1.0, True\]$",
+        ),
         ({"scaling": "linear", "factor": 0.5}, r"factor .*must be >= 1, got 0.5"),
         ({"scaling": "ntk", "factor": True}, r"rope: posenc.factor must be a number, got True"),
         ({"factor": 2.0}, r"factor=2.0 has no effect with scaling=none"),
@@ -193,6 +317,10 @@ def test_a_trained_checkpoint_evaluates_with_yarn_past_its_span(tmp_path):
         results["checkpoint"], mem_len=48, max_batches=2, scheme_options={"scaling": "llama3", "factor": 2.0}
     )
     assert math.isfinite(llama3["loss"]) and llama3["loss"] not in (plain["loss"], yarn["loss"])
+    dynamic = evaluate_checkpoint(
+        results["checkpoint"], mem_len=48, max_batches=2, scheme_options={"scaling": "dynamic", "factor": 2.0}
+    )
+    assert math.isfinite(dynamic["loss"]) and dynamic["loss"] not in (plain["loss"], yarn["loss"], llama3["loss"])
     ckpt = torch.load(results["checkpoint"], weights_only=False)
     assert ckpt["hyper_parameters"]["model"]["posenc_kwargs"]["original_len"] == 32
     with pytest.raises(ValueError, match="scaling must be one of"):

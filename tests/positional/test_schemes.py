@@ -165,6 +165,9 @@ def test_documented_options_exist():
         "partial",
         "low_freq_factor",
         "high_freq_factor",
+        "short_factor",
+        "long_factor",
+        "attention_factor",
     }
 
 
