@@ -133,7 +133,7 @@ class ModelConfig:
                     f"model.adaptive_cutoffs must be integers increasing strictly within (0, vocab_size="
                     f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)"
                 )
-        out.append(softmax_scale_problem(self.softmax_scale, self.posenc))
+        out.append(softmax_scale_problem(self.softmax_scale, self.posenc, self.posenc_kwargs))
         if self.random_positions is not None:
             if (problem := int_problem("model.random_positions", self.random_positions, 1)) is not None:
                 out.append(problem)

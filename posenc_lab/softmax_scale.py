@@ -35,18 +35,27 @@ SOFTMAX_SCALES = ("ssmax",)
 SSMAX_INIT = 0.168
 
 
-def softmax_scale_problem(value, scheme: str) -> str | None:
-    """Why ``model.softmax_scale=value`` cannot serve ``posenc=scheme`` (one line; "; " joins the model's
-    problems), or None."""
+def softmax_scale_problem(value, scheme: str, options: dict | None = None) -> str | None:
+    """Why ``model.softmax_scale=value`` cannot serve ``posenc=scheme`` with its ``options`` (one line; "; " joins
+    the model's problems), or None. A hybrid is refused where one of its layers' schemes is, and with windows: n_i
+    would count the model's visible keys, not the window's."""
     if value is None:
         return None
     if value not in SOFTMAX_SCALES:
         return (
             f"model.softmax_scale must be null (the plain softmax) or one of {', '.join(SOFTMAX_SCALES)}, got {value!r}"
         )
-    if scheme in SCHEMES and (refused := SCHEMES[scheme].softmax_scale_refused):
+    options = options or {}
+    layers = options.get("layers") if scheme == "hybrid" and isinstance(options.get("layers"), list) else [scheme]
+    for name in dict.fromkeys(layers):
+        if name in SCHEMES and (refused := SCHEMES[name].softmax_scale_refused):
+            return (
+                f"model.softmax_scale={value} does not apply to posenc={name}: {refused} (set model.softmax_scale=null)"
+            )
+    if scheme == "hybrid" and options.get("windows"):
         return (
-            f"model.softmax_scale={value} does not apply to posenc={scheme}: {refused} (set model.softmax_scale=null)"
+            f"model.softmax_scale={value} does not apply to a hybrid with windows ({options['windows']}): log n_i "
+            f"would count the model's visible keys, not the window's (set model.softmax_scale=null or no windows)"
         )
     return None
 

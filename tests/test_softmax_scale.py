@@ -194,6 +194,20 @@ def test_a_scheme_whose_attention_is_no_softmax_refuses_it_and_bad_values_are_na
     assert STICKBREAKING not in SOFTMAX and len(SOFTMAX) == len(SCHEME_NAMES) - 1
 
 
+def test_a_hybrid_takes_it_unless_a_layer_refuses_it_or_a_window_would_miscount_n():
+    """A hybrid passes the scale to its layers' schemes: refused where one of them refuses it (stick-breaking), and
+    with windows, where n_i (the model's visible keys) is not the keys a windowed layer sees."""
+    ModelConfig(posenc="hybrid", posenc_kwargs={"layers": ["rope", "nope"]}, softmax_scale="ssmax")
+    with pytest.raises(ValueError, match=r"^model.softmax_scale=ssmax does not apply to posenc=stickbreaking: "):
+        ModelConfig(posenc="hybrid", posenc_kwargs={"layers": ["rope", "stickbreaking"]}, softmax_scale="ssmax")
+    with pytest.raises(ValueError, match=r"^model.softmax_scale=ssmax does not apply to a hybrid with windows"):
+        ModelConfig(
+            posenc="hybrid",
+            posenc_kwargs={"layers": ["rope", "nope"], "windows": {"rope": 8}},
+            softmax_scale="ssmax",
+        )
+
+
 @pytest.mark.parametrize("name", SOFTMAX)
 def test_every_softmax_scheme_takes_the_scale_where_it_attends(name):
     """A scheme added later must take ``logit_scale`` in both or declare ``softmax_scale_refused``."""

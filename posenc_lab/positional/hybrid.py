@@ -185,13 +185,15 @@ class Hybrid(PositionalScheme):
         part, rank, pos = self._layer(layer, pos)
         return part.score_bias(rank, pos, context)
 
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None) -> Tensor:
+    def attend(self, layer, q, k, v, pos, dropout_p, context=None, logit_scale=None) -> Tensor:
         part, rank, pos = self._layer(layer, pos)
-        return part.attend(rank, q, k, v, pos, dropout_p, context)
+        scale = {} if logit_scale is None else {"logit_scale": logit_scale}  # SSMax: refused with windows (model.py)
+        return part.attend(rank, q, k, v, pos, dropout_p, context, **scale)
 
-    def attention_probs(self, layer, q, k, pos, context=None) -> Tensor:
+    def attention_probs(self, layer, q, k, pos, context=None, logit_scale=None) -> Tensor:
         part, rank, pos = self._layer(layer, pos)
-        return part.attention_probs(rank, q, k, pos, context)
+        scale = {} if logit_scale is None else {"logit_scale": logit_scale}
+        return part.attention_probs(rank, q, k, pos, context, **scale)
 
     def extra_repr(self) -> str:
         return f"layers={self.layers}" + (f", windows={self.windows}" if self.windows else "")

@@ -111,8 +111,17 @@ class Wall(PositionalScheme):
             g = g.masked_fill(~pos.valid[:, None], 0.0)
         return g.cumsum(2)
 
-    def logits(self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None) -> Tensor:
-        """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, N] scaled logits, fp32, -inf where not visible."""
+    def logits(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None,
+        logit_scale: Tensor | None = None,
+    ) -> Tensor:
+        """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, N] scaled logits, fp32, -inf where not visible;
+        logit_scale: [H, L, 1] (SSMax's s_h log n_i, on the whole logit) or None."""
         if context is None:
             raise ValueError("wall: the forget gates come from the layer's input; attend needs context=[B, N, D]")
         B, H, L, d = q.shape
@@ -122,13 +131,21 @@ class Wall(PositionalScheme):
         pad = -L % C  # the last block filled with zero queries and keys repeating the last P (cropped below)
         q, k = F.pad(q.float(), (0, 0, 0, pad)), F.pad(k.float(), (0, 0, 0, pad))
         P = torch.cat([P, P[:, :, -1:].expand(B, H, pad, d)], 2)
-        logits = pair_scores(q, k, P, M, C)[:, :, :L, : M + L]
-        return (logits * d**-0.5).masked_fill(~pos.visible, float("-inf"))
+        logits = pair_scores(q, k, P, M, C)[:, :, :L, : M + L] * d**-0.5
+        if logit_scale is not None:
+            logits = logits * logit_scale.float()
+        return logits.masked_fill(~pos.visible, float("-inf"))
 
     def attention_probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
-        return torch.softmax(self.logits(layer, q, k, pos, context), dim=-1).to(q.dtype)
+        return torch.softmax(self.logits(layer, q, k, pos, context, logit_scale), dim=-1).to(q.dtype)
 
     def attend(
         self,
@@ -139,8 +156,9 @@ class Wall(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> Tensor:
-        probs = torch.softmax(self.logits(layer, q, k, pos, context), dim=-1)
+        probs = torch.softmax(self.logits(layer, q, k, pos, context, logit_scale), dim=-1)
         return F.dropout(probs, dropout_p).to(v.dtype) @ v  # sum_j p_ij v_j
 
     def extra_repr(self) -> str:
