@@ -132,7 +132,8 @@ def figure(t: pd.DataFrame, path: Path) -> Path:
                 ax.errorbar(
                     g["factor"],
                     acc,
-                    yerr=[acc - low, high - acc],
+                    # an interval need not hold its mean (a skewness-corrected one): no negative bar
+                    yerr=[np.maximum(acc - low, 0), np.maximum(high - acc, 0)],
                     color=colours[g["scheme"].iloc[0].split("+")[0]],
                     ls="-" if g["memory"].iloc[0] else "--",
                     marker="s" if "+" in g["scheme"].iloc[0] else "o",

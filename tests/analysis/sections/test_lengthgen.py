@@ -182,3 +182,17 @@ def test_the_tiny_preset_reports_every_cell_at_4x(tmp_path, monkeypatch):
     learned = t.set_index("cell").loc["copy/learned:nomem"]
     assert learned["not_served"].startswith("from length 8: ") and learned["seq_2x"] == "" != learned["seq_1x"]
     assert t.set_index("cell").loc["copy/sinusoid:nomem", "not_served"] == ""
+
+
+def test_the_figure_draws_an_interval_that_does_not_hold_its_mean(tmp_path):
+    """A skewness-corrected interval can lie beside its mean (accuracy near 0 or 1 over few seeds): the figure
+    draws it, with no negative bar (matplotlib refuses one), instead of ending the report."""
+    from posenc_lab_analysis.sections.lengthgen import figure
+
+    rows = [
+        dict(task="reverse", scheme="rope", cell="reverse/rope:mem32", memory=True, factor=f,
+             seq_acc=0.02, seq_low=0.03, seq_high=0.2, token_acc=0.6, token_low=0.4, token_high=0.55)
+        for f in (1, 2, 4, 8)
+    ]  # fmt: skip
+    path = figure(pd.DataFrame(rows), tmp_path / "lengthgen_accuracy.png")
+    assert path.exists() and path.stat().st_size > 1000
