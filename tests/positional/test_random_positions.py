@@ -129,36 +129,14 @@ def test_gapped_positions_equal_the_naive_reference(name, L, M, same_length):
     if name == POPE:  # its own reference (tests/positional/test_pope.py)
         test_pope.assert_equals_naive(test_pope.new_scheme(), *(x.requires_grad_() for x in (q, k, v)), pos)
         return
-    scheme = (
-        naive_kerple_sandwich_fire_cope_xpos.new_scheme(name).train()
-        if name in naive_kerple_sandwich_fire_cope_xpos.NEW
-        else make_scheme(name).train()
-    )
-    scheme.attention_impl = "unfused"
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    if name in naive_kerple_sandwich_fire_cope_xpos.NEW:
-        naive_kerple_sandwich_fire_cope_xpos.assert_equals_naive(name, scheme, q, k, v, pos)
-    else:  # a hybrid of the default pattern on two layers: its layer 1 (the one attended) is rope
-        naive = ROPE if name == HYBRID else name
-        test_fused.assert_attend_equals_naive(naive, scheme, q, k, v, pos, [q, k, v])
+    _assert_attend_equals_naive(name, "unfused", q, k, v, pos)
 
 
 @pytest.mark.parametrize("name", FUSED)
 def test_gapped_positions_on_the_fused_path(reference, name):  # noqa: F811
     """flex_attention (the uncompiled reference on CPU): each pair reads its column D - (q_i - k_j)."""
     pos, (q, k, v) = gap_positions(4, 6), qkv(4, 6)
-    scheme = (
-        naive_kerple_sandwich_fire_cope_xpos.new_scheme(name).train()
-        if name in naive_kerple_sandwich_fire_cope_xpos.NEW
-        else make_scheme(name).train()
-    )
-    scheme.attention_impl = "fused"
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    if name in naive_kerple_sandwich_fire_cope_xpos.NEW:
-        naive_kerple_sandwich_fire_cope_xpos.assert_equals_naive(name, scheme, q, k, v, pos)
-    else:  # a hybrid of the default pattern on two layers: its layer 1 (the one attended) is rope
-        naive = ROPE if name == HYBRID else name
-        test_fused.assert_attend_equals_naive(naive, scheme, q, k, v, pos, [q, k, v])
+    _assert_attend_equals_naive(name, "fused", q, k, v, pos)
 
 
 def test_shaws_forced_fused_path_refuses_gaps(reference):  # noqa: F811
@@ -203,3 +181,19 @@ def test_the_option_reaches_training_from_the_command_line(tmp_path):
     short = tiny(tmp_path / "run2", tmp_path / "cache", f"posenc={ROPE}", "+model.random_positions=20", steps=2)
     with pytest.raises(ValueError, match=r"cannot serve the train data.*random_positions=20 is fewer than the 32 keys"):
         train(compose_config("train", short))
+
+
+def _assert_attend_equals_naive(name: str, impl: str, q, k, v, pos) -> None:
+    """Scheme ``name`` on attention path ``impl`` (fused or unfused) against its naive reference at ``pos``."""
+    scheme = (
+        naive_kerple_sandwich_fire_cope_xpos.new_scheme(name).train()
+        if name in naive_kerple_sandwich_fire_cope_xpos.NEW
+        else make_scheme(name).train()
+    )
+    scheme.attention_impl = impl
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    if name in naive_kerple_sandwich_fire_cope_xpos.NEW:
+        naive_kerple_sandwich_fire_cope_xpos.assert_equals_naive(name, scheme, q, k, v, pos)
+    else:  # a hybrid of the default pattern on two layers: its layer 1 (the one attended) is rope
+        naive = ROPE if name == HYBRID else name
+        test_fused.assert_attend_equals_naive(naive, scheme, q, k, v, pos, [q, k, v])
