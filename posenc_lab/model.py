@@ -31,6 +31,8 @@ from .memory import Memory, Recurrence  # noqa: F401 (Recurrence: imported from 
 from .positional import SCHEMES, Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
 from .positional.fused import IMPLS
+from .positional.hybrid import Hybrid
+from .positional.hybrid import random_positions_refused as hybrid_random_positions_refused
 from .positional.xl import XLRelative
 from .softmax_scale import SSMax, softmax_scale_problem
 
@@ -137,12 +139,18 @@ class ModelConfig:
         if self.random_positions is not None:
             if (problem := int_problem("model.random_positions", self.random_positions, 1)) is not None:
                 out.append(problem)
-            elif self.posenc in SCHEMES and (refused := SCHEMES[self.posenc].random_positions_refused):
+            elif self.posenc in SCHEMES and (refused := self._random_positions_refused()):
                 out.append(
                     f"model.random_positions={self.random_positions} does not apply to posenc={self.posenc}: "
                     f"{refused} (set model.random_positions=null)"  # no "; ": problems are joined by it
                 )
         return [p for p in out if p]
+
+    def _random_positions_refused(self) -> str | None:
+        """Why the scheme reads no position (``random_positions_refused``); a hybrid's from the layers it builds."""
+        if self.posenc == Hybrid.name:
+            return hybrid_random_positions_refused(self.posenc_kwargs, self.n_layer)
+        return SCHEMES[self.posenc].random_positions_refused
 
     @property
     def dims(self) -> Dims:

@@ -227,6 +227,10 @@ CASES = [
     ("random positions for a scheme that reads none", "train",
      lambda t, c, f: tiny(t / "run", c, "posenc=nope", "+model.random_positions=256"),
      r"^model\.random_positions=256 does not apply to posenc=nope: .* \(set model\.random_positions=null\)$"),
+    ("random positions for a hybrid whose layers read none", "train",
+     lambda t, c, f: tiny(t / "run", c, "posenc=hybrid", "posenc.layers=[nope,fox]", "+model.random_positions=256"),
+     r"^model\.random_positions=256 does not apply to posenc=hybrid: none of its layers reads a position \(it builds "
+     r"nope, fox layers, .*\(set model\.random_positions=null\)$"),
     ("scalable softmax for a scheme whose attention is no softmax", "train",
      lambda t, c, f: tiny(t / "run", c, "posenc=stickbreaking", "model.softmax_scale=ssmax"),
      r"^model\.softmax_scale=ssmax does not apply to posenc=stickbreaking: .* \(set model\.softmax_scale=null\)$"),

@@ -38,6 +38,26 @@ def layer_refusal(name: str) -> str | None:
     return cls.hybrid_refused
 
 
+def random_positions_refused(options: dict, n_layer: int) -> str | None:
+    """Why ``model.random_positions`` cannot serve a hybrid of these ``options`` on ``n_layer`` layers, or None: when
+    no layer it builds reads a position (each layer's scheme refuses it alone, and has no window, whose mask reads
+    the distance i - j), the option would change nothing."""
+    layers = options.get("layers", IROPE)
+    if not isinstance(layers, list) or not layers or isinstance(n_layer, bool) or not isinstance(n_layer, int):
+        return None  # bad options or sizes: named by their own checks
+    windows = options.get("windows") or {}
+    built = list(dict.fromkeys(str(layers[n % len(layers)]) for n in range(max(n_layer, 0))))
+    if not built or any(
+        name not in SCHEMES or not SCHEMES[name].random_positions_refused or windows.get(name) is not None
+        for name in built
+    ):
+        return None
+    return (
+        f"none of its layers reads a position (it builds {', '.join(built)} layers, without a window, each of which "
+        f"refuses the option alone)"
+    )
+
+
 def primitive(layers: list[str]) -> list[str]:
     """The shortest pattern that repeats to ``layers`` ([rope, nope, rope, nope] -> [rope, nope]): two lists that
     build the same model from a pattern name the same cell."""

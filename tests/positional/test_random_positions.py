@@ -99,6 +99,44 @@ def test_schemes_that_read_no_index_refuse_with_their_reason(name):
         model(name)
 
 
+def hybrid(layers: list[str], n_layer: int = 2, windows: dict | None = None, P: int | None = 64) -> MemoryTransformer:
+    options = {"layers": layers, "windows": windows, "options": None}
+    cfg = dict(vocab_size=V, n_layer=n_layer, d_model=16, n_head=2, d_inner=32, mem_len=4, dropout=0.0)
+    return MemoryTransformer(ModelConfig(**cfg, posenc=HYBRID, posenc_kwargs=options, random_positions=P))
+
+
+@pytest.mark.parametrize(
+    "layers, n_layer, built",
+    [([NOPE], 2, NOPE), ([NOPE, FOX, WALL], 3, f"{NOPE}, {FOX}, {WALL}"), ([NOPE, ROPE], 1, NOPE)],
+    ids=["nope", "nope-fox-wall", "its-rope-layer-unbuilt"],
+)
+def test_a_hybrid_whose_layers_read_no_position_refuses_them(layers, n_layer, built):
+    """As a scheme that reads none: one line naming the layers it builds, before anything is built."""
+    with pytest.raises(ValueError) as refused:
+        hybrid(layers, n_layer)
+    assert str(refused.value) == (
+        f"model.random_positions=64 does not apply to posenc={HYBRID}: none of its layers reads a position (it "
+        f"builds {built} layers, without a window, each of which refuses the option alone) (set "
+        f"model.random_positions=null)"
+    )
+    hybrid(layers, n_layer, P=None)  # the same hybrid without the option builds
+
+
+@pytest.mark.parametrize("layers, windows", [([ROPE, NOPE], None), ([NOPE, FOX], {NOPE: 3})], ids=["rope", "window"])
+def test_a_hybrid_with_a_layer_that_reads_positions_takes_them(layers, windows):
+    """A rope layer, or a window (its mask reads i - j), reads the drawn positions: the hybrid trains with them and
+    two evaluation passes differ (a new draw each)."""
+    m = hybrid(layers, windows=windows).train()
+    x = torch.randint(V, (B, 6))
+    out = m(x, x.roll(-1, 1))
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    m.eval()
+    with torch.no_grad():
+        mems = m(x).mems
+        assert (m(x, mems=mems).logits - m(x, mems=mems).logits).abs().max() > 1e-6
+
+
 def test_bad_values_and_short_ranges_fail_before_compute():
     with pytest.raises(ValueError, match=r"model.random_positions must be an integer >= 1, got 2.5"):
         model(P=2.5)
