@@ -117,6 +117,11 @@ class Run(HasCell):  # cell_name, cell, label: cellnames.HasCell (its group: "re
         return self.config["model"].get("random_positions")
 
     @property
+    def softmax_scale(self) -> str | None:
+        """model.softmax_scale=ssmax (scalable softmax): the cell <scheme>+ssmax."""
+        return self.config["model"].get("softmax_scale")
+
+    @property
     def posenc(self) -> dict | None:
         """The run's posenc node: a hybrid's layers and DroPE's step name its cell (``cellnames.scheme_label``)."""
         return self.config.get("posenc")

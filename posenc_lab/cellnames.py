@@ -10,7 +10,8 @@ A *cell* is the runs equal but for their seed. Its name::
 ``xl:mem32`` (xl with memory 32), ``xl:nomem``, ``xl:mem32:half`` (the recent-half loss,
 ``model.loss_recent_frac=0.5``), ``xl:mem32:recent0.3`` (any other fraction), ``recall/xl:mem16`` (a cell of
 the recall probe; a corpus name stands there when a report holds several language corpora), ``rope3+nope1:mem32``
-(a per-layer hybrid, by its pattern), ``rope+drop@800:mem32`` (rope dropped at step 800, DroPE). A *pattern* names
+(a per-layer hybrid, by its pattern), ``rope+drop@800:mem32`` (rope dropped at step 800, DroPE), ``rope+ssmax:mem32``
+(rope with ``model.softmax_scale=ssmax``). A *pattern* names
 cells the same way, with parts left open::
 
     <scheme> may be a kind of the registry (absolute, relative, none) or *        any scheme of that kind
@@ -44,14 +45,20 @@ def loss_label(frac: float) -> str:
     return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac!r}"
 
 
-def scheme_label(scheme: str, random_positions: int | None = None, posenc: dict | None = None) -> str:
+def scheme_label(
+    scheme: str, random_positions: int | None = None, posenc: dict | None = None, softmax_scale: str | None = None
+) -> str:
     """The scheme part of a cell's name: the scheme; a per-layer hybrid by its pattern (``rope3+nope1``,
-    ``positional.hybrid.pattern_label``); ``+drop@K`` where it drops its encoding at step K (DroPE); ``+rand<P>``
-    where it trains with ``model.random_positions=P`` (Ruoss et al. 2023), so that each is a cell of its own.
-    posenc: the run's ``posenc`` node (its ``name`` wins over ``scheme``, a preset's file name such as ``irope``)."""
+    ``positional.hybrid.pattern_label``); ``+ssmax`` where it trains with ``model.softmax_scale=ssmax`` (scalable
+    softmax); ``+drop@K`` where it drops its encoding at step K (DroPE); ``+rand<P>`` where it trains with
+    ``model.random_positions=P`` (Ruoss et al. 2023), so that each is a cell of its own, in that order
+    (``rope3+nope1+ssmax+drop@50+rand64``). posenc: the run's ``posenc`` node (its ``name`` wins over ``scheme``, a
+    preset's file name such as ``irope``)."""
     posenc = posenc or {}
     scheme = str(posenc.get("name", scheme))
     label = pattern_label(posenc.get("layers", IROPE), posenc.get("windows")) if scheme == Hybrid.name else scheme
+    if softmax_scale is not None:
+        label += f"+{softmax_scale}"
     if posenc.get("drop_at_step") is not None:
         label += f"+drop@{posenc['drop_at_step']}"
     return label if random_positions is None else f"{label}+rand{random_positions}"
@@ -105,10 +112,11 @@ class HasCell:
     seed: int | None
     random_positions: int | None  # +model.random_positions=P: the cell <scheme>+rand<P> (``scheme_label``)
     posenc: dict | None  # the posenc node: a hybrid's layers, DroPE's step (``scheme_label``); None: the scheme alone
+    softmax_scale: str | None  # model.softmax_scale=ssmax: the cell <scheme>+ssmax (``scheme_label``)
 
     @property
     def cell_name(self) -> CellName:
-        label = scheme_label(self.scheme, self.random_positions, self.posenc)
+        label = scheme_label(self.scheme, self.random_positions, self.posenc, self.softmax_scale)
         return CellName(label, self.mem_len, self.loss_frac, self.group or "")
 
     @property

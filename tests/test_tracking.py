@@ -145,6 +145,8 @@ def test_the_name_says_a_recent_loss_and_a_set_name_or_group_wins(monkeypatch, t
     cfg = compose_config("train", [f"posenc={XL}", "model.mem_len=32", "model.loss_recent_frac=0.5", "seed=3"])
     assert tracking.run_name(cfg) == f"pystdlib/{XL}:mem32:half seed3"
     assert tracking.run_group(cfg) == f"pystdlib/{XL}:mem32:half"
+    ssmax = compose_config("train", [f"posenc={XL}", "model.mem_len=32", "model.softmax_scale=ssmax", "seed=3"])
+    assert tracking.run_name(ssmax) == f"pystdlib/{XL}+ssmax:mem32 seed3"  # another cell than xl's
     cfg = compose_config("train", ["logger=wandb", "logger.group=mine", "model.mem_len=0"])
     options = tracking.logger_options(cfg, RunDir(tmp_path))
     assert "group" not in options and options["name"].endswith(":nomem seed0") and len(options["id"]) == 8

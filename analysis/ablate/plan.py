@@ -25,6 +25,7 @@ from posenc_lab.grid import Trial
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import scheme_names
 from posenc_lab.rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
+from posenc_lab.softmax_scale import SOFTMAX_SCALES
 
 from ..cellnames import CellPattern, HasCell, loss_label
 
@@ -42,6 +43,7 @@ class RunSpec(HasCell):  # cell_name, cell, label: cellnames.HasCell
     seed: int = 0
     random_positions: int | None = None  # +model.random_positions=P (ablate.tasks.random_positions)
     posenc: dict | None = None  # its posenc node where it names the cell (a hybrid, DroPE): ``posenc_node``
+    softmax_scale: str | None = None  # model.softmax_scale (an entry S+ssmax, or an override): the cell S+ssmax
 
     @property
     def trial(self) -> Trial:
@@ -65,6 +67,25 @@ def _int_list(value, key: str) -> list[int]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in items) or len(set(items)) != len(items):
         raise ValueError(f"ablate: {key} must be a list of distinct integer seeds, got {items}")
     return items
+
+
+def scheme_entry(entry: str) -> tuple[str, list[str]]:
+    """(the scheme or preset of conf/posenc/, its overrides) of an entry of ``ablate.*.schemes``: ``S`` or
+    ``S+ssmax``, the scheme with ``model.softmax_scale=ssmax`` (its cell ``S+ssmax``, beside ``S`` in one grid)."""
+    for scale in SOFTMAX_SCALES:
+        if entry.endswith(f"+{scale}"):
+            return entry[: -len(scale) - 1], [f"model.softmax_scale={scale}"]
+    return entry, []
+
+
+def _softmax_scale(cfg: DictConfig, overrides: Sequence[str]) -> str | None:
+    """model.softmax_scale of a run composed from ``cfg`` with ``overrides`` after it (the last one setting it)."""
+    value = OmegaConf.select(cfg, "model.softmax_scale", default=None)
+    for o in overrides:
+        key, _, text = o.lstrip("+~").partition("=")
+        if key == "model.softmax_scale":
+            value = None if text in ("", "null") else text
+    return value
 
 
 def _resolve_in(cfg: DictConfig, text: str) -> str:
@@ -102,9 +123,12 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         "ablate.tasks.schemes": list((a.get("tasks") or {}).get("schemes") or []),
     }
     for key, names in named.items():
-        bad = [n for n in names if n not in valid]
+        bad = [n for n in names if scheme_entry(n)[0] not in valid]
         if bad:
-            raise ValueError(f"ablate: {key} names unknown scheme(s) {bad}; valid: {', '.join(valid)}")
+            raise ValueError(
+                f"ablate: {key} names unknown scheme(s) {bad}; valid: {', '.join(valid)}, each alone or with "
+                f"{' or '.join(f'+{s}' for s in SOFTMAX_SCALES)} after it (model.softmax_scale)"
+            )
     raw_overrides = OmegaConf.to_container(a.scheme_overrides, resolve=False) if a.get("scheme_overrides") else {}
     specs: list[RunSpec] = []
 
@@ -112,9 +136,15 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig, rand=None
     ):
         M = mem if recurrent else 0
-        per_scheme = [_resolve_in(group_cfg, o) for o in raw_overrides.get(scheme) or []]
+        entry, (scheme, scale) = scheme, scheme_entry(scheme)  # S+ssmax: S with model.softmax_scale=ssmax
+        # the overrides of the scheme, then those of the entry (ablate.scheme_overrides: {S: [...], S+ssmax: [...]})
+        own = [*(raw_overrides.get(scheme) or []), *((raw_overrides.get(entry) or []) if entry != scheme else [])]
+        per_scheme = [_resolve_in(group_cfg, o) for o in own] + scale
         node = posenc_node(tuple(head), scheme, tuple(per_scheme))
-        cell = RunSpec("", group, scheme, M, frac, [], random_positions=rand, posenc=node).cell_name
+        ssmax = _softmax_scale(group_cfg, per_scheme)
+        cell = RunSpec(
+            "", group, scheme, M, frac, [], random_positions=rand, posenc=node, softmax_scale=ssmax
+        ).cell_name
         for seed in dict.fromkeys([*seeds, *(extra_seeds if any(p.matches(cell) for p in extra) else [])]):
             overrides = [
                 *head,
@@ -126,7 +156,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
                 f"seed={seed}",
             ]
             name = f"{f'{group}_' if group else ''}{cell.scheme}_mem{M}_{loss_label(frac)}_seed{seed}"
-            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand, node))
+            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand, node, ssmax))
 
     mem = int(cfg.model.mem_len)
     if mem < 1 and any(a.recurrence):

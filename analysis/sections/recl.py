@@ -79,13 +79,14 @@ def memory_contrasts(res: ReclResult, cells: dict[str, list[Run]], level: float,
 
 
 def _memory_pairs(cells: dict[str, list[Run]]) -> list[tuple[str, str]]:
-    """(with memory, without) of each scheme and loss that has both."""
+    """(with memory, without) of each scheme and loss that has both; the scheme as the cell names it (``xl+ssmax`` is
+    not ``xl``)."""
     return [
         (c, o)
         for c, g in cells.items()
         if g[0].recurrence
         for o, h in cells.items()
-        if h[0].scheme == g[0].scheme and not h[0].recurrence and h[0].loss == g[0].loss
+        if h[0].cell_name.scheme == g[0].cell_name.scheme and not h[0].recurrence and h[0].loss == g[0].loss
     ]
 
 

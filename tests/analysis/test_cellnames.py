@@ -178,3 +178,57 @@ def test_a_preset_hybrid_is_planned_and_read_back_under_one_cell(tmp_path):
     dropped = ["experiment=quick", f"ablate.schemes=[{ROPE}]", "+posenc.drop_at_step=100"]
     dropped.append("ablate.half_loss.schemes=[]")
     assert {s.cell for s in plan(compose("ablate", dropped), dropped)} == {"rope+drop@100:mem32", "rope+drop@100:nomem"}
+
+
+def test_scalable_softmax_is_a_suffix_of_the_scheme_part():
+    """``model.softmax_scale=ssmax`` names its own cell: after a hybrid's pattern, before DroPE and random
+    positions; the plain names stay as they were."""
+    irope = {"name": HYBRID, "layers": [ROPE, ROPE, ROPE, NOPE]}
+    assert scheme_label(SINUSOID, None, None, "ssmax") == f"{SINUSOID}+ssmax"
+    assert scheme_label(HYBRID, None, irope, "ssmax") == "rope3+nope1+ssmax"
+    assert scheme_label(ROPE, 64, {"name": ROPE, "drop_at_step": 50}, "ssmax") == "rope+ssmax+drop@50+rand64"
+    assert scheme_label(SINUSOID, None, None, None) == SINUSOID
+    assert CellName.parse("rope3+nope1+ssmax:mem32") == CellName("rope3+nope1+ssmax", 32)
+
+
+def test_a_scheme_and_its_ssmax_entry_are_two_cells_of_one_table(tmp_path):
+    """`ablate.schemes=[sinusoid, sinusoid+ssmax, irope+ssmax]`: the entry S+ssmax trains S with
+    model.softmax_scale=ssmax into a run folder of its own; the runs read back under the cells they were planned
+    for, two cells (not one cell holding seed 0 twice) and two rows of one Table 6."""
+    from posenc_lab_analysis.runs import cells
+    from posenc_lab_analysis.sections.table6 import rows
+    from tests.analysis.sections.test_table6 import UNITS, dump
+
+    args = ["experiment=tiny", f"ablate.schemes=[{SINUSOID},{SINUSOID}+ssmax,irope+ssmax]"]
+    args += ["ablate.half_loss.schemes=[]", "ablate.recall.schemes=[]", "ablate.recurrence=[true]"]
+    specs = plan(compose("ablate", args), args)
+    planned = {s.cell: s for s in specs}
+    assert set(planned) == {f"{SINUSOID}:mem16", f"{SINUSOID}+ssmax:mem16", "rope3+nope1+ssmax:mem16"}
+    ssmax = planned[f"{SINUSOID}+ssmax:mem16"]
+    assert ssmax.name == f"{SINUSOID}+ssmax_mem16_full_seed0" and f"posenc={SINUSOID}" in ssmax.overrides
+    assert "model.softmax_scale=ssmax" in ssmax.overrides
+    assert "model.softmax_scale=ssmax" not in planned[f"{SINUSOID}:mem16"].overrides
+    runs = []
+    for spec in specs:
+        config = OmegaConf.to_container(compose("train", [*spec.overrides, f"run_dir={tmp_path}"]), resolve=True)
+        runs.append(Run(tmp_path / spec.name, {**config, "seed": spec.seed}))
+    assert {r.cell: r.label for r in runs} == {c: s.label for c, s in planned.items()}
+    grouped = cells(runs)
+    assert set(grouped) == set(planned) and all(len(g) == 1 for g in grouped.values())
+    rng = np.random.default_rng(0)
+    trained = {r.name: dump(rng, m) for r, m in zip(runs, (1.0, 1.2, 1.4))}
+    table = rows(grouped, trained, None, UNITS, 1.0, "nats", 0.9).set_index("cell")
+    assert table.loc[f"{SINUSOID}+ssmax:mem16", "scheme"] == SINUSOID == table.loc[f"{SINUSOID}:mem16", "scheme"]
+    assert len(table) == 3
+
+
+def test_an_ssmax_override_names_every_cell_and_a_bad_entry_is_one_line():
+    """`model.softmax_scale=ssmax` for the whole grid: every planned cell is S+ssmax, as its runs will read back; an
+    entry with another suffix is named with the valid forms."""
+    args = ["experiment=tiny", f"ablate.schemes=[{XL}]", "model.softmax_scale=ssmax", "ablate.half_loss.schemes=[]"]
+    args += ["ablate.recall.schemes=[]"]
+    assert {s.cell for s in plan(compose("ablate", args), args)} == {f"{XL}+ssmax:mem16", f"{XL}+ssmax:nomem"}
+    bad = ["experiment=tiny", f"ablate.schemes=[{XL}+ssmx]"]
+    with pytest.raises(ValueError, match=r"^ablate: ablate.schemes names unknown scheme\(s\) \['xl\+ssmx'\]; valid: .*"
+                       r"each alone or with \+ssmax after it \(model.softmax_scale\)$"):  # fmt: skip
+        plan(compose("ablate", bad), bad)
