@@ -1,6 +1,7 @@
 """``posenc-lab bench`` / ``python -m posenc_lab.bench``: the command line of the benchmark.
 
 python -m posenc_lab.bench --configs small --schemes xl,shaw,sinusoid --precisions fp32 --out bench/
+python -m posenc_lab.bench --configs tiny --schemes 'sinusoid,rope[scaling=dynamic],sinusoid[softmax_scale=ssmax]'
 python -m posenc_lab.bench --eval-speed --configs small --attention-len 800
 python -m posenc_lab.bench overhead --configs tiny,small --rounds 3     # the step outside the model (overhead.py)
 """
@@ -19,12 +20,13 @@ import yaml
 
 from ..io import path_problem
 from ..model import ModelConfig
-from ..positional import scheme_names
+from ..positional import build_scheme, scheme_names
 from ..positional.fused import IMPLS
 from ..tables import text_row, text_table, write_table
 from .configs import PRECISIONS, BenchConfig, model_presets
 from .loops import POINT_KEYS, measure_eval_speed, run_benchmark
 from .probes import environment_line
+from .schemes import SchemeSpec, parse_schemes
 
 
 def _csv_list(text: str) -> list[str]:
@@ -133,7 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K=V,...",
         help="override preset fields, e.g. n_layer=2,mem_len=64",
     )
-    p.add_argument("--schemes", default="all", help="comma-separated scheme names, or 'all' (default)")
+    p.add_argument(
+        "--schemes",
+        default="all",
+        help="comma-separated scheme names, or 'all' (default); a scheme with options in brackets, ';' between "
+        "them: 'rope[scaling=dynamic;original_len=128;factor=4],sinusoid[softmax_scale=ssmax]' (its own options and "
+        "softmax_scale; each point named by its label, e.g. sinusoid+ssmax: bench/schemes.py)",
+    )
     p.add_argument("--precisions", default="fp32", help=f"comma-separated, from {','.join(PRECISIONS)}")
     p.add_argument("--memory", default="both", choices=["both", "on", "off"], help="with memory, without, or both")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
@@ -168,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SCHEME",
         help="add columns train_ratio, train_cpu_ratio, eval_ratio, eval_cpu_ratio: each step time over "
-        "SCHEME's at the same config, precision, memory, compile and attention",
+        "SCHEME's at the same config, precision, memory, compile and attention (SCHEME: a point's label)",
     )
     p.add_argument(
         "--matmul-max-n",
@@ -219,9 +227,9 @@ COUNTS = {
 }
 
 
-def option_problems(args: argparse.Namespace, presets: list[str], schemes: list[str]) -> list[str]:
-    """Why the numbers, --device, --out or --model-set cannot run, each naming the option and what is valid
-    (names unknown to the project are listed by ``main``)."""
+def option_problems(args: argparse.Namespace, presets: list[str], schemes: list[SchemeSpec]) -> list[str]:
+    """Why the numbers, --device, --out, --model-set or a scheme's options cannot run, each naming the option and
+    what is valid (names unknown to the project are listed by ``main``)."""
     out = [
         f"--{name.replace('_', '-')} must be an integer >= {low}, got {getattr(args, name)}"
         for name, low in COUNTS.items()
@@ -234,16 +242,27 @@ def option_problems(args: argparse.Namespace, presets: list[str], schemes: list[
         out.append(problem)
     if args.out is not None and (problem := path_problem(args.out, "--out")) is not None:
         out.append(problem)
-    if out or not args.model_set:
-        return out
+    labels = [s.label for s in schemes]
+    if twice := sorted({x for x in labels if labels.count(x) > 1}):
+        out.append(f"--schemes names the point(s) {twice} more than once; give each scheme and options once")
+    if args.eval_speed and (given := [s.text for s in schemes if s.given]):
+        out.append(f"--eval-speed takes scheme names without options, got {given}")
+    if out or (problem := next((p for s in schemes if (p := s.problem())), None)):
+        return out or [problem]
     for name in presets:  # each model of the grid, built as a config: a size that cannot be one is named
         bc = BenchConfig.preset(name, args.segment_len, args.batch, **args.model_set)
-        for scheme, memory in itertools.product(schemes, (True, False)):
+        for spec, memory in itertools.product(schemes, (True, False)):
             try:
-                bc.model_config(scheme, memory)
+                cfg = bc.model_config(spec.scheme, memory, **spec.model)
             except ValueError as e:
                 given = ",".join(f"{k}={v}" for k, v in args.model_set.items())
                 return [f"--model-set {given} with --configs {name}: {e}"]
+            if spec.given:  # the scheme built with its options: what only the build can judge (longrope's lists)
+                try:
+                    cfg = bc.model_config(spec.scheme, memory, options=spec.options, **spec.model)
+                    build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs).validate(bc.segment_len, cfg.mem_len)
+                except ValueError as e:
+                    return [f"--schemes {spec.text} with --configs {name}: {e}"]
     return out
 
 
@@ -257,10 +276,15 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
     args = build_parser().parse_args(argv)
     presets = _csv_list(args.configs)
     names = scheme_names()
-    schemes = list(names) if args.schemes == "all" else _csv_list(args.schemes)
+    try:
+        specs = parse_schemes(args.schemes, names)
+    except ValueError as e:
+        print(f"posenc-lab bench: error: {e}", file=sys.stderr)
+        return 2
+    schemes = [s.label for s in specs]
     precisions = _csv_list(args.precisions)
     unknown = [c for c in presets if c not in model_presets()]
-    unknown += [s for s in schemes if s not in names]
+    unknown += [s.text for s in specs if s.scheme not in names]
     unknown += [p for p in precisions if p not in PRECISIONS]
     unknown += [k for k in args.model_set if k not in ModelConfig.__dataclass_fields__]
     attention = _csv_list(args.attention)
@@ -277,7 +301,7 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
             file=sys.stderr,
         )
         return 2
-    if problems := option_problems(args, presets, schemes):
+    if problems := option_problems(args, presets, specs):
         print(f"posenc-lab bench: error: {'; '.join(problems)}", file=sys.stderr)
         return 2
     if args.threads:
@@ -289,7 +313,7 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
     if args.eval_speed:
         rows = []
         for name, bc in configs.items():
-            for s in schemes if args.schemes != "all" else [ModelConfig.posenc]:
+            for s in [spec.scheme for spec in specs] if args.schemes != "all" else [ModelConfig.posenc]:
                 for p in precisions:
                     for A in (int(a) for a in _csv_list(args.attention_len)):
                         r = {
@@ -312,7 +336,7 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
             print(f"round {n + 1}/{args.rounds}", flush=True)
         done = run_benchmark(
             configs,
-            schemes[::-1] if n % 2 else schemes,  # odd rounds backwards: no scheme always runs first
+            specs[::-1] if n % 2 else specs,  # odd rounds backwards: no scheme always runs first
             precisions,
             memory,
             args.device,

@@ -79,12 +79,18 @@ class BenchConfig:
         return cls(name, model, L, int(batch_size or max(1, TOKENS_PER_STEP // L)), vocab_size)
 
     def model_config(
-        self, scheme: str, memory: bool = True, segment_len: int | None = None, **overrides
+        self,
+        scheme: str,
+        memory: bool = True,
+        segment_len: int | None = None,
+        options: dict | None = None,
+        **overrides,
     ) -> ModelConfig:
-        """The ModelConfig of ``scheme`` at this size, with its conf/posenc options (``scheme_conf``), those left
-        null sized to ``segment_len`` (default: this config's); memory off unless ``memory``."""
+        """The ModelConfig of ``scheme`` at this size, with its conf/posenc options (``scheme_conf``) and ``options``
+        over them, those left null sized to ``segment_len`` (default: this config's); memory off unless ``memory``."""
         mem_len = self.mem_len if memory else 0
-        options = sized_options(scheme, scheme_conf(scheme), segment_len or self.segment_len, mem_len)
+        given = {**scheme_conf(scheme), **(options or {})}
+        options = sized_options(scheme, given, segment_len or self.segment_len, mem_len)
         kw = {
             **self.model,
             "vocab_size": self.vocab_size,

@@ -24,6 +24,7 @@ from ..tables import text_row
 from .configs import BenchConfig
 from .flops import model_flops_per_token
 from .probes import PeakMemory, autocast, device_name, matmul_peak_flops, median_time, pick_device
+from .schemes import SchemeSpec, as_spec
 
 
 @dataclass(frozen=True)
@@ -140,14 +141,18 @@ def bench_one(
     model_overrides: dict | None = None,
     matmul_peak_cpu: float | None = None,
     attention: str = "auto",
+    options: dict | None = None,
+    label: str | None = None,
 ) -> BenchResult:
     """Train and eval throughput, peak memory and MFU of one scheme in one config (see the module doc).
     ``attention``: model.attention_impl; where the fused path cannot run (CPU training), that loop's
-    figures are NaN and ``extra["not_run"]`` says why."""
+    figures are NaN and ``extra["not_run"]`` says why. ``options``: the scheme's, over its yaml's; ``label``: the
+    point's name for the scheme (``schemes.SchemeSpec.label``; default the scheme)."""
     bc = BenchConfig.preset(bench_cfg) if isinstance(bench_cfg, str) else bench_cfg
-    point = Point(bc.name, scheme, precision, memory, compile, attention)
+    point = Point(bc.name, label or scheme, precision, memory, compile, attention)
     device = pick_device(None if device is None else str(device))
-    cfg = bc.model_config(scheme, memory, **{"attention_impl": attention, **(model_overrides or {})})
+    overrides = {"attention_impl": attention, **(model_overrides or {})}
+    cfg = bc.model_config(scheme, memory, options=options, **overrides)
     B, L, M = bc.batch_size, bc.segment_len, cfg.mem_len
     if compile or attention != "unfused":
         fused.reset()  # each point compiles its own kernels, none left from the point before
@@ -236,7 +241,7 @@ def bench_one(
 
 def run_benchmark(
     configs: Mapping[str, BenchConfig] | Sequence[str] = ("small",),
-    schemes: Sequence[str] | None = None,
+    schemes: Sequence[str | SchemeSpec] | None = None,
     precisions: Sequence[str] = ("fp32",),
     memory: Sequence[bool] = (True, False),
     device: str | None = None,
@@ -248,10 +253,11 @@ def run_benchmark(
     attention: Sequence[str] = ("auto",),
 ) -> list[BenchResult]:
     """``bench_one`` over the grid (configs x precisions x schemes x memory x compile x attention; schemes: all
-    registered by default); the matmul peak is measured once per precision in this run."""
+    registered by default, each a name or a ``SchemeSpec`` with options, its point named by its label); the matmul
+    peak is measured once per precision in this run."""
     if not isinstance(configs, Mapping):
         configs = {name: BenchConfig.preset(name) for name in configs}
-    schemes = scheme_names() if schemes is None else schemes
+    specs = {s.label: s for s in map(as_spec, scheme_names() if schemes is None else schemes)}
     compile = (compile,) if isinstance(compile, bool) else tuple(compile)
     dev = pick_device(device)
     peaks = {p: matmul_peak_flops(_dtype(p), dev, matmul_max_n) for p in precisions}
@@ -263,14 +269,15 @@ def run_benchmark(
     for pt in grid(
         config=list(configs),
         precision=list(precisions),
-        scheme=list(schemes),
+        scheme=list(specs),
         memory=list(memory),
         compile=list(compile),
         attention=list(attention),
     ):
+        spec = specs[pt.scheme]
         r = bench_one(
             configs[pt.config],
-            pt.scheme,
+            spec.scheme,
             memory=pt.memory,
             precision=pt.precision,
             device=dev,
@@ -280,6 +287,9 @@ def run_benchmark(
             compile=pt.compile,
             matmul_peak_cpu=peaks_cpu[pt.precision],
             attention=pt.attention,
+            model_overrides=spec.model,
+            options=spec.options,
+            label=pt.scheme,
         )
         results.append(r)
         if log:
