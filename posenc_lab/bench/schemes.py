@@ -50,7 +50,7 @@ def _shown(text: str) -> str:
     """An option's value as its label shows it: as given, a list of more than four values shortened."""
     value = yaml.safe_load(text)
     if isinstance(value, list) and len(value) > 4:
-        return "[" + ",".join(str(v) for v in value[:2]) + f",...]({len(value)})"
+        return "[" + ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value[:2]) + f",...]({len(value)})"
     return text
 
 

@@ -81,3 +81,35 @@ def test_options_go_over_the_yaml_and_are_sized_as_training_sizes_them():
     cfg = bc.model_config(ROPE, True, options={"scaling": "dynamic", "factor": 4})
     assert cfg.posenc_kwargs["scaling"] == "dynamic" and cfg.posenc_kwargs["factor"] == 4
     assert cfg.posenc_kwargs["base"] == 10000.0 and cfg.posenc_kwargs["original_len"] == 32  # the yaml's; M + L
+
+
+def test_the_budgets_command_of_performance_md_names_budgets_py_points():
+    """docs/PERFORMANCE.md's command for issue 42's budgets, run by bash up to the benchmark (``posenc-lab`` stands in
+    to print its arguments): it parses, its schemes pass every check at ``base``, and its points are budgets.py's."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from posenc_lab.bench import cli
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "PERFORMANCE.md").read_text()
+    block = next(b for b in text.split("```bash\n")[1:] if "LONG=$(" in b).split("```")[0]
+    stand_in = f'python() {{ {shlex.quote(sys.executable)} "$@"; }}; posenc-lab() {{ printf "%s\\n" "$@"; }}\n'
+    argv = subprocess.run(["bash", "-c", stand_in + block], capture_output=True, text=True, check=True).stdout
+    argv = argv.splitlines()
+    assert argv[0] == "bench"
+    args = cli.build_parser().parse_args(argv[1:])
+    assert (args.configs, args.precisions, args.memory, args.warmup, args.reps, args.rounds, args.ratio_to) == (
+        "base", "fp32", "on", 2, 3, 2, SINUSOID
+    )  # fmt: skip
+    specs = parse_schemes(args.schemes, SCHEME_NAMES)
+    assert cli.option_problems(args, ["base"], specs) == []
+    bc = BenchConfig.preset("base")
+    assert (bc.segment_len, bc.mem_len, bc.batch_size) == (256, 256, 8)
+    labels = [s.label for s in specs]
+    assert labels[:8] == [SINUSOID, "pope", "wall", "alibi", "alibi+ssmax", "sinusoid+ssmax", ROPE, "rope+ssmax"]
+    dynamic, longrope = specs[8:]
+    assert dynamic.options == {"scaling": "dynamic", "factor": 4.0, "original_len": 128}
+    assert longrope.options["short_factor"] == [1.0] * 32
+    assert longrope.options["long_factor"] == [float(40 ** (c / 31)) for c in range(32)]  # budgets.py's
