@@ -149,3 +149,18 @@ def test_compare_prints_no_p_value_below_what_its_df_support(monkeypatch, capsys
     out = capsys.readouterr().out
     assert "one-sided p that A is lower: < 1e-3, higher: 1" in out, out
     assert "e-" not in out.split("one-sided p")[1].replace("< 1e-3", "")
+
+
+def test_an_ssmax_run_is_compared_as_a_cell_of_its_own(word_runs, capsys):
+    """A run with model.softmax_scale=ssmax against the same scheme without: compare names A's cell <scheme>+ssmax
+    and B's <scheme>, and judges the difference."""
+    cache, run = word_runs / "cache", word_runs / "ssmax16"
+    overrides = tiny(run, cache, "model.mem_len=16", "model.softmax_scale=ssmax", data="wikitext2", steps=4)
+    train(compose_config("train", overrides))
+    args = [str(run), str(word_runs / "mem16"), "--n-streams", "2", "--n-tokens", "32", "--split", "test"]
+    assert compare.main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    scheme = compose_config("train", overrides).posenc.name
+    assert re.search(rf"^  evaluating A: {scheme}\+ssmax:mem16, seed 0 \(", out, re.M), out
+    assert re.search(rf"^  evaluating B: {scheme}:mem16, seed 0 \(", out, re.M), out
+    assert re.search(r"^A - B: [-+]\d+\.\d+ \[", out, re.M), out
