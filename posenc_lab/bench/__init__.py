@@ -5,6 +5,7 @@ backward + AdamW step, memory carried from step to step), evaluation tokens/s (`
 memory reuse), peak memory and model FLOPs utilisation (MFU). One concern per module:
 
     configs.py  what is timed: a model preset of conf/model/ at a segment length and batch
+    schemes.py  the schemes of ``--schemes``, with options (``rope[scaling=dynamic]``), and their points' labels
     flops.py    the model FLOP count (each scheme adds its own: ``PositionalScheme.extra_flops``)
     probes.py   device, autocast, timing, peak memory, the matmul peak, the machine's state
     loops.py    the grid and the timed training / evaluation loops, memory reuse vs a sliding window
