@@ -44,7 +44,9 @@ def test_the_header_lists_every_stage_the_script_runs_in_order():
 
 def test_the_dry_run_line_sets_what_the_script_reads_and_shrinks_every_gpu_sized_stage():
     env, command = dry_run()
-    defaults = dict(re.findall(r"^([A-Z_]+)=\$\{\1:-([^}]*)\}", TEXT, re.MULTILINE))
+    defaults = dict(re.findall(r"^([A-Z_]+)=\$\{\1:?-([^}]*)\}", TEXT, re.MULTILINE))
+    emptied = {k for k, v in env.items() if not v}  # an empty value keeps the default under ${X:-...}: only ${X-...}
+    assert not {k for k in emptied if f"${{{k}:-" in TEXT}, "an empty value in the dry run would keep the default"
     assert set(env) <= set(defaults), set(env) - set(defaults)  # no variable the script does not read
     gpu_sized = {k for k, v in defaults.items() if GPU_SIZED.search(v)}
     assert {"OVERHEAD_CONFIGS", "CONFIGS", "MODEL", "DEVICE", "TRAINER", "PRECISION"} <= gpu_sized
@@ -52,12 +54,13 @@ def test_the_dry_run_line_sets_what_the_script_reads_and_shrinks_every_gpu_sized
     assert command[:2] == ["bash", "scripts/gpu_check.sh"]
 
 
-@pytest.mark.slow  # every stage at tiny on 2 busy cores: minutes
+@pytest.mark.slow  # every stage at tiny on 2 busy cores: about 12 minutes
 def test_the_dry_run_runs_every_stage_and_each_exits_0(tmp_path):
     env, command = dry_run()
+    limits = {k: "900" for k in re.findall(r"^(LIMIT_[A-Z]+)=", TEXT, re.MULTILINE)}  # a GPU's are too short here
     proc = subprocess.run(
-        [*command[:2], str(tmp_path / "out")], cwd=REPO, env=subprocess_env(**env, PYTHON=sys.executable),
-        capture_output=True, text=True, timeout=900,
+        [*command[:2], str(tmp_path / "out")], cwd=REPO, env=subprocess_env(**env, **limits, PYTHON=sys.executable),
+        capture_output=True, text=True, timeout=3000,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (tmp_path / "out" / "stages.log").read_text()
