@@ -191,9 +191,9 @@ class Block(nn.Module):
         self.ssmax = SSMax(cfg.n_head) if cfg.softmax_scale == "ssmax" else None  # s_h of this layer
 
     def attention(self, x: Tensor, context: Tensor, scheme, layer: int, pos: Positions, probs_out, memory_kv=None):
-        """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]; memory_kv: [B, M, 2 D] the
-        memory's keys and values (``Block.memory_kv``), or None: all projected from the context here. The scheme gets the
-        context too: a data-dependent one (FoX's gates, PaTH's transforms) projects it with its own parameters."""
+        """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]; memory_kv: [B, M, 2 D]
+        the memory's keys and values (``memory_kv``), or None: all projected from the context here. The scheme gets
+        the context too: a data-dependent one (FoX's gates, PaTH's transforms) projects it with its own parameters."""
         B, L, D = x.shape
         N, H = context.shape[1], self.n_head
         q = self.q_proj(x).view(B, L, H, D // H).transpose(1, 2)  # [B, H, L, d_h]
