@@ -239,7 +239,9 @@ class Block(nn.Module):
         gamma, beta go into W: no gradient for the memory is computed (a GEMM of M rows and LN's backward, unused)."""
         ln, W = self.ln_attn, self.kv_proj.weight
         xhat = F.layer_norm(memory, ln.normalized_shape, eps=ln.eps)  # (m - mean) / std, no gain or bias
-        kv = F.linear(xhat, W * ln.weight, W @ ln.bias)  # (xhat gamma + beta) W^T = xhat (W diag gamma)^T + W beta
+        with torch.autocast(memory.device.type, enabled=False):  # the weights' fold in fp32, cast once by F.linear
+            Wg, b = W * ln.weight, W @ ln.bias
+        kv = F.linear(xhat, Wg, b)  # (xhat gamma + beta) W^T = xhat (W diag gamma)^T + W beta
         return kv, torch.addcmul(ln.bias, xhat, ln.weight)  # LN(m) = xhat gamma + beta
 
 
