@@ -209,15 +209,7 @@ class Block(nn.Module):
         out = scheme.attend(layer, q, k, v, pos, dropout_p, context, **scale)
         return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor,
-        scheme: PositionalScheme,
-        layer: int,
-        pos: Positions,
-        probs_out: list | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions, probs_out=None):
         """x: [B, L, D] the segment, context: [B, M + L, D] = [memory ; x] -> [B, L, D]."""
         M = context.shape[1] - x.shape[1]
         if self.pre_norm and M == 0:
