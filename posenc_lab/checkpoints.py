@@ -39,6 +39,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import Tensor
 
+from .distributed import stop_check_due
 from .errors import STOP_SIGNALS, Interrupted, PosencLabError, signal_name
 from .io import atomic_path
 
@@ -412,14 +413,14 @@ class Checkpointing(ModelCheckpoint):
         next hook (``_raise_if_stopping``), once Lightning has logged the step."""
         signum = self._stop or 0
         if trainer.world_size > 1:  # every rank stops at the same step: a save gathers the memory of all ranks
+            if self._loops_at_validation is None and not stop_check_due(trainer):  # no sync between logged steps
+                return
             asked = torch.tensor(signum, device=pl_module.device)
             signum = int(trainer.strategy.reduce(asked, reduce_op="max"))
         if not signum or self._stopping is not None:
             return
         if self._last_global_step_saved != trainer.global_step:
-            self._save_checkpoint(
-                trainer, str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-            )
+            self._save_checkpoint(trainer, str(Path(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")))
         cut = ", before the validation of that step finished" if self._loops_at_validation is not None else ""
         self._stopping = Interrupted(
             signum,

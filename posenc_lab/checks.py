@@ -118,7 +118,7 @@ TRAIN_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "data.episode_len": _int(1, allow_none=True),
     "data.var_len": _bool,
     "data.var_len_std": _num(0, lo_open=True),
-    "data.num_workers": _int(0),
+    "data.num_workers": _int(0, allow_none=True),
     "trainer.max_steps": _int(1),
     "trainer.accumulate_grad_batches": _int(1),
     "trainer.gradient_clip_val": _num(0, allow_none=True),

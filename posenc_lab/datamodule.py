@@ -5,6 +5,10 @@
   disjoint contiguous block of streams [r*B/W, (r+1)*B/W), so the global batch (and every
   stream's content) is the same whatever the number of devices. Lightning must not re-shard:
   the trainer configs set ``use_distributed_sampler: false``.
+- On CUDA the loaders pin their batches (Lightning's copy to the device is then asynchronous) and, with
+  ``num_workers: null``, make them in ``CUDA_WORKERS`` background processes; on the CPU no worker (it would take a
+  core from the step). Workers keep the order: worker w of n makes steps w, w+n, ... and the loader takes them in
+  turn (``SegmentStream``), so memory stays the true left context.
 - The data position is the number of training batches consumed; it is saved in checkpoints
   (``state_dict``) and the train stream restarts there on resume (see ``train_dataloader``).
 """
@@ -18,6 +22,8 @@ from torch.utils.data import DataLoader
 
 from .data import Corpus, SegmentStream, load_corpus
 
+CUDA_WORKERS = 2  # num_workers null on CUDA: one batch in the making while the other is copied
+
 
 class SegmentDataModule(L.LightningDataModule):
     """Segment streams of one corpus.
@@ -25,8 +31,8 @@ class SegmentDataModule(L.LightningDataModule):
     name: corpus name (``posenc_lab.data.CORPUS_NAMES``); corpus: its options (``load_corpus``).
     segment_len: L; batch_size: B, global number of streams; eval_batch_size: B for val/test
     (default: batch_size); episode_len: T, tokens per episode (None: whole stream); var_len:
-    Transformer-XL variable training lengths; root: cache directory (None: $POSENC_LAB_CACHE or
-    ~/.cache/posenc_lab); seed: seeds the variable lengths.
+    Transformer-XL variable training lengths; num_workers: loader processes (None: ``CUDA_WORKERS`` on CUDA, 0 on
+    the CPU); root: cache directory (None: $POSENC_LAB_CACHE or ~/.cache/posenc_lab); seed: seeds the variable lengths.
     """
 
     def __init__(
@@ -38,7 +44,7 @@ class SegmentDataModule(L.LightningDataModule):
         episode_len: int | None = None,
         var_len: bool = False,
         var_len_std: float = 5.0,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         root: str | None = None,
         seed: int = 0,
         corpus: dict[str, Any] | None = None,
@@ -107,11 +113,14 @@ class SegmentDataModule(L.LightningDataModule):
         stream = self.streams[split] if split in self.streams else self.make_stream(split)
         return stream.max_segment_len, stream.max_position
 
+    def _cuda(self) -> bool:
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+
     def _loader(self, stream: SegmentStream) -> DataLoader:
         # batch_size=None: the stream yields whole batches; never shuffled, never re-sharded.
-        return DataLoader(
-            stream, batch_size=None, num_workers=self.num_workers, persistent_workers=False, pin_memory=False
-        )
+        cuda = self._cuda()
+        workers = self.num_workers if self.num_workers is not None else CUDA_WORKERS if cuda else 0
+        return DataLoader(stream, batch_size=None, num_workers=workers, persistent_workers=False, pin_memory=cuda)
 
     def train_dataloader(self) -> DataLoader:
         stream = self.streams["train"]

@@ -46,3 +46,13 @@ def lost_process(error: BaseException, trainer: L.Trainer, newest: Path | None) 
         f"Newest checkpoint: {newest or 'none yet'}; start every node again with the same command to continue "
         f"from it (resume=auto)"
     )
+
+
+def stop_check_due(trainer: L.Trainer) -> bool:
+    """Whether the end of this training step asks every DDP rank for a stop signal (an all-reduce and a host read,
+    which make the step wait for the device): only at the steps Lightning logs (every ``log_every_n_steps``, counted
+    from ``trainer.global_step``, the same on every rank) and at ``max_steps``. Between them the step never waits for
+    the host; a signal is acted on at most ``log_every_n_steps - 1`` steps after it arrived (one process acts at once).
+    """
+    step, every = trainer.global_step, max(int(trainer.log_every_n_steps or 1), 1)
+    return step % every == 0 or 0 < trainer.max_steps <= step

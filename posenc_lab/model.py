@@ -198,15 +198,18 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.ssmax = SSMax(cfg.n_head) if cfg.softmax_scale == "ssmax" else None  # s_h of this layer
 
-    def attention(
-        self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions, probs_out: list | None
-    ) -> Tensor:
-        """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]. The scheme gets the
-        context too: a data-dependent one (FoX's gates, PaTH's transforms) projects it with its own parameters."""
+    def attention(self, x: Tensor, context: Tensor, scheme, layer: int, pos: Positions, probs_out, memory_kv=None):
+        """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]; memory_kv: [B, M, 2 D]
+        the memory's keys and values (``memory_kv``), or None: all projected from the context here. The scheme gets
+        the context too: a data-dependent one (FoX's gates, PaTH's transforms) projects it with its own parameters."""
         B, L, D = x.shape
         N, H = context.shape[1], self.n_head
         q = self.q_proj(x).view(B, L, H, D // H).transpose(1, 2)  # [B, H, L, d_h]
-        k, v = self.kv_proj(context).view(B, N, 2, H, D // H).permute(2, 0, 3, 1, 4)  # 2 x [B, H, N, d_h]
+        if memory_kv is None:
+            k, v = self.kv_proj(context).view(B, N, 2, H, D // H).permute(2, 0, 3, 1, 4)  # 2 x [B, H, N, d_h]
+        else:  # [memory ; segment] along the keys, contiguous (the copy the schemes' GEMMs made of the strided view)
+            kv = [t.view(B, -1, 2, H, D // H).permute(2, 0, 3, 1, 4) for t in (memory_kv, self.kv_proj(x))]
+            k, v = (torch.cat([kv[0][i], kv[1][i]], dim=2) for i in (0, 1))
         scale = {} if self.ssmax is None else {"logit_scale": self.ssmax(pos)}  # [H, L, 1] s_h log n_i
         if probs_out is not None:
             probs_out.append(scheme.attention_probs(layer, q, k, pos, context, **scale).detach())
@@ -214,22 +217,32 @@ class Block(nn.Module):
         out = scheme.attend(layer, q, k, v, pos, dropout_p, context, **scale)
         return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor,
-        scheme: PositionalScheme,
-        layer: int,
-        pos: Positions,
-        probs_out: list | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions, probs_out=None):
         """x: [B, L, D] the segment, context: [B, M + L, D] = [memory ; x] -> [B, L, D]."""
-        if self.pre_norm:
+        M = context.shape[1] - x.shape[1]
+        if self.pre_norm and M == 0:
             normed = self.ln_attn(context)
-            x = x + self.drop(self.attention(normed[:, -x.shape[1] :], normed, scheme, layer, pos, probs_out))
-            return x + self.drop(self.ff(self.ln_ff(x)))
-        x = self.ln_attn(x + self.drop(self.attention(x, context, scheme, layer, pos, probs_out)))
-        return self.ln_ff(x + self.drop(self.ff(x)))
+            x = x + self.drop(self.attention(normed, normed, scheme, layer, pos, probs_out))
+        elif self.pre_norm:
+            memory_kv, normed_memory = self.memory_kv(context[:, :M].detach())
+            normed = self.ln_attn(x)
+            context = torch.cat([normed_memory, normed], dim=1)  # LN([memory ; x]), for a scheme that reads it
+            x = x + self.drop(self.attention(normed, context, scheme, layer, pos, probs_out, memory_kv))
+        else:
+            memory_kv = self.kv_proj(context[:, :M].detach()) if M else None
+            x = self.ln_attn(x + self.drop(self.attention(x, context, scheme, layer, pos, probs_out, memory_kv)))
+            return self.ln_ff(x + self.drop(self.ff(x)))
+        return x + self.drop(self.ff(self.ln_ff(x)))
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory: [B, M, D] (stop-gradient) -> ([B, M, 2 D] its keys and values, [B, M, D] its LayerNorm). LayerNorm's
+        gamma, beta go into W: no gradient for the memory is computed (a GEMM of M rows and LN's backward, unused)."""
+        ln, W = self.ln_attn, self.kv_proj.weight
+        xhat = F.layer_norm(memory, ln.normalized_shape, eps=ln.eps)  # (m - mean) / std, no gain or bias
+        with torch.autocast(memory.device.type, enabled=False):  # the weights' fold in fp32, cast once by F.linear
+            Wg, b = W * ln.weight, W @ ln.bias
+        kv = F.linear(xhat, Wg, b)  # (xhat gamma + beta) W^T = xhat (W diag gamma)^T + W beta
+        return kv, torch.addcmul(ln.bias, xhat, ln.weight)  # LN(m) = xhat gamma + beta
 
 
 class MemoryTransformer(nn.Module):

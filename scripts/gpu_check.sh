@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of docs/perf/LOG.md, prepared to run as it is on a machine with one CUDA GPU:
 #
-#   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; about 12 minutes on one H200)
+#   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; about 15 minutes on one H200: 12 before stage 4)
 #
 # Stages, most important first, each under its own time limit (LIMIT_*, seconds) so that a slow stage
 # (torch.compile of flex_attention kernels dominates) leaves the later ones their turn; every stage logs
@@ -12,11 +12,13 @@
 #    step times as ratios to sinusoid's, the bf16 matmul peak measured in the same run;
 # 3. STEPS training steps per scheme (base, bf16-mixed, pystdlib bytes: local, no download), attention auto
 #    (fused on CUDA);
-# 4. the benchmark on the published sizes (txl_enwik8_base, txl_wt103_base) at their published batch;
-# 5. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/perf/LOG.md.
+# 4. the training step outside the model (`posenc-lab bench overhead`, xl at tiny and small on CUDA): Trainer.fit
+#    against the bare forward, backward and optimizer loop, the overhead per step by interleaved rounds;
+# 5. the benchmark on the published sizes (txl_enwik8_base, txl_wt103_base) at their published batch;
+# 6. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/perf/LOG.md.
 # A dry run of the script itself on a CPU (fused is NaN there: no flex backward on CPU):
 #   DEVICE=cpu TRAINER=cpu PRECISION=32-true CONFIGS=tiny PAPER_CONFIGS= MODEL=tiny STEPS=4 BATCH=2 \
-#     TRAIN_SCHEMES=xl bash scripts/gpu_check.sh /tmp/gpu_dry
+#     TRAIN_SCHEMES=xl OVERHEAD_CONFIGS=tiny OVERHEAD_ROUNDS=1 OVERHEAD_STEPS=10 bash scripts/gpu_check.sh /tmp/gpu_dry
 set -uo pipefail
 OUT=${1:-runs/gpu_check}
 PY=${PYTHON:-python}
@@ -24,7 +26,7 @@ SCHEMES=${SCHEMES:-sinusoid,xl,shaw,t5,alibi}
 TRAIN_SCHEMES=${TRAIN_SCHEMES:-xl,sinusoid,shaw}
 CONFIGS=${CONFIGS:-base}
 BATCH=${BATCH:-32}  # base: 32 streams x 256 tokens per step
-PAPER_CONFIGS=${PAPER_CONFIGS:-txl_enwik8_base:22,txl_wt103_base:60}  # preset:published batch
+PAPER_CONFIGS=${PAPER_CONFIGS-txl_enwik8_base:22,txl_wt103_base:60}  # preset:published batch; set empty: none
 STEPS=${STEPS:-200}
 DEVICE=${DEVICE:-cuda}
 TRAINER=${TRAINER:-gpu}
@@ -35,6 +37,10 @@ LIMIT_TEST=${LIMIT_TEST:-150}
 LIMIT_BENCH=${LIMIT_BENCH:-200}
 LIMIT_TRAIN=${LIMIT_TRAIN:-120} # per scheme: xl reached step 173 of 200 in 60 s on an H200 (startup and compilation included)
 LIMIT_PAPER=${LIMIT_PAPER:-120}
+OVERHEAD_CONFIGS=${OVERHEAD_CONFIGS:-tiny,small}
+OVERHEAD_ROUNDS=${OVERHEAD_ROUNDS:-3}
+OVERHEAD_STEPS=${OVERHEAD_STEPS:-40}  # timed steps a round, a multiple of trainer.log_every_n_steps (10)
+LIMIT_OVERHEAD=${LIMIT_OVERHEAD:-150}
 BENCH_PRECISION=$([ "$PRECISION" = 32-true ] && echo fp32 || echo "$PRECISION") # the bench's names
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -72,7 +78,13 @@ for s in $(echo "$TRAIN_SCHEMES" | tr , ' '); do
   tail -3 "$OUT/train_$s.log"
 done
 
-stage "4 benchmark at the published sizes (limit ${LIMIT_PAPER}s)"
+stage "4 overhead of the training step: $OVERHEAD_CONFIGS (limit ${LIMIT_OVERHEAD}s)"
+timeout "$LIMIT_OVERHEAD" $PY -m posenc_lab.bench overhead --configs "$OVERHEAD_CONFIGS" --rounds "$OVERHEAD_ROUNDS" \
+  --warmup 10 --steps "$OVERHEAD_STEPS" posenc=xl data=pystdlib trainer="$TRAINER" trainer.precision="$PRECISION" \
+  2>&1 | tee "$OUT/overhead.log"
+echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
+
+stage "5 benchmark at the published sizes (limit ${LIMIT_PAPER}s)"
 for cb in $(echo "$PAPER_CONFIGS" | tr , ' '); do
   timeout "$LIMIT_PAPER" $PY -m posenc_lab.bench --device "$DEVICE" --configs "${cb%%:*}" --batch "${cb##*:}" \
     --schemes sinusoid,xl --precisions "$BENCH_PRECISION" --memory on --attention "$ATTENTION" --ratio-to sinusoid \
@@ -80,7 +92,7 @@ for cb in $(echo "$PAPER_CONFIGS" | tr , ' '); do
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
 done
 
-stage "5 summary"
+stage "6 summary"
 $PY - "$OUT" "$TRAIN_SCHEMES" <<'EOF'
 """Write OUT/PERFORMANCE_gpu.md from what this run measured (stages cut short are named, not hidden)."""
 import csv
@@ -96,6 +108,9 @@ for log in ["test_cuda.log"]:
     if (out / log).exists():
         lines += ["Correctness (compiled fused against unfused, CUDA, fp32): "
                   + (out / log).read_text().strip().splitlines()[-1], ""]
+if (out / "overhead.log").exists():  # its table comes last; a stage cut short shows the rounds it measured
+    lines += ["### overhead of the training step (Trainer.fit against the bare loop)", "", "```",
+              (out / "overhead.log").read_text().strip(), "```", ""]
 for md in sorted(out.glob("bench*/bench.md")):
     lines += [f"### {md.parent.name}", "", md.read_text().strip(), ""]
 for log in sorted(out.glob("bench*.log")):

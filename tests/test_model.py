@@ -392,3 +392,54 @@ def test_every_scheme_learns_a_repeated_pattern(name, mem_len):
         mems, seg = out.mems, seg + 1
         losses.append(out.loss.item())
     assert min(losses[-5:]) < 0.5 * math.log(vocab), losses
+
+
+# --------------------------------------------------------------------------------------------
+# The memory takes no gradient
+# --------------------------------------------------------------------------------------------
+
+
+class MatmulShapes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The output shapes of every matrix product (mm, addmm) run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+@pytest.mark.parametrize("name", [XL, ROPE])
+def test_backward_computes_no_gradient_for_the_memory_and_equals_projecting_the_whole_context(name, pre_norm):
+    """The memory is stop-gradient: no GEMM of the backward yields a gradient for its rows (before, k and v's
+    projection gave one for all M + L keys, [B (M + L), D], and dropped the memory's part). The block's output and
+    every gradient equal those of projecting [memory ; segment] as one (the published formulation)."""
+    L, M, D = 3, 4, 16  # B (M + L) = 14 and B M = 8: no other product of the backward has 14 or 8 rows of D columns
+    # every parameter drawn: LayerNorm's gain and bias away from 1 and 0, where moving them into W would show
+    model = make_model(name, mem_len=M, randomize="all", pre_norm=pre_norm, d_model=D, n_head=2, d_inner=24)
+    model(tokens(B, M))  # fill the memory
+    out = model(tokens(B, M))
+    memory = out.mems
+    block, x = model.blocks[0], torch.randn(B, L, D, requires_grad=True)
+    context = torch.cat([memory[0], x], dim=1)
+    pos = model.positions(L, M, torch.zeros(B, dtype=torch.long), x.device)
+    y = block(x, context, model.scheme, 0, pos)
+    with MatmulShapes() as seen:  # the backward's products
+        grads = torch.autograd.grad(y.square().sum(), [x, *block.parameters()])
+    assert not {s for s in seen.shapes if s in ((B * (M + L), D), (B * M, D))}, seen.shapes
+    if pre_norm:  # the previous formulation: one LayerNorm and one projection over [memory ; segment]
+        normed = block.ln_attn(context)
+        whole = x + block.drop(block.attention(normed[:, M:], normed, model.scheme, 0, pos, None))
+        whole = whole + block.drop(block.ff(block.ln_ff(whole)))
+    else:
+        whole = block.ln_attn(x + block.drop(block.attention(x, context, model.scheme, 0, pos, None)))
+        whole = block.ln_ff(whole + block.drop(block.ff(whole)))
+    torch.testing.assert_close(y, whole, atol=1e-5, rtol=1e-5)
+    expect = torch.autograd.grad(whole.square().sum(), [x, *block.parameters()])
+    for got, want in zip(grads, expect, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # fp32: (xhat gamma) W^T = xhat (W gamma)^T
