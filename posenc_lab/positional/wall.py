@@ -12,23 +12,25 @@ fla writes the same thing in base 2 (P = cumsum(g) / ln 2, exp2(P_i - P_j), and 
 logits times 1 / ln 2): a change of unit of its kernels, the same numbers. A channel whose gates stay near 1
 carries a key through any distance; one whose gate closes forgets what came before it in that channel only.
 
-No [B, H, L, N, d_h] tensor is built. The queries are taken in blocks of C (``block``); block b, whose first query
-sits at key column a_b = M + b C, scales by the anchor R_b = P_{a_b}:
+No [B, H, L, N, d_h] tensor is built. The pairs are taken by pieces, a block of queries against a block of earlier
+keys, each with an anchor R = P at the piece's first query (after every key of the piece, no later than any query):
 
-    q~_in = q_in exp(P_in - R_bn)       i >= a_b: P_i <= R_b, the factor is <= 1
-    k~_jn = k_jn exp(R_bn - P_jn)       j <= a_b: R_b <= P_j, the factor is <= 1
+    q~_in = q_in exp(P_in - R_n)       the piece's queries: P_i <= R, the factor is <= 1
+    k~_jn = k_jn exp(R_n - P_jn)       the piece's keys:    R <= P_j, the factor is <= 1
     q~_i . k~_j = sum_n q_in k_jn exp(P_in - P_jn)
 
 so every factor lies in [0, 1] whatever the gates: nothing overflows, and a factor that underflows to 0 belongs to
 a pair whose decay is smaller still (the product of two factors <= 1 is at most either), a term below fp32's
 smallest number, at any length M + L. A single reference for the whole row would not be safe: P falls by up to
-|g| per token and per channel, so its range over N keys has no bound a float can hold. The keys after a_b inside
-the block (fewer than C = 32) have no such anchor; they are the same problem over the block's C tokens with no
-memory, solved the same way in blocks of c = 8 (``pair_scores`` calls itself), and inside those one pair at a
-time, [B, H, L, c, d_h]; written over the block's columns. The rest is one batched matmul over the query blocks
-(each block against all N keys: the FLOPs of one q k^T), the softmax and the values. The logits need every
-channel's decay, which no SDPA or flex score_mod takes, so the attention is written out (as CoPE's and
-stick-breaking's).
+|g| per token and per channel, so its range over N keys has no bound a float can hold. The pieces (``pieces``):
+the memory keys against every query; then the segment halved, the second half's queries against the first half's
+keys; each half halved again, and so on down to leaves of c queries (L padded to c 2^n, ``split``; c = 1 at the
+powers of two), whose own pairs are taken one at a time, [B, H, L, c, d_h] (c = 1: the diagonal, decay 1). Every
+pair below the diagonal is computed once, by one matmul a level, written in place into the [B, H, L, N] logits;
+the scaled q and k are O(L log L) rows a head. The backward (``_Scores``) recomputes them from q, k and P instead
+of saving them; R gets no gradient, since q~_i . k~_j does not depend on it. Then the softmax and the values: the
+logits need every channel's decay, which no SDPA or flex score_mod takes, so the attention is written out (as
+CoPE's and stick-breaking's).
 
 With memory the memory positions' gates come from the memory's own hidden states (the oldest key's gate enters no
 pair), so a segment with memory scores exactly as the same tokens at the end of one long run; a static memory's
