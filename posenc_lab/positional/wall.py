@@ -218,6 +218,12 @@ class Wall(PositionalScheme):
         hidden = F.pad(~pos.visible, (0, pad, 0, pad), value=True) | (columns > M + columns[: L + pad, None])
         return _Scores.apply(q, k, P, c, n, hidden)[:, :, :L, : M + L]
 
+    def probs(
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None, logit_scale: Tensor | None
+    ) -> Tensor:
+        """[B, H, L, N] fp32: softmax_j(logit_ij), the one path of ``attend`` and ``attention_probs``."""
+        return torch.softmax(self.logits(layer, q, k, pos, context, logit_scale), dim=-1)
+
     def attention_probs(
         self,
         layer: int,
@@ -227,7 +233,7 @@ class Wall(PositionalScheme):
         context: Tensor | None = None,
         logit_scale: Tensor | None = None,
     ) -> Tensor:
-        return torch.softmax(self.logits(layer, q, k, pos, context, logit_scale), dim=-1).to(q.dtype)
+        return self.probs(layer, q, k, pos, context, logit_scale).to(q.dtype)
 
     def attend(
         self,
@@ -240,8 +246,8 @@ class Wall(PositionalScheme):
         context: Tensor | None = None,
         logit_scale: Tensor | None = None,
     ) -> Tensor:
-        probs = torch.softmax(self.logits(layer, q, k, pos, context, logit_scale), dim=-1)
-        return F.dropout(probs, dropout_p).to(v.dtype) @ v  # sum_j p_ij v_j
+        probs = self.probs(layer, q, k, pos, context, logit_scale)
+        return F.dropout(probs, dropout_p).to(v.dtype) @ v  # sum_j p_ij v_j, dropped in fp32
 
     def extra_repr(self) -> str:
         return f"gate_bias={self.gate_bias}, leaf={self.leaf}"
