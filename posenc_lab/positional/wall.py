@@ -104,14 +104,17 @@ class _Scores(torch.autograd.Function):
         S = q.new_empty(*q.shape[:-1], k.shape[-2])
         for scores, qs, ks in pieces(M, c, n):
             eq, ek = factors(P, M, qs, ks)
-            q_k = qs(q) * eq, (ks(k) * ek).transpose(-1, -2)  # q~, k~^T
+            q_k = eq.mul_(qs(q)), ek.mul_(ks(k)).transpose(-1, -2)  # q~, k~^T
             if torch.compiler.is_compiling():  # dynamo takes no strided out=
                 scores(S).copy_(q_k[0] @ q_k[1])
             else:  # written in place: no copy of the scores
                 torch.matmul(*q_k, out=scores(S))
-        qc, kc, decay = leaves(q, k, P, c)
-        pair = qc.unsqueeze(-2) * kc.unsqueeze(-3)  # [..., L / c, c, c, d]: q_in k_jn
-        block_diagonal(S[..., M:], c, 0).copy_((pair if decay is None else pair * decay).sum(-1))
+        if c == 1:  # the diagonal alone, decay 1
+            S[..., M:].diagonal(0, -2, -1).copy_((q * k[..., M:, :]).sum(-1))
+        else:
+            qc, kc, decay = leaves(q, k, P, c)
+            pair = qc.unsqueeze(-2) * kc.unsqueeze(-3) * decay  # [..., L / c, c, c, d]
+            block_diagonal(S[..., M:], c, 0).copy_(pair.sum(-1))
         return S.masked_fill_(hidden, float("-inf"))
 
     @staticmethod
@@ -127,15 +130,19 @@ class _Scores(torch.autograd.Function):
             ks(dk).addcmul_(dkt, ek)
             qs(dP[..., M:, :]).addcmul_(dqt, qt)  # d q~_in / d P_in = q~_in (the anchor: no gradient, see factors)
             ks(dP).addcmul_(dkt, kt, value=-1.0)  # d k~_jn / d P_jn = -k~_jn
+        if c == 1:  # the diagonal alone, decay 1
+            g = dS[..., M:].diagonal(0, -2, -1).unsqueeze(-1)
+            dq.addcmul_(g, k[..., M:, :])
+            dk[..., M:, :].addcmul_(g, q)
+            return dq, dk, dP, None, None, None
         qc, kc, decay = leaves(q, k, P, c)
         g = block_diagonal(dS[..., M:], c, 0).tril().unsqueeze(-1)  # [..., L / c, c, c, 1]; future pairs have none
-        w = g if decay is None else g * decay  # dS_ij exp(P_in - P_jn)
+        w = g * decay  # dS_ij exp(P_in - P_jn)
         a = w * kc.unsqueeze(-3)
+        u = a * qc.unsqueeze(-2)  # dS_ij q_in k_jn exp(P_in - P_jn)
         dq.unflatten(-2, (-1, c)).add_(a.sum(-2))
         dk[..., M:, :].unflatten(-2, (-1, c)).add_((w * qc.unsqueeze(-2)).sum(-3))
-        if decay is not None:  # c = 1: the diagonal alone, decay 1
-            u = a * qc.unsqueeze(-2)  # dS_ij q_in k_jn exp(P_in - P_jn)
-            dP[..., M:, :].unflatten(-2, (-1, c)).add_(u.sum(-2)).sub_(u.sum(-3))
+        dP[..., M:, :].unflatten(-2, (-1, c)).add_(u.sum(-2)).sub_(u.sum(-3))
         return dq, dk, dP, None, None, None
 
 
@@ -145,15 +152,15 @@ def factors(P: Tensor, M: int, qs, ks) -> tuple[Tensor, Tensor]:
     gradient."""
     Pq = qs(P[..., M:, :])
     R = Pq[..., :1, :]
-    return torch.exp(Pq - R), torch.exp(R - ks(P))
+    return (Pq - R).exp_(), (R - ks(P)).exp_()
 
 
-def leaves(q: Tensor, k: Tensor, P: Tensor, c: int) -> tuple[Tensor, Tensor, Tensor | None]:
+def leaves(q: Tensor, k: Tensor, P: Tensor, c: int) -> tuple[Tensor, Tensor, Tensor]:
     """The leaves' queries and keys [..., L / c, c, d] and each pair's decay [..., L / c, c, c, d] one at a time,
-    exp(P_in - P_jn), clamped at 1 for the future pairs (masked); c = 1: None (the diagonal, decay 1)."""
+    exp(P_in - P_jn), clamped at 1 for the future pairs (masked)."""
     M = k.shape[-2] - q.shape[-2]
     qc, kc, Pc = q.unflatten(-2, (-1, c)), k[..., M:, :].unflatten(-2, (-1, c)), P[..., M:, :].unflatten(-2, (-1, c))
-    return qc, kc, None if c == 1 else torch.exp((Pc.unsqueeze(-2) - Pc.unsqueeze(-3)).clamp(max=0))
+    return qc, kc, (Pc.unsqueeze(-2) - Pc.unsqueeze(-3)).clamp_(max=0).exp_()
 
 
 @register
