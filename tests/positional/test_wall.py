@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_lab.positional import SCHEMES, Positions, scheme_options
+from posenc_lab.positional.wall import split
 from tests.positional.test_fused import grads
 from tests.positional.test_schemes import DH, MASKS, B, H, inputs, make_positions, make_scheme, masked_softmax, qkv
 from tests.schemes import WALL
@@ -54,29 +55,39 @@ def new_inputs(L, M):
     return (t.requires_grad_() for t in (*qkv(L, M), inputs(L, M)))
 
 
-def new_scheme(block: int, **options):
+def new_scheme(leaf: int | None, **options):
     scheme = make_scheme(WALL, **{"gate_bias": 0.0, **options}).train()  # f near 1/2: the decay shows at small sizes
-    scheme.block = block
+    scheme.leaf = leaf
     return scheme
 
 
 @pytest.mark.parametrize("L, M, same_length", MASKS)
-@pytest.mark.parametrize("block", [2, 3, 32])
-def test_wall_equals_naive_forward_and_backward(L, M, same_length, block):
-    """Blocks of 2 and 3 queries (several anchors, a last block filled up), and one block (C = 32 > L)."""
+@pytest.mark.parametrize("leaf", [1, 2, 3, 8, None])
+def test_wall_equals_naive_forward_and_backward(L, M, same_length, leaf):
+    """Leaves of 1 (the diagonal alone), 2 and 3 queries under levels of halves (5 queries padded to 8 or 6), one
+    leaf of 8 > L (no level), and the leaf that ``split`` chooses."""
     q, k, v, x = new_inputs(L, M)
-    assert_equals_naive(new_scheme(block), q, k, v, make_positions(L, M, same_length), x)
+    assert_equals_naive(new_scheme(leaf), q, k, v, make_positions(L, M, same_length), x)
 
 
-@pytest.mark.parametrize("L, M, block", [(5, 3, 4), (4, 9, 4), (7, 2, 6)])
-def test_blocks_inside_blocks_equal_naive(monkeypatch, L, M, block):
-    """A block's own keys are the same problem over its C tokens, solved in blocks of PAIR_BLOCK (2 here, so that
-    the nesting shows at small sizes), one pair at a time below that."""
-    from posenc_lab.positional import wall
-
-    monkeypatch.setattr(wall, "PAIR_BLOCK", 2)
+@pytest.mark.parametrize("same_length", [False, True])
+@pytest.mark.parametrize("L, M, leaf", [(16, 8, 1), (13, 6, 2), (12, 2, 3)])
+def test_many_levels_equal_naive(L, M, same_length, leaf):
+    """Four levels of halves under the memory (16 = 1 x 2^4), three with padding (13 -> 2 x 2^3), two with leaves
+    of 3 (12 = 3 x 2^2)."""
     q, k, v, x = new_inputs(L, M)
-    assert_equals_naive(new_scheme(block), q, k, v, make_positions(L, M, same_length=True), x)
+    assert_equals_naive(new_scheme(leaf), q, k, v, make_positions(L, M, same_length), x)
+
+
+@pytest.mark.parametrize("L, M", [(256, 256), (512, 512), (257, 256), (100, 0), (5, 3), (1, 4)])
+def test_split_pads_little_and_keeps_leaves_small(L, M):
+    """The L queries padded to c 2^n: at the presets' powers of two, leaves of 1 and no padding; elsewhere fewer
+    than twice as many queries and leaves of at most 8 (a leaf's pairs cost LEAF_COST matmul pairs each)."""
+    c, n = split(L, M)
+    assert L <= c * 2**n < 2 * L or (L, c, n) == (1, 1, 0)
+    assert c <= 8
+    if L & (L - 1) == 0:
+        assert (c, 2**n) == (1, L)
 
 
 def test_gates_closed_hard_stay_exact_where_one_reference_would_overflow():
@@ -85,7 +96,7 @@ def test_gates_closed_hard_stay_exact_where_one_reference_would_overflow():
     way or the other; the anchors keep every factor <= 1. Behind a closed gate a key's logit is ~0: a decay
     multiplies q . k (it does not subtract from the logit as FoX's does), so those keys share alike."""
     L, M, closed = 7, 6, [2, 5, 8, 9, 11]
-    scheme = new_scheme(3, gate_bias=4.0)
+    scheme = new_scheme(2, gate_bias=4.0)
     with torch.no_grad():
         scheme.gate[1].weight.copy_(torch.eye(scheme.dims.d_model))
         scheme.gate[1].bias.zero_()
@@ -175,6 +186,6 @@ def test_without_the_layer_input_it_says_what_it_needs():
         make_scheme(WALL).attend(0, *qkv(5, 3), make_positions(5, 3), 0.0)
 
 
-def test_extra_flops_count_the_gate_projection_and_the_blocks_own_keys():
+def test_extra_flops_count_the_gate_projection():
     scheme = make_scheme(WALL)
-    assert scheme.extra_flops(40, 24) == 2 * 64 * 16 * 16 + 2 * 40 * (32 + 8) * 16
+    assert scheme.extra_flops(40, 24) == 2 * 64 * 16 * 16
