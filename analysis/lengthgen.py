@@ -1,7 +1,8 @@
 """Length generalization on the algorithmic tasks (``posenc_lab.data.lengthgen``): exact-match accuracy per
 instance and per answer token, by test length, per run and per cell, with intervals over seeds and instances.
 
-Each test instance is read alone, after the end token training put before it, as the run reads text:
+Each test instance is read alone, as training put it: after the end token of the instance before it (packed), or
+from a segment's first position (aligned, ``align_to_segment``):
 
 - with memory (M > 0): in segments of the training length L, each layer carrying M states, so an instance
   longer than a segment is read through the memory;
@@ -17,7 +18,7 @@ instances for both cells (paired), ``stats.paired_difference``, Holm over the cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -87,13 +88,19 @@ class CellLength:
     def sequence(self, level: float) -> Difference:
         if self.exact is None:
             return NOT_EVALUATED
-        return mean_interval(self.exact.astype(np.float64), np.arange(self.exact.shape[1]), level=level)
+        return _share(mean_interval(self.exact.astype(np.float64), np.arange(self.exact.shape[1]), level=level))
 
     def token(self, level: float) -> Difference:
         if self.correct is None:
             return NOT_EVALUATED
         units = np.repeat(np.arange(self.correct.shape[1] // self.answer_len), self.answer_len)
-        return mean_interval(self.correct.astype(np.float64), units, level=level)
+        return _share(mean_interval(self.correct.astype(np.float64), units, level=level))
+
+
+def _share(d: Difference) -> Difference:
+    """An accuracy's interval within [0, 1], where every accuracy lies: a t interval over 2 seeds (about 1 df) can
+    reach far past either end, a statement of no accuracy. Clipping keeps its coverage (the true value is inside)."""
+    return replace(d, low=min(max(d.low, 0.0), 1.0), high=max(min(d.high, 1.0), 0.0))
 
 
 def measure(runs: list[Run], split: str, max_instances: int | None, log=print) -> list[CellLength]:

@@ -184,6 +184,22 @@ def test_the_tiny_preset_reports_every_cell_at_4x(tmp_path, monkeypatch):
     assert t.set_index("cell").loc["copy/sinusoid:nomem", "not_served"] == ""
 
 
+def test_accuracy_intervals_stay_within_0_and_1():
+    """Two seeds that disagree give a t interval of about 1 df, far past 0 and 1 unclipped: an accuracy's interval
+    is bounded to [0, 1], its estimate as it was."""
+    high = cell("nope:nomem", np.array([[True] * 20, [True] * 10 + [False] * 10]))
+    low = cell("rope:nomem", np.array([[False] * 20, [False] * 10 + [True] * 10]))
+    for c in (high, low):
+        for d in (c.sequence(0.95), c.token(0.95)):
+            assert 0.0 <= d.low <= d.estimate <= d.high <= 1.0
+    assert high.sequence(0.95).high == 1.0 and low.sequence(0.95).low == 0.0
+    assert high.sequence(0.95).estimate == 0.75 and low.sequence(0.95).estimate == 0.25
+    unclipped = mean_interval(high.exact.astype(float), np.arange(20), level=0.95)
+    assert unclipped.low < 0.0 and unclipped.high > 1.0  # what the section gave before
+    t = tidy([high, low], 0.95)
+    assert t[["seq_low", "token_low"]].min().min() >= 0 and t[["seq_high", "token_high"]].max().max() <= 1
+
+
 def test_the_figure_draws_an_interval_that_does_not_hold_its_mean(tmp_path):
     """A skewness-corrected interval can lie beside its mean (accuracy near 0 or 1 over few seeds): the figure
     draws it, with no negative bar (matplotlib refuses one), instead of ending the report."""
