@@ -9,7 +9,7 @@ from a segment's first position (aligned, ``align_to_segment``):
 - without memory: in one window of the whole instance (the usual length-generalization test, Kazemnejad et al.
   2023, Ruoss et al. 2023): the positions go past those of training, and a scheme that cannot serve them (a
   learned table shorter than the instance, random positions fewer than its keys) is not evaluated, with its
-  reason.
+  reason. Aligned, an instance shorter than a segment is read in a window of a segment (``widened``).
 
 An instance is exactly right when every answer token is the model's argmax. Intervals: ``stats.mean_interval``
 (seeds, and the instances as units) at ``level``; the verdicts (``conf/lengthgen_paper.yaml``): the same
@@ -45,9 +45,11 @@ class Scored:
 
 def evaluate(run: Run, split: str, max_instances: int | None = None) -> dict[int, Scored]:
     """Test length n -> the run's hits on the first ``max_instances`` instances of that length (module doc)."""
-    model, out = run.model(), {}
-    for n, (rows, scored) in task_instances(run.corpus(), split).items():
+    model, out, corpus = run.model(), {}, run.corpus()
+    for n, (rows, scored) in task_instances(corpus, split).items():
         rows, scored = rows[:max_instances], scored[:max_instances]
+        if not run.recurrence and corpus.align:
+            rows, scored = widened(rows, scored, run.segment_len, corpus.vocab_size - 1)
         segment = run.segment_len if run.recurrence else rows.shape[1] - 1
         torch.manual_seed(0)  # random positions are drawn at evaluation too: the same draws on every report
         try:
@@ -63,6 +65,17 @@ def evaluate(run: Run, split: str, max_instances: int | None = None) -> dict[int
             continue
         out[n] = Scored(res.correct.numpy()[scored].reshape(len(rows), -1))
     return out
+
+
+def widened(rows: np.ndarray, scored: np.ndarray, L: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Aligned instances (rows [k, w], scored [k, w - 1]) shorter than a segment, padded on the right to L inputs
+    (rows [k, L + 1]), as training read them: random positions are drawn for a window's keys (L in training), so a
+    narrower window would draw them sparser than training did; causal attention leaves the instance's own
+    predictions unchanged by pads after it. Longer instances are returned as they are."""
+    extra = L + 1 - rows.shape[1]
+    if extra <= 0:
+        return rows, scored
+    return np.pad(rows, ((0, 0), (0, extra)), constant_values=pad), np.pad(scored, ((0, 0), (0, extra)))
 
 
 def n_train(scored: dict[int, Scored]) -> int:

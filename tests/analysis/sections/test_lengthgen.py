@@ -10,7 +10,7 @@ import pytest
 
 from posenc_lab.compose import compose
 from posenc_lab_analysis.ablate.plan import plan
-from posenc_lab_analysis.lengthgen import CellLength, Claim, judge, tidy
+from posenc_lab_analysis.lengthgen import CellLength, Claim, judge, tidy, widened
 from posenc_lab_analysis.report import ReportSettings
 from posenc_lab_analysis.sections.lengthgen import read_claims, summary
 from posenc_lab_analysis.settings import conf_block
@@ -198,6 +198,18 @@ def test_accuracy_intervals_stay_within_0_and_1():
     assert unclipped.low < 0.0 and unclipped.high > 1.0  # what the section gave before
     t = tidy([high, low], 0.95)
     assert t[["seq_low", "token_low"]].min().min() >= 0 and t[["seq_high", "token_high"]].max().max() <= 1
+
+
+def test_an_aligned_instance_shorter_than_a_segment_is_read_in_a_segments_window():
+    """Random positions are drawn for a window's keys: an instance of 18 tokens read alone would draw 17 positions
+    where training drew 32. Pads go after it (causal: its predictions unchanged) and are never scored."""
+    rows, scored = np.arange(36).reshape(2, 18), np.tile([False] * 9 + [True] * 8, (2, 1))
+    wide, wide_scored = widened(rows, scored, 32, pad=99)
+    assert wide.shape == (2, 33) and wide_scored.shape == (2, 32)
+    assert np.array_equal(wide[:, :18], rows) and (wide[:, 18:] == 99).all()
+    assert np.array_equal(wide_scored[:, :17], scored) and not wide_scored[:, 17:].any()
+    long, long_scored = np.zeros((2, 40), np.int64), np.zeros((2, 39), bool)
+    assert widened(long, long_scored, 32, pad=99)[0] is long  # longer than a segment: as it is
 
 
 def test_the_figure_draws_an_interval_that_does_not_hold_its_mean(tmp_path):
