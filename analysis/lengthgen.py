@@ -1,14 +1,15 @@
 """Length generalization on the algorithmic tasks (``posenc_lab.data.lengthgen``): exact-match accuracy per
 instance and per answer token, by test length, per run and per cell, with intervals over seeds and instances.
 
-Each test instance is read alone, after the end token training put before it, as the run reads text:
+Each test instance is read alone, as training put it: after the end token of the instance before it (packed), or
+from a segment's first position (aligned, ``align_to_segment``):
 
 - with memory (M > 0): in segments of the training length L, each layer carrying M states, so an instance
   longer than a segment is read through the memory;
 - without memory: in one window of the whole instance (the usual length-generalization test, Kazemnejad et al.
   2023, Ruoss et al. 2023): the positions go past those of training, and a scheme that cannot serve them (a
   learned table shorter than the instance, random positions fewer than its keys) is not evaluated, with its
-  reason.
+  reason. Aligned, an instance shorter than a segment is read in a window of a segment (``widened``).
 
 An instance is exactly right when every answer token is the model's argmax. Intervals: ``stats.mean_interval``
 (seeds, and the instances as units) at ``level``; the verdicts (``conf/lengthgen_paper.yaml``): the same
@@ -17,7 +18,7 @@ instances for both cells (paired), ``stats.paired_difference``, Holm over the cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -44,9 +45,11 @@ class Scored:
 
 def evaluate(run: Run, split: str, max_instances: int | None = None) -> dict[int, Scored]:
     """Test length n -> the run's hits on the first ``max_instances`` instances of that length (module doc)."""
-    model, out = run.model(), {}
-    for n, (rows, scored) in task_instances(run.corpus(), split).items():
+    model, out, corpus = run.model(), {}, run.corpus()
+    for n, (rows, scored) in task_instances(corpus, split).items():
         rows, scored = rows[:max_instances], scored[:max_instances]
+        if not run.recurrence and corpus.align:
+            rows, scored = widened(rows, scored, run.segment_len, corpus.vocab_size - 1)
         segment = run.segment_len if run.recurrence else rows.shape[1] - 1
         torch.manual_seed(0)  # random positions are drawn at evaluation too: the same draws on every report
         try:
@@ -62,6 +65,17 @@ def evaluate(run: Run, split: str, max_instances: int | None = None) -> dict[int
             continue
         out[n] = Scored(res.correct.numpy()[scored].reshape(len(rows), -1))
     return out
+
+
+def widened(rows: np.ndarray, scored: np.ndarray, L: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Aligned instances (rows [k, w], scored [k, w - 1]) shorter than a segment, padded on the right to L inputs
+    (rows [k, L + 1]), as training read them: random positions are drawn for a window's keys (L in training), so a
+    narrower window would draw them sparser than training did; causal attention leaves the instance's own
+    predictions unchanged by pads after it. Longer instances are returned as they are."""
+    extra = L + 1 - rows.shape[1]
+    if extra <= 0:
+        return rows, scored
+    return np.pad(rows, ((0, 0), (0, extra)), constant_values=pad), np.pad(scored, ((0, 0), (0, extra)))
 
 
 def n_train(scored: dict[int, Scored]) -> int:
@@ -87,13 +101,19 @@ class CellLength:
     def sequence(self, level: float) -> Difference:
         if self.exact is None:
             return NOT_EVALUATED
-        return mean_interval(self.exact.astype(np.float64), np.arange(self.exact.shape[1]), level=level)
+        return _share(mean_interval(self.exact.astype(np.float64), np.arange(self.exact.shape[1]), level=level))
 
     def token(self, level: float) -> Difference:
         if self.correct is None:
             return NOT_EVALUATED
         units = np.repeat(np.arange(self.correct.shape[1] // self.answer_len), self.answer_len)
-        return mean_interval(self.correct.astype(np.float64), units, level=level)
+        return _share(mean_interval(self.correct.astype(np.float64), units, level=level))
+
+
+def _share(d: Difference) -> Difference:
+    """An accuracy's interval within [0, 1], where every accuracy lies: a t interval over 2 seeds (about 1 df) can
+    reach far past either end, a statement of no accuracy. Clipping keeps its coverage (the true value is inside)."""
+    return replace(d, low=min(max(d.low, 0.0), 1.0), high=max(min(d.high, 1.0), 0.0))
 
 
 def measure(runs: list[Run], split: str, max_instances: int | None, log=print) -> list[CellLength]:

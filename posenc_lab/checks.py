@@ -251,7 +251,20 @@ def _data_problems(cfg: DictConfig) -> list[str]:
             f"data.episode_len={episode} is shorter than data.segment_len={segment}: an episode holds whole "
             f"segments; set data.episode_len >= {segment} or null"
         )
+    align = (data.get("corpus") or {}).get("align_to_segment") if isinstance(data.get("corpus"), dict) else None
+    if _is_int(align) and align > 0 and _is_int(segment):  # a task corpus's aligned layout (data/lengthgen.py)
+        if align != segment or data.get("var_len") or (_is_int(episode) and episode % align):
+            out.append(aligned_problem(align, segment, episode))
     return out
+
+
+def aligned_problem(align: int, segment: int, episode) -> str:
+    """One line: why instances aligned to ``align`` tokens cannot start every segment of these streams."""
+    return (
+        f"data.corpus.align_to_segment={align} starts every instance at a multiple of {align} tokens: it needs "
+        f"data.segment_len={segment} equal to it, data.var_len=false and data.episode_len={episode} null or a "
+        f"multiple of it; set data.corpus.align_to_segment={segment} (or 0: packed)"
+    )
 
 
 def _trainer_problems(cfg: DictConfig) -> list[str]:

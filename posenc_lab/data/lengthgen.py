@@ -16,6 +16,14 @@ sees the same data: ``train`` is instances of lengths drawn uniformly from min_l
 4 n_train, ... max_factor n_train, in that order, none of whose inputs occurs in training or in the other
 evaluation split. The streams read them in order (``streams.py``): an instance longer than a segment is read
 through the memory.
+
+Layout: packed end to end (``align_to_segment: 0``, the default), or aligned (``align_to_segment: L``, set to
+``data.segment_len``): every instance starts at a multiple of L tokens, the rest of its last block of L filled
+with the pad token ``_`` (never scored, never an answer), and the streams are cut at multiples of L too
+(``Corpus.align``), so every instance begins a segment. Packed, a segment without memory cuts the instances that
+straddle its start (their answers lose their input) and an absolute encoding sees an instance at any offset;
+aligned, as Ruoss et al. 2023 train, each instance starts at position 0. The same instances either way (the same
+seed draws them); an instance longer than L continues into the next segment (read through the memory).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from .cache import cached, key_dir
 from .registry import Corpus, register_corpus
 from .splits import SPLITS
 
-QUERY, END = "=", "."
+QUERY, END, PAD = "=", ".", "_"
 #: how often drawing fresh evaluation instances may come up short before the options are called too small
 _DRAWS = 64
 
@@ -68,6 +76,7 @@ TASKS: dict[str, Task] = {}
 def _option_problems(o: dict) -> list[str]:
     """Why these options (``data.corpus.*``) cannot make the task, each naming its key and what is valid."""
     minimum = dict(seed=0, n_train=1, min_len=1, n_symbols=2, max_factor=1, train_tokens=1, eval_instances=1)
+    minimum["align_to_segment"] = 0
     out = [
         f"data.corpus.{k} must be an integer >= {low}, got {o[k]!r}"
         for k, low in minimum.items()
@@ -108,20 +117,26 @@ def _train(task: Task, rng, o: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray
     for n in lengths:  # in the drawn order: lengths mixed along the stream
         parts.append(rows[n][taken[n]])
         taken[n] += 1
-    return (*_layout(task, parts, lengths, S), seen)
+    return (*_layout(task, parts, lengths, o), seen)
 
 
-def _layout(task: Task, parts: list[np.ndarray], lengths, S: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    tokens = np.concatenate(parts)
-    mask = np.zeros(len(tokens), dtype=bool)
-    distance = np.full(len(tokens), -1, dtype=np.int32)
-    start = 0
+def _layout(task: Task, parts: list[np.ndarray], lengths, o: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, loss_mask, distance) of the instances ``parts`` in order, packed or aligned (module doc)."""
+    S, align = o["n_symbols"], o["align_to_segment"]
     query = len(task.vocab(S)) - 2
-    for part, n in zip(parts, lengths):  # the answer: after the (first) query token, before the end token
+    sizes = np.array([len(p) for p in parts])
+    # aligned: each instance takes whole blocks of L (ceil(size / L) L tokens); one more pad: the last target
+    spans = -(-sizes // align) * align if align else sizes
+    starts = np.cumsum(spans) - spans
+    total = int(spans.sum()) + (1 if align else 0)
+    tokens = np.full(total, len(task.vocab(S)), dtype=np.int32)  # the pad token (aligned only)
+    mask = np.zeros(total, dtype=bool)
+    distance = np.full(total, -1, dtype=np.int32)
+    for part, n, start in zip(parts, lengths, starts):  # the answer: after the (first) query, before the end
+        tokens[start : start + len(part)] = part
         first = start + int(np.flatnonzero(part == query)[0]) + 1
         mask[first : start + len(part) - 1] = True
         distance[first : start + len(part) - 1] = n
-        start += len(part)
     return tokens, mask, distance
 
 
@@ -146,7 +161,7 @@ def _evaluation(task: Task, rng, o: dict, seen: dict[int, set], split: str):
             )
         parts += got
         lengths += [n] * count
-    return _layout(task, parts, lengths, S)
+    return _layout(task, parts, lengths, o)
 
 
 def load_task(task: Task, root: Path, options: dict) -> Corpus:
@@ -161,6 +176,8 @@ def load_task(task: Task, root: Path, options: dict) -> Corpus:
             f"n_train, or lower eval_instances"
         )
 
+    align = options["align_to_segment"]
+
     def build():
         base = [options["seed"], zlib.crc32(task.name.encode())]
         tokens, mask, distance, seen = _train(task, np.random.default_rng([*base, 0]), options)
@@ -168,9 +185,11 @@ def load_task(task: Task, root: Path, options: dict) -> Corpus:
         for i, split in enumerate(SPLITS[1:], 1):
             tokens, mask, distance = _evaluation(task, np.random.default_rng([*base, i]), options, seen, split)
             arrays.update({split: tokens, f"{split}.loss_mask": mask, f"{split}.distance": distance})
-        return arrays, task.vocab(options["n_symbols"]), {}
+        return arrays, task.vocab(options["n_symbols"]) + ([PAD] if align else []), {}
 
     key = {"version": 1, "task": task.name, **options}
+    if not align:  # the packed corpus keeps its cache key (and its cached files) from before the option
+        key.pop("align_to_segment")
     arrays, itos, _ = cached(key_dir(root / "lengthgen" / task.name, key), key, build)
     side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
     return Corpus(
@@ -179,7 +198,8 @@ def load_task(task: Task, root: Path, options: dict) -> Corpus:
         vocab_size=len(itos),
         itos=itos,
         side=side,
-        document_separator=len(itos) - 1,
+        document_separator=len(task.vocab(options["n_symbols"])) - 1,
+        align=align,
     )
 
 
@@ -209,12 +229,15 @@ def register_task(
             max_factor: int = 8,
             train_tokens: int = 300_000,
             eval_instances: int = 128,
+            align_to_segment: int = 0,
         ) -> Corpus:
             """Task ``name``: the data's own seed; training lengths min_len..n_train; ``n_symbols`` the alphabet;
             test lengths n_train .. max_factor n_train (doubling); ``train_tokens`` of training instances;
-            ``eval_instances`` per test length in val and test."""
+            ``eval_instances`` per test length in val and test; ``align_to_segment``: 0 packed, else every instance
+            starts a segment of this length (data.segment_len; module doc)."""
             options = dict(seed=seed, n_train=n_train, min_len=min_len, n_symbols=n_symbols, max_factor=max_factor)
-            return load_task(task, root, {**options, "train_tokens": train_tokens, "eval_instances": eval_instances})
+            options.update(train_tokens=train_tokens, eval_instances=eval_instances, align_to_segment=align_to_segment)
+            return load_task(task, root, options)
 
         load.__name__ = f"load_{name}"
         register_corpus(name, unit="word", answers=True)(load)
@@ -225,11 +248,15 @@ def register_task(
 
 
 def task_instances(corpus: Corpus, split: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per test length n of a task's val or test split: (rows [k, 1 + size], scored [k, size]): each instance with
-    the end token before it (as training read it: after the previous instance), and its answer tokens as targets."""
+    """Per test length n of a task's val or test split: (rows [k, w], scored [k, w - 1]): each instance as training
+    read it, and which of its targets (rows[:, 1:]) are answer tokens. Packed: the end token before the instance
+    (after the previous one), w = 1 + size; aligned (``corpus.align``): the instance alone from a segment's first
+    position, w = size."""
     tokens, side = np.asarray(corpus.split(split)), corpus.side[split]
     distance, mask = np.asarray(side["distance"]), np.asarray(side["loss_mask"])
-    sizes = np.bincount(corpus.documents(split))
+    keep = tokens < (corpus.vocab_size - 1 if corpus.align else corpus.vocab_size)  # the pads out
+    tokens, distance, mask = tokens[keep], distance[keep], mask[keep]
+    sizes = np.bincount(np.concatenate([[0], np.cumsum(tokens[:-1] == corpus.document_separator)]))
     starts = np.cumsum(sizes) - sizes
     lengths = np.maximum.reduceat(distance, starts)
     out = {}
@@ -239,6 +266,9 @@ def task_instances(corpus: Corpus, split: str) -> dict[int, tuple[np.ndarray, np
         if (sizes[which] != size).any():
             raise ValueError(f"corpus {corpus.name}: the {split} instances of length {n} differ in size")
         at = starts[which][:, None] + np.arange(size)
+        if corpus.align:
+            out[int(n)] = (tokens[at].astype(np.int64), mask[at][:, 1:])
+            continue
         rows = np.concatenate([np.full((len(which), 1), corpus.document_separator), tokens[at]], axis=1)
         out[int(n)] = (rows.astype(np.int64), mask[at])
     return out

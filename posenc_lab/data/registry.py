@@ -53,13 +53,15 @@ class Corpus:
     document_lengths: dict[str, np.ndarray] = field(default_factory=dict)
     document_families: dict[str, np.ndarray] = field(default_factory=dict)
     family_names: dict[str, list[str]] = field(default_factory=dict)
+    align: int = 0  # > 0: documents start at multiples of it, and so must the streams (lengthgen's aligned layout)
 
     def split(self, split: str) -> np.ndarray:
         return getattr(self, check_split(split))
 
     def stream(self, split: str, segment_len: int, n_streams: int, **kwargs) -> SegmentStream:
         """A SegmentStream over one split, with that split's side arrays (kwargs: see SegmentStream)."""
-        return SegmentStream(self.split(split), segment_len, n_streams, **self.side.get(split, {}), **kwargs)
+        side = self.side.get(split, {})
+        return SegmentStream(self.split(split), segment_len, n_streams, **side, align=self.align, **kwargs)
 
     def documents(self, split: str) -> np.ndarray:
         """[n_tokens] int64: the document of every token of ``split``, numbered from 0 in text order.

@@ -94,6 +94,9 @@ class SegmentStream(IterableDataset):
                    round(N(that, var_len_std)) clipped to [min_len, max_len] (defaults
                    min(5, L) and L, so no segment is longer than L; the paper allows L + 3 std)
     seed:          seeds the variable lengths; the same on every rank
+    align:         > 0: the data's documents start at multiples of it (lengthgen's ``align_to_segment``): every
+                   stream is cut at a multiple of it (S rounded down) and segment_len must equal it, so every
+                   document begins a segment
     rank, world_size: this process's share of the streams (a disjoint contiguous block)
     start_batch:   skip the first batches: yields exactly what an uninterrupted run yields
                    from that step on. Under Lightning derive it from the global step (a
@@ -118,6 +121,7 @@ class SegmentStream(IterableDataset):
         min_len: int | None = None,
         max_len: int | None = None,
         seed: int = 0,
+        align: int = 0,
         rank: int = 0,
         world_size: int = 1,
         start_batch: int = 0,
@@ -146,6 +150,10 @@ class SegmentStream(IterableDataset):
                 f"n_streams (the global batch) {n_streams} is not divisible by world_size "
                 f"{world_size}; use a multiple of {world_size}"
             )
+        if align and (segment_len != align or var_len or (episode_len or 0) % align):
+            from ..checks import aligned_problem  # the config check's line, for streams made directly
+
+            raise ValueError(aligned_problem(align, segment_len, episode_len))
         need = n_streams * segment_len + 1
         if len(data) < need:
             raise ValueError(
@@ -164,7 +172,10 @@ class SegmentStream(IterableDataset):
         self.cycle, self.var_len, self.var_len_std = cycle, var_len, var_len_std
         self.min_len, self.max_len, self.seed = min_len, max_len, seed
         self.rank, self.world_size = rank, world_size
+        self.align = align
         self.stream_len = (len(data) - 1) // n_streams  # S
+        if align:  # every stream starts at a multiple of align: S = align floor(S / align)
+            self.stream_len -= self.stream_len % align
         self.batch_size = n_streams // world_size  # streams of this rank
         first = rank * self.batch_size
         self._stream_starts = np.arange(first, first + self.batch_size, dtype=np.int64) * self.stream_len

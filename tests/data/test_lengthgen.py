@@ -102,6 +102,7 @@ def test_the_data_has_its_own_seed(cache):
         (dict(max_factor=3), "data.corpus.max_factor must be a power of 2 (the test lengths double), got 3"),
         (dict(min_len=9), "data.corpus.min_len=9 is above data.corpus.n_train=8"),
         (dict(n_symbols=1), "data.corpus.n_symbols must be an integer >= 2, got 1"),
+        (dict(align_to_segment=-1), "data.corpus.align_to_segment must be an integer >= 0, got -1"),
         (dict(n_train=2, n_symbols=2), "data.corpus.n_symbols=2 gives 4 distinct inputs of length n_train=2, fewer"),
     ],
 )
@@ -149,3 +150,69 @@ def test_a_task_module_is_found_by_discovery(tmp_path):
         for registry in (CORPORA, CORPUS_UNITS, TASKS):
             registry.pop("throwaway_sort", None)
         sys.modules.pop(spec.name, None)
+
+
+def aligned_and_packed(cache, L: int, **options):
+    options = dict(SMALL, **options)
+    return load_corpus("reverse", root=cache, align_to_segment=L, **options), load_corpus(
+        "reverse", root=cache, **options
+    )
+
+
+@pytest.mark.parametrize("L, n_train", [(16, 4), (8, 4)])  # 8: an instance of 4 (10 tokens) spans two segments
+def test_aligned_instances_start_every_segment_in_every_stream_with_the_same_answers(cache, L, n_train):
+    aligned, packed = aligned_and_packed(cache, L, n_train=n_train)
+    pad, end = aligned.itos.index("_"), aligned.document_separator
+    assert aligned.vocab_size == packed.vocab_size + 1 and aligned.itos[end] == "." and pad == packed.vocab_size
+    for split in ("train", "val", "test"):
+        tokens, side = aligned.split(split), aligned.side[split]
+        real = tokens != pad
+        # the same instances in the same order, answers and scoring unchanged: only pads are added
+        assert np.array_equal(tokens[real], packed.split(split))
+        for k in ("loss_mask", "distance"):
+            assert np.array_equal(side[k][real], packed.side[split][k])
+        assert not side["loss_mask"][~real].any() and (side["distance"][~real] == -1).all()  # pads: no loss
+        starts = np.flatnonzero(real & np.concatenate([[True], ~real[:-1] | (tokens[:-1] == end)]))
+        assert len(starts) == (tokens == end).sum() and (starts % L == 0).all()
+    for B in (3, 5):  # streams cut at multiples of L whatever the batch: (N - 1) // B need not be one
+        stream, n_tokens = aligned.stream("train", L, B, cycle=False), len(aligned.train)
+        assert stream.stream_len % L == 0 and (n_tokens - 1) // B % L != 0 or B == 5
+        rows = [[] for _ in range(B)]
+        for batch in stream:
+            x, y, m = batch["tokens"].numpy(), batch["targets"].numpy(), batch["loss_mask"].numpy()
+            inside = np.concatenate(
+                [np.zeros((B, 1), bool), (x[:, 1:] < 4) & ((x[:, :-1] == end) | (x[:, :-1] == pad))], 1
+            )
+            assert not inside.any()  # no instance starts inside a segment: each begins one (or continues one)
+            assert (x[:, 0] < aligned.vocab_size).all() and not m[y == pad].any()  # padding carries no loss
+            for b in range(B):
+                rows[b] += x[b].tolist()
+        for b, row in enumerate(rows):  # each stream in corpus order: its memory is the true left context
+            assert row == aligned.train[b * stream.stream_len : (b + 1) * stream.stream_len].tolist()
+            starts = [i for i in range(len(row)) if row[i] < 4 and (i == 0 or row[i - 1] in (end, pad))]
+            assert all(i % L == 0 for i in starts)
+
+
+def test_aligned_test_instances_are_read_from_a_segments_first_position(cache):
+    aligned, packed = aligned_and_packed(cache, 16)
+    a, p = task_instances(aligned, "test"), task_instances(packed, "test")
+    assert sorted(a) == sorted(p)
+    for n in a:
+        # packed: the end token, then the instance; aligned: the instance alone (as training put it, at position 0)
+        assert np.array_equal(a[n][0], p[n][0][:, 1:]) and np.array_equal(a[n][1], p[n][1][:, 1:])
+        assert not p[n][1][:, 0].any()  # the instance's first symbol is never scored: nothing is lost
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.corpus.align_to_segment=16"], "data.corpus.align_to_segment=16 starts every instance at a multiple"),
+        (["data.corpus.align_to_segment=32", "data.var_len=true"], "needs data.segment_len=32 equal to it"),
+    ],
+)
+def test_a_bad_alignment_is_one_line_before_any_work(overrides, message, tmp_path):
+    cfg = compose_config("train", ["data=reverse", "run_dir=x", *overrides])
+    found = problems(cfg, "train")
+    assert len(found) == 1 and message in found[0] and "\n" not in found[0], found
+    with pytest.raises(ValueError, match=re.escape("data.segment_len=32 equal to it")):  # a stream made directly
+        load_corpus("reverse", root=tmp_path, align_to_segment=16, **SMALL).stream("train", 32, 2)

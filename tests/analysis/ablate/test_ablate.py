@@ -83,7 +83,7 @@ CLAIMS = {
                                              ("sinusoid", "sinusoid+rand256", "rope", "rope+rand256")}},
                       without_memory=set(), half_loss=set(), recall=set()),
     # the published finding (Ruoss et al.): reverse, sinusoid and rope with and without random positions, 3 seeds
-    "lengthgen_finding": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],
+    "lengthgen_finding": dict(smoke=False, steps=16000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],
                               without_memory=set(), half_loss=set(), recall=set(), task_schemes={SINUSOID, ROPE}),
     "lengthgen_tiny": dict(smoke=True, steps=12, model=(2, 32), lengths=(16, 16), seeds=[0], without_memory=set(),
                            half_loss=set(), recall=set()),

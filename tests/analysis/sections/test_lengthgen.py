@@ -10,7 +10,7 @@ import pytest
 
 from posenc_lab.compose import compose
 from posenc_lab_analysis.ablate.plan import plan
-from posenc_lab_analysis.lengthgen import CellLength, Claim, judge, tidy
+from posenc_lab_analysis.lengthgen import CellLength, Claim, judge, tidy, widened
 from posenc_lab_analysis.report import ReportSettings
 from posenc_lab_analysis.sections.lengthgen import read_claims, summary
 from posenc_lab_analysis.settings import conf_block
@@ -182,6 +182,34 @@ def test_the_tiny_preset_reports_every_cell_at_4x(tmp_path, monkeypatch):
     learned = t.set_index("cell").loc["copy/learned:nomem"]
     assert learned["not_served"].startswith("from length 8: ") and learned["seq_2x"] == "" != learned["seq_1x"]
     assert t.set_index("cell").loc["copy/sinusoid:nomem", "not_served"] == ""
+
+
+def test_accuracy_intervals_stay_within_0_and_1():
+    """Two seeds that disagree give a t interval of about 1 df, far past 0 and 1 unclipped: an accuracy's interval
+    is bounded to [0, 1], its estimate as it was."""
+    high = cell("nope:nomem", np.array([[True] * 20, [True] * 10 + [False] * 10]))
+    low = cell("rope:nomem", np.array([[False] * 20, [False] * 10 + [True] * 10]))
+    for c in (high, low):
+        for d in (c.sequence(0.95), c.token(0.95)):
+            assert 0.0 <= d.low <= d.estimate <= d.high <= 1.0
+    assert high.sequence(0.95).high == 1.0 and low.sequence(0.95).low == 0.0
+    assert high.sequence(0.95).estimate == 0.75 and low.sequence(0.95).estimate == 0.25
+    unclipped = mean_interval(high.exact.astype(float), np.arange(20), level=0.95)
+    assert unclipped.low < 0.0 and unclipped.high > 1.0  # what the section gave before
+    t = tidy([high, low], 0.95)
+    assert t[["seq_low", "token_low"]].min().min() >= 0 and t[["seq_high", "token_high"]].max().max() <= 1
+
+
+def test_an_aligned_instance_shorter_than_a_segment_is_read_in_a_segments_window():
+    """Random positions are drawn for a window's keys: an instance of 18 tokens read alone would draw 17 positions
+    where training drew 32. Pads go after it (causal: its predictions unchanged) and are never scored."""
+    rows, scored = np.arange(36).reshape(2, 18), np.tile([False] * 9 + [True] * 8, (2, 1))
+    wide, wide_scored = widened(rows, scored, 32, pad=99)
+    assert wide.shape == (2, 33) and wide_scored.shape == (2, 32)
+    assert np.array_equal(wide[:, :18], rows) and (wide[:, 18:] == 99).all()
+    assert np.array_equal(wide_scored[:, :17], scored) and not wide_scored[:, 17:].any()
+    long, long_scored = np.zeros((2, 40), np.int64), np.zeros((2, 39), bool)
+    assert widened(long, long_scored, 32, pad=99)[0] is long  # longer than a segment: as it is
 
 
 def test_the_figure_draws_an_interval_that_does_not_hold_its_mean(tmp_path):
