@@ -262,8 +262,8 @@ def aligned_problem(align: int, segment: int, episode) -> str:
     """One line: why instances aligned to ``align`` tokens cannot start every segment of these streams."""
     return (
         f"data.corpus.align_to_segment={align} starts every instance at a multiple of {align} tokens: it needs "
-        f"data.segment_len={segment} equal to it, data.var_len=false and data.episode_len={episode} null or a "
-        f"multiple of it; set data.corpus.align_to_segment={segment} (or 0: packed)"
+        f"data.segment_len={segment} equal to it, data.var_len=false and data.episode_len null or a multiple of it "
+        f"(it is {episode}); set data.corpus.align_to_segment={segment} (or 0: packed)"
     )
 
 
