@@ -29,6 +29,7 @@ from posenc_lab.data.lengthgen import task_instances
 
 from .runs import Run, cells
 from .stats import NOT_EVALUATED, Difference, holm, mean_interval, paired_difference
+from .verdicts import holm_steps
 
 
 @dataclass
@@ -209,7 +210,7 @@ def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: 
     adjusted p over the claims, and the verdict: reproduced (above 0 at alpha), contradicted (below 0 at alpha),
     inconclusive, or not judged (a cell missing, not served, or with one seed)."""
     at = {(m.task, m.cell, m.factor): m for m in measured}
-    rows, ps = [], []
+    rows, ps, diffs = [], [], []
     for c in claims:
         a, b = at.get((c.task, f"{c.task}/{c.better}", c.factor)), at.get((c.task, f"{c.task}/{c.than}", c.factor))
         missing = [name for name, x in ((c.better, a), (c.than, b)) if x is None or x.exact is None]
@@ -221,15 +222,21 @@ def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: 
             why = "" if d.covers_seeds else "not judged: a cell with one seed"
         p_up, p_down = (d.p_value(">0"), d.p_value("<0")) if not why else (float("nan"), float("nan"))
         ps.append((p_up, p_down))
+        diffs.append(d)
         rows.append({"claim": c.name, "task": c.task, "better": c.better, "than": c.than, "factor": c.factor})
         rows[-1]["metric"] = c.metric
         rows[-1].update({"difference": d.text(3), "p": p_up, "note": why, "source": c.source})
-    # Holm over both directions of every claim at once: any false "reproduced" or "contradicted" at most alpha
+    # Holm over both directions of every claim at once: any false "reproduced" or "contradicted" at most alpha;
+    # each judged claim's interval at the level of the Holm step that decided it (as conf/paper.yaml's verdicts)
+    judged = [i for i, row in enumerate(rows) if not row["note"]]
+    _, steps = holm_steps([ps[i][0] for i in judged] + [ps[i][1] for i in judged], alpha, corrected=True)
     adjusted = holm([p for pair in ps for p in pair])
-    for row, u, dn in zip(rows, adjusted[0::2], adjusted[1::2]):
+    level_of = {i: 1 - 2 * step for i, step in zip(judged, steps)}
+    for i, (row, u, dn) in enumerate(zip(rows, adjusted[0::2], adjusted[1::2])):
         row["p_holm"] = u
         if row["note"]:
             row["verdict"] = "not judged"
         else:
+            row["difference"] = f"{diffs[i].at(level_of[i]).text(3)} at {100 * level_of[i]:.1f}%"
             row["verdict"] = "reproduced" if u < alpha else "contradicted" if dn < alpha else "inconclusive"
     return pd.DataFrame(rows)

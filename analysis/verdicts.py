@@ -267,7 +267,7 @@ def on_predicted_side(difference: Difference, predict: str, bound: float = 0.0) 
     return difference.high < bound if predict == "<0" else difference.low > bound
 
 
-def _holm_steps(p: list[float], alpha: float, corrected: bool) -> tuple[list[float], list[float]]:
+def holm_steps(p: list[float], alpha: float, corrected: bool) -> tuple[list[float], list[float]]:
     """(adjusted p, level threshold) of each hypothesis: the Holm step that rejected it, or, for one Holm did
     not reject, the step where it stopped (uncorrected: alpha for all)."""
     if not corrected:
@@ -289,7 +289,7 @@ def _decide(verdicts: list[Verdict], alpha: float, smoke: bool, corrected: bool 
     """Holm over both hypotheses of every judged verdict at once (module docstring)."""
     tested = [v for v in verdicts if np.isfinite(v.p) and np.isfinite(v.p_contra)]
     n = len(tested)
-    adjusted, steps = _holm_steps([v.p for v in tested] + [v.p_contra for v in tested], alpha, corrected)
+    adjusted, steps = holm_steps([v.p for v in tested] + [v.p_contra for v in tested], alpha, corrected)
     for i, v in enumerate(tested):
         v.p_adjusted, v.p_contra_adjusted = adjusted[i], adjusted[n + i]
         v.level = 1 - 2 * steps[i]

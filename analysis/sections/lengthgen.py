@@ -199,7 +199,8 @@ class Lengthgen(Section):
             "cannot serve, and why (nothing is measured there). Every task, cell and length: "
             "`lengthgen/lengthgen_accuracy.csv`. The verdicts: conf/lengthgen_paper.yaml, fixed in advance; "
             "the accuracy (`metric`: exact match per instance, or per answer token) of `better` minus `than` on the "
-            "same instances, Holm over both directions of every claim."
+            "same instances, Holm over both directions of every claim; each claim's interval at the level of the "
+            "Holm step that decided it (named beside it)."
         )
         notes = ["smoke run: the numbers mean nothing and no verdict is drawn"] if ctx.report.smoke else []
         verdicts = m.verdicts.copy()

@@ -77,6 +77,33 @@ def test_verdicts_paired_on_instances_with_holm():
     }
 
 
+def test_a_claims_interval_is_shown_at_the_level_holm_decided_it_at():
+    """Two claims: the weaker one is significant alone (one-sided p < 0.05: its 90% interval above 0) but not after
+    Holm over the four hypotheses; its interval is shown at the Holm step's level and holds 0, as its verdict says."""
+    from posenc_lab_analysis.stats import paired_difference
+
+    base = hits(0.4, seed=1)
+    rng = np.random.default_rng(7)
+    gain = base | (rng.random(base.shape) < 0.08)  # a few more instances right
+    claims = [
+        Claim("strong", "copy", "nope:nomem", "sinusoid:nomem", 2, "src", "c"),
+        Claim("weak", "copy", "alibi:nomem", "rope:nomem", 2, "src", "c"),
+    ]
+    measured = [
+        cell("nope:nomem", base | hits(0.5, seed=2, flips=0)),
+        cell("sinusoid:nomem", base),
+        cell("alibi:nomem", gain),
+        cell("rope:nomem", base),
+    ]
+    plain = paired_difference(gain.astype(float), base.astype(float), np.arange(base.shape[1]), level=0.90)
+    v = judge(claims, measured, 0.95, 0.05).set_index("claim")
+    assert 0.05 / 3 < v.loc["weak", "p"] < 0.05 and plain.low > 0  # alone significant; not at Holm's 2nd step
+    assert v.loc["weak", "verdict"] == "inconclusive"
+    shown = v.loc["weak", "difference"]
+    low = float(shown.split("[")[1].split(",")[0])
+    assert low <= 0 and shown.endswith(" at 96.7%"), shown  # 1 - 2 (0.05 / 3)
+
+
 def test_a_token_claim_is_judged_on_answer_tokens_with_instances_as_units():
     """Ruoss et al. score per answer token: two cells with the same exact match (the same instances wholly right)
     whose wrong instances miss 1 and 2 of their 3 tokens: the token claim is reproduced, the sequence one is not."""
