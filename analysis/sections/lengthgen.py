@@ -191,9 +191,10 @@ class Lengthgen(Section):
         text = (
             f"Each task's {ctx.shared.split} instances at n_train, 2, 4 and 8 x n_train (inputs training never saw; "
             "training: lengths 1..n_train), each read alone after an end token: with memory in segments of the "
-            "training length L through the memory, without memory in one window of the whole instance (as the "
-            "published suites test). Answers only are scored. `seq_*`: exact match per instance (every answer "
-            "token the model's argmax), by test length; intervals "
+            "training length L through the memory, without memory in one window holding the whole instance (as "
+            "the published suites test; an instance aligned to segments and shorter than one is read in a "
+            "segment's window, pads after it, as training placed it). Answers only are scored. `seq_*`: exact "
+            "match per instance (every answer token the model's argmax), by test length; intervals "
             f"{level} over seeds and instances (`analysis/stats.py`'s mean_interval; the instances are the units), "
             "per instance (`seq`) and per answer token (`token`). `not_served`: the first length a cell's scheme "
             "cannot serve, and why (nothing is measured there). Every task, cell and length: "
