@@ -28,7 +28,7 @@ from posenc_lab.context import stream_losses
 from posenc_lab.data.lengthgen import task_instances
 
 from .runs import Run, cells
-from .stats import NOT_EVALUATED, Difference, holm, mean_interval, paired_difference
+from .stats import NOT_EVALUATED, Difference, mean_interval, paired_difference
 from .verdicts import holm_steps
 
 
@@ -226,17 +226,15 @@ def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: 
         rows.append({"claim": c.name, "task": c.task, "better": c.better, "than": c.than, "factor": c.factor})
         rows[-1]["metric"] = c.metric
         rows[-1].update({"difference": d.text(3), "p": p_up, "note": why, "source": c.source})
-    # Holm over both directions of every claim at once: any false "reproduced" or "contradicted" at most alpha;
-    # each judged claim's interval at the level of the Holm step that decided it (as conf/paper.yaml's verdicts)
+    # Holm over both directions of every judged claim at once: any false "reproduced" or "contradicted" at most
+    # alpha; each claim's interval at the level of the Holm step that decided it (as conf/paper.yaml's verdicts)
     judged = [i for i, row in enumerate(rows) if not row["note"]]
-    _, steps = holm_steps([ps[i][0] for i in judged] + [ps[i][1] for i in judged], alpha, corrected=True)
-    adjusted = holm([p for pair in ps for p in pair])
-    level_of = {i: 1 - 2 * step for i, step in zip(judged, steps)}
-    for i, (row, u, dn) in enumerate(zip(rows, adjusted[0::2], adjusted[1::2])):
-        row["p_holm"] = u
-        if row["note"]:
-            row["verdict"] = "not judged"
-        else:
-            row["difference"] = f"{diffs[i].at(level_of[i]).text(3)} at {100 * level_of[i]:.1f}%"
-            row["verdict"] = "reproduced" if u < alpha else "contradicted" if dn < alpha else "inconclusive"
+    adjusted, steps = holm_steps([ps[i][0] for i in judged] + [ps[i][1] for i in judged], alpha, corrected=True)
+    for row in rows:
+        row["p_holm"], row["verdict"] = float("nan"), "not judged"
+    for k, i in enumerate(judged):
+        up, down, at_level = adjusted[k], adjusted[len(judged) + k], 1 - 2 * steps[k]
+        rows[i]["p_holm"] = up
+        rows[i]["difference"] = f"{diffs[i].at(at_level).text(3)} at {100 * at_level:.1f}%"
+        rows[i]["verdict"] = "reproduced" if up < alpha else "contradicted" if down < alpha else "inconclusive"
     return pd.DataFrame(rows)
