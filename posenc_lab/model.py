@@ -307,8 +307,12 @@ class MemoryTransformer(nn.Module):
         return self.cfg.same_length
 
     def at_step(self, step: int) -> None:
-        """The optimizer steps the weights have taken, for a scheme that changes during training (DroPE)."""
+        """The optimizer steps the weights have taken, for a scheme that changes during training (DroPE); and the
+        weights as they stand then, with every projected parameter back inside its range (``project_``)."""
         self.scheme.at_step(step)
+        for module in self.modules():
+            if isinstance(module, PositionalScheme):
+                module.project_parameters_()
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

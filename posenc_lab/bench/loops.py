@@ -115,14 +115,18 @@ def _dtype(precision: str) -> torch.dtype:
     return torch.float32 if precision == "fp32" else torch.bfloat16
 
 
-def _unless_cannot_run(timed: Callable[[], float], cpu_times: list, not_run: list) -> float:
-    """``timed()``, or NaN where the forced fused attention cannot run here (the reason goes to ``not_run``)."""
+def _unless_cannot_run(timed: Callable[[], float], cpu_times: list, not_run: list, compiled: bool = False) -> float:
+    """``timed()``, or NaN where the forced fused attention cannot run here or, for a compiled point, where
+    torch.compile failed: the reason goes to ``not_run``, and the grid goes on."""
     try:
         return timed()
     except RuntimeError as e:
-        if "attention_impl=fused cannot run here" not in str(e):
+        if "attention_impl=fused cannot run here" in str(e):
+            not_run.append(str(e))
+        elif compiled:
+            not_run.append(f"torch.compile failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+        else:
             raise
-        not_run.append(str(e))
         cpu_times.append(float("nan"))
         return float("nan")
 
@@ -177,6 +181,7 @@ def bench_one(
         memory = Recurrence()
 
         def train_step():
+            model.at_step(0)  # as the training step: projected parameters clamped outside the compiled graph
             with autocast(device, precision):
                 out = memory.step(step_model, data[:, :-1], data[:, 1:])
             opt.zero_grad(set_to_none=True)
@@ -186,7 +191,7 @@ def bench_one(
         train_cpu: list[float] = []
         train_first: list[float] = []
         train_s = _unless_cannot_run(
-            lambda: median_time(train_step, device, warmup, reps, train_cpu, train_first), train_cpu, not_run
+            lambda: median_time(train_step, device, warmup, reps, train_cpu, train_first), train_cpu, not_run, compile
         )
     params = model.num_params()
 
@@ -202,7 +207,7 @@ def bench_one(
         eval_cpu: list[float] = []
         eval_first: list[float] = []
         eval_s = _unless_cannot_run(
-            lambda: median_time(eval_step, device, warmup, reps, eval_cpu, eval_first), eval_cpu, not_run
+            lambda: median_time(eval_step, device, warmup, reps, eval_cpu, eval_first), eval_cpu, not_run, compile
         )
 
     train_flops = model_flops_per_token(model, L, M, training=True, batch_size=B)

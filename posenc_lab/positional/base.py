@@ -95,7 +95,14 @@ def project_(param: Tensor, low: float, high: float | None = None) -> Tensor:
     """Keep a constrained parameter inside [low, high] (projected gradient descent, as KERPLE's authors do):
     clamped in place before each use, so that an optimiser step that left the range is undone before the
     next forward. Through ``.data``, so autograd's version counter is untouched and a graph still waiting for
-    its backward stays valid: the value only changes right after an optimiser step."""
+    its backward stays valid: the value only changes right after an optimiser step.
+
+    Inside a compiled graph nothing is written: the in-place clamp would become a write-back into ``param`` at
+    the graph's end, and inductor's backward, which reads ``param`` again, then fails on its version counter
+    (fire, kerple and pope did). There the clamped value is returned with the identity gradient (PGD's), and
+    the write is ``PositionalScheme.project_parameters_``'s, before the forward, outside the graph."""
+    if torch.compiler.is_compiling():
+        return param + (param.detach().clamp(min=low, max=high) - param.detach())
     param.data.clamp_(min=low, max=high)
     return param
 
@@ -245,10 +252,23 @@ class PositionalScheme(nn.Module):
     #: is no softmax); None: its ``attend`` and ``attention_probs`` take ``logit_scale``. ModelConfig refuses it
     #: naming this reason.
     softmax_scale_refused: str | None = None
+    #: Parameters kept inside a range by projected gradient descent: name -> (low, high), high None for none.
+    #: Read through ``constrained(name)``; ``project_parameters_`` clamps them all in place.
+    projected: dict[str, tuple[float, float | None]] = {}
 
     def __init__(self, dims: Dims):
         super().__init__()
         self.dims = dims
+
+    def constrained(self, name: str) -> Tensor:
+        """The parameter ``name`` of ``projected``, inside its range (``project_``)."""
+        return project_(getattr(self, name), *self.projected[name])
+
+    def project_parameters_(self) -> None:
+        """Clamp every ``projected`` parameter in place. The training step calls it before each forward, outside
+        a compiled graph, where ``constrained`` cannot write (eager, ``constrained`` has already done it)."""
+        for name, (low, high) in self.projected.items():
+            project_(getattr(self, name), low, high)
 
     def at_step(self, step: int) -> None:
         """The optimizer steps the weights have taken: the model hands it over before and after every training step

@@ -30,7 +30,7 @@ intercept of its piece (``mlp_pieces``): [H, L, N] scalars, exactly the MLP, its
 import torch
 from torch import Tensor, nn
 
-from .base import Dims, PairBias, PositionalScheme, Positions, project_
+from .base import Dims, PairBias, PositionalScheme, Positions
 from .registry import register
 
 EPS = 1e-2  # lower bound of c
@@ -62,6 +62,7 @@ def mlp_pieces(mlp: nn.Sequential) -> tuple[Tensor, Tensor, Tensor]:
 class FIRE(PositionalScheme):
     name = "fire"
     kind = "relative"
+    projected = {"c": (EPS, None), "threshold": (1.0, None)}
     # not measured on a GPU: a learned bias, whose gradient SDPA cannot give (as t5: fused 0.46x unfused)
     fused_from_keys = 0
     not_translation_invariant = (
@@ -102,7 +103,7 @@ class FIRE(PositionalScheme):
 
     def inputs(self, layer: int, pos: Positions) -> Tensor:
         """[L, N] the MLP's input psi(i - j) / psi(max(L, i)), i the query's largest visible distance."""
-        c, threshold = project_(self.c, EPS)[layer], project_(self.threshold, 1.0)[layer]
+        c, threshold = self.constrained("c")[layer], self.constrained("threshold")[layer]
         distance = pos.distance.clamp(min=0).to(c.dtype)  # future keys (masked) at 0
         seen = pos.distance.masked_fill(~pos.visible, 0).amax(-1).to(c.dtype)  # [L] i: keys it sees before it
         return torch.log1p(c * distance) / torch.log1p(c * torch.maximum(threshold, seen))[:, None]

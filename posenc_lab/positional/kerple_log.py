@@ -20,7 +20,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from .base import Dims, DistanceBias, PositionalScheme, Positions, project_
+from .base import Dims, DistanceBias, PositionalScheme, Positions
 from .registry import register
 
 EPS = 1e-2  # the authors' lower bound of r1 and r2
@@ -32,9 +32,9 @@ class KerpleLog(PositionalScheme):
     kind = "relative"
     # not measured on a GPU: a learned bias like t5's, whose gradient SDPA cannot give (t5: fused 0.46x unfused)
     fused_from_keys = 0
-    #: r1 ~ U(0, init[0]), r2 ~ U(0, init[1]); the projection's bounds (low, high) of r1 and r2
+    #: r1 ~ U(0, init[0]), r2 ~ U(0, init[1]), then kept inside their bounds (low, high)
     init = (2.0, 1.0)
-    bounds = ((EPS, None), (EPS, None))
+    projected = {"r1": (EPS, None), "r2": (EPS, None)}
 
     def __init__(self, dims: Dims):
         super().__init__(dims)
@@ -48,7 +48,7 @@ class KerpleLog(PositionalScheme):
 
     def bias(self, layer: int, d: Tensor) -> Tensor:
         """d: [...] distances >= 0 -> [H, ...] b_h(d), with r1, r2 projected into their bounds first."""
-        r1, r2 = project_(self.r1, *self.bounds[0])[layer], project_(self.r2, *self.bounds[1])[layer]
+        r1, r2 = self.constrained("r1")[layer], self.constrained("r2")[layer]
         shape = (-1,) + (1,) * d.dim()
         return self.kernel(r1.view(shape), r2.view(shape), d.to(r1.dtype))
 

@@ -16,7 +16,7 @@ from .registry import register
 class KerplePower(KerpleLog):
     name = "kerple_power"
     init = (1.0, 2.0)  # r1 ~ U(0, 1), r2 ~ U(0, 2): the authors' code
-    bounds = ((EPS, None), (EPS, 2.0))
+    projected = {"r1": (EPS, None), "r2": (EPS, 2.0)}
 
     @staticmethod
     def kernel(r1: Tensor, r2: Tensor, d: Tensor) -> Tensor:

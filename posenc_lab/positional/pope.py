@@ -22,7 +22,7 @@ delta per head and frequency, shared by every layer (x-transformers builds one `
 whole stack), starting at 0 (``phase_init: zero``; ``uniform`` draws it from U[-2 pi, 0], x-transformers'
 ``polar_bias_uniform_init``); the frequencies base^{-c/d_h}, c = 0..d_h-1, base 10000; softplus and the
 trigonometry in fp32. x-transformers clamps delta inside its forward, which stops the gradient of a phase that
-left the range; here the phase is projected back after each optimiser step (``project_``, as KERPLE's
+left the range; here the phase is projected back after each optimiser step (``constrained``, as KERPLE's
 parameters), so the forward values are the same and a phase on the boundary keeps learning.
 """
 
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dims, PositionalScheme, Positions, project_
+from .base import Dims, PositionalScheme, Positions
 from .registry import register
 
 PHASE_INITS = ("zero", "uniform")
@@ -42,6 +42,7 @@ PHASE_INITS = ("zero", "uniform")
 class PoPE(PositionalScheme):
     name = "pope"
     kind = "relative"
+    projected = {"phase": (-2 * math.pi, 0.0)}
 
     def __init__(self, dims: Dims, *, base: float = 10000.0, phase_init: str = "zero"):
         super().__init__(dims)
@@ -65,7 +66,7 @@ class PoPE(PositionalScheme):
         self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, 2 d_h], [B, H, N, 2 d_h] (the polar vectors)."""
-        delta = project_(self.phase, -2 * math.pi, 0.0)  # [H, d_h]
+        delta = self.constrained("phase")  # [H, d_h]
         phi = pos.q.to(torch.float32)[:, None] * self.inv_freq  # [L, d_h]: i theta_c
         psi = pos.k.to(torch.float32)[:, None] * self.inv_freq + delta[:, None, :]  # [H, N, d_h]: j theta_c + delta
         # contiguous: from the model's transposed views, compile's backward (aot_eager) views a gradient it laid out

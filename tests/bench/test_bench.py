@@ -241,14 +241,15 @@ def test_rounds_keep_points_apart_on_every_point_field():
 
 def test_the_compile_cost_counts_the_first_step_once_in_a_1000_step_run():
     point = {"config": "tiny", "scheme": XL, "precision": "fp32", "mem_len": 16, "attention": "auto"}
-    eager = {**point, "compile": False, "train_ms": 20.0, "train_first_ms": 30.0}
+    eager = {**point, "compile": False, "train_ms": 20.0, "train_first_ms": 30.0, "eval_ms": 8.0, "eval_first_ms": 9.0}
     compiled = {**point, "compile": True, "train_ms": 10.0, "train_first_ms": 5010.0}
+    compiled |= {"eval_ms": 4.0, "eval_first_ms": 2004.0}
     other = {**point, "scheme": SINUSOID, "compile": True, "train_ms": 10.0, "train_first_ms": 10.0}  # no eager twin
     rows = {(r["scheme"], r["compile"]): r for r in cli.add_compile_cost([compiled, eager, other])}
     c = rows[(XL, True)]
-    assert c["compile_s"] == pytest.approx(5.0)  # the first step over a median one
-    # (5,010 + 999 x 10) / (30 + 999 x 20) ms: half the step time, but 5 s of compiling
-    assert c["train_1000_ratio"] == pytest.approx(15_000 / 20_010)
+    assert c["compile_s"] == pytest.approx(5.0) and c["eval_compile_s"] == pytest.approx(2.0)  # first over median
+    # (5,010 + 999 x 10 + 2,000) / (30 + 999 x 20 + 1) ms: half the step time, but 7 s of compiling
+    assert c["train_1000_ratio"] == pytest.approx(17_000 / 20_011)
     assert rows[(XL, False)]["train_1000_ratio"] == 1.0 and math.isnan(rows[(SINUSOID, True)]["train_1000_ratio"])
 
 
