@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
             rows = add_compile_cost(rows)
         rounds.append(add_ratios(rows, args.ratio_to) if args.ratio_to is not None else rows)
         results += done
+        if args.out and args.rounds > 1:  # each round as it ends: its own figures (the first pays cold compiles)
+            write_table(rounds[-1], args.out / f"bench_round{n + 1}", f"{header}\n\nround {n + 1}/{args.rounds}")
     rows = combine_rounds(rounds) if args.rounds > 1 else rounds[0]
     for point, why in {r.point: r.extra["not_run"] for r in results if "not_run" in r.extra}.items():
         print(f"{point}: not run: {why}")

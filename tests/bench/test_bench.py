@@ -284,6 +284,11 @@ def test_bench_rounds_from_the_command_line(tmp_path, capsys):
     assert rows[XL]["batch"] == "2"  # a count, not a median
     low, high = float(rows[XL]["train_ratio_min"]), float(rows[XL]["train_ratio_max"])
     assert low <= float(rows[XL]["train_ratio"]) <= high
+    each = []  # each round's own table, its ratio one of the two the median's range is made of
+    for n in (1, 2):
+        with open(tmp_path / f"bench_round{n}.csv") as f:
+            each.append(float({r["scheme"]: r for r in csv.DictReader(f)}[XL]["train_ratio"]))
+    assert sorted(each) == pytest.approx([low, high])
     assert bench.main([*TINY, "--rounds", "0"]) == 2 and "--rounds 0" in capsys.readouterr().err
     assert bench.main([*TINY, "--eval-speed", "--rounds", "2"]) == 2 and "--rounds 2" in capsys.readouterr().err
 
