@@ -27,6 +27,19 @@ def test_compile_true_compiles_the_trained_model(monkeypatch, tmp_path, cache):
     assert len(compiled) == 1 and isinstance(compiled[0], MemoryTransformer) and results["steps"] == 1
 
 
+def test_compiling_a_scheme_measured_slower_compiled_warns_with_the_measurement(monkeypatch, tmp_path, cache, caplog):
+    monkeypatch.setattr(MemoryTransformer, "compile", lambda self, *a, **k: None)
+    slower = [n for n in SCHEME_NAMES if SCHEMES[n].compile_slower]
+    assert slower == ["path"]  # docs/perf/2026-12-04f_compile: the only scheme slower compiled at tiny and small
+    with caplog.at_level("WARNING", logger="posenc_lab.train"):
+        train(compose_config("train", tiny(tmp_path / "path", cache, "compile=true", "posenc=path", steps=1)))
+    assert f"compile=true with posenc=path: {SCHEMES['path'].compile_slower}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="posenc_lab.train"):
+        train(compose_config("train", tiny(tmp_path / "xl", cache, "compile=true", steps=1)))
+    assert "compile=true with posenc" not in caplog.text
+
+
 def test_compile_must_be_a_bool(tmp_path, cache):
     with pytest.raises(ConfigError, match="compile must be true or false, got 'yes'"):
         train(compose_config("train", tiny(tmp_path / "run", cache, "compile=yes")))
