@@ -162,6 +162,8 @@ def evaluate_checkpoint(
     if compile and (problem := compile_problem(model.cfg.posenc, model.scheme)):
         raise ConfigError(problem)
     if compile:  # in place: the state_dict keys stay those of the eager model
+        if slower := model.scheme.compile_slower:
+            log.warning(f"compile=true with posenc={model.cfg.posenc}: {slower}")
         model.compile()
     lit.evaluate_at(None if mem_len is None else int(mem_len), None if same_length is None else bool(same_length))
     mem_len = lit.eval_lengths.get("mem_len", model.cfg.mem_len)

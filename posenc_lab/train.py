@@ -167,6 +167,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     lit = build_lit(cfg, datamodule)
     lit.check_data(datamodule, ("train", "val"))
     if cfg.get("compile", False):  # in place: the state_dict keys (checkpoints) stay those of the eager model
+        if slower := lit.model.scheme.compile_slower:
+            log.warning(f"compile=true with posenc={cfg.posenc.name}: {slower}")
         lit.model.compile()
     run = RunDir(run_dir)
     identity = run_identity(OmegaConf.to_container(cfg, resolve=True), corpus_identity(datamodule.corpus))

@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
 # The GPU check of docs/perf/LOG.md, prepared to run as it is on a machine with one CUDA GPU:
 #
-#   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; about 15 minutes on one H200: 12 before stage 4)
+#   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; at most about 27 minutes on one H200, the
+#                                             stage limits' sum; stages 1-5 first)
 #
 # Stages, most important first, each under its own time limit (LIMIT_*, seconds) so that a slow stage
 # (torch.compile of flex_attention kernels dominates) leaves the later ones their turn; every stage logs
 # to OUT_DIR as it goes, so a stage cut short still leaves the rows it measured:
-# 1. correctness: tests/test_fused.py's CUDA test, the compiled fused kernels against the unfused
-#    attention, loss and every gradient, fp32, for xl, shaw, t5 and alibi;
+# 1. correctness, fp32, loss and every gradient: tests/test_fused.py's CUDA test (the compiled fused kernels
+#    against the unfused attention, for xl, shaw, t5 and alibi) and tests/test_compile.py's (every scheme's model
+#    compiled by inductor against eager, the mission's five first);
 # 2. the benchmark on base, bf16-mixed, memory on, fused vs unfused attention (model.attention_impl),
 #    step times as ratios to sinusoid's, the bf16 matmul peak measured in the same run;
-# 3. STEPS training steps per scheme (base, bf16-mixed, pystdlib bytes: local, no download), attention auto
+# 3. every scheme on base, bf16-mixed, memory on, attention auto, as ratios to sinusoid;
+# 4. compiled against eager on base, bf16-mixed, torch.compile mode reduce-overhead (CUDA graphs): step times,
+#    compile_s and the 1,000-step ratio (COMPILE_SCHEMES);
+# 5. STEPS training steps per scheme (base, bf16-mixed, pystdlib bytes: local, no download), attention auto
 #    (fused on CUDA);
-# 4. the training step outside the model (`posenc-lab bench overhead`, xl at tiny and small on CUDA): Trainer.fit
+# 6. the training step outside the model (`posenc-lab bench overhead`, xl at tiny and small on CUDA): Trainer.fit
 #    against the bare forward, backward and optimizer loop, the overhead per step by interleaved rounds;
-# 5. the benchmark on the published sizes (txl_enwik8_base, txl_wt103_base) at their published batch;
-# 6. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/perf/LOG.md.
+# 7. the benchmark on the published sizes (txl_enwik8_base, txl_wt103_base) at their published batch;
+# 8. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/perf/LOG.md.
 # A dry run of the script itself on a CPU (fused is NaN there: no flex backward on CPU):
 #   DEVICE=cpu TRAINER=cpu PRECISION=32-true CONFIGS=tiny PAPER_CONFIGS= MODEL=tiny STEPS=4 BATCH=2 \
+#     ALL_SCHEMES=sinusoid,xl,fire COMPILE_SCHEMES=sinusoid,xl \
 #     TRAIN_SCHEMES=xl OVERHEAD_CONFIGS=tiny OVERHEAD_ROUNDS=1 OVERHEAD_STEPS=10 bash scripts/gpu_check.sh /tmp/gpu_dry
 set -uo pipefail
 OUT=${1:-runs/gpu_check}
 PY=${PYTHON:-python}
 SCHEMES=${SCHEMES:-sinusoid,xl,shaw,t5,alibi}
+ALL_SCHEMES=${ALL_SCHEMES:-all}
+COMPILE_SCHEMES=${COMPILE_SCHEMES:-sinusoid,xl,shaw}
 TRAIN_SCHEMES=${TRAIN_SCHEMES:-xl,sinusoid,shaw}
 CONFIGS=${CONFIGS:-base}
 BATCH=${BATCH:-32}  # base: 32 streams x 256 tokens per step
@@ -33,8 +41,10 @@ TRAINER=${TRAINER:-gpu}
 PRECISION=${PRECISION:-bf16-mixed}
 MODEL=${MODEL:-base}
 ATTENTION=${ATTENTION:-fused,unfused}
-LIMIT_TEST=${LIMIT_TEST:-150}
+LIMIT_TEST=${LIMIT_TEST:-300}
 LIMIT_BENCH=${LIMIT_BENCH:-200}
+LIMIT_ALL=${LIMIT_ALL:-200}
+LIMIT_COMPILE=${LIMIT_COMPILE:-240}
 LIMIT_TRAIN=${LIMIT_TRAIN:-120} # per scheme: xl reached step 173 of 200 in 60 s on an H200 (startup and compilation included)
 LIMIT_PAPER=${LIMIT_PAPER:-120}
 OVERHEAD_CONFIGS=${OVERHEAD_CONFIGS:-tiny,small}
@@ -57,7 +67,8 @@ stage() { echo "== $(date -u +%T) $*" | tee -a "$OUT/stages.log"; }
 
 stage "1 correctness (limit ${LIMIT_TEST}s)"
 if [ "$DEVICE" = cuda ]; then
-  timeout "$LIMIT_TEST" $PY -m pytest -q -p no:cacheprovider tests/test_fused.py -k cuda 2>&1 | tee "$OUT/test_cuda.log"
+  timeout "$LIMIT_TEST" $PY -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_compile.py -k cuda -rA \
+    2>&1 | tee "$OUT/test_cuda.log"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
 fi
 
@@ -67,7 +78,20 @@ timeout "$LIMIT_BENCH" $PY -m posenc_lab.bench --device "$DEVICE" --configs "$CO
   --warmup 3 --reps 10 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
 
-stage "3 training $STEPS steps: $TRAIN_SCHEMES (limit ${LIMIT_TRAIN}s each)"
+stage "3 every scheme on $CONFIGS, attention auto (limit ${LIMIT_ALL}s)"
+timeout "$LIMIT_ALL" $PY -m posenc_lab.bench --device "$DEVICE" --configs "$CONFIGS" --batch "$BATCH" \
+  --schemes "$ALL_SCHEMES" --precisions "$BENCH_PRECISION" --memory on --ratio-to sinusoid \
+  --warmup 3 --reps 10 --out "$OUT/bench_all" 2>&1 | tee "$OUT/bench_all.log"
+echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
+
+stage "4 compiled (mode reduce-overhead) against eager on $CONFIGS: $COMPILE_SCHEMES (limit ${LIMIT_COMPILE}s)"
+timeout "$LIMIT_COMPILE" $PY -m posenc_lab.bench --device "$DEVICE" --configs "$CONFIGS" --batch "$BATCH" \
+  --schemes "$COMPILE_SCHEMES" --precisions "$BENCH_PRECISION" --memory on --ratio-to sinusoid \
+  --compile both --compile-mode reduce-overhead --warmup 3 --reps 10 --out "$OUT/bench_compile" \
+  2>&1 | tee "$OUT/bench_compile.log"
+echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
+
+stage "5 training $STEPS steps: $TRAIN_SCHEMES (limit ${LIMIT_TRAIN}s each)"
 for s in $(echo "$TRAIN_SCHEMES" | tr , ' '); do
   timeout "$LIMIT_TRAIN" $PY -m posenc_lab.train posenc="$s" model="$MODEL" data=pystdlib trainer="$TRAINER" \
     trainer.max_steps="$STEPS" trainer.precision="$PRECISION" trainer.val_check_interval="$STEPS" \
@@ -78,13 +102,13 @@ for s in $(echo "$TRAIN_SCHEMES" | tr , ' '); do
   tail -3 "$OUT/train_$s.log"
 done
 
-stage "4 overhead of the training step: $OVERHEAD_CONFIGS (limit ${LIMIT_OVERHEAD}s)"
+stage "6 overhead of the training step: $OVERHEAD_CONFIGS (limit ${LIMIT_OVERHEAD}s)"
 timeout "$LIMIT_OVERHEAD" $PY -m posenc_lab.bench overhead --configs "$OVERHEAD_CONFIGS" --rounds "$OVERHEAD_ROUNDS" \
   --warmup 10 --steps "$OVERHEAD_STEPS" posenc=xl data=pystdlib trainer="$TRAINER" trainer.precision="$PRECISION" \
   2>&1 | tee "$OUT/overhead.log"
 echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
 
-stage "5 benchmark at the published sizes (limit ${LIMIT_PAPER}s)"
+stage "7 benchmark at the published sizes (limit ${LIMIT_PAPER}s)"
 for cb in $(echo "$PAPER_CONFIGS" | tr , ' '); do
   timeout "$LIMIT_PAPER" $PY -m posenc_lab.bench --device "$DEVICE" --configs "${cb%%:*}" --batch "${cb##*:}" \
     --schemes sinusoid,xl --precisions "$BENCH_PRECISION" --memory on --attention "$ATTENTION" --ratio-to sinusoid \
@@ -92,7 +116,7 @@ for cb in $(echo "$PAPER_CONFIGS" | tr , ' '); do
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
 done
 
-stage "6 summary"
+stage "8 summary"
 $PY - "$OUT" "$TRAIN_SCHEMES" <<'EOF'
 """Write OUT/PERFORMANCE_gpu.md from what this run measured (stages cut short are named, not hidden)."""
 import csv
@@ -106,8 +130,10 @@ machine = (out / "machine.txt").read_text().strip().splitlines()
 lines = [f"## {machine[0]}: {', '.join(machine[1:])}", "", "`bash scripts/gpu_check.sh` (one command, one run).", ""]
 for log in ["test_cuda.log"]:
     if (out / log).exists():
-        lines += ["Correctness (compiled fused against unfused, CUDA, fp32): "
-                  + (out / log).read_text().strip().splitlines()[-1], ""]
+        text = (out / log).read_text().strip().splitlines()
+        lines += ["Correctness on CUDA, fp32 (compiled fused attention against unfused; each scheme's compiled "
+                  "model against eager): " + text[-1], "", "```"]
+        lines += [t for t in text if t.startswith(("PASSED", "FAILED", "ERROR", "SKIPPED"))] + ["```", ""]
 if (out / "overhead.log").exists():  # its table comes last; a stage cut short shows the rounds it measured
     lines += ["### overhead of the training step (Trainer.fit against the bare loop)", "", "```",
               (out / "overhead.log").read_text().strip(), "```", ""]

@@ -64,6 +64,7 @@ def add_ratios(rows: list[dict], baseline: str) -> list[dict]:
     return out
 
 
+COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # torch.compile's
 RUN_STEPS = 1000  # the run length over which compiling is judged (issue 43: "count the compile time")
 
 
@@ -169,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile the model: off (default), on (--compile alone), both (compiled vs eager, with "
         "compile_s and eval_compile_s, the first steps' extra time, and train_1000_ratio, a 1,000-step run with its "
         "evaluation compiled over eager)",
+    )
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=COMPILE_MODES,
+        help="torch.compile's mode for the compiled points: default, reduce-overhead (CUDA graphs: the step replayed "
+        "as one launch; on a CPU it compiles as default), max-autotune, max-autotune-no-cudagraphs",
     )
     p.add_argument(
         "--attention",
@@ -349,6 +357,7 @@ def main(argv: list[str] | None = None, omp_policy_applies: bool | None = None) 
             args.reps,
             compile,
             log=lambda line: print(line, flush=True),
+            compile_mode=args.compile_mode,
             matmul_max_n=args.matmul_max_n,
             attention=attention,
         )

@@ -147,11 +147,13 @@ def bench_one(
     attention: str = "auto",
     options: dict | None = None,
     label: str | None = None,
+    compile_mode: str = "default",
 ) -> BenchResult:
     """Train and eval throughput, peak memory and MFU of one scheme in one config (see the module doc).
     ``attention``: model.attention_impl; where the fused path cannot run (CPU training), that loop's
     figures are NaN and ``extra["not_run"]`` says why. ``options``: the scheme's, over its yaml's; ``label``: the
-    point's name for the scheme (``schemes.SchemeSpec.label``; default the scheme)."""
+    point's name for the scheme (``schemes.SchemeSpec.label``; default the scheme); ``compile_mode``: torch.compile's
+    ``mode`` where ``compile`` (reduce-overhead: each step starts a new CUDA-graph generation, as a training loop)."""
     bc = BenchConfig.preset(bench_cfg) if isinstance(bench_cfg, str) else bench_cfg
     point = Point(bc.name, label or scheme, precision, memory, compile, attention)
     device = pick_device(None if device is None else str(device))
@@ -176,12 +178,15 @@ def bench_one(
         model = MemoryTransformer(cfg).to(device)
         model.validate_lengths(L, M)
         model.train()
-        step_model = torch.compile(model) if compile else model
+        step_model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode) if compile else model
+        # reduce-overhead: the outputs of the step before (its memory) may be overwritten from here on
+        begin = torch.compiler.cudagraph_mark_step_begin if compile else (lambda: None)
         opt = make_optimizer(model)
         memory = Recurrence()
 
         def train_step():
             model.at_step(0)  # as the training step: projected parameters clamped outside the compiled graph
+            begin()
             with autocast(device, precision):
                 out = memory.step(step_model, data[:, :-1], data[:, 1:])
             opt.zero_grad(set_to_none=True)
@@ -201,6 +206,7 @@ def bench_one(
     with PeakMemory(device) as eval_mem:
 
         def eval_step():
+            begin()
             with torch.no_grad(), autocast(device, precision):
                 memory.step(step_model, data[:, :-1], data[:, 1:])
 
@@ -256,6 +262,7 @@ def run_benchmark(
     log: Callable[[str], None] | None = print,
     matmul_max_n: int | None = None,
     attention: Sequence[str] = ("auto",),
+    compile_mode: str = "default",
 ) -> list[BenchResult]:
     """``bench_one`` over the grid (configs x precisions x schemes x memory x compile x attention; schemes: all
     registered by default, each a name or a ``SchemeSpec`` with options, its point named by its label); the matmul
@@ -295,6 +302,7 @@ def run_benchmark(
             model_overrides=spec.model,
             options=spec.options,
             label=pt.scheme,
+            compile_mode=compile_mode,
         )
         results.append(r)
         if log:

@@ -245,6 +245,9 @@ class PositionalScheme(nn.Module):
     #: segment); None: it compiles whole, one graph a segment length (tests/test_compile.py pins every scheme).
     #: Training and evaluation refuse the option naming this reason, before any compute.
     compile_refused: str | None = None
+    #: Where ``compile=true`` was measured slower than eager (``posenc-lab bench --compile both``): what was
+    #: measured, warned about when a run compiles this scheme; None: not measured slower.
+    compile_slower: str | None = None
     #: Why this scheme cannot take the layers of a per-layer hybrid (``hybrid.py``); None: it can, unless it acts on
     #: the input embedding (``embed``), which the hybrid refuses for every scheme.
     hybrid_refused: str | None = None

@@ -142,6 +142,7 @@ class Hybrid(PositionalScheme):
         notes = [p.not_translation_invariant for p in parts.values() if p.not_translation_invariant]
         self.not_translation_invariant = "; ".join(notes) or None
         self.compile_refused = next((p.compile_refused for p in parts.values() if p.compile_refused), None)
+        self.compile_slower = next((p.compile_slower for p in parts.values() if p.compile_slower), None)
 
     @property
     def attention_impl(self) -> str:

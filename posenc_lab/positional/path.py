@@ -99,6 +99,10 @@ def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = CHUN
 class PaTH(PositionalScheme):
     name = "path"
     kind = "relative"
+    compile_slower = (
+        "its compiled training step took 2.9-4.7x the eager one on a 2-core CPU (tiny and small, "
+        "docs/perf/2026-12-04f_compile); not measured on a GPU"
+    )
     random_positions_refused = (
         "it reads no position: the transform between two tokens is the product of the Householder-like matrices "
         "of the tokens between them"

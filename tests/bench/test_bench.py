@@ -253,6 +253,27 @@ def test_the_compile_cost_counts_the_first_step_once_in_a_1000_step_run():
     assert rows[(XL, False)]["train_1000_ratio"] == 1.0 and math.isnan(rows[(SINUSOID, True)]["train_1000_ratio"])
 
 
+def test_compile_mode_reaches_torch_compile_and_a_bad_one_is_named(monkeypatch, capsys):
+    """--compile-mode is torch.compile's mode for the compiled points only; an unknown one is refused with the valid
+    ones, before any compute."""
+    modes = []
+
+    def fake_compile(model, mode=None, **kwargs):
+        modes.append(mode)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    args = [*TINY, "--schemes", XL, "--memory", "on", "--warmup", "0", "--reps", "1", "--threads", "1"]
+    args += ["--matmul-max-n", "128", "--compile", "both", "--compile-mode", "reduce-overhead"]
+    assert bench.main(args) == 0 and modes == ["reduce-overhead"]
+    modes.clear()
+    assert bench.main([*args[:-1], "default"]) == 0 and modes == [None]
+    with pytest.raises(SystemExit):
+        bench.main([*args[:-1], "fast"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'fast'" in err and all(m in err for m in cli.COMPILE_MODES)
+
+
 def test_the_first_warm_up_call_is_timed_apart(monkeypatch):
     import time
 

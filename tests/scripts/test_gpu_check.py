@@ -30,15 +30,20 @@ def run_stages() -> list[int]:
 def dry_run() -> tuple[dict[str, str], list[str]]:
     """(the variables the dry-run line sets, its command) from the header."""
     lines = TEXT.splitlines()
-    start = next(i for i, line in enumerate(lines) if "A dry run of the script itself" in line) + 1
-    words = shlex.split(" ".join(lines[i].lstrip("#").strip().rstrip("\\") for i in range(start, start + 2)))
+    start = end = next(i for i, line in enumerate(lines) if "A dry run of the script itself" in line) + 1
+    while lines[end].rstrip().endswith("\\"):  # continued on the next line
+        end += 1
+    words = shlex.split(" ".join(lines[i].lstrip("#").strip().rstrip("\\") for i in range(start, end + 1)))
     env = dict(w.split("=", 1) for w in words if re.match(r"^[A-Z_]+=", w))
     return env, [w for w in words if not re.match(r"^[A-Z_]+=", w)]
 
 
 def test_the_header_lists_every_stage_the_script_runs_in_order():
     assert run_stages() == header_stages() == list(range(1, len(run_stages()) + 1))
-    assert "overhead" in TEXT.split('stage "4 ')[1].splitlines()[0]  # the overhead stage (`bench overhead`)
+    titles = re.findall(r'^stage "\d+ ([^"(]*)', TEXT, re.MULTILINE)
+    assert any(t.startswith("overhead") for t in titles)  # the overhead stage (`bench overhead`)
+    assert any(t.startswith("compiled") for t in titles) and "--compile-mode reduce-overhead" in TEXT  # CUDA graphs
+    assert "tests/test_compile.py -k cuda" in TEXT.replace("tests/test_fused.py ", "")  # every compiled model
     assert "posenc_lab.bench overhead" in TEXT
 
 
