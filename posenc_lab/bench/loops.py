@@ -178,7 +178,9 @@ def bench_one(
         model = MemoryTransformer(cfg).to(device)
         model.validate_lengths(L, M)
         model.train()
-        step_model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode) if compile else model
+        step_model = (
+            torch.compile(model, mode=None if compile_mode == "default" else compile_mode) if compile else model
+        )
         # reduce-overhead: the outputs of the step before (its memory) may be overwritten from here on
         begin = torch.compiler.cudagraph_mark_step_begin if compile else (lambda: None)
         opt = make_optimizer(model)

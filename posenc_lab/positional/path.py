@@ -100,7 +100,7 @@ class PaTH(PositionalScheme):
     name = "path"
     kind = "relative"
     compile_slower = (
-        "its compiled training step took 2.9-4.7x the eager one on a 2-core CPU (tiny and small, "
+        "its compiled training step took 2.1-4.7x the eager one on a 2-core CPU (tiny, small and base, "
         "docs/perf/2026-12-04f_compile); not measured on a GPU"
     )
     random_positions_refused = (

@@ -13,10 +13,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import pandas as pd
+import seaborn as sns
 
-from posenc_lab.tables import markdown_table  # noqa: E402
+from posenc_lab.tables import markdown_table
 
 CONFIGS = ["tiny", "small", "base"]
 
@@ -77,7 +77,9 @@ def figure(t: pd.DataFrame, path: Path) -> None:
                        col="config", kind="point", linestyles="none", height=6, aspect=0.6)  # fmt: skip
     for ax in grid.axes.flat:
         ax.axvline(1.0, color="grey", lw=0.8)
-    grid.figure.suptitle("torch.compile on a 2-core EPYC, fp32 with memory: below 1 it pays in a 1,000-step run", y=1.02)
+    grid.figure.suptitle(
+        "torch.compile on a 2-core EPYC, fp32 with memory: below 1 it pays in a 1,000-step run", y=1.02
+    )
     grid.savefig(path, dpi=110, bbox_inches="tight")
 
 
@@ -85,6 +87,8 @@ if __name__ == "__main__":
     folder = Path(sys.argv[1])
     t = table(rounds(folder))
     t.to_csv(folder / "compile_table.csv", index=False)
-    (folder / "compile_table.md").write_text(markdown_table(t.astype({"config": str}).to_dict("records"), default=2) + "\n")
+    (folder / "compile_table.md").write_text(
+        markdown_table(t.astype({"config": str}).to_dict("records"), default=2) + "\n"
+    )
     figure(t, folder / "compile_1000.png")
     print(t.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
