@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of docs/perf/LOG.md, prepared to run as it is on a machine with one CUDA GPU:
 #
-#   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; at most about 27 minutes on one H200, the
-#                                             stage limits' sum; stages 1-5 first)
+#   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; at most about 28 minutes on one H200, the
+#                                             stage limits' sum: in groups of stages, STAGES below)
 #
 # Stages, most important first, each under its own time limit (LIMIT_*, seconds) so that a slow stage
 # (torch.compile of flex_attention kernels dominates) leaves the later ones their turn; every stage logs
@@ -21,6 +21,8 @@
 #    against the bare forward, backward and optimizer loop, the overhead per step by interleaved rounds;
 # 7. the benchmark on the published sizes (txl_enwik8_base, txl_wt103_base) at their published batch;
 # 8. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/perf/LOG.md.
+# One device command runs at most 10 minutes: run the stages in groups into the same OUT_DIR, each call under it,
+#   STAGES=1,2 bash scripts/gpu_check.sh OUT; STAGES=3,4 bash ...; STAGES=5,6 ...; STAGES=7,8 ... (8 summarises all)
 # A dry run of the script itself on a CPU (fused is NaN there: no flex backward on CPU):
 #   DEVICE=cpu TRAINER=cpu PRECISION=32-true CONFIGS=tiny PAPER_CONFIGS= MODEL=tiny STEPS=4 BATCH=2 \
 #     ALL_SCHEMES=sinusoid,xl,fire COMPILE_SCHEMES=sinusoid,xl \
@@ -47,11 +49,15 @@ LIMIT_ALL=${LIMIT_ALL:-200}
 LIMIT_COMPILE=${LIMIT_COMPILE:-240}
 LIMIT_TRAIN=${LIMIT_TRAIN:-120} # per scheme: xl reached step 173 of 200 in 60 s on an H200 (startup and compilation included)
 LIMIT_PAPER=${LIMIT_PAPER:-120}
+STAGES=${STAGES:-1,2,3,4,5,6,7,8}  # the stages to run: a device call's 10 minutes hold a few (see the header)
 OVERHEAD_CONFIGS=${OVERHEAD_CONFIGS:-tiny,small}
 OVERHEAD_ROUNDS=${OVERHEAD_ROUNDS:-3}
 OVERHEAD_STEPS=${OVERHEAD_STEPS:-40}  # timed steps a round, a multiple of trainer.log_every_n_steps (10)
 LIMIT_OVERHEAD=${LIMIT_OVERHEAD:-150}
 BENCH_PRECISION=$([ "$PRECISION" = 32-true ] && echo fp32 || echo "$PRECISION") # the bench's names
+for n in ${STAGES//,/ }; do
+  case "$n" in [1-8]) ;; *) echo "gpu_check.sh: STAGES=$STAGES: '$n' is not a stage; valid: 1 to 8, e.g. 1,2" >&2; exit 2 ;; esac
+done
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [ "$DEVICE" = cuda ]; then
@@ -63,35 +69,43 @@ fi
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt"
-stage() { echo "== $(date -u +%T) $*" | tee -a "$OUT/stages.log"; }
+# stage "N title" && { ... }: the stage runs, logged, if N is in STAGES (a comma-separated list)
+stage() {
+  case ",$STAGES," in *",${1%% *},"*) ;; *) return 1 ;; esac
+  echo "== $(date -u +%T) $*" | tee -a "$OUT/stages.log"
+}
 
-stage "1 correctness (limit ${LIMIT_TEST}s)"
+stage "1 correctness (limit ${LIMIT_TEST}s)" && {
 if [ "$DEVICE" = cuda ]; then
   timeout "$LIMIT_TEST" $PY -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_compile.py -k cuda -rA \
     2>&1 | tee "$OUT/test_cuda.log"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
 fi
+}
 
-stage "2 benchmark $CONFIGS (limit ${LIMIT_BENCH}s)"
+stage "2 benchmark $CONFIGS (limit ${LIMIT_BENCH}s)" && {
 timeout "$LIMIT_BENCH" $PY -m posenc_lab.bench --device "$DEVICE" --configs "$CONFIGS" --batch "$BATCH" \
   --schemes "$SCHEMES" --precisions "$BENCH_PRECISION" --memory on --attention "$ATTENTION" --ratio-to sinusoid \
   --warmup 3 --reps 10 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
+}
 
-stage "3 every scheme on $CONFIGS, attention auto (limit ${LIMIT_ALL}s)"
+stage "3 every scheme on $CONFIGS, attention auto (limit ${LIMIT_ALL}s)" && {
 timeout "$LIMIT_ALL" $PY -m posenc_lab.bench --device "$DEVICE" --configs "$CONFIGS" --batch "$BATCH" \
   --schemes "$ALL_SCHEMES" --precisions "$BENCH_PRECISION" --memory on --ratio-to sinusoid \
   --warmup 3 --reps 10 --out "$OUT/bench_all" 2>&1 | tee "$OUT/bench_all.log"
 echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
+}
 
-stage "4 compiled (mode reduce-overhead) against eager on $CONFIGS: $COMPILE_SCHEMES (limit ${LIMIT_COMPILE}s)"
+stage "4 compiled (mode reduce-overhead) against eager on $CONFIGS: $COMPILE_SCHEMES (limit ${LIMIT_COMPILE}s)" && {
 timeout "$LIMIT_COMPILE" $PY -m posenc_lab.bench --device "$DEVICE" --configs "$CONFIGS" --batch "$BATCH" \
   --schemes "$COMPILE_SCHEMES" --precisions "$BENCH_PRECISION" --memory on --ratio-to sinusoid \
   --compile both --compile-mode reduce-overhead --warmup 3 --reps 10 --out "$OUT/bench_compile" \
   2>&1 | tee "$OUT/bench_compile.log"
 echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
+}
 
-stage "5 training $STEPS steps: $TRAIN_SCHEMES (limit ${LIMIT_TRAIN}s each)"
+stage "5 training $STEPS steps: $TRAIN_SCHEMES (limit ${LIMIT_TRAIN}s each)" && {
 for s in $(echo "$TRAIN_SCHEMES" | tr , ' '); do
   timeout "$LIMIT_TRAIN" $PY -m posenc_lab.train posenc="$s" model="$MODEL" data=pystdlib trainer="$TRAINER" \
     trainer.max_steps="$STEPS" trainer.precision="$PRECISION" trainer.val_check_interval="$STEPS" \
@@ -101,22 +115,25 @@ for s in $(echo "$TRAIN_SCHEMES" | tr , ' '); do
   echo "train $s exit $?" | tee -a "$OUT/stages.log"
   tail -3 "$OUT/train_$s.log"
 done
+}
 
-stage "6 overhead of the training step: $OVERHEAD_CONFIGS (limit ${LIMIT_OVERHEAD}s)"
+stage "6 overhead of the training step: $OVERHEAD_CONFIGS (limit ${LIMIT_OVERHEAD}s)" && {
 timeout "$LIMIT_OVERHEAD" $PY -m posenc_lab.bench overhead --configs "$OVERHEAD_CONFIGS" --rounds "$OVERHEAD_ROUNDS" \
   --warmup 10 --steps "$OVERHEAD_STEPS" posenc=xl data=pystdlib trainer="$TRAINER" trainer.precision="$PRECISION" \
   2>&1 | tee "$OUT/overhead.log"
 echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
+}
 
-stage "7 benchmark at the published sizes (limit ${LIMIT_PAPER}s)"
+stage "7 benchmark at the published sizes (limit ${LIMIT_PAPER}s)" && {
 for cb in $(echo "$PAPER_CONFIGS" | tr , ' '); do
   timeout "$LIMIT_PAPER" $PY -m posenc_lab.bench --device "$DEVICE" --configs "${cb%%:*}" --batch "${cb##*:}" \
     --schemes sinusoid,xl --precisions "$BENCH_PRECISION" --memory on --attention "$ATTENTION" --ratio-to sinusoid \
     --warmup 3 --reps 5 --out "$OUT/bench_${cb%%:*}" 2>&1 | tee "$OUT/bench_${cb%%:*}.log"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/stages.log"
 done
+}
 
-stage "8 summary"
+stage "8 summary" && {
 $PY - "$OUT" "$TRAIN_SCHEMES" <<'EOF'
 """Write OUT/PERFORMANCE_gpu.md from what this run measured (stages cut short are named, not hidden)."""
 import csv
@@ -160,3 +177,5 @@ for s in schemes:
 (out / "PERFORMANCE_gpu.md").write_text("\n".join(lines) + "\n")
 print((out / "PERFORMANCE_gpu.md").read_text())
 EOF
+}
+true  # each stage logged its own exit status in stages.log

@@ -59,6 +59,21 @@ def test_the_dry_run_line_sets_what_the_script_reads_and_shrinks_every_gpu_sized
     assert command[:2] == ["bash", "scripts/gpu_check.sh"]
 
 
+def test_stages_runs_the_stages_named_and_refuses_another(tmp_path):
+    """STAGES=8 (the summary alone, as the last of several device calls): only stage 8 runs and logs; a number that is
+    no stage is refused naming the valid ones, before anything is written."""
+    env, command = dry_run()
+    run = {"cwd": REPO, "capture_output": True, "text": True, "timeout": 300}
+    out = tmp_path / "out"
+    proc = subprocess.run([*command[:2], str(out)], env=subprocess_env(**env, STAGES="8", PYTHON=sys.executable), **run)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert re.findall(r"^== \S+ (\d+) ", (out / "stages.log").read_text(), re.MULTILINE) == ["8"]
+    assert "not finished" in (out / "PERFORMANCE_gpu.md").read_text()  # no training stage ran
+    bad = subprocess.run([*command[:2], str(tmp_path / "bad")], env=subprocess_env(**env, STAGES="1,9"), **run)
+    assert bad.returncode == 2 and "STAGES=1,9: '9' is not a stage; valid: 1 to 8" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.slow  # every stage at tiny on 2 busy cores: about 12 minutes
 def test_the_dry_run_runs_every_stage_and_each_exits_0(tmp_path):
     env, command = dry_run()
