@@ -253,13 +253,16 @@ def _data_problems(cfg: DictConfig) -> list[str]:
         )
     align = (data.get("corpus") or {}).get("align_to_segment") if isinstance(data.get("corpus"), dict) else None
     if _is_int(align) and align > 0 and _is_int(segment):  # a task corpus's aligned layout (data/lengthgen.py)
-        if align != segment or data.get("var_len") or (_is_int(episode) and episode % align):
-            out.append(aligned_problem(align, segment, episode))
+        if problem := aligned_problem(align, segment, episode, data.get("var_len")):
+            out.append(problem)
     return out
 
 
-def aligned_problem(align: int, segment: int, episode) -> str:
-    """One line: why instances aligned to ``align`` tokens cannot start every segment of these streams."""
+def aligned_problem(align: int, segment: int, episode, var_len) -> str | None:
+    """One line: why instances aligned to ``align`` tokens cannot start every segment of these streams; None if
+    they can (the config check's and ``SegmentStream``'s one rule)."""
+    if align == segment and not var_len and not (_is_int(episode) and episode % align):
+        return None
     return (
         f"data.corpus.align_to_segment={align} starts every instance at a multiple of {align} tokens: it needs "
         f"data.segment_len={segment} equal to it, data.var_len=false and data.episode_len null or a multiple of it "

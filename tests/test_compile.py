@@ -84,13 +84,18 @@ print("compiled == eager", float(results[0][0]))
 @pytest.mark.parametrize("name", ["xl", "shaw", "fire", schemes_of_kind("absolute")[-1]])
 def test_compiled_model_equals_eager_loss_and_gradients(name, tmp_path):
     """Inductor: two segments (the first with an empty static memory), loss and every parameter's gradient."""
+    _assert_compiled_equals_eager(name, "cpu", tmp_path, timeout=1500)
+
+
+def _assert_compiled_equals_eager(name: str, device: str, tmp_path, timeout: int) -> None:
+    """COMPARE for ``name`` on ``device`` in a fresh interpreter, with an inductor cache of its own."""
     done = subprocess.run(
-        [sys.executable, "-c", COMPARE, name],
+        [sys.executable, "-c", COMPARE, name, device],
         cwd=REPO,
         env=subprocess_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=timeout,
     )
     assert done.returncode == 0 and "compiled == eager" in done.stdout, done.stderr[-3000:]
 
@@ -104,15 +109,7 @@ MISSION_FIRST = ["sinusoid", "learned", "global_sinusoid", "shaw", "xl"]
 @pytest.mark.parametrize("name", MISSION_FIRST + [n for n in SCHEME_NAMES if n not in MISSION_FIRST])
 def test_compiled_model_equals_eager_on_cuda(name, tmp_path):
     """As above, on CUDA, for every scheme."""
-    done = subprocess.run(
-        [sys.executable, "-c", COMPARE, name, "cuda"],
-        cwd=REPO,
-        env=subprocess_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0 and "compiled == eager" in done.stdout, done.stderr[-3000:]
+    _assert_compiled_equals_eager(name, "cuda", tmp_path, timeout=600)
 
 
 # Every scheme, compiled with backend="aot_eager_decomp_partition": dynamo's tracing, AOTAutograd's forward and

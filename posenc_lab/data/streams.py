@@ -150,10 +150,11 @@ class SegmentStream(IterableDataset):
                 f"n_streams (the global batch) {n_streams} is not divisible by world_size "
                 f"{world_size}; use a multiple of {world_size}"
             )
-        if align and (segment_len != align or var_len or (episode_len or 0) % align):
-            from ..checks import aligned_problem  # the config check's line, for streams made directly
+        if align:
+            from ..checks import aligned_problem  # the config check's rule and line, for streams made directly
 
-            raise ValueError(aligned_problem(align, segment_len, episode_len))
+            if problem := aligned_problem(align, segment_len, episode_len, var_len):
+                raise ValueError(problem)
         need = n_streams * segment_len + 1
         if len(data) < need:
             raise ValueError(
