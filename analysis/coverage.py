@@ -52,7 +52,7 @@ class Layout:
 
 # The scored tokens of the default ablation before the test split was designed for inference (64 streams x 4,096
 # of the old pystdlib test split), measured with ``python -m posenc_lab_analysis.variance`` on its dumps: 42 files,
-# 14 families, the largest (asyncio) 48.4%: the layout issue 29's audit found, kept as the case of a dominant unit.
+# 14 families, the largest (asyncio) 48.4%: the corpus's own layout, kept as the case of a dominant unit.
 BEFORE = Layout(
     "before the family split (14 families, largest 48%)",
     (1188, 2908, 15898, 486, 2710, 5482, 4096, 4096, 8192, 3725, 371, 8192, 8192, 8192, 4096, 4891, 791, 2510, 1173,
@@ -231,7 +231,7 @@ def error_rates(
 
 
 def _pairs() -> dict[str, tuple[str, str]]:
-    """The simulated differences of issue 39's rows, from the measured cells (no scheme named here): one scheme
+    """The simulated differences of the measured design's rows, from the measured cells (no scheme named here): one scheme
     with memory against itself without (the memory verdict's pair), and two cells of 2 seeds."""
     keys = {c: _key(c) for c in CELLS}
     memory = [

@@ -118,7 +118,7 @@ class ContextSettings:
             )
         grid = set(range(c_min, fine_top + 1, step))
         c = fine_top
-        while c < c_max:  # doubling past the fine part: the cost of a window grows with c (issue 38)
+        while c < c_max:  # doubling past the fine part: the cost of a window grows with c
             c = min(2 * c, c_max)
             grid |= {c - delta, c}
         M = max(r.mem_len for r in runs)

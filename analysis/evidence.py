@@ -41,7 +41,7 @@ def attention_gain(cells: dict[str, list[Run]], dumps: dict[str, TokenLosses]) -
             continue
         keys[c] = g[0].cell_name
         d = [dumps[r.name] for r in g]
-        # 4 L, the grid's end when this verdict was fixed (issue 38 extended the grid to 4 (L + M): the measure
+        # 4 L, the grid's end when this verdict was fixed (the grid now reaches 4 (L + M): the measure
         # stays where it was preregistered)
         L = g[0].segment_len
         longest = max((x for x in d[0].contexts if x <= 4 * L), default=max(d[0].contexts))

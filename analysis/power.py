@@ -4,7 +4,7 @@ power, for the seeds and units it had, or for a proposed number of seeds from th
 As it is run: the project's own test (``stats.paired_difference``, its estimated Welch-Satterthwaite degrees of
 freedom, its one-sided p at the verdict's Holm level), simulated, not a noncentral t at the planned df. The
 estimated df varies from study to study (at 2-3 seeds its 10th percentile is 1.5-4), and a study whose df falls
-low has a wide interval: a noncentral t at the planned df overstates power (issue 39's audit: 59-67% where 80%
+low has a wide interval: a noncentral t at the planned df overstates power (simulated: 59-67% where 80%
 was stated). So: simulate the test at the null ``reps`` times (``coverage.Simulator``: cells with the measured
 seed, file and token-noise components on the layout of the scored tokens), keep each draw's estimate e_r,
 standard error se_r and df_r. A true difference delta in the predicted direction is found in draw r exactly when

@@ -22,7 +22,7 @@ Two biases, and what is done instead.
 - "The first c below 1%" on a noisy curve stops early at the first dip. The gain curve is first fitted by a
   non-increasing function of c (isotonic regression: gains fall with context), then thresholded.
 
-Per seed (issue 38): each run's gain curve is taken against the other cells' first seeds (``reference``), so a
+Per seed: each run's gain curve is taken against the other cells' first seeds (``reference``), so a
 seed's RECL does not change when a seed is added to any cell; a cell's RECL is the mean of its seeds'.
 Uncertainty: a cluster bootstrap, units resampled with replacement (the same for every cell) and each cell's
 seeds resampled; percentile intervals. With 3 seeds a cell the seed part is a bootstrap of three values, too

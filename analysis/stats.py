@@ -276,7 +276,7 @@ def _interval(
 ) -> Difference:
     """Interval from variance parts [(V_i, df_i)], df by ``_df``, skewness-corrected by the text part's third
     cumulant ``third`` (Hall's transformation: skewed unit effects left 7.5% of the t intervals wholly below the
-    truth and 1.0% above in issue 39's audit; analysis/README.md)."""
+    truth and 1.0% above in the coverage simulation; analysis/README.md)."""
     V = sum(v for v, _ in parts)
     if V <= 0:
         return Difference(estimate, estimate, estimate, level, 0.0, float("inf"), **facts)

@@ -5,8 +5,9 @@
 - Every relative link of every page is written as the site sees it: a link to one of those pages, or from them
   into docs/, to its page; a link to a file of the repository that the site does not hold (a module, a test, a
   yaml) to its path in code. A link to a file that does not exist stays a link, so `mkdocs build --strict` fails.
-- Under docs/perf/ only README.md and LOG.md are pages; every other file there is a raw output kept as it was
-  written (a report whose figures were not kept, a benchmark's table) and is served as a file, not rendered.
+- The Results page is the report of the newest default ablation, ``benchmarks/results/default/default_report.md``,
+  with the figures and tables kept beside it; a link of that report to a file that was not kept becomes its text.
+  Every other record under benchmarks/ stays out of the site (a link to it shows its repository path).
 """
 
 from __future__ import annotations
@@ -24,28 +25,33 @@ OUTSIDE = {
     "analysis/README.md": "analysis/README.md",
     "conf/experiment/README.md": "conf/experiment/README.md",
 }
-PERF_PAGES = ("README.md", "LOG.md")
+RESULTS = "benchmarks/results/default"  # the current results: replaced whole when the default ablation is rerun
+RESULTS_PAGE = "RESULTS.md"
+RESULT_FILES = (".png", ".csv")
 # an inline link or image: [text](target) with an optional title
 LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+)(\s+\"[^\"]*\")?\)")
 # read left to right: code (a fenced block, an inline span: a link there is text) or a link, whose text may hold code
 TOKEN = re.compile(r"(?P<code>(?ms:^(```|~~~).*?^\2[ \t]*$)|(`+)[^`\n](?:.|\n(?!\n))*?\3)|" + LINK.pattern)
 
 
-class _Raw(File):
-    """A file served as written (not rendered), though its name ends in .md."""
+def _results() -> dict[str, str]:
+    """Repository path -> site path of the Results page and of the figures and tables beside its report."""
+    folder = ROOT / RESULTS
+    out = {f"{RESULTS}/default_report.md": RESULTS_PAGE}
+    for f in sorted(folder.rglob("*")):
+        if f.suffix in RESULT_FILES:
+            out[f.relative_to(ROOT).as_posix()] = "results/" + f.relative_to(folder).as_posix()
+    return out
 
-    def is_documentation_page(self) -> bool:
-        return False
+
+OUTSIDE.update(_results())
 
 
 def on_files(files: Files, config) -> Files:
-    for f in list(files):
-        parts = f.src_uri.split("/")
-        if parts[0] == "perf" and f.src_uri.endswith(".md") and parts[-1] not in PERF_PAGES:
-            files.remove(f)
-            files.append(_Raw(f.src_uri, f.src_dir, f.dest_dir, f.use_directory_urls))
     for repo_path, site_path in OUTSIDE.items():
-        files.append(File.generated(config, site_path, content=(ROOT / repo_path).read_text()))
+        source = ROOT / repo_path
+        content = source.read_text() if source.suffix == ".md" else source.read_bytes()
+        files.append(File.generated(config, site_path, content=content))
     return files
 
 
@@ -67,6 +73,8 @@ def site_target(page_repo: str, target: str) -> str | None:
         site = repo_target[len("docs/") :]
     elif (ROOT / repo_target).exists() and not repo_target.startswith(".."):
         return ""
+    elif page_repo.startswith(RESULTS + "/"):
+        return "-"  # a file the record did not keep: its text
     else:
         return None  # not there, or outside the repository: left as written, for mkdocs to name
     here = posixpath.dirname(OUTSIDE.get(page_repo, page_repo[len("docs/") :]))
@@ -81,6 +89,8 @@ def rewrite(markdown: str, page_repo: str) -> str:
         site = site_target(page_repo, target)
         if site is None:
             return m.group(0)
+        if site == "-":
+            return text
         if site == "":  # a module, a test, a yaml: its path, which the reader finds in the repository
             path = posixpath.normpath(posixpath.join(posixpath.dirname(page_repo), target.partition("#")[0]))
             shown = text.strip("`")

@@ -50,7 +50,7 @@ def keep_freed_memory() -> bool:
     is faulted in again, page by page, on every step: a [B, H, L, N] score tensor of xl or shaw at
     ``base`` sizes (8 x 8 x 256 x 512 fp32 is 32 MiB) costs more to fault in than its GEMM (measured:
     ``zeros`` 17 ms, ``zero_`` on a kept buffer 2 ms). SDPA's fused kernel allocates no such tensor, so
-    this mostly lifts the explicit-attention schemes (docs/perf/LOG.md). Applied to this process
+    this mostly lifts the explicit-attention schemes (docs/PERFORMANCE.md). Applied to this process
     now (``mallopt``; blocks larger than a thread arena's 64 MiB heap, requested off the main thread,
     are still mapped) and, through the environment, to the processes it starts (Hydra apps, DDP
     ranks, ablation jobs, data-loader workers). The cost: the resident memory stays near the run's

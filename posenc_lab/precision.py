@@ -2,7 +2,7 @@
 
 A CPU multiplies bf16 matrices fast only with AMX (``amx_bf16``) or AVX512-BF16 (``avx512_bf16``);
 without them oneDNN converts through fp32 and bf16-mixed training runs 5-20x *slower* than fp32
-(docs/perf/LOG.md: 9 vs 166 tokens/s for xl ``base`` on an AVX2 EPYC). A GPU needs compute
+(docs/PERFORMANCE.md: 9 vs 166 tokens/s for xl ``base`` on an AVX2 EPYC). A GPU needs compute
 capability 8.0 (Ampere) or later. ``bf16_check`` (conf/train.yaml): warn | error | off.
 """
 

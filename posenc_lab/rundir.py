@@ -252,7 +252,7 @@ class RunDir:
 
     def newest_checkpoint(self) -> Path | None:
         """checkpoints/last.ckpt, else the newest other checkpoint there (periodic, good.ckpt), else None. A
-        last-v<N>.ckpt newer than last.ckpt (versions before issue 27 saved there after a change of checkpoint_every,
+        last-v<N>.ckpt newer than last.ckpt (older versions saved there after a change of checkpoint_every,
         leaving last.ckpt behind) is taken instead: the newest state."""
         if self.last_checkpoint.is_file():
             versions = [p for p in self.checkpoints.glob("last-v*.ckpt") if p.is_file()]

@@ -14,7 +14,7 @@ input; scaling q . k alone would change what a bias means relative to the conten
 (the paper's variant s log n + b trained faster but generalised worse in length, and is not offered). s starts at
 ``SSMAX_INIT`` = 0.168 = 1 / mean_{n <= 1024} ln n, so that s log n averages 1 (the plain softmax) over the
 queries of the paper's 1024-token causal context; the value Axolotl's and other public SSMax implementations
-start from (the paper's text reachable here does not state its initial value: docs/perf/2026-12-04_scalings/).
+start from (the paper's text reachable here does not state its initial value: benchmarks/crosscheck_rope_scalings.py).
 
 A scheme receives the scale as ``logit_scale`` [H, L, 1] in ``attend`` and ``attention_probs`` and applies it
 without a new [L, N] tensor where its logit is linear in a per-query vector (scale q, or q + u and q + v), else

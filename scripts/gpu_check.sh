@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of docs/perf/LOG.md, prepared to run as it is on a machine with one CUDA GPU:
+# The GPU check (benchmarks/README.md), prepared to run as it is on a machine with one CUDA GPU:
 #
 #   bash scripts/gpu_check.sh OUT_DIR        (default OUT_DIR: runs/gpu_check; at most about 28 minutes on one H200, the
 #                                             stage limits' sum: in groups of stages, STAGES below)
@@ -20,7 +20,7 @@
 # 6. the training step outside the model (`posenc-lab bench overhead`, xl at tiny and small on CUDA): Trainer.fit
 #    against the bare forward, backward and optimizer loop, the overhead per step by interleaved rounds;
 # 7. the benchmark on the published sizes (txl_enwik8_base, txl_wt103_base) at their published batch;
-# 8. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into docs/perf/LOG.md.
+# 8. OUT_DIR/PERFORMANCE_gpu.md: a dated section to paste into benchmarks/results/LOG.md.
 # One device command runs at most 10 minutes: run the stages in groups into the same OUT_DIR, each call under it,
 #   STAGES=1,2 bash scripts/gpu_check.sh OUT; STAGES=3,4 bash ...; STAGES=5,6 ...; STAGES=7,8 ... (8 summarises all)
 # A dry run of the script itself on a CPU (fused is NaN there: no flex backward on CPU):

@@ -30,7 +30,7 @@ def test_compile_true_compiles_the_trained_model(monkeypatch, tmp_path, cache):
 def test_compiling_a_scheme_measured_slower_compiled_warns_with_the_measurement(monkeypatch, tmp_path, cache, caplog):
     monkeypatch.setattr(MemoryTransformer, "compile", lambda self, *a, **k: None)
     slower = [n for n in SCHEME_NAMES if SCHEMES[n].compile_slower]
-    assert slower == ["path"]  # docs/perf/2026-12-04f_compile: the only scheme slower compiled at every size
+    assert slower == ["path"]  # docs/PERFORMANCE.md: the only scheme slower compiled at every size
     with caplog.at_level("WARNING", logger="posenc_lab.train"):
         train(compose_config("train", tiny(tmp_path / "path", cache, "compile=true", "posenc=path", steps=1)))
     assert f"compile=true with posenc=path: {SCHEMES['path'].compile_slower}" in caplog.text

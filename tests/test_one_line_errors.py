@@ -93,7 +93,7 @@ def _tampered_cache(tmp: Path) -> Path:
 
 
 def _one_book(tmp) -> Path:
-    """A textdir of one file: no family to hold out (issue 37: 81 MB of it took 4 minutes and 6.4 GB to refuse)."""
+    """A textdir of one file: no family to hold out (81 MB of it once took 4 minutes and 6.4 GB to refuse)."""
     folder = _folder(tmp, "book")
     (folder / "book.txt").write_text("one long book\n" * 500)
     return folder
@@ -183,7 +183,7 @@ CASES = [
     ("an empty folder for textdir", "train",
      lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_folder(t, 'empty')}", data="textdir"),
      r"^textdir corpus: no file under \S+/empty \(data\.corpus\.path\) matches data\.corpus\.glob='\*\*/\*' "),
-    # issue 37: a textdir the split by family cannot hold out is refused before any file is read
+    # a textdir the split by family cannot hold out is refused before any file is read
     ("a textdir of one file", "train",
      lambda t, c, f: tiny(t / "run", c, f"data.corpus.path={_one_book(t)}", data="textdir"),
      r"^textdir corpus: \S+/book \(data\.corpus\.path\): the split by family holds out whole families .*needs 2 or "
@@ -249,7 +249,7 @@ CASES = [
      r"^model=tiny: `posenc-lab eval` takes no model group .*; set its keys as model\.KEY=VALUE$"),
     ("eval: another scheme", "eval", lambda t, c, f: [f"ckpt={f / 'checkpoints' / 'last.ckpt'}", "+posenc=rope"],
      r"^posenc\.name='rope' cannot be set at evaluation: .*\+posenc\.scaling=yarn"),
-    # issue 27: found after compute, tracebacks, silent acceptance
+    # once found after compute, as tracebacks, or accepted silently
     ("an unknown strategy", "train", lambda t, c, f: tiny(t / "run", c, "trainer.strategy=foo"),
      r"^trainer\.strategy='foo' is not a Lightning strategy; valid: auto, ddp, .*\bfsdp\b.*, or a Lightning Strategy "
      r"by _target_$"),
@@ -266,7 +266,7 @@ CASES = [
      r"""^run_dir=\S+/my run \(1\): Hydra's override grammar cannot read the character\(s\) '\(', '\)' in this value """
      r"""unquoted; quote it for Hydra, inside """
      r"""the shell's quotes: "run_dir='\S+/my run \(1\)'"$"""),
-    # issue 37: the quoting hint sweep-check shares (compose.unquoted); a long value is echoed cut (errors.shown)
+    # the quoting hint sweep-check shares (compose.unquoted); a long value is echoed cut (errors.shown)
     ("a run_dir with non-ASCII letters", "train", lambda t, c, f: tiny(t / "grüße", c),
      r"""^run_dir=\S+/grüße: Hydra's override grammar cannot read the character\(s\) 'ü', 'ß' in this value """
      r"""unquoted; quote it for Hydra, inside the shell's quotes: "run_dir='\S+/grüße'"$"""),
@@ -323,7 +323,7 @@ CASES = [
      lambda t, c, f: tiny(t / "run", c, "data.corpus.min_distance=50"),
      r"^recall corpus: data\.corpus\.min_distance=50 is above data\.corpus\.max_distance=40: it must be <= "
      r"max_distance$"),
-    # issue 27: found only after compute or writes, or a traceback
+    # once found only after compute or writes, or as a traceback
     ("a checkpoint folder that cannot be created", "train",
      lambda t, c, f: tiny(t / "run", c, "callbacks.checkpoint.dirpath=/proc/nope"),
      r"^callbacks\.checkpoint\.dirpath=/proc/nope: cannot create nope in /proc \(.+\); use another callbacks\."),
@@ -401,7 +401,7 @@ def _catches(pid: int, signum: int) -> bool:
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
 def test_a_signal_during_the_sweeps_start_up_is_one_line_and_its_exit_status(tmp_path, signum, code):
     """SIGTERM (or Ctrl-C) while `posenc-lab sweep` checks the file's 20 trials, as soon as it handles them: one
-    line, 128 + the signal's number, nothing written (issue 27: rc -15 and no line; the checks and Hydra's compose
+    line, 128 + the signal's number, nothing written (it once gave rc -15 and no line; the checks and Hydra's compose
     took the exception of a first fix for a trial that does not compose)."""
     out = tmp_path / "out"
     sweep = Path(__file__).resolve().parents[1] / "sweeps" / "ablation_recall.yaml"

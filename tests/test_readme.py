@@ -2,7 +2,7 @@
 
 - The README stays short (at most 150 lines), gives the two commands for a fresh machine (the same as the install
   page's and as what .ci/run runs), lists every scheme of conf/posenc/, and names no date or machine outside a
-  link (measurements live in docs/perf/, reached by links).
+  link (measurements live in benchmarks/results/, reached by links).
 - docs/RELIABILITY.md is a list of promises, each naming the tests that hold it: every promise names at least
   one test, and every test named exists (a renamed or deleted test breaks the promise here, not silently).
 - Every relative link of the README and of the documentation pages points to a file that exists (the CI's
@@ -25,14 +25,15 @@ LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
 SETUP = "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e '.[dev]'"
 COMMANDS = [f"{SETUP} && posenc-lab ablate", f"{SETUP} && python -m pytest"]
-# the pages of the site (mkdocs.yml, docs/hooks.py): docs/perf/ holds raw outputs besides its README and LOG pages
+# the pages of the site (mkdocs.yml, docs/hooks.py), and the records' pages, read on the repository's host
 PAGES = [
     README,
     ROOT / "analysis" / "README.md",
     ROOT / "conf" / "experiment" / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
-    ROOT / "docs" / "perf" / "LOG.md",
-    *sorted((ROOT / "docs" / "perf").glob("*/README.md")),
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "benchmarks" / "results" / "LOG.md",
+    *sorted((ROOT / "benchmarks" / "results").glob("*/README.md")),
 ]
 
 
@@ -92,10 +93,10 @@ def test_the_readme_is_a_landing_page_without_dates_or_machines():
     assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines; the rest goes to docs/"
     for title in ("## Quick start", "## A result", "## Schemes", "## Presets", "## Documentation", "## Architecture"):
         assert f"\n{title}\n" in text, f"README.md has no section {title!r}"
-    prose = LINK.sub("", text)  # link targets (docs/perf/<date>_...) may carry dates; the text may not
+    prose = LINK.sub("", text)  # link targets (benchmarks/results/<date>_...) may carry dates; the text may not
     assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", prose)
     assert not re.findall(r"EPYC|Xeon|H100|H200|A100|AMX|\d-core", prose)
-    assert "[Measured](docs/perf/" in text  # the one place that says where and when the result was measured
+    assert "[Measured](benchmarks/results/" in text  # the one place that says where and when the result was measured
 
 
 def test_the_two_commands_are_the_install_pages_and_what_ci_runs():
@@ -143,18 +144,25 @@ def _hooks():
 def test_the_site_hook_writes_each_link_as_the_site_sees_it():
     hooks = _hooks()
     readme = (
-        "[u](docs/USAGE.md#install) [a](analysis/README.md) ![f](docs/perf/LOG.md) [t](tests/test_readme.py) "
-        "`[c](docs/x.md)` [g](docs/GONE.md) [w](https://example.org)"
+        "[u](docs/USAGE.md#install) [a](analysis/README.md) [t](tests/test_readme.py) [l](benchmarks/results/LOG.md) "
+        "`[c](docs/x.md)` [g](docs/GONE.md) [w](https://example.org) [r](benchmarks/results/default/default_report.md)"
     )
     assert hooks.rewrite(readme, "README.md") == (
-        "[u](USAGE.md#install) [a](analysis/README.md) ![f](perf/LOG.md) t (`tests/test_readme.py`) "
-        "`[c](docs/x.md)` [g](GONE.md) [w](https://example.org)"
+        "[u](USAGE.md#install) [a](analysis/README.md) t (`tests/test_readme.py`) l (`benchmarks/results/LOG.md`) "
+        "`[c](docs/x.md)` [g](GONE.md) [w](https://example.org) [r](RESULTS.md)"
     )  # a missing page stays a link, which the strict build names; code is left as written
     assert hooks.rewrite("[`tests/test_readme.py`](tests/test_readme.py)", "README.md") == "`tests/test_readme.py`"
     analysis = "[s](../docs/SCHEMES.md#xl) [r](../README.md) [p](../conf/experiment/README.md) [m](stats.py)"
     assert hooks.rewrite(analysis, "analysis/README.md") == (
         "[s](../SCHEMES.md#xl) [r](../index.md) [p](../conf/experiment/README.md) m (`analysis/stats.py`)"
     )
-    assert hooks.rewrite("[r](../../README.md)\n```\n[k](../x.md)\n```\n", "docs/perf/LOG.md") == (
+    assert hooks.rewrite("[r](../../README.md)\n```\n[k](../x.md)\n```\n", "docs/guide/PAGE.md") == (
         "[r](../index.md)\n```\n[k](../x.md)\n```\n"
+    )
+    # the Results page: its figures kept beside it are served with it; a figure the record did not keep is its text
+    report = f"{hooks.RESULTS}/default_report.md"
+    figure = next(r for r in hooks.OUTSIDE if r.endswith(".png"))
+    kept = figure[len(hooks.RESULTS) + 1 :]
+    assert hooks.rewrite(f"![kept]({kept}) ![gone](nowhere/gone.png)", report) == (
+        f"![kept](results/{kept}) gone"
     )

@@ -153,7 +153,7 @@ def _signal_here(signum: int) -> None:
 
 
 def test_a_stop_that_the_body_turns_into_another_error_is_still_the_stop():
-    """CI, 2026-12-02: SIGTERM during `posenc-lab sweep`'s checks landed inside a `try ... finally` of Hydra's compose,
+    """Found in CI: SIGTERM during `posenc-lab sweep`'s checks landed inside a `try ... finally` of Hydra's compose,
     whose `finally` then failed on a variable the `try` had not set yet; the check read that error as "does not
     compose" and the command exited 2 with a false problem. The stop must come out whatever the body made of it."""
     from posenc_lab.errors import stop_at_once

@@ -65,7 +65,7 @@ def add_ratios(rows: list[dict], baseline: str) -> list[dict]:
 
 
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # torch.compile's
-RUN_STEPS = 1000  # the run length over which compiling is judged (issue 43: "count the compile time")
+RUN_STEPS = 1000  # the run length over which compiling is judged (a first run pays the compile once)
 
 
 def add_compile_cost(rows: list[dict], steps: int = RUN_STEPS) -> list[dict]:

@@ -15,7 +15,7 @@ What is read, and when it is read again:
 - Every load reads every file and hashes its content (BLAKE2b, while reading): the cache is keyed on that
   hash, never on sizes or modification times, so a file replaced by other text of the same size with its time
   kept (``cp -p``, ``rsync -a``) is prepared again, and run.json's corpus hash, taken from the tokens, changes.
-  On a warm cache the reading is the whole cost (issue 37: 100 MB in 3,000 files).
+  On a warm cache the reading is the whole cost (100 MB in 3,000 files).
 - A folder the split by family cannot hold out val and test of (one file, a few large top-level folders) is
   refused in one line saying what the split needs, from the listing alone, before any file is read.
 """

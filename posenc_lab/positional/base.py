@@ -233,7 +233,7 @@ class PositionalScheme(nn.Module):
     #: from ``model.attention_impl``.
     attention_impl: str = "auto"
     #: auto's choice on CUDA: the fused path once the attention has at least this many keys (M + L);
-    #: None: auto keeps the unfused path. Set per scheme from the H200 measurements in docs/perf/LOG.md.
+    #: None: auto keeps the unfused path. Set per scheme from the H200 measurements in docs/PERFORMANCE.md.
     fused_from_keys: int | None = None
     #: Why ``model.random_positions`` (Ruoss et al. 2023: positions an ordered random subset of [0, P), with
     #: gaps) does not apply to this scheme; None: it applies. The model refuses the option naming this reason.

@@ -25,14 +25,14 @@ probabilities of the K nearest keys only, rebuilt from the log-sum-exp flex retu
 
 Where it runs: ``flex_attention`` needs ``torch.compile`` (eager it is a slow reference), and
 torch (2.13) refuses its backward on CPU, and its log-sum-exp output (Shaw) on CPU. ``auto`` takes
-it on CUDA only, and only where it was measured faster (an H200, bf16, docs/perf/LOG.md): each
+it on CUDA only, and only where it was measured faster (an H200, bf16, docs/PERFORMANCE.md): each
 scheme's ``fused_from_keys`` says from how many keys (M + L) on: t5 always (its bias gradient makes
 the unfused step 2.2x slower), xl from 1024 (below, reading the [B, H, L, N] table in the kernel costs
 more than the softmax it saves), alibi and shaw never (SDPA with a fixed bias, and Shaw's per-distance
 correction, beat it). The schemes added later were not measured on a GPU; they follow the measured scheme
 they resemble: kerple_log, kerple_power, fire and fox (a learned bias, whose gradient SDPA cannot give) as t5,
 sandwich (a fixed bias) as alibi. On CPU training cannot use it, and for evaluation compiling costs 30-140 s per
-shape on 2 cores for a kernel that was no faster (docs/perf/LOG.md, table D).
+shape on 2 cores for a kernel that was no faster (docs/PERFORMANCE.md).
 ``fused`` forces it (CPU: evaluation of xl, t5, alibi), failing with the
 reason where it cannot run; ``unfused`` keeps the schemes' own explicit attention. Attention
 dropout is not part of flex_attention: with ``attn_dropout > 0`` the unfused path runs.

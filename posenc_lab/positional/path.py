@@ -101,7 +101,7 @@ class PaTH(PositionalScheme):
     kind = "relative"
     compile_slower = (
         "its compiled training step took 2.1-4.7x the eager one on a 2-core CPU (tiny, small and base, "
-        "docs/perf/2026-12-04f_compile); not measured on a GPU"
+        "docs/PERFORMANCE.md); not measured on a GPU"
     )
     random_positions_refused = (
         "it reads no position: the transform between two tokens is the product of the Householder-like matrices "

@@ -36,7 +36,7 @@ def test_the_family_interval_covers_at_the_measured_components(layout, low, high
 
 
 def test_the_memory_verdicts_measured_configuration_covers():
-    """Issue 39: file SD about 0, xl:mem32's seed SD 0.0075 against xl:nomem's 0, 3 seeds a side: the seed part of
+    """The measured design: file SD about 0, xl:mem32's seed SD 0.0075 against xl:nomem's 0, 3 seeds a side: the seed part of
     one cell (2 df) dominates. The plugged-in Welch-Satterthwaite df covered 0.924 (the audit) and 0.93 here; a
     dominant part caps the df at its own (stats._df). 400 simulations: a standard error of 0.011 at 0.95."""
     pair = _pairs()["memory"]
@@ -92,7 +92,7 @@ def test_any_false_claim_at_the_global_null_is_at_most_alpha(layout):
 
 def test_skewed_family_effects_the_correction_balances_the_tails():
     """Exponential family effects (the text dominates: file SD 0.1, all of it in the families): the t interval
-    lies wholly below the truth far more often than above (issue 39: 7.5% against 1.0%); Hall's transformation
+    lies wholly below the truth far more often than above (7.5% against 1.0% in simulation); Hall's transformation
     (stats._hall) moves the interval up with the estimated skewness, part of the way (the skewness of 41 families
     is estimated low). 400 simulated differences: a fifth fewer intervals wholly below than the t interval on the
     same draws; the residual (about 5% below, 2.5% above) is stated in analysis/README.md."""

@@ -143,7 +143,7 @@ def test_the_recl_section_says_what_its_seeds_can_cover():
     assert "3 values" in three_seeds and "text only" not in three_seeds
 
 
-# ---- RECL that can resolve memory (issue 29, item 6) ----------------------------------------------------------
+# ---- RECL that can resolve memory ----------------------------------------------------------------------------
 
 
 def test_the_interpolated_crossing_reads_between_grid_points():
@@ -216,7 +216,7 @@ def test_the_area_under_the_gain_curve_resolves_a_small_memory_effect_and_holds_
 
 def test_a_seeds_recl_and_area_do_not_depend_on_how_many_seeds_any_cell_has():
     """Each seed against the other cells' first seeds: a cell of 2 seeds or of 3, and another cell of 2 or 3,
-    give every seed the same RECL, crossing and area (issue 38: a cell's RECL must not depend on its seed count;
+    give every seed the same RECL, crossing and area (a cell's RECL must not depend on its seed count;
     against seed means the baseline's noise fell with every seed added)."""
     from posenc_lab_analysis.recl import area_per_token
 

@@ -185,7 +185,7 @@ def test_holm_adjusts_step_down_and_keeps_order():
     assert adjusted[4] == pytest.approx(0.2) and np.isnan(adjusted[3])
 
 
-# ---- the family as the unit (issue 29, item 1) ---------------------------------------------------------------
+# ---- the family as the unit ---------------------------------------------------------------------------------
 
 
 def _pustejovsky_tipton(y: np.ndarray, n: np.ndarray) -> tuple[float, float]:

@@ -199,7 +199,7 @@ def test_recheck_judges_again_on_fewer_tokens_at_the_verdicts_levels():
     assert "(every interval on the predicted side)" in robustness(kept, 1.0, 32, 1.0, "nats")
 
 
-# ---- what a verdict controls (issue 29, item 4) ---------------------------------------------------------------
+# ---- what a verdict controls ---------------------------------------------------------------------------------
 
 
 def test_a_verdict_on_a_cell_with_one_seed_is_not_judged_and_stays_out_of_holm():

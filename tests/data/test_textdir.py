@@ -53,7 +53,7 @@ def _same_size_same_mtime(path: Path) -> None:
 
 
 def test_same_size_text_with_its_mtime_kept_is_read_again_and_changes_the_corpus_hash(tmp_path):
-    """Issue 37, item 5: the cache was keyed on sizes and modification times, so it served the old text."""
+    """The cache was once keyed on sizes and modification times, so it served the old text."""
     folder, cache = notes(tmp_path / "notes"), tmp_path / "cache"
     first = load_corpus("textdir", root=cache, path=folder)
     before = corpus_identity(first)["sha256"]
@@ -117,7 +117,7 @@ def test_the_glob_keeps_pathlibs_meaning(tmp_path):
 
 
 def test_a_file_name_that_is_not_utf8_is_read_and_shown_with_its_bytes_escaped(tmp_path):
-    """Issue 37, item 9: a name of os.fsencode surrogates failed with "surrogates not allowed", naming no file. Names
+    """A name of os.fsencode surrogates failed with "surrogates not allowed", naming no file. Names
     are only keys: the file is read, and the manifest shows its undecodable byte as \\xe9."""
     folder = notes(tmp_path / "notes")
     odd = os.fsdecode(b"caf\xe9.txt")
@@ -134,7 +134,7 @@ def test_a_file_name_that_is_not_utf8_is_read_and_shown_with_its_bytes_escaped(t
 
 @pytest.mark.parametrize("layout", ["one file", "12 top-level folders"])
 def test_a_folder_the_split_cannot_hold_out_is_refused_before_any_file_is_read(tmp_path, monkeypatch, layout):
-    """Issue 37, item 7: one 81 MB file took 4 minutes and 6.4 GB to fail with "use a larger corpus"."""
+    """One 81 MB file once took 4 minutes and 6.4 GB to fail with "use a larger corpus"."""
     folder = tmp_path / "notes"
     if layout == "one file":
         folder.mkdir()
@@ -174,7 +174,7 @@ def test_a_folder_whose_families_leave_a_split_empty_is_refused_once_they_are_kn
 
 
 def test_near_duplicates_are_found_in_memory_proportional_to_the_text(tmp_path):
-    """The overlap pass held 58 bytes a token at its peak on two 2 MB texts (6.4 GB for an 81 MB folder, issue 37):
+    """The overlap pass held 58 bytes a token at its peak on two 2 MB texts (6.4 GB for an 81 MB folder):
     now 24 (numpy's allocations, as tracemalloc counts them), the same groups (a shared stretch joins them)."""
     rng = np.random.default_rng(0)
     shared = rng.integers(97, 123, 400_000, dtype=np.uint8)
@@ -193,7 +193,7 @@ def test_near_duplicates_are_found_in_memory_proportional_to_the_text(tmp_path):
 
 
 def test_a_relative_path_is_stored_absolute_and_an_older_relative_one_names_the_override(tmp_path, monkeypatch):
-    """Issue 37, item 12: run.json stored data.corpus.path as typed; evaluated from another folder the run failed
+    """run.json once stored data.corpus.path as typed; evaluated from another folder the run failed
     with "no folder at ..." and no hint. Now run.json, config.yaml and the checkpoint hold it absolute; a run of
     before (its path relative) still resumes from where it was typed, and from elsewhere eval names
     +data.corpus.path, with which it evaluates on the same corpus (its hash compared)."""

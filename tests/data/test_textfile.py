@@ -43,7 +43,7 @@ def test_textfile_is_read_from_a_copy_that_follows_the_file(tmp_path):
 
 
 def test_textfile_same_size_text_with_its_mtime_kept_is_copied_again(tmp_path):
-    """Issue 37: the copy was keyed on size and modification time, so ``cp -p`` of other text of the same size
+    """The copy was once keyed on size and modification time, so ``cp -p`` of other text of the same size
     left runs on the old copy, with the old corpus hash."""
     text = tmp_path / "t.txt"
     text.write_bytes(bytes(range(97, 123)) * 400)

@@ -137,7 +137,7 @@ def test_bad_sweep_files_are_one_line(here, capsys):
 
 
 def test_a_sweep_file_that_runs_another_program_is_refused_before_anything_runs(here, capsys):
-    """The probe's file (issue 27): its command runs bash, which touches a marker, then the trainer. `posenc-lab
+    """The probe's file: its command runs bash, which touches a marker, then the trainer. `posenc-lab
     sweep` refuses it in one line naming the command (wandb agent runs such files), and nothing runs or is written.
     """
     command = ["bash", "-c", 'touch MARKER; exec "$0" "$@"', "posenc-lab", "train", "${args_no_hyphens}"]

@@ -216,7 +216,7 @@ def test_metric_and_command_are_checked(tmp_path):
         load_sweep(path)
 
 
-# The probe's way in (issue 27): a command that runs a program of its own, then the trainer.
+# The probe's way in: a command that runs a program of its own, then the trainer.
 MARKER_COMMAND = ["bash", "-c", 'touch MARKER; exec "$0" "$@"', "posenc-lab", "train", "${args_no_hyphens}"]
 RECALL_COMMAND = yaml.safe_load((REPO / "sweeps" / "ablation_recall.yaml").read_text())["command"]
 RECALL_FIXED = RECALL_COMMAND[RECALL_COMMAND.index("${args_no_hyphens}") + 1 :]
@@ -280,7 +280,7 @@ def test_cli_reports_bad_sweep(tmp_path):
     assert pyproject["project"]["entry-points"]["posenc_lab.commands"]["sweep-check"] == "posenc_lab.sweeps:main"
 
 
-# ---- what a sweep file may expand to, and what its error lines echo (issue 37) ------------------------------
+# ---- what a sweep file may expand to, and what its error lines echo ---------------------------------------
 
 # The probe's files: 1 KB each. Nine nested aliases under one parameter's values expand to 9**9 values (sweep-check
 # printed nothing for 120 s, `posenc-lab sweep` grew to 2.0 GB in 62 s); merge keys (<<) double a mapping's pairs

@@ -65,7 +65,7 @@ CLAIMS = {
                 schemes="all"),
     "quick": dict(smoke=True, steps=120, model=(2, 64), lengths=(32, 32), half_loss={SINUSOID, XL}, recall=set()),
     "tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16), half_loss={SINUSOID, XL}, recall={XL}),
-    # retrieval reach: the recall grid alone (issue 38's cells), with and without memory
+    # retrieval reach: the recall grid alone, with and without memory
     "reach": dict(smoke=False, steps=300, model=(2, 64), lengths=(16, 32), seeds=[0, 1], without_memory=set(),
                   half_loss=set(), recall=REACH, recall_without_memory=REACH),
     "reach_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16), seeds=[0], without_memory=set(),
@@ -77,7 +77,7 @@ CLAIMS = {
     "context_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16),
                          seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1]}, without_memory={XL},
                          half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
-    # length generalization: the task grid alone (issue 41), reverse x 22 cells, the verdicts' cells a third seed
+    # length generalization: the task grid alone, reverse x 22 cells, the verdicts' cells a third seed
     "lengthgen": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32),
                       seeds={"*": [0, 1], **{f"reverse/{s}:nomem": [0, 1, 2] for s in
                                              ("sinusoid", "sinusoid+rand256", "rope", "rope+rand256")}},
