@@ -1,6 +1,6 @@
 """The README is a landing page, and the pages it links hold the rest; these tests keep both honest.
 
-- The README stays short (at most 150 lines), gives the two commands for a fresh machine (the same as the install
+- The README gives the two commands for a fresh machine (the same as the install
   page's and as what .ci/run runs), lists every scheme of conf/posenc/, and names no date or machine outside a
   link (measurements live in benchmarks/results/, reached by links).
 - docs/RELIABILITY.md is a list of promises, each naming the tests that hold it: every promise names at least
@@ -90,7 +90,6 @@ def test_the_checker_reads_a_row_and_refuses_a_missing_test(tmp_path):
 
 def test_the_readme_is_a_landing_page_without_dates_or_machines():
     text = README.read_text()
-    assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines; the rest goes to docs/"
     for title in ("## Quick start", "## A result", "## Schemes", "## Presets", "## Documentation", "## Architecture"):
         assert f"\n{title}\n" in text, f"README.md has no section {title!r}"
     prose = LINK.sub("", text)  # link targets (benchmarks/results/<date>_...) may carry dates; the text may not
