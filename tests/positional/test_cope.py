@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.positional.naive_kerple_sandwich_fire_cope_xpos import (
+from tests.positional.naive import (
     _seed,  # noqa: F401 - an autouse fixture
     new_scheme,
 )
@@ -44,3 +44,9 @@ def test_cope_max_position_error_or_clamp():
     ]:
         with pytest.raises(ValueError, match=match):
             make_scheme(COPE, **options)
+
+
+def test_documented_options_exist():
+    from posenc_lab.positional import scheme_options
+
+    assert scheme_options(COPE) == {"max_position": None, "overflow": "clamp"}

@@ -3,15 +3,17 @@ threshold, its query position, and its linear pieces against the MLP."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from tests.positional.naive_kerple_sandwich_fire_cope_xpos import (
+from tests.positional.naive import (
     _seed,  # noqa: F401 - an autouse fixture
     assert_equals_naive,
     new_scheme,
 )
 from tests.positional.test_schemes import (
     make_positions,
+    make_scheme,
     qkv,
 )
 from tests.schemes import FIRE
@@ -56,3 +58,22 @@ def test_fire_pieces_are_the_mlp_at_ties_too():
             mlp[0].bias.zero_()
     q, k, v = (x.requires_grad_() for x in qkv(5, 3))
     assert_equals_naive(FIRE, scheme, q, k, v, make_positions(5, 3))
+
+
+def test_documented_options_exist():
+    from posenc_lab.positional import scheme_options
+
+    assert scheme_options(FIRE) == {"width": 32, "init_c": 1.0, "init_threshold": None}
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"width": 0}, "width .*>= 1, got 0"),
+        ({"init_c": 0.0}, "init_c must be a number >= 0.01, got 0.0"),
+        ({"init_threshold": 0.5}, "init_threshold must be a number >= 1.0, got 0.5"),
+    ],
+)
+def test_bad_options_raise_naming_the_value(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_scheme(FIRE, **options)

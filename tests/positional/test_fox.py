@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posenc_lab.positional import fused
-from tests.positional.naive_fox_stickbreaking_path import (
+from tests.positional.naive import (
     _seed,  # noqa: F401 - an autouse fixture
     assert_equals_naive,
     naive_fox,
@@ -79,3 +79,15 @@ def test_fox_oldest_key_gate_is_never_used_and_a_closed_gate_cuts_the_past():
         probs = scheme.attention_probs(0, q, k, pos, x)
     own = torch.arange(4)[:, None] + 4 == torch.arange(8)[None, :]
     torch.testing.assert_close(probs[..., own], torch.ones(B, H, 4))
+
+
+def test_documented_options_exist():
+    from posenc_lab.positional import scheme_options
+
+    assert scheme_options(FOX) == {}
+
+
+def test_without_the_layer_input_it_says_what_it_needs():
+    q, k, v = qkv(5, 3)
+    with pytest.raises(ValueError, match=rf"{FOX}: .*layer's input.*context"):
+        make_scheme(FOX).attend(0, q, k, v, make_positions(5, 3), 0.0)

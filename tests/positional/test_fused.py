@@ -30,7 +30,7 @@ from tests.positional.test_schemes import (
     naive_xl,
     qkv,
 )
-from tests.schemes import ALIBI, FOX, SHAW, SINUSOID, T5, XL
+from tests.schemes import ALIBI, FIRE, FOX, KERPLE_LOG, KERPLE_POWER, SANDWICH, SHAW, SINUSOID, T5, XL
 
 FUSED = (XL, SHAW, T5, ALIBI)
 
@@ -311,3 +311,15 @@ def test_compiled_cuda_fused_equals_unfused(monkeypatch, name):
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-4, rtol=1e-4)
     for (what, _), a, b in zip(model.named_parameters(), results[1][1], results[0][1]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3, msg=lambda m, what=what: f"grad of {what}: {m}")
+
+
+@pytest.mark.parametrize("name", (KERPLE_LOG, KERPLE_POWER, SANDWICH, FIRE))
+def test_bias_schemes_auto_rule_is_alibis_or_t5s(name, monkeypatch):
+    """auto: never on CPU; on CUDA a learned bias fuses from any key count (as t5), a fixed one never (as alibi)."""
+    scheme = make_scheme(name)
+    assert scheme.fused_from_keys == (None if name == SANDWICH else 0)
+    on_cuda = type("Q", (), {"device": torch.device("cuda")})()
+    assert fused.use_fused(scheme, on_cuda, torch.empty(1, 1, 64, 1), 0.0) is (name != SANDWICH)
+    monkeypatch.setattr(fused, "_flex", lambda: pytest.fail("flex_attention called on CPU"))
+    q, k, v = qkv(5, 3)
+    scheme.attend(1, q.requires_grad_(), k, v, make_positions(5, 3), 0.0).sum().backward()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.positional.naive_kerple_sandwich_fire_cope_xpos import _seed  # noqa: F401 - an autouse fixture
+from tests.positional.naive import _seed, new_scheme  # noqa: F401 - _seed: an autouse fixture
 from tests.positional.test_schemes import make_positions, make_scheme
 from tests.schemes import KERPLE_LOG, KERPLE_POWER
 
@@ -24,3 +24,18 @@ def test_kerple_constraints_are_projections(name):
     scheme.score_bias(1, pos).dense(pos)
     waiting.backward()
     assert scheme.r1.grad[0].abs().sum() > 0 and not scheme.r1.grad[1].any()
+
+
+def test_documented_options_exist():
+    from posenc_lab.positional import scheme_options
+
+    assert scheme_options(KERPLE_LOG) == scheme_options(KERPLE_POWER) == {}
+
+
+def test_biases_start_at_zero_and_fall_with_the_distance():
+    """b(0) = 0 and b(d) < 0 for d > 0, every head, and the penalty grows with the distance."""
+    d = torch.arange(0, 12.0)
+    for name in (KERPLE_LOG, KERPLE_POWER):
+        bias = new_scheme(name).bias(0, d)
+        assert (bias[:, 0] == 0).all() and (bias[:, 1:] < 0).all(), name
+        assert (bias.diff(dim=-1) < 0).all(), name

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_lab.positional.path import path_scores
-from tests.positional.naive_fox_stickbreaking_path import (
+from tests.positional.naive import (
     _seed,  # noqa: F401 - an autouse fixture
     assert_equals_naive,
     new_inputs,
@@ -74,3 +74,29 @@ def test_path_short_conv_reaches_two_tokens_back_only():
     with torch.no_grad():
         moved = (scheme.transforms(0, x)[0] - scheme.transforms(0, y)[0]).abs().amax((0, 1, 3)) > 1e-6
     assert moved.tolist() == [False, False, True, True, True, False]
+
+
+def test_documented_options_exist():
+    from posenc_lab.positional import scheme_options
+
+    assert scheme_options(PATH) == {"w_rank": 32, "short_conv": True}
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"w_rank": 0}, r"path: posenc.w_rank must be an integer >= 1 or null .*got 0"),
+        ({"short_conv": "yes"}, r"path: posenc.short_conv must be true or false, got 'yes'"),
+    ],
+)
+def test_bad_options_raise_naming_the_value(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_scheme(PATH, **options)
+
+
+def test_without_the_layer_input_it_says_what_it_needs():
+    from tests.positional.test_schemes import qkv
+
+    q, k, v = qkv(5, 3)
+    with pytest.raises(ValueError, match=rf"{PATH}: .*layer's input.*context"):
+        make_scheme(PATH).attend(0, q, k, v, make_positions(5, 3), 0.0)

@@ -12,7 +12,7 @@ import torch
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, Positions, sized_options
-from tests.positional import naive_kerple_sandwich_fire_cope_xpos, test_fused, test_pope
+from tests.positional import naive, test_fused, test_pope
 from tests.positional.test_fused import grads, reference  # noqa: F401 (a fixture)
 from tests.positional.test_schemes import B, D, make_positions, make_scheme, pe, qkv
 from tests.schemes import (
@@ -44,7 +44,7 @@ REFUSED = (
     WALL,
 )  # they read no position index (or, global, s + i)
 TAKES = tuple(name for name in SCHEME_NAMES if name not in REFUSED)
-FUSED = (XL, T5, ALIBI, *naive_kerple_sandwich_fire_cope_xpos.BIAS)
+FUSED = (XL, T5, ALIBI, *naive.BIAS)
 V = 23
 
 
@@ -223,15 +223,17 @@ def test_the_option_reaches_training_from_the_command_line(tmp_path):
 
 def _assert_attend_equals_naive(name: str, impl: str, q, k, v, pos) -> None:
     """Scheme ``name`` on attention path ``impl`` (fused or unfused) against its naive reference at ``pos``."""
-    scheme = (
-        naive_kerple_sandwich_fire_cope_xpos.new_scheme(name).train()
-        if name in naive_kerple_sandwich_fire_cope_xpos.NEW
-        else make_scheme(name).train()
-    )
+    scheme = naive.new_scheme(name).train() if name in naive.CONTENT_FREE else make_scheme(name).train()
     scheme.attention_impl = impl
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    if name in naive_kerple_sandwich_fire_cope_xpos.NEW:
-        naive_kerple_sandwich_fire_cope_xpos.assert_equals_naive(name, scheme, q, k, v, pos)
+    if name in naive.CONTENT_FREE:
+        naive.assert_equals_naive(name, scheme, q, k, v, pos)
     else:  # a hybrid of the default pattern on two layers: its layer 1 (the one attended) is rope
-        naive = ROPE if name == HYBRID else name
-        test_fused.assert_attend_equals_naive(naive, scheme, q, k, v, pos, [q, k, v])
+        reference = ROPE if name == HYBRID else name
+        test_fused.assert_attend_equals_naive(reference, scheme, q, k, v, pos, [q, k, v])
+
+
+@pytest.mark.parametrize("name", naive.DATA_DEPENDENT)
+def test_a_data_dependent_scheme_reads_no_position_and_refuses_random_positions(name):
+    assert SCHEMES[name].random_positions_refused and "no position" in SCHEMES[name].random_positions_refused
+    assert "between" in SCHEMES[name].not_translation_invariant

@@ -496,3 +496,25 @@ def test_shaw_attend_with_fp32_probabilities_and_bf16_values(monkeypatch):
     out.float().sum().backward()
     torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.05)
     assert v16.grad is not None and v16.grad.dtype == torch.bfloat16 and scheme.a_value.grad is not None
+
+
+@pytest.mark.parametrize("name", schemes_of_kind("relative"))
+def test_translation_invariance_holds_unless_declared(name):
+    """Same content at the same distance, moved later in the sequence: a scheme that promises translation
+    invariance scores the pair the same (the difference of two log-probabilities of one row is a difference of
+    scores); FIRE (past its threshold) and CoPE (other keys in between) declare that they do not, and do not."""
+    # FIRE past its threshold; stick-breaking with its own key (distance 0) taking a share
+    options = {FIRE: {"init_threshold": 1.0}, STICKBREAKING: {"attend_current": True}}.get(name, {})
+    torch.manual_seed(0)
+    scheme, (L, M) = make_scheme(name, **options), (8, 0)
+    pos, (q, k, _) = make_positions(L, M), qkv(L, M)
+    t = 3
+    q[:, :, 2 + t] = q[:, :, 2]  # query 2 and query 5 alike, and their keys at distances 0 and 2 alike
+    k[:, :, 2 + t], k[:, :, t] = k[:, :, 2], k[:, :, 0]
+    with torch.no_grad():
+        logp = scheme.attention_probs(0, q, k, pos, inputs(L, M)).log()
+    early, late = logp[..., 2, 2] - logp[..., 2, 0], logp[..., 2 + t, 2 + t] - logp[..., 2 + t, t]
+    if SCHEMES[name].not_translation_invariant is None:
+        torch.testing.assert_close(late, early, atol=1e-5, rtol=1e-5)
+    else:
+        assert (late - early).abs().max() > 1e-3, SCHEMES[name].not_translation_invariant

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.positional.naive_fox_stickbreaking_path import _seed  # noqa: F401 - an autouse fixture
+from tests.positional.naive import _seed  # noqa: F401 - an autouse fixture
 from tests.positional.test_schemes import DH, B, H, make_positions, make_scheme, qkv
 from tests.schemes import STICKBREAKING
 
@@ -29,3 +29,14 @@ def test_stickbreaking_nearest_key_breaks_first_and_the_rest_is_left(attend_curr
     assert torch.allclose(row[..., M + L - 2], torch.ones(B, H), atol=1e-6)
     assert (row[..., : M + L - 2] < 1e-6).all()
     assert torch.equal(row[..., own] == 0, torch.full((B, H), not attend_current))
+
+
+def test_documented_options_exist():
+    from posenc_lab.positional import scheme_options
+
+    assert scheme_options(STICKBREAKING) == {"attend_current": False}
+
+
+def test_a_bad_option_raises_naming_the_value():
+    with pytest.raises(ValueError, match=r"stickbreaking: posenc.attend_current must be true or false, got 1"):
+        make_scheme(STICKBREAKING, attend_current=1)

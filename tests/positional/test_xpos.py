@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.positional.naive_kerple_sandwich_fire_cope_xpos import _seed  # noqa: F401 - an autouse fixture
+from tests.positional.naive import _seed  # noqa: F401 - an autouse fixture
 from tests.positional.test_schemes import make_positions, make_scheme, qkv
 from tests.schemes import XPOS
 
@@ -32,3 +32,21 @@ def test_xpos_decays_with_the_distance_and_is_rope_without_it():
         torch.testing.assert_close(flat.attend(0, q, k, v, pos, 0.0), rope.attend(0, q, k, v, pos, 0.0))
     zeta = make_scheme(XPOS).log_zeta.exp()
     assert zeta.min() == pytest.approx(0.4 / 1.4) and zeta.max() < 1
+
+
+def test_documented_options_exist():
+    from posenc_lab.positional import scheme_options
+
+    assert scheme_options(XPOS) == {"base": 10000.0, "gamma": 0.4, "scale_base": 512.0}
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"gamma": -0.4}, "gamma must be a number > 0, got -0.4"),
+        ({"scale_base": 0}, "scale_base must be a number > 0, got 0"),
+    ],
+)
+def test_bad_options_raise_naming_the_value(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_scheme(XPOS, **options)
