@@ -51,9 +51,11 @@ CONF = Path(config_dir())
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "\nablate:" in p.read_text())
 
 
-# What each preset's opening comment (and the README's preset table) says it is. "steps": trainer.max_steps,
-# "model": (n_layer, d_model), "lengths": (data.segment_len, model.mem_len); "seeds": every cell's seeds;
-# "without_memory": the schemes also trained without memory; "recall": the recall probe's schemes.
+# What a preset's opening comment says it is, pinned for the presets whose reports the project quotes (a new
+# preset needs no entry: every preset is composed, planned and validated by the tests below, by glob).
+# "steps": trainer.max_steps, "model": (n_layer, d_model), "lengths": (data.segment_len, model.mem_len); "seeds":
+# every cell's seeds; "without_memory": the schemes also trained without memory; "recall": the recall probe's
+# schemes.
 REACH = {XL, SHAW, SINUSOID, LEARNED, GLOBAL_SINUSOID, ROPE, ALIBI, NOPE, FOX}
 CLAIMS = {
     "ablation": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32),
@@ -94,13 +96,18 @@ CLAIMS = {
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
-    assert set(CLAIMS) == set(PRESETS), "a new preset states its claims here"
-    claims = CLAIMS[preset]
     cfg = compose("ablate", [f"experiment={preset}", f"ablate.out={tmp_path}"])
-    assert bool(cfg.ablate.smoke) == claims["smoke"] and cfg.ablate.name == preset
+    specs = make_plan(cfg, [f"experiment={preset}"])
+    assert cfg.ablate.name == preset and specs
+    # every run of the preset is a valid `posenc-lab train` config (the one validator, nothing loaded)
+    run = compose("train", [*specs[0].overrides, f"run_dir={tmp_path / specs[0].name}"])
+    assert config_problems(run, "train") == []
+    claims = CLAIMS.get(preset)
+    if claims is None:
+        return
+    assert bool(cfg.ablate.smoke) == claims["smoke"]
     assert (cfg.trainer.max_steps, (cfg.model.n_layer, cfg.model.d_model)) == (claims["steps"], claims["model"])
     assert (cfg.data.segment_len, cfg.model.mem_len) == claims["lengths"]
-    specs = make_plan(cfg, [f"experiment={preset}"])
     main = [s for s in specs if s.group is None]
     if "seeds" in claims:  # every cell's seeds, or {cell: seeds} with "*" for the others
         want = claims["seeds"] if isinstance(claims["seeds"], dict) else {"*": claims["seeds"]}
@@ -119,11 +126,6 @@ def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
     assert {s.scheme for s in specs if s.group == "recall"} == claims["recall"]
     if "recall_without_memory" in claims:
         assert {s.scheme for s in specs if s.group == "recall" and s.mem_len == 0} == claims["recall_without_memory"]
-    # every run of the preset is a valid `posenc-lab train` config (the one validator, nothing loaded)
-    run = compose("train", [*specs[0].overrides, f"run_dir={tmp_path / specs[0].name}"])
-    assert config_problems(run, "train") == []
-    listed = (CONF / "experiment" / "README.md").read_text()
-    assert f"`{preset}`" in listed  # documented in conf/experiment/README.md's table
 
 
 def representative(specs):
@@ -143,8 +145,9 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     specs = make_plan(cfg, [f"experiment={preset}"])
     main = [s for s in specs if s.group is None] or specs  # the reach presets: the recall grid alone
     schemes = {s.scheme for s in main}  # the five: every absolute scheme, at least two relative ones
-    own = isinstance(CLAIMS[preset].get("schemes"), set) or "task_schemes" in CLAIMS[preset]  # its own cells
-    if not CLAIMS[preset]["smoke"] and not own:
+    claims = CLAIMS.get(preset, {})
+    own = isinstance(claims.get("schemes"), set) or "task_schemes" in claims or preset not in CLAIMS  # its own cells
+    if not cfg.ablate.smoke and not own:
         assert schemes >= set(schemes_of_kind("absolute")) and len(schemes & set(schemes_of_kind("relative"))) >= 2
     if preset == "zoo":  # every registered scheme, with memory only (conf/experiment/zoo.yaml)
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
@@ -430,3 +433,14 @@ def test_the_plan_states_what_a_task_grids_seeds_detect(capsys, tmp_path):
     assert ablate.main(one) == 0
     out = capsys.readouterr().out
     assert "0 claim(s)" in out and "1 seed a cell: no task verdict is judged" in out
+
+
+TINY_PRESETS = sorted(p for p in PRESETS if p.endswith("_tiny") or p == "tiny")
+
+
+@pytest.mark.slow  # each is also run by its own section's test; this one finds a new tiny preset with no edit
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_every_tiny_preset_runs_to_its_report(preset, tmp_path):
+    out = tmp_path / preset
+    assert ablate.main([f"experiment={preset}", f"ablate.out={out}", "ablate.jobs=2"]) == 0
+    assert (out / "report" / "report.md").is_file()
