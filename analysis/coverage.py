@@ -231,8 +231,8 @@ def error_rates(
 
 
 def _pairs() -> dict[str, tuple[str, str]]:
-    """The simulated differences of the measured design's rows, from the measured cells (no scheme named here): one scheme
-    with memory against itself without (the memory verdict's pair), and two cells of 2 seeds."""
+    """The simulated differences of the measured design's rows, from the measured cells (no scheme named here):
+    one scheme with memory against itself without (the memory verdict's pair), and two cells of 2 seeds."""
     keys = {c: _key(c) for c in CELLS}
     memory = [
         (a, b) for a in CELLS for b in CELLS if keys[a].scheme == keys[b].scheme and keys[a].memory > keys[b].memory

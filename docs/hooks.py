@@ -5,6 +5,8 @@
 - Every relative link of every page is written as the site sees it: a link to one of those pages, or from them
   into docs/, to its page; a link to a file of the repository that the site does not hold (a module, a test, a
   yaml) to its path in code. A link to a file that does not exist stays a link, so `mkdocs build --strict` fails.
+- docs/SCHEMES.md's table of every scheme is rendered from the registry (``scheme_table``), so a new scheme
+  joins it with no edit of a page.
 - The Results page is the report of the newest default ablation, ``benchmarks/results/default/default_report.md``,
   with the figures and tables kept beside it; a link of that report to a file that was not kept becomes its text.
   Every other record under benchmarks/ stays out of the site (a link to it shows its repository path).
@@ -100,5 +102,39 @@ def rewrite(markdown: str, page_repo: str) -> str:
     return TOKEN.sub(lambda m: m.group(0) if m.group("code") else link(LINK.fullmatch(m.group(0))), markdown)
 
 
+SCHEME_TABLE = "<!-- the table of schemes: rendered here from the registry by docs/hooks.py -->"
+
+
+def _first_sentence(text: str) -> str:
+    return re.split(r"(?<! al)\. (?=[A-Z])", " ".join(text.split()))[0].rstrip(".")
+
+
+def scheme_table() -> str:
+    """The table of every scheme of conf/posenc/: a registered scheme's row from its class (``family``,
+    ``positions_enter``, ``with_memory``; its kind and docstring where a scheme leaves them empty), a preset of
+    another scheme's options from its yaml's opening comment."""
+    import inspect
+
+    import yaml
+
+    from posenc_lab.positional import SCHEMES
+
+    rows = ["| name | family | where positions enter | with memory | try it |", "|---|---|---|---|---|"]
+    for path in sorted((ROOT / "conf" / "posenc").glob("*.yaml")):
+        name, text = path.stem, path.read_text()
+        if name in SCHEMES:
+            cls = SCHEMES[name]
+            where = cls.positions_enter or _first_sentence(inspect.getdoc(inspect.getmodule(cls)) or "")
+            row = [cls.family or cls.kind, where, cls.with_memory or "-"]
+        else:
+            base = (yaml.safe_load(text).get("defaults") or ["?"])[0]
+            comment = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+            row = [f"a preset of `{base}`", _first_sentence(comment), f"as `{base}`"]
+        rows.append(f"| `{name}` | " + " | ".join(c.replace("|", "\\|") for c in row) + f" | `posenc={name}` |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if SCHEME_TABLE in markdown:
+        markdown = markdown.replace(SCHEME_TABLE, scheme_table())
     return rewrite(markdown, repo_path(page.file.src_uri))

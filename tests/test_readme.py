@@ -1,8 +1,8 @@
 """The README is a landing page, and the pages it links hold the rest; these tests keep both honest.
 
-- The README gives the two commands for a fresh machine (the same as the install
-  page's and as what .ci/run runs) and the main job's time and machine, lists every scheme of conf/posenc/, and
-  names no date outside a link, nor a machine outside the quick start (measurements live in benchmarks/results/, reached by links).
+- The README gives the two commands for a fresh machine (the same as the install page's and as what .ci/run
+  runs) and the main job's time and machine, and names no date outside a link, nor a machine outside the quick
+  start (measurements live in benchmarks/results/, reached by links).
 - docs/RELIABILITY.md is a list of promises, each naming the tests that hold it: every promise names at least
   one test, and every test named exists (a renamed or deleted test breaks the promise here, not silently).
 - Every relative link of the README and of the documentation pages points to a file that exists (the CI's
@@ -112,13 +112,6 @@ def test_the_two_commands_are_the_install_pages_and_what_ci_runs():
     assert all(any(line.startswith(s) for line in lines) for s in steps), f"{steps} not all in .ci/run"
 
 
-def test_the_readme_lists_every_scheme():
-    table = re.search(r"\n## Schemes\n(.*?)\n## ", README.read_text(), re.S).group(1)
-    listed = set(re.findall(r"^\| `(\w+)`(?:, `(\w+)`)?", table, re.M))
-    names = {n for pair in listed for n in pair if n}
-    assert names == {p.stem for p in (ROOT / "conf" / "posenc").glob("*.yaml")}
-
-
 def test_every_relative_link_of_the_pages_points_to_a_file():
     assert len(PAGES) >= 12 and all(p.is_file() for p in PAGES)
     broken = {str(p.relative_to(ROOT)): b for p in PAGES if (b := _broken(p))}
@@ -165,6 +158,19 @@ def test_the_site_hook_writes_each_link_as_the_site_sees_it():
     report = f"{hooks.RESULTS}/default_report.md"
     figure = next(r for r in hooks.OUTSIDE if r.endswith(".png"))
     kept = figure[len(hooks.RESULTS) + 1 :]
-    assert hooks.rewrite(f"![kept]({kept}) ![gone](nowhere/gone.png)", report) == (
-        f"![kept](results/{kept}) gone"
-    )
+    assert hooks.rewrite(f"![kept]({kept}) ![gone](nowhere/gone.png)", report) == (f"![kept](results/{kept}) gone")
+
+
+def test_the_scheme_table_is_rendered_from_the_registry_with_every_scheme_and_preset():
+    hooks = _hooks()
+    from posenc_lab.positional import SCHEMES
+
+    table = hooks.scheme_table()
+    names = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert names == sorted(p.stem for p in (ROOT / "conf" / "posenc").glob("*.yaml"))
+    assert set(SCHEMES) <= set(names)
+    rows = dict(zip(names, table.splitlines()[2:]))
+    assert "`(q+u).k + (q+v).W_R R_{i-j}`" in rows["xl"] and "a preset of `hybrid`" in rows["irope"]
+    assert all(row.count(" | ") == 4 for row in rows.values())  # five cells: no '|' of a formula split a row
+    page = (ROOT / "docs" / "SCHEMES.md").read_text()
+    assert hooks.SCHEME_TABLE in page and "## Every scheme" in page

@@ -82,7 +82,8 @@ def near_duplicate_groups(texts: list, threshold: float, window: int = WINDOW, m
     """A group id per text: texts sharing at least ``threshold`` of the distinct windows of the smaller one are
     joined, transitively (union-find). Windows found in more than ``max_files`` texts (idioms such as
     ``return self``) and windows of whitespace alone do not count. Memory: about 17 bytes a token of the largest
-    text while its windows are hashed, then 16 bytes a distinct window of all texts (a hash table of every window took 6.4 GB for 81 MB)."""
+    text while its windows are hashed, then 16 bytes a distinct window of all texts (a table of every window
+    took 6.4 GB for 81 MB)."""
     n = len(texts)
     parent = list(range(n))
     if n < 2:  # no pair to join

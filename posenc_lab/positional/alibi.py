@@ -27,6 +27,9 @@ def alibi_slopes(n_head: int) -> Tensor:
 class ALiBi(PositionalScheme):
     name = "alibi"
     kind = "relative"
+    family = "relative bias"
+    positions_enter = "`-m_h (i - j)`"
+    with_memory = "works"
 
     def __init__(self, dims: Dims):
         super().__init__(dims)

@@ -229,6 +229,11 @@ class PositionalScheme(nn.Module):
     #: between the two tokens (cope's counts, fox's gates, stickbreaking's stick, path's transforms);
     #: "none": no positional signal (nope). Analysis and reports group schemes by this, never by name.
     kind: str = "none"
+    #: The scheme's row in the table of schemes (docs/SCHEMES.md, rendered from the registry by docs/hooks.py): its
+    #: family in a few words, where positions enter the computation (the equation), and what it does with memory.
+    family: str = ""
+    positions_enter: str = ""
+    with_memory: str = ""
     #: auto | fused | unfused: the attention path of the relative schemes (``fused.py``); set by the model
     #: from ``model.attention_impl``.
     attention_impl: str = "auto"

@@ -80,6 +80,9 @@ class _CountedScores(torch.autograd.Function):
 class CoPE(PositionalScheme):
     name = "cope"
     kind = "relative"
+    family = "contextual"
+    positions_enter = "positions counted by gates `sigmoid(q.k)`, embedding interpolated"
+    with_memory = "counts over memory too"
     random_positions_refused = "its positions are counted from the content (sums of gates): it reads no position"
     not_translation_invariant = (
         "a pair's position is the sum of the gates of the keys between its tokens: it depends on what lies "

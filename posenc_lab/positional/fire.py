@@ -62,6 +62,9 @@ def mlp_pieces(mlp: nn.Sequential) -> tuple[Tensor, Tensor, Tensor]:
 class FIRE(PositionalScheme):
     name = "fire"
     kind = "relative"
+    family = "relative bias, not translation invariant"
+    positions_enter = "an MLP of `log(c d + 1) / log(c max(i, L) + 1)`"
+    with_memory = "`i` = the keys a query sees"
     projected = {"c": (EPS, None), "threshold": (1.0, None)}
     # not measured on a GPU: a learned bias, whose gradient SDPA cannot give (as t5: fused 0.46x unfused)
     fused_from_keys = 0

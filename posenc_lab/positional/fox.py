@@ -37,6 +37,9 @@ from .registry import register
 class FoX(PositionalScheme):
     name = "fox"
     kind = "relative"
+    family = "data-dependent bias"
+    positions_enter = "`sum_{l=j+1..i} log f_l`, forget gates `f_t = sigmoid(w . x_t + b)` from the layer input"
+    with_memory = "gates of memory from its own states"
     # not measured on a GPU: a learned bias of every pair, whose gradient SDPA cannot give (as t5's: fused from 0)
     fused_from_keys = 0
     random_positions_refused = (

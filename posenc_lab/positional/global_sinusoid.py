@@ -15,6 +15,9 @@ from .registry import register
 class GlobalSinusoid(PositionalScheme):
     name = "global_sinusoid"
     kind = "absolute"
+    family = "absolute, counting across segments"
+    positions_enter = "`E[x_i] + PE(s + i)`"
+    with_memory = "true positions; unseen offsets past the training episodes"
     random_positions_refused = (
         "its positions are the stream offset s + i, counted across segments: a random subset drawn per segment "
         "would not keep a stream's positions increasing from one segment to the next, and the unbounded count "

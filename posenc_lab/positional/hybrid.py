@@ -114,6 +114,12 @@ def _problems(layers, options, windows) -> str | None:
 class Hybrid(PositionalScheme):
     name = "hybrid"
     kind = "relative"  # every layer's scheme acts in the attention: the absolute ones are refused
+    family = "per layer"
+    positions_enter = (
+        "layer `n` takes `posenc.layers[n % len]`, each scheme built for its own layers; `posenc.windows`: a "
+        "sliding window per scheme"
+    )
+    with_memory = "each layer keeps its own memory"
 
     def __init__(
         self,

@@ -30,6 +30,9 @@ EPS = 1e-2  # the authors' lower bound of r1 and r2
 class KerpleLog(PositionalScheme):
     name = "kerple_log"
     kind = "relative"
+    family = "relative bias"
+    positions_enter = "`-r1 log(1 + r2 d)`, r1 and r2 learned per head"
+    with_memory = "works"
     # not measured on a GPU: a learned bias like t5's, whose gradient SDPA cannot give (t5: fused 0.46x unfused)
     fused_from_keys = 0
     #: r1 ~ U(0, init[0]), r2 ~ U(0, init[1]), then kept inside their bounds (low, high)

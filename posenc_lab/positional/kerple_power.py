@@ -15,6 +15,9 @@ from .registry import register
 @register
 class KerplePower(KerpleLog):
     name = "kerple_power"
+    family = "relative bias"
+    positions_enter = "`-r1 d^r2`, r1 and r2 learned per head"
+    with_memory = "works"
     init = (1.0, 2.0)  # r1 ~ U(0, 1), r2 ~ U(0, 2): the authors' code
     projected = {"r1": (EPS, None), "r2": (EPS, 2.0)}
 

@@ -17,6 +17,9 @@ from .registry import register
 class Learned(PositionalScheme):
     name = "learned"
     kind = "absolute"
+    family = "absolute, reset per segment"
+    positions_enter = "`E[x_i] + P[i]`, a table"
+    with_memory = "as sinusoid; positions past the table fail before training"
 
     def __init__(self, dims: Dims, *, max_positions: int | None = None, overflow: str = "error"):
         super().__init__(dims)

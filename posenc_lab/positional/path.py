@@ -99,6 +99,9 @@ def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = CHUN
 class PaTH(PositionalScheme):
     name = "path"
     kind = "relative"
+    family = "data-dependent transform"
+    positions_enter = "`q_i^T H_i ... H_{j+1} k_j`, `H_t = I - beta_t w_t w_t^T` from the layer input"
+    with_memory = "transforms of memory from its own states"
     compile_slower = (
         "its compiled training step took 2.1-4.7x the eager one on a 2-core CPU (tiny, small and base, "
         "docs/PERFORMANCE.md); not measured on a GPU"

@@ -42,6 +42,12 @@ PHASE_INITS = ("zero", "uniform")
 class PoPE(PositionalScheme):
     name = "pope"
     kind = "relative"
+    family = "relative, polar"
+    positions_enter = (
+        "`sum_c softplus(q_ic) softplus(k_jc) cos((i - j) theta_c - delta_hc)`: magnitude from content, phase"
+        " from position"
+    )
+    with_memory = "memory at negative positions"
     projected = {"phase": (-2 * math.pi, 0.0)}
 
     def __init__(self, dims: Dims, *, base: float = 10000.0, phase_init: str = "zero"):

@@ -117,6 +117,12 @@ def longrope_attention_factor(factor: float, original_len: int, given: float | N
 class RoPE(PositionalScheme):
     name = "rope"
     kind = "relative"
+    family = "relative, rotary"
+    positions_enter = (
+        "`q_i`, `k_j` rotated; `partial: p` rotates the fastest pairs only (p-RoPE); `scaling: linear, ntk, "
+        "yarn, llama3, dynamic, longrope`"
+    )
+    with_memory = "memory at negative positions"
 
     def __init__(
         self,

@@ -24,6 +24,9 @@ from .registry import register
 class Sandwich(PositionalScheme):
     name = "sandwich"
     kind = "relative"
+    family = "relative bias"
+    positions_enter = "`PE(i).PE(j)` shifted and scaled per head"
+    with_memory = "works"
     fused_from_keys = None  # not measured on a GPU: a fixed bias like alibi's, for which SDPA beat flex
 
     def __init__(self, dims: Dims, *, dim: int | None = None):

@@ -130,6 +130,9 @@ class _NearValues(torch.autograd.Function):
 class Shaw(PositionalScheme):
     name = "shaw"
     kind = "relative"
+    family = "relative, clipped"
+    positions_enter = "learned `a^K`, `a^V` by `clip(i - j, K)`"
+    with_memory = "distances past `K` share one row"
 
     def __init__(self, dims: Dims, *, K: int = 16):
         super().__init__(dims)

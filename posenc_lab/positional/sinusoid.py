@@ -14,6 +14,9 @@ from .registry import register
 class Sinusoid(PositionalScheme):
     name = "sinusoid"
     kind = "absolute"
+    family = "absolute, reset per segment"
+    positions_enter = "`E[x_i] + PE(i)`"
+    with_memory = "memory states carry their own segment's positions"
 
     def embed(self, h: Tensor, pos: Positions) -> Tensor:
         return h + sinusoid_table(pos.q, self.dims.d_model).to(h.dtype)  # + PE(i)

@@ -88,6 +88,9 @@ class _BrokenStick(torch.autograd.Function):
 class StickBreaking(PositionalScheme):
     name = "stickbreaking"
     kind = "relative"
+    family = "data-dependent, no softmax"
+    positions_enter = "`A_ij = beta_ij prod (1 - beta_it)` over the nearer keys, `beta = sigmoid(q.k)`"
+    with_memory = "the stick runs back through the memory"
     random_positions_refused = "it reads no position: the order of the keys alone decides which breaks the stick first"
     softmax_scale_refused = (
         "its attention is no softmax: each key takes sigmoid(z) of the stick the nearer keys left, and the stick left "

@@ -164,6 +164,9 @@ def leaves(q: Tensor, k: Tensor, P: Tensor, c: int) -> tuple[Tensor, Tensor, Ten
 class Wall(PositionalScheme):
     name = "wall"
     kind = "relative"
+    family = "data-dependent, per channel"
+    positions_enter = "`sum_n q_in k_jn prod_{l=j+1..i} f_ln`, a forget gate per channel from the layer input"
+    with_memory = "gates of memory from its own states"
     random_positions_refused = (
         "it reads no position: the order enters only through the forget gates of the tokens between query and key"
     )

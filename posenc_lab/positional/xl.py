@@ -74,6 +74,9 @@ class _AddShifted(torch.autograd.Function):
 class XLRelative(PositionalScheme):
     name = "xl"
     kind = "relative"
+    family = "relative (Transformer-XL)"
+    positions_enter = "`(q+u).k + (q+v).W_R R_{i-j}`"
+    with_memory = "designed for it"
     fused_from_keys = 1024  # H200 bf16: fused 0.90-0.91x the unfused step at 1024-2048 keys, 1.13-1.54x at 300-768
 
     def __init__(self, dims: Dims, *, clamp_len: int | None = None, share_uv: bool = True):

@@ -25,6 +25,9 @@ from .rope import RoPE, rotate_half
 @register
 class XPos(RoPE):
     name = "xpos"
+    family = "relative, rotary with decay"
+    positions_enter = "RoPE times `zeta^((i-j)/B)`"
+    with_memory = "as rope"
 
     def __init__(self, dims: Dims, *, base: float = 10000.0, gamma: float = 0.4, scale_base: float = 512.0):
         super().__init__(dims, base=base)

@@ -36,9 +36,10 @@ def test_the_family_interval_covers_at_the_measured_components(layout, low, high
 
 
 def test_the_memory_verdicts_measured_configuration_covers():
-    """The measured design: file SD about 0, xl:mem32's seed SD 0.0075 against xl:nomem's 0, 3 seeds a side: the seed part of
-    one cell (2 df) dominates. The plugged-in Welch-Satterthwaite df covered 0.924 (the audit) and 0.93 here; a
-    dominant part caps the df at its own (stats._df). 400 simulations: a standard error of 0.011 at 0.95."""
+    """The measured design: file SD about 0, xl:mem32's seed SD 0.0075 against xl:nomem's 0, 3 seeds a side: the
+    seed part of one cell (2 df) dominates. The plugged-in Welch-Satterthwaite df covered 0.924 (the audit) and
+    0.93 here; a dominant part caps the df at its own (stats._df). 400 simulations: a standard error of
+    0.011 at 0.95."""
     pair = _pairs()["memory"]
     assert MEASURED.of(pair[0]) > 0.005 and MEASURED.of(pair[1]) < 0.001  # the configuration measured
     r = coverage(SPLIT, _with(file_sd=0.0), reps=400, seed=5, pair=pair)

@@ -84,8 +84,9 @@ def test_options_go_over_the_yaml_and_are_sized_as_training_sizes_them():
 
 
 def test_the_budgets_command_of_performance_md_names_budgets_py_points():
-    """docs/PERFORMANCE.md's command for the 2025-26 schemes' budgets, run by bash up to the benchmark (``posenc-lab`` stands in
-    to print its arguments): it parses, its schemes pass every check at ``base``, and its points are budgets.py's."""
+    """docs/PERFORMANCE.md's command for the 2025-26 schemes' budgets, run by bash up to the benchmark
+    (``posenc-lab`` stands in to print its arguments): it parses, its schemes pass every check at ``base``, and
+    its points are budgets.py's."""
     import shlex
     import subprocess
     import sys
