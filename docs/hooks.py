@@ -6,7 +6,7 @@
   into docs/, to its page; a link to a file of the repository that the site does not hold (a module, a test, a
   yaml) to its path in code. A link to a file that does not exist stays a link, so `mkdocs build --strict` fails.
 - docs/SCHEMES.md's table of every scheme is rendered from the registry (``scheme_table``), so a new scheme
-  joins it with no edit of a page.
+  joins it with no edit of a page; conf/experiment/README.md's table of presets from their yamls (``preset_table``).
 - The Results page is the report of the newest default ablation, ``benchmarks/results/default/default_report.md``,
   with the figures and tables kept beside it; a link of that report to a file that was not kept becomes its text.
   Every other record under benchmarks/ stays out of the site (a link to it shows its repository path).
@@ -134,7 +134,25 @@ def scheme_table() -> str:
     return "\n".join(rows)
 
 
+PRESET_TABLE = "<!-- the table of presets: rendered here from conf/experiment/ by docs/hooks.py -->"
+
+
+def preset_table() -> str:
+    """The table of every preset of conf/experiment/: its command (an ablation's or a training's) and the first
+    sentence of its opening comment."""
+    rows = ["| preset | command | what |", "|---|---|---|"]
+    for path in sorted((ROOT / "conf" / "experiment").glob("*.yaml")):
+        text = path.read_text()
+        comment = " ".join(line.lstrip("# ") for line in text.splitlines()[1:] if line.startswith("#"))
+        command = "ablate" if re.search(r"^ablate:", text, re.M) else "train"
+        what = _first_sentence(comment).replace("|", "\\|")
+        rows.append(f"| `{path.stem}` | `posenc-lab {command} experiment={path.stem}` | {what} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if SCHEME_TABLE in markdown:
         markdown = markdown.replace(SCHEME_TABLE, scheme_table())
+    if PRESET_TABLE in markdown:
+        markdown = markdown.replace(PRESET_TABLE, preset_table())
     return rewrite(markdown, repo_path(page.file.src_uri))

@@ -174,3 +174,16 @@ def test_the_scheme_table_is_rendered_from_the_registry_with_every_scheme_and_pr
     assert all(row.count(" | ") == 4 for row in rows.values())  # five cells: no '|' of a formula split a row
     page = (ROOT / "docs" / "SCHEMES.md").read_text()
     assert hooks.SCHEME_TABLE in page and "## Every scheme" in page
+
+
+def test_the_preset_table_is_rendered_from_conf_experiment():
+    hooks = _hooks()
+    table = hooks.preset_table()
+    names = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert names == sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+    rows = dict(zip(names, table.splitlines()[2:]))
+    assert (
+        "`posenc-lab ablate experiment=zoo`" in rows["zoo"] and "`posenc-lab train experiment=recall`" in rows["recall"]
+    )
+    assert "every registered positional scheme" in rows["zoo"]  # its opening comment's first sentence
+    assert hooks.PRESET_TABLE in (ROOT / "conf" / "experiment" / "README.md").read_text()
