@@ -167,9 +167,9 @@ class Group:
         }
 
 
-class Context:
-    """What a section reads: its settings, the shared ones, its group (None for a report-wide section), the
-    report, the other sections' measurements of the same group, and where it writes."""
+class SectionContext:
+    """What a section reads (``sections.base.Context``): its settings, the shared ones, its group (None for a
+    report-wide section), the report, the other sections' measurements of the same group, and where it writes."""
 
     def __init__(self, report: Report, section: Section, group: Group | None):
         self.report, self.section, self.group = report, section, group
@@ -223,7 +223,7 @@ class Report:
         key = (name, id(group))
         if key not in self._measured:
             section = self.sections.get(name) or section_class(name)()
-            self._measured[key] = section.measure(Context(self, section, group))
+            self._measured[key] = section.measure(SectionContext(self, section, group))
         return self._measured[key]
 
     @cached_property
@@ -233,7 +233,7 @@ class Report:
         for name, section in self.sections.items():
             groups = {CORPUS: [self.main] if self.main else [], RECALL: self.recalls}.get(section.scope, [])
             for group in groups:
-                out.update(section.evidence(Context(self, section, group), self.measured(name, group)))
+                out.update(section.evidence(SectionContext(self, section, group), self.measured(name, group)))
         return out
 
     def measure(self) -> None:
@@ -259,7 +259,7 @@ class Report:
             for group in self.groups(scope):
                 for name in names[i:j]:
                     section = self.sections[name]
-                    ctx = Context(self, section, group)
+                    ctx = SectionContext(self, section, group)
                     part = section.render(ctx, self.measured(name, group))
                     if part is not None:
                         out.append(_titled(part, ctx))
@@ -267,7 +267,7 @@ class Report:
         return out
 
 
-def _titled(part: Part, ctx: Context) -> Part:
+def _titled(part: Part, ctx: SectionContext) -> Part:
     """The part with its section's title and numbering, and its tables named with the group's suffix."""
     part.title = part.title or ctx.title
     part.numbered = part.numbered and ctx.section.numbered

@@ -14,13 +14,10 @@ as with a memory of only its valid slots (tests/test_static_memory.py pins it fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from .model import MemoryTransformer, ModelOutput
 
 
 @dataclass
@@ -63,6 +60,17 @@ class Memory:
         return [s[:, s.shape[1] - count :] for s in self.states]
 
 
+class SegmentModel(Protocol):
+    """What ``Recurrence`` steps (``MemoryTransformer``): its memory length, an empty memory, and a call on one
+    segment whose output carries the new memory (``.mems``). Named here so that this module imports no model."""
+
+    mem_len: int
+
+    def empty_memory(self, batch: int, slots: int, device: torch.device) -> Memory: ...
+
+    def __call__(self, tokens: Tensor, targets: Tensor | None = None, **kwargs: Any) -> Any: ...
+
+
 class Recurrence:
     """The memory of one set of parallel streams from segment to segment. ``reset`` (a bool, or a bool tensor []
     read on the device) drops the memory first (an episode starts); the new memory is kept for the next segment."""
@@ -75,14 +83,15 @@ class Recurrence:
 
     def step(
         self,
-        model: MemoryTransformer,
+        model: SegmentModel,
         tokens: Tensor,
         targets: Tensor | None = None,
         *,
         reset: bool | Tensor = False,
         **kwargs,
-    ) -> ModelOutput:
-        """tokens, targets: [B, L]; kwargs: the rest of ``MemoryTransformer.forward`` (offset, loss_mask, ...)."""
+    ) -> Any:
+        """tokens, targets: [B, L]; kwargs: the rest of ``MemoryTransformer.forward`` (offset, loss_mask, ...);
+        returns the model's output (a ``ModelOutput``)."""
         mem_len = kwargs.get("mem_len")
         mem_len = model.mem_len if mem_len is None else mem_len
         if mem_len == 0:

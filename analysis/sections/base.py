@@ -8,9 +8,10 @@ file atomically.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pandas as pd
 
@@ -18,12 +19,36 @@ from posenc_lab.io import write_text
 from posenc_lab.tables import markdown_table, write_csv
 
 if TYPE_CHECKING:
-    from ..report import Context
     from ..verdicts import Evidence
 
 # What a section is rendered for: once per language corpus, once per recall-probe group, once per report.
 CORPUS, RECALL, REPORT = "corpus", "recall", "report"
 SCOPES = (CORPUS, RECALL, REPORT)
+
+
+class Context(Protocol):
+    """What a section reads (report.py builds one per section and group): its settings block, the shared settings,
+    its group (the runs of one corpus or recall group; None for a report-wide section), the report, where it writes
+    and the log. Stated here, so that the sections know nothing of the report that runs them."""
+
+    section: Section
+    settings: Any
+    shared: Any
+    group: Any
+    report: Any
+    out: Path
+    suffix: str
+    log: Callable[[str], None]
+
+    def measured(self, name: str | None = None) -> Any:
+        """Section ``name``'s measurement of this group (default: this section's), computed once."""
+
+    def file(self, name: str) -> Path:
+        """Where this section writes ``name``, in its group's folder."""
+
+    @property
+    def title(self) -> str:
+        """The section's title, with its corpus where the report holds several."""
 
 
 @dataclass

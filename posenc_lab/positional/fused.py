@@ -41,13 +41,11 @@ dropout is not part of flex_attention: with ``attn_dropout > 0`` the unfused pat
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # base.py imports this module: its bias forms build their score_mods from the helpers here
-    from .base import Positions
+from .positions import Positions
 
 try:
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
