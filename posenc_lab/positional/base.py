@@ -318,3 +318,37 @@ class PositionalScheme(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"
+
+
+class ExplicitScores(PositionalScheme):
+    """A scheme that writes its scores itself (``scores``: scaled, SSMax's ``logit_scale`` applied, masked): its
+    probabilities are their softmax and its output the values weighted by them (xl, cope)."""
+
+    def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions, logit_scale: Tensor | None = None) -> Tensor:
+        """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, N] the scores, -inf where not visible."""
+        raise NotImplementedError
+
+    def attention_probs(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        pos: Positions,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
+    ) -> Tensor:
+        return torch.softmax(self.scores(layer, q, k, pos, logit_scale), dim=-1)  # bf16 in and out, fp32 inside
+
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        pos: Positions,
+        dropout_p: float,
+        context: Tensor | None = None,
+        logit_scale: Tensor | None = None,
+    ) -> Tensor:
+        probs = self.attention_probs(layer, q, k, pos, logit_scale=logit_scale)
+        return (F.dropout(probs, dropout_p) if dropout_p > 0 else probs) @ v

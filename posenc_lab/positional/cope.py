@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dims, PositionalScheme, Positions, mask_to_bias
+from .base import Dims, ExplicitScores, Positions, mask_to_bias
 from .registry import register
 
 OVERFLOWS = ("clamp", "error")
@@ -77,7 +77,7 @@ class _CountedScores(torch.autograd.Function):
 
 
 @register
-class CoPE(PositionalScheme):
+class CoPE(ExplicitScores):
     name = "cope"
     kind = "relative"
     family = "contextual"
@@ -136,33 +136,6 @@ class CoPE(PositionalScheme):
         content = content.masked_fill(~pos.visible, FAR)
         scaled = _CountedScores.apply(content, z) * logit_scale.to(torch.float32)
         return (scaled + mask_to_bias(pos.visible, scaled.dtype)).to(q.dtype)
-
-    def attention_probs(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        pos: Positions,
-        context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
-    ) -> Tensor:
-        return torch.softmax(self.scores(layer, q, k, pos, logit_scale), dim=-1)
-
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
-    ) -> Tensor:
-        probs = self.attention_probs(layer, q, k, pos, logit_scale=logit_scale)
-        if dropout_p > 0:
-            probs = F.dropout(probs, dropout_p)
-        return probs @ v
 
     def extra_repr(self) -> str:
         return f"max_position={self.max_position}, overflow={self.overflow!r}"

@@ -23,11 +23,10 @@ layer sees the same dropped R, as in the published code. With ``model.random_pos
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .base import Dims, PositionalScheme, PositionDropout, Positions, mask_to_bias, sinusoid_table
+from .base import Dims, ExplicitScores, PositionDropout, Positions, mask_to_bias, sinusoid_table
 from .registry import register
 
 
@@ -71,7 +70,7 @@ class _AddShifted(torch.autograd.Function):
 
 
 @register
-class XLRelative(PositionalScheme):
+class XLRelative(ExplicitScores):
     name = "xl"
     kind = "relative"
     family = "relative (Transformer-XL)"
@@ -153,18 +152,6 @@ class XLRelative(PositionalScheme):
         # the mask as an additive -inf: its backward is the identity (a masked_fill's costs a pass)
         return a.add_(mask_to_bias(pos.visible, q.dtype)).view(B, H, L, N)
 
-    def attention_probs(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        pos: Positions,
-        context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
-    ) -> Tensor:
-        # bf16 in, bf16 out: fp32 inside the kernel
-        return torch.softmax(self.scores(layer, q, k, pos, logit_scale), dim=-1)
-
     def attend(
         self,
         layer: int,
@@ -184,10 +171,7 @@ class XLRelative(PositionalScheme):
             bd = ((q + vb.to(q.dtype)) * row) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
             q_u = q + u.to(q.dtype)
             return fused.attend_xl(q_u if logit_scale is None else q_u * logit_scale.to(q.dtype), k, v, pos, bd)
-        probs = self.attention_probs(layer, q, k, pos, logit_scale=logit_scale)
-        if dropout_p > 0:
-            probs = F.dropout(probs, dropout_p)
-        return probs @ v
+        return super().attend(layer, q, k, v, pos, dropout_p, context, logit_scale)
 
     def extra_repr(self) -> str:
         return f"clamp_len={self.clamp_len}, share_uv={self.share_uv}"

@@ -99,10 +99,11 @@ def masked_softmax(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_scheme_is_one_module_and_one_yaml():
-    """Every module of the package (but the interface, the registry, the fused path and DroPE's schedule, which any
-    scheme takes) registers one scheme, found without an import list, and every scheme has conf/posenc/<name>.yaml
-    naming it."""
-    modules = {m.name for m in pkgutil.iter_modules(positional.__path__)} - {"base", "registry", "fused", "drope"}
+    """Every module of the package (but the interface and its positions, the registry, the fused path and DroPE's
+    schedule, which any scheme takes) registers one scheme, found without an import list, and every scheme has
+    conf/posenc/<name>.yaml naming it."""
+    shared = {"base", "positions", "registry", "fused", "drope"}
+    modules = {m.name for m in pkgutil.iter_modules(positional.__path__)} - shared
     by_module = {cls.__module__.rsplit(".", 1)[1]: name for name, cls in SCHEMES.items()}
     assert set(by_module) == modules and len(by_module) == len(SCHEMES) == len(SCHEME_NAMES)
     for name in SCHEME_NAMES:
