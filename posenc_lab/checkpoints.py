@@ -41,7 +41,7 @@ from torch import Tensor
 
 from .distributed import stop_check_due
 from .errors import STOP_SIGNALS, Interrupted, PosencLabError, signal_name
-from .io import atomic_path
+from .io import DiskFullError, atomic_path
 
 log = logging.getLogger("posenc_lab.checkpoints")
 
@@ -205,10 +205,14 @@ def _link(src: Path, dst: Path) -> None:
     tmp = dst.with_name(f".{dst.name}.tmp")
     tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:  # a copy on a full disk: no half file left beside dst
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class Checkpointing(ModelCheckpoint):
@@ -272,11 +276,32 @@ class Checkpointing(ModelCheckpoint):
         return checkpoint
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+        try:
+            super()._save_checkpoint(trainer, filepath)
+        except Exception as e:
+            self._last_from_this_step(trainer, Path(filepath), e)
+            raise
         health = getattr(trainer.lightning_module, "saved_health", None)
         if trainer.is_global_zero and health and health["ok"] and Path(filepath).is_file():
             _link(Path(filepath), Path(filepath).parent / _CANDIDATE)
             self._candidate_step = trainer.global_step
+
+    def _last_from_this_step(self, trainer: L.Trainer, filepath: Path, error: Exception) -> None:
+        """last.ckpt could not be written (a full disk) after this step's periodic checkpoint was (save_top_k=-1):
+        name that one last.ckpt (a hard link: no space needed), so that last.ckpt is the newest state; the error's
+        message says so."""
+        saved = Path(self._last_checkpoint_saved) if self._last_checkpoint_saved else None
+        is_last = filepath.name == f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        if not (trainer.is_global_zero and is_last and saved and saved != filepath and saved.is_file()):
+            return
+        if self._last_global_step_saved != trainer.global_step:
+            return
+        try:
+            _link(saved, filepath)
+        except OSError:
+            return  # the old last.ckpt, if any, is intact (every save is a new file)
+        if isinstance(error, DiskFullError):
+            error.args = (f"{error}; {filepath.name} now names {saved}, saved at this step",)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
@@ -291,6 +316,7 @@ class Checkpointing(ModelCheckpoint):
             for s in self.stop_signals:
                 signal.signal(s, self._request_stop)
         # The checkpoint this fit resumed from is a candidate too (a new run directory may have no other).
+        self._drop_candidate(trainer)  # one a killed process left
         health = getattr(pl_module, "loaded_health", None)
         if trainer.is_global_zero and trainer.ckpt_path and health and health["ok"]:
             Path(self.dirpath).mkdir(parents=True, exist_ok=True)
@@ -387,12 +413,21 @@ class Checkpointing(ModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._raise_if_stopping(trainer)
         super().on_train_end(trainer, pl_module)
+        self._drop_candidate(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
+        self._drop_candidate(trainer)
         launcher = trainer.strategy.launcher
         if isinstance(exception, Interrupted) and exception.saved is None and hasattr(launcher, "kill"):
             launcher.kill(exception.signum)  # stopped at once: so are the DDP ranks this process started
+
+    def _drop_candidate(self, trainer: L.Trainer) -> None:
+        """No step follows to confirm the candidate (training ended, or failed): it is no file of the run's. A
+        resume makes the checkpoint it starts from the candidate again (``on_train_start``)."""
+        if trainer.is_global_zero and self.dirpath:
+            (Path(self.dirpath) / _CANDIDATE).unlink(missing_ok=True)
+        self._candidate_step = None
 
     @property
     def stop_requested(self) -> bool:
