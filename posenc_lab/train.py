@@ -50,7 +50,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, flush_denormals, keep_freed_memory, tracking
 from .build import build_datamodule, build_lit, build_trainer, check_splits
-from .checkpoints import CHECKPOINT_SAFE_GLOBALS, SANE_LOSS_RATIO, Checkpointing, CheckpointUnreadable
+from .checkpoints import (
+    CHECKPOINT_SAFE_GLOBALS,
+    GOOD_CHECKPOINTS,
+    SANE_LOSS_RATIO,
+    Checkpointing,
+    CheckpointUnreadable,
+)
 from .checks import check, problems
 from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
@@ -195,6 +201,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.checkpoint_callback.stop_signals = stop_signals()
     check_precision(trainer.precision, trainer.strategy.root_device.type, cfg.get("bf16_check", "warn"))
     with run.lock() if trainer.is_global_zero else contextlib.nullcontext():
+        before: set[str] | None = None  # a new run's folder before this command wrote into it
         if trainer.is_global_zero:
             record = run.check(identity, _own_log())  # again under the lock: another process may have run
             if checkpoint_state(run) != seen:
@@ -204,19 +211,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 )
             for folder in (run.path, run.checkpoints):  # what a killed process was writing: never complete
                 remove_partial(folder)
-            run.write_record(identity, record)
-            tracking.keep_run_id(trainer.loggers, run)
-            _write_run_start(cfg, composed, run)
-            _keep_old_log(run, resume_step)
-            log.info(
-                "run dir %s; %s; %.2fM parameters%s",
-                run_dir,
-                lit.model.cfg.posenc,
-                lit.model.num_params() / 1e6,
-                f"; resuming from {resume}" if resume else "",
-            )
+            before = set(os.listdir(run.path)) if record is None else None
         exit_code = 1
         try:
+            if trainer.is_global_zero:
+                run.write_record(identity, record)
+                tracking.keep_run_id(trainer.loggers, run)
+                _write_run_start(cfg, composed, run)
+                _keep_old_log(run, resume_step)
+                log.info(
+                    "run dir %s; %s; %.2fM parameters%s",
+                    run_dir,
+                    lit.model.cfg.posenc,
+                    lit.model.num_params() / 1e6,
+                    f"; resuming from {resume}" if resume else "",
+                )
             results = _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
             exit_code = 0
             return results
@@ -226,6 +235,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             raise
         finally:
             tracking.finish(trainer.loggers, exit_code)
+            if exit_code and before is not None and trainer.global_step <= resume_step:
+                # a new run that failed before its first step (memory, say): what it wrote would make a corrected
+                # rerun into this folder "another run"; nothing of it is worth keeping
+                run.remove_new(before, _own_log())
 
 
 def _fit_and_evaluate(
@@ -335,6 +348,38 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
     run_dir.rmdir()
 
 
+# ---- memory running out ------------------------------------------------------------------------
+
+# what a step's memory grows with: named in the line of an out-of-memory error (errors.reported)
+_MEMORY_SIZES = (
+    "data.batch_size",
+    "data.segment_len",
+    "model.mem_len",
+    "model.n_layer",
+    "model.d_model",
+    "model.n_head",
+    "trainer.precision",
+)
+
+
+def _memory_advice(cfg: DictConfig) -> str:
+    """The sizes, what to lower, and the checkpoint kept (named, not read: memory has just run out)."""
+    sizes = ", ".join(f"{key}={OmegaConf.select(cfg, key, default=None)}" for key in _MEMORY_SIZES)
+    lower = (
+        "lower data.batch_size, data.segment_len or model.mem_len (or the model: model.n_layer, model.d_model), "
+        "or use trainer.precision=bf16-mixed"
+    )
+    run = RunDir(_run_dir(cfg))
+    newest, good = run.newest_checkpoint(), run.checkpoints / GOOD_CHECKPOINTS[0]
+    if newest is None:
+        return f"at {sizes}: {lower}; no checkpoint was saved before it"
+    also = f" (the newest good one: {good})" if good.is_file() and not os.path.samefile(good, newest) else ""
+    return (
+        f"at {sizes}: {lower}; the newest checkpoint is kept: {newest}{also}; to go on from it with smaller data "
+        f"sizes: resume={newest} run_dir=NEW_DIR"
+    )
+
+
 # ---- stop signals ------------------------------------------------------------------------------
 
 
@@ -403,7 +448,7 @@ def _check_jobs(overrides: list[str]) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     submitit = submitit_signal()
     requeue_by_submitit = signal.getsignal(submitit) if submitit else None  # before stop_at_once replaces it
-    with reported("train"), stop_at_once(stop_signals()):
+    with reported("train", lambda: _memory_advice(cfg)), stop_at_once(stop_signals()):
         try:
             train(cfg)
         except Exception as e:
