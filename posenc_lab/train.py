@@ -363,7 +363,8 @@ _MEMORY_SIZES = (
 
 
 def _memory_advice(cfg: DictConfig) -> str:
-    """The sizes, what to lower, and the checkpoint kept (named, not read: memory has just run out)."""
+    """The sizes, what to lower, and the checkpoint kept (named, not read: memory has just run out). Lower sizes
+    are another run (they are part of its identity, rundir.py): a new run_dir, unless nothing of this one is left."""
     sizes = ", ".join(f"{key}={OmegaConf.select(cfg, key, default=None)}" for key in _MEMORY_SIZES)
     lower = (
         "lower data.batch_size, data.segment_len or model.mem_len (or the model: model.n_layer, model.d_model), "
@@ -371,12 +372,14 @@ def _memory_advice(cfg: DictConfig) -> str:
     )
     run = RunDir(_run_dir(cfg))
     newest, good = run.newest_checkpoint(), run.checkpoints / GOOD_CHECKPOINTS[0]
-    if newest is None:
+    if newest is None and not run.record_file.exists():  # a new run that failed at its start left nothing
         return f"at {sizes}: {lower}; no checkpoint was saved before it"
+    if newest is None:
+        return f"at {sizes}; no checkpoint was saved before it: {lower}, with another run_dir"
     also = f" (the newest good one: {good})" if good.is_file() and not os.path.samefile(good, newest) else ""
     return (
-        f"at {sizes}: {lower}; the newest checkpoint is kept: {newest}{also}; to go on from it with smaller data "
-        f"sizes: resume={newest} run_dir=NEW_DIR"
+        f"at {sizes}; the newest checkpoint is kept: {newest}{also}. With more memory free, the same command "
+        f"continues from it; or {lower}, with another run_dir"
     )
 
 

@@ -108,20 +108,27 @@ def test_a_failure_at_the_first_step_of_an_extension_changes_nothing_the_run_had
     assert {k: v for k, v in _files(run).items() if k in kept} == kept
 
 
-def test_memory_running_out_mid_training_keeps_the_checkpoint_and_names_it(
+def test_memory_running_out_mid_training_keeps_the_checkpoint_names_it_and_the_same_command_continues(
     tmp_path, cache, monkeypatch, capsys, refuse_memory
 ):
     refuse_memory(lambda lit, split: split == "train" and lit.trainer.global_step == 3)
     run = tmp_path / "run"
-    status, err = cli(train_module.main, tiny(run, cache, "checkpoint_every=2", steps=6), monkeypatch, capsys)
+    command = tiny(run, cache, "checkpoint_every=2", steps=6)
+    status, err = cli(train_module.main, command, monkeypatch, capsys)
     line = _memory_line(err, "train", "CPU")
     last = run / "checkpoints" / "last.ckpt"
     assert status == 1 and step_of(last) == 2  # the run is kept: it has trained
     assert line.endswith(
-        f"the newest checkpoint is kept: {last}; to go on from it with smaller data sizes: resume={last} "
-        f"run_dir=NEW_DIR"
+        f"; the newest checkpoint is kept: {last}. With more memory free, the same command continues from it; or "
+        f"lower data.batch_size, data.segment_len or model.mem_len (or the model: model.n_layer, model.d_model), or "
+        f"use trainer.precision=bf16-mixed, with another run_dir"
     ), line
     assert (run / "run.json").is_file() and (run / "checkpoints" / "good.ckpt").is_file()
+
+    monkeypatch.undo()  # memory freed
+    status, err = cli(train_module.main, command, monkeypatch, capsys)
+    results = json.loads((run / "results.json").read_text())
+    assert status == 0 and results["steps"] == 6 and results["resumed_from"] == str(last), err[-3000:]
 
 
 def test_memory_running_out_in_evaluation_is_one_line_with_the_sizes_evaluated(
