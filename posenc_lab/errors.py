@@ -143,30 +143,36 @@ def no_space(e: BaseException | None) -> bool:
 _ALLOCATOR_REFUSED = re.compile(r"can't allocate memory|not enough memory|out of memory", re.IGNORECASE)
 
 
-def out_of_memory(e: BaseException | None) -> str | None:
-    """Where memory ran out if ``e`` or an exception behind it is an allocator's refusal: "GPU" for
-    torch.OutOfMemoryError (torch.cuda.OutOfMemoryError is the same class), "CPU" for a MemoryError or torch's CPU
-    allocator's RuntimeError; None otherwise."""
+def _refusal(e: BaseException | None) -> BaseException | None:
+    """``e`` or the exception behind it that is an allocator's refusal (``out_of_memory``), if any."""
     torch = sys.modules.get("torch")  # only an error torch raised can be torch's: no import here
     gpu_error = getattr(torch, "OutOfMemoryError", ()) if torch is not None else ()
     while e is not None:
-        if isinstance(e, gpu_error):
-            return "GPU"
-        if isinstance(e, MemoryError):
-            return "CPU"
-        if isinstance(e, RuntimeError) and _ALLOCATOR_REFUSED.search(str(e)):
-            return "GPU" if re.search(r"CUDA|HIP|MPS", str(e)) else "CPU"
+        if isinstance(e, (gpu_error, MemoryError)) or (
+            isinstance(e, RuntimeError) and _ALLOCATOR_REFUSED.search(str(e))
+        ):
+            return e
         e = e.__cause__ or e.__context__
     return None
 
 
+def out_of_memory(e: BaseException | None) -> str | None:
+    """Where memory ran out if ``e`` or an exception behind it is an allocator's refusal: "GPU" for
+    torch.OutOfMemoryError (torch.cuda.OutOfMemoryError is the same class), "CPU" for a MemoryError or torch's CPU
+    allocator's RuntimeError; None otherwise."""
+    refusal = _refusal(e)
+    if refusal is None:
+        return None
+    gpu = type(refusal).__name__ == "OutOfMemoryError" or re.search(r"CUDA|HIP|MPS", str(refusal))
+    return "GPU" if gpu else "CPU"
+
+
 def _allocator_said(e: BaseException) -> str:
     """The allocator's own words, first sentences only (CUDA's message goes on for lines about fragmentation)."""
-    while e is not None and not (isinstance(e, (MemoryError, RuntimeError)) and str(e)):
-        e = e.__cause__ or e.__context__
-    text = re.sub(r"^\[enforce fail at [^\]]*\][^.]*\.\s*", "", " ".join(str(e or "").split()))  # c10's prefix
+    refusal = _refusal(e) or e
+    text = re.sub(r"^\[enforce fail at [^\]]*\][^.]*\.\s*", "", " ".join(str(refusal).split()))  # c10's prefix
     short = re.match(r"(.*?(?:allocate [\d.,]+ ?[KMGT]?i?B|bytes)\b\.?)", text)
-    return shown(short.group(1) if short else text, 160, quote=False)
+    return shown(short.group(1) if short else text or type(refusal).__name__, 160, quote=False)
 
 
 def deliberate(error: BaseException) -> bool:

@@ -22,6 +22,9 @@ SIGTERM, SIGINT and SIGHUP (and, in a SLURM job, its requeue signal) stop traini
 the validation batch, with last.ckpt saved (checkpoints.Checkpointing), print one line with the command that
 continues the run and exit 143 / 130 / 129; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
 A run that ends unhealthy (a divergence to a finite loss) warns in one line and exits 0 (``_unhealthy``).
+A new run that fails before its first step removes what it wrote (``RunDir.remove_new``): a corrected rerun into
+the same run_dir is not "another run". Memory running out is one line naming the sizes and the checkpoint kept
+(``_memory_advice``, errors.reported).
 """
 
 from __future__ import annotations

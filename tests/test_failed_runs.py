@@ -14,6 +14,7 @@ import torch
 
 from posenc_lab import evaluate
 from posenc_lab import train as train_module
+from posenc_lab.errors import out_of_memory, reported
 from posenc_lab.lit import LitLM
 from tests.helpers_train import cli, compose_config, no_stale_log_handlers, run_train, step_of, tiny  # noqa: F401 - autouse fixture
 
@@ -164,3 +165,28 @@ def test_cuda_memory_running_out_in_training_and_evaluation_is_the_same_one_line
     status, err = cli(evaluate.main, argv, monkeypatch, capsys)
     line = _memory_line(err, "eval", "GPU")
     assert status == 1 and "precision=32-true: lower data.batch_size" in line, line
+
+
+def test_the_allocators_refusals_are_told_apart_from_other_errors(capsys):
+    """torch.cuda.OutOfMemoryError raised by hand (where no CUDA device is) gets the GPU's line."""
+    cuda = torch.cuda.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.20 GiB "
+        "is free. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments"
+    )
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 819200000000 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert out_of_memory(cuda) == "GPU" and out_of_memory(cpu) == out_of_memory(MemoryError()) == "CPU"
+    assert out_of_memory(RuntimeError("shapes do not match")) is None and out_of_memory(ValueError("memory")) is None
+    for error, line in (
+        (cuda, "out of memory on the GPU (CUDA out of memory. Tried to allocate 20.00 GiB.) at SIZES"),
+        (
+            cpu,
+            "out of memory on the CPU (DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+            "819200000000 bytes.) at SIZES",
+        ),
+    ):
+        with pytest.raises(SystemExit) as info, reported("eval", lambda: "at SIZES"):
+            raise RuntimeError("the step failed") from error
+        assert info.value.code == 1 and capsys.readouterr().err.splitlines()[0] == f"posenc-lab eval: error: {line}"
