@@ -54,6 +54,7 @@ from .errors import ConfigError, PosencLabError, reported
 from .grid import run_folder
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
+from .memory_line import eval_advice
 from .metrics import FIGURES, TokenDump
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
@@ -336,30 +337,8 @@ def main() -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def _hydra_main(cfg: DictConfig) -> None:
-    with reported("eval", lambda: _memory_advice(cfg)):
+    with reported("eval", lambda: eval_advice(cfg)):
         evaluate_main(cfg)
-
-
-def _memory_advice(cfg: DictConfig) -> str:
-    """The evaluation's sizes (a null one as the run was trained: its config.yaml, not the checkpoint, which memory
-    that has just run out may not hold twice), what to lower, and that nothing changed."""
-    try:
-        trained = RunDir.of_checkpoint(cfg.ckpt).config()
-    except (PosencLabError, OSError):
-        trained = {}
-    data, model = trained.get("data") or {}, trained.get("model") or {}
-    sizes = {
-        "data.batch_size": cfg.data.batch_size or data.get("eval_batch_size") or data.get("batch_size"),
-        "data.segment_len": cfg.data.segment_len or data.get("segment_len"),
-        "model.mem_len": model.get("mem_len") if cfg.model.mem_len is None else cfg.model.mem_len,
-        **{f"model.{key}": model.get(key) for key in ("n_layer", "d_model", "n_head")},
-        "precision": cfg.precision,
-    }
-    listed = ", ".join(f"{key}={value}" for key, value in sizes.items())
-    return (
-        f"at {listed}: lower data.batch_size (the streams evaluated at once), data.segment_len or model.mem_len, or "
-        f"use precision=bf16-mixed; {cfg.ckpt} is unchanged and nothing was written"
-    )
 
 
 def evaluate_main(cfg: DictConfig) -> None:

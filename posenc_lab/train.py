@@ -24,7 +24,7 @@ continues the run and exit 143 / 130 / 129; see docs/CLUSTERS.md, "Time limits, 
 A run that ends unhealthy (a divergence to a finite loss) warns in one line and exits 0 (``_unhealthy``).
 A new run that fails before its first step removes what it wrote (``RunDir.remove_new``): a corrected rerun into
 the same run_dir is not "another run". Memory running out is one line naming the sizes and the checkpoint kept
-(``_memory_advice``, errors.reported).
+(memory_line.py, errors.reported).
 """
 
 from __future__ import annotations
@@ -53,13 +53,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, flush_denormals, keep_freed_memory, tracking
 from .build import build_datamodule, build_lit, build_trainer, check_splits
-from .checkpoints import (
-    CHECKPOINT_SAFE_GLOBALS,
-    GOOD_CHECKPOINTS,
-    SANE_LOSS_RATIO,
-    Checkpointing,
-    CheckpointUnreadable,
-)
+from .checkpoints import CHECKPOINT_SAFE_GLOBALS, SANE_LOSS_RATIO, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
 from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
@@ -68,6 +62,7 @@ from .errors import ConfigError, Interrupted, reported, stop_at_once
 from .grid import run_folder, run_name
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
+from .memory_line import train_advice
 from .precision import check_precision
 from .resume import check_folders, check_resumable, checkpoint_state, resume_path
 from .rundir import Results, RunDir, RunDirError, absolute_paths, corpus_identity, run_identity
@@ -351,41 +346,6 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
     run_dir.rmdir()
 
 
-# ---- memory running out ------------------------------------------------------------------------
-
-# what a step's memory grows with: named in the line of an out-of-memory error (errors.reported)
-_MEMORY_SIZES = (
-    "data.batch_size",
-    "data.segment_len",
-    "model.mem_len",
-    "model.n_layer",
-    "model.d_model",
-    "model.n_head",
-    "trainer.precision",
-)
-
-
-def _memory_advice(cfg: DictConfig) -> str:
-    """The sizes, what to lower, and the checkpoint kept (named, not read: memory has just run out). Lower sizes
-    are another run (they are part of its identity, rundir.py): a new run_dir, unless nothing of this one is left."""
-    sizes = ", ".join(f"{key}={OmegaConf.select(cfg, key, default=None)}" for key in _MEMORY_SIZES)
-    lower = (
-        "lower data.batch_size, data.segment_len or model.mem_len (or the model: model.n_layer, model.d_model), "
-        "or use trainer.precision=bf16-mixed"
-    )
-    run = RunDir(_run_dir(cfg))
-    newest, good = run.newest_checkpoint(), run.checkpoints / GOOD_CHECKPOINTS[0]
-    if newest is None and not run.record_file.exists():  # a new run that failed at its start left nothing
-        return f"at {sizes}: {lower}; no checkpoint was saved before it"
-    if newest is None:
-        return f"at {sizes}; no checkpoint was saved before it: {lower}, with another run_dir"
-    also = f" (the newest good one: {good})" if good.is_file() and not os.path.samefile(good, newest) else ""
-    return (
-        f"at {sizes}; the newest checkpoint is kept: {newest}{also}. With more memory free, the same command "
-        f"continues from it; or {lower}, with another run_dir"
-    )
-
-
 # ---- stop signals ------------------------------------------------------------------------------
 
 
@@ -454,7 +414,7 @@ def _check_jobs(overrides: list[str]) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     submitit = submitit_signal()
     requeue_by_submitit = signal.getsignal(submitit) if submitit else None  # before stop_at_once replaces it
-    with reported("train", lambda: _memory_advice(cfg)), stop_at_once(stop_signals()):
+    with reported("train", lambda: train_advice(cfg, _run_dir(cfg))), stop_at_once(stop_signals()):
         try:
             train(cfg)
         except Exception as e:
