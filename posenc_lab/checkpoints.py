@@ -18,12 +18,12 @@ last training step's stand in for the next step's.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import logging
 import math
 import os
 import pickle
-import pickletools
 import re
 import shutil
 import signal
@@ -41,7 +41,8 @@ from torch import Tensor
 
 from .distributed import stop_check_due
 from .errors import STOP_SIGNALS, Interrupted, PosencLabError, signal_name
-from .io import atomic_path
+from .io import DiskFullError, atomic_path
+from .pickles import code_in_pickle
 
 log = logging.getLogger("posenc_lab.checkpoints")
 
@@ -79,35 +80,6 @@ def _refused(path: Path, detail: str) -> CheckpointError:
     )
 
 
-_CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
-
-
-def _code_in_pickle(path: Path) -> str | None:
-    """The first opcode of a plain pickle file that would import or call code (read, never run), None if there
-    is none; ValueError if the bytes are not a pickle at all (corruption). A legacy (non-zip) torch.save file is
-    several pickles in a row (a magic number, the protocol, system info, the data) followed by raw tensor bytes:
-    each pickle is read in turn until those bytes begin."""
-    with open(path, "rb") as f:
-        size, first = os.fstat(f.fileno()).st_size, True
-        while f.tell() < size:
-            strings: list[str] = []
-            try:
-                for op, arg, _ in pickletools.genops(f):  # raises ValueError on bytes that are no pickle
-                    if op.name in _CODE_OPCODES:
-                        what = (
-                            arg if op.name == "GLOBAL" else " ".join(strings[-2:]) if op.name == "STACK_GLOBAL" else ""
-                        )
-                        return f"a {op.name} opcode" + (f" ({what})" if what else "")
-                    if isinstance(arg, str):
-                        strings.append(arg)
-            except ValueError:
-                if first:
-                    raise
-                return None  # the raw tensor bytes after the pickles of a legacy torch file
-            first = False
-    return None
-
-
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a posenc-lab training checkpoint on the CPU, as data only, or raise CheckpointError
     naming the file (missing, unreadable, not a posenc-lab checkpoint, or needing code to load)."""
@@ -131,7 +103,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         code = f"a reference to the global {found.group(1)}" if found else None
         if code is None and not zipfile.is_zipfile(path):
             try:  # a plain pickle: find out, without running it, whether it references code or is damaged
-                code = _code_in_pickle(path)
+                code = code_in_pickle(path)
             except ValueError:
                 code = None
         if code:
@@ -206,8 +178,10 @@ def _link(src: Path, dst: Path) -> None:
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
+    except OSError:  # a copy, written aside: a full disk leaves no half file
+        with atomic_path(dst) as copy:
+            shutil.copyfile(src, copy)
+        return
     os.replace(tmp, dst)
 
 
@@ -272,11 +246,26 @@ class Checkpointing(ModelCheckpoint):
         return checkpoint
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+        try:
+            super()._save_checkpoint(trainer, filepath)
+        except Exception as e:
+            self._last_from_this_step(trainer, Path(filepath), e)
+            raise
         health = getattr(trainer.lightning_module, "saved_health", None)
         if trainer.is_global_zero and health and health["ok"] and Path(filepath).is_file():
             _link(Path(filepath), Path(filepath).parent / _CANDIDATE)
             self._candidate_step = trainer.global_step
+
+    def _last_from_this_step(self, trainer: L.Trainer, filepath: Path, error: Exception) -> None:
+        """last.ckpt failed (a full disk) after this step's periodic checkpoint was saved (save_top_k=-1): that one
+        becomes last.ckpt (a hard link: no space needed), the newest state, and the error says so."""
+        saved, last = Path(self._last_checkpoint_saved or filepath), f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        this_step = self._last_global_step_saved == trainer.global_step and saved.is_file()
+        if trainer.is_global_zero and filepath.name == last != saved.name and this_step:
+            with contextlib.suppress(OSError):  # else the old last.ckpt, if any, is intact (every save is a new file)
+                _link(saved, filepath)
+                if isinstance(error, DiskFullError):
+                    error.args = (f"{error}; {last} now names {saved}, saved at this step",)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
@@ -291,6 +280,7 @@ class Checkpointing(ModelCheckpoint):
             for s in self.stop_signals:
                 signal.signal(s, self._request_stop)
         # The checkpoint this fit resumed from is a candidate too (a new run directory may have no other).
+        self._drop_candidate(trainer)  # one a killed process left
         health = getattr(pl_module, "loaded_health", None)
         if trainer.is_global_zero and trainer.ckpt_path and health and health["ok"]:
             Path(self.dirpath).mkdir(parents=True, exist_ok=True)
@@ -387,12 +377,21 @@ class Checkpointing(ModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._raise_if_stopping(trainer)
         super().on_train_end(trainer, pl_module)
+        self._drop_candidate(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
+        self._drop_candidate(trainer)
         launcher = trainer.strategy.launcher
         if isinstance(exception, Interrupted) and exception.saved is None and hasattr(launcher, "kill"):
             launcher.kill(exception.signum)  # stopped at once: so are the DDP ranks this process started
+
+    def _drop_candidate(self, trainer: L.Trainer) -> None:
+        """No step follows to confirm the candidate (training ended, or failed): it is no file of the run's. A
+        resume makes the checkpoint it starts from the candidate again (``on_train_start``)."""
+        if trainer.is_global_zero and self.dirpath:
+            (Path(self.dirpath) / _CANDIDATE).unlink(missing_ok=True)
+        self._candidate_step = None
 
     @property
     def stop_requested(self) -> bool:

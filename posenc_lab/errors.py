@@ -138,6 +138,43 @@ def no_space(e: BaseException | None) -> bool:
     return False
 
 
+# What torch's allocators say when they refuse (the CPU's "DefaultCPUAllocator: can't allocate memory", "not enough
+# memory" on Windows; "CUDA out of memory" of torch versions before torch.OutOfMemoryError)
+_ALLOCATOR_REFUSED = re.compile(r"can't allocate memory|not enough memory|out of memory", re.IGNORECASE)
+
+
+def _refusal(e: BaseException | None) -> BaseException | None:
+    """``e`` or the exception behind it that is an allocator's refusal (``out_of_memory``), if any."""
+    torch = sys.modules.get("torch")  # only an error torch raised can be torch's: no import here
+    gpu_error = getattr(torch, "OutOfMemoryError", ()) if torch is not None else ()
+    while e is not None:
+        if isinstance(e, (gpu_error, MemoryError)) or (
+            isinstance(e, RuntimeError) and _ALLOCATOR_REFUSED.search(str(e))
+        ):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def out_of_memory(e: BaseException | None) -> str | None:
+    """Where memory ran out if ``e`` or an exception behind it is an allocator's refusal: "GPU" for
+    torch.OutOfMemoryError (torch.cuda.OutOfMemoryError is the same class), "CPU" for a MemoryError or torch's CPU
+    allocator's RuntimeError; None otherwise."""
+    refusal = _refusal(e)
+    if refusal is None:
+        return None
+    gpu = type(refusal).__name__ == "OutOfMemoryError" or re.search(r"CUDA|HIP|MPS", str(refusal))
+    return "GPU" if gpu else "CPU"
+
+
+def _allocator_said(e: BaseException) -> str:
+    """The allocator's own words, first sentences only (CUDA's message goes on for lines about fragmentation)."""
+    refusal = _refusal(e) or e
+    text = re.sub(r"^\[enforce fail at [^\]]*\][^.]*\.\s*", "", " ".join(str(refusal).split()))  # c10's prefix
+    short = re.match(r"(.*?(?:allocate [\d.,]+ ?[KMGT]?i?B|bytes)\b\.?)", text)
+    return shown(short.group(1) if short else text or type(refusal).__name__, 160, quote=False)
+
+
 def deliberate(error: BaseException) -> bool:
     """True if ``error`` was raised on purpose by posenc-lab (its message is enough)."""
     if isinstance(error, PosencLabError):
@@ -149,9 +186,10 @@ def deliberate(error: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def reported(command: str) -> Iterator[None]:
-    """Run a command's body; turn a deliberate error (or a full disk) into one line on stderr and exit status 1
-    (a stop signal: 128 + its number)."""
+def reported(command: str, memory_advice: Callable[[], str] | None = None) -> Iterator[None]:
+    """Run a command's body; turn a deliberate error (or a full disk, or memory running out) into one line on stderr
+    and exit status 1 (a stop signal: 128 + its number). ``memory_advice``: the command's sizes, what to lower and
+    what was kept, for the line of an allocator's refusal (``out_of_memory``) on the CPU or a GPU."""
     try:
         yield
     except Interrupted as e:
@@ -165,15 +203,26 @@ def reported(command: str) -> Iterator[None]:
             pass
         sys.exit(e.exit_code)
     except Exception as e:
-        full = not deliberate(e) and no_space(e)  # a full disk under a library's writer (a logger, say)
-        if not (deliberate(e) or full) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        memory = None if deliberate(e) else out_of_memory(e)
+        full = not (deliberate(e) or memory) and no_space(e)  # a full disk under a library's writer (a logger, say)
+        if not (deliberate(e) or memory or full) or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        message = bounded(
-            f"no space left on a disk ({type(e).__name__}: {e}); free space and rerun the same command"
-            if full
-            else str(e)
-        )
+        if memory:
+            message = f"out of memory on the {memory} ({_allocator_said(e)})"
+            message += f" {_advice(memory_advice)}" if memory_advice else ""
+        elif full:
+            message = f"no space left on a disk ({type(e).__name__}: {e}); free space and rerun the same command"
+        else:
+            message = str(e)
+        message = bounded(message)
         print(
             f"posenc-lab {command}: error: {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr
         )
         sys.exit(1)
+
+
+def _advice(memory_advice: Callable[[], str]) -> str:
+    try:
+        return memory_advice()
+    except Exception as e:  # noqa: BLE001 - the line about memory is printed whatever its details cost
+        return f"(its sizes could not be read: {type(e).__name__})"

@@ -54,6 +54,7 @@ from .errors import ConfigError, PosencLabError, reported
 from .grid import run_folder
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
+from .memory_line import eval_advice
 from .metrics import FIGURES, TokenDump
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
@@ -336,7 +337,7 @@ def main() -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def _hydra_main(cfg: DictConfig) -> None:
-    with reported("eval"):
+    with reported("eval", lambda: eval_advice(cfg)):
         evaluate_main(cfg)
 
 

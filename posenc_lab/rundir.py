@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -375,6 +376,17 @@ class RunDir:
                     **({"adopted_from": record["adopted_from"]} if record else {}),
                 },
             )
+
+    def remove_new(self, before: Iterable[str], keep: Iterable[str] = ()) -> None:
+        """Remove what this directory holds now but did not hold when it held ``before`` (names), but its lock and
+        ``keep``: what a new run wrote before it failed at its start (never a file or folder that was there)."""
+        for path in self.path.iterdir():
+            if path.name in {*before, self.LOCK, *keep}:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     def wandb_id(self) -> str | None:
         """The wandb run id this run logs to (None before it first started with logger=wandb)."""

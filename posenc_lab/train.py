@@ -22,6 +22,9 @@ SIGTERM, SIGINT and SIGHUP (and, in a SLURM job, its requeue signal) stop traini
 the validation batch, with last.ckpt saved (checkpoints.Checkpointing), print one line with the command that
 continues the run and exit 143 / 130 / 129; see docs/CLUSTERS.md, "Time limits, preemption, requeue".
 A run that ends unhealthy (a divergence to a finite loss) warns in one line and exits 0 (``_unhealthy``).
+A new run that fails before its first step removes what it wrote (``RunDir.remove_new``): a corrected rerun into
+the same run_dir is not "another run". Memory running out is one line naming the sizes and the checkpoint kept
+(memory_line.py, errors.reported).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from .errors import ConfigError, Interrupted, reported, stop_at_once
 from .grid import run_folder, run_name
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
+from .memory_line import train_advice
 from .precision import check_precision
 from .resume import check_folders, check_resumable, checkpoint_state, resume_path
 from .rundir import Results, RunDir, RunDirError, absolute_paths, corpus_identity, run_identity
@@ -195,6 +199,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.checkpoint_callback.stop_signals = stop_signals()
     check_precision(trainer.precision, trainer.strategy.root_device.type, cfg.get("bf16_check", "warn"))
     with run.lock() if trainer.is_global_zero else contextlib.nullcontext():
+        before: set[str] | None = None  # a new run's folder before this command wrote into it
         if trainer.is_global_zero:
             record = run.check(identity, _own_log())  # again under the lock: another process may have run
             if checkpoint_state(run) != seen:
@@ -204,19 +209,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 )
             for folder in (run.path, run.checkpoints):  # what a killed process was writing: never complete
                 remove_partial(folder)
-            run.write_record(identity, record)
-            tracking.keep_run_id(trainer.loggers, run)
-            _write_run_start(cfg, composed, run)
-            _keep_old_log(run, resume_step)
-            log.info(
-                "run dir %s; %s; %.2fM parameters%s",
-                run_dir,
-                lit.model.cfg.posenc,
-                lit.model.num_params() / 1e6,
-                f"; resuming from {resume}" if resume else "",
-            )
+            before = set(os.listdir(run.path)) if record is None else None
         exit_code = 1
         try:
+            if trainer.is_global_zero:
+                run.write_record(identity, record)
+                tracking.keep_run_id(trainer.loggers, run)
+                _write_run_start(cfg, composed, run)
+                _keep_old_log(run, resume_step)
+                log.info(
+                    "run dir %s; %s; %.2fM parameters%s",
+                    run_dir,
+                    lit.model.cfg.posenc,
+                    lit.model.num_params() / 1e6,
+                    f"; resuming from {resume}" if resume else "",
+                )
             results = _fit_and_evaluate(cfg, trainer, lit, datamodule, run, resume)
             exit_code = 0
             return results
@@ -226,6 +233,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             raise
         finally:
             tracking.finish(trainer.loggers, exit_code)
+            if exit_code and before is not None and trainer.global_step <= resume_step:
+                # a new run that failed before its first step (memory, say): what it wrote would make a corrected
+                # rerun into this folder "another run"; nothing of it is worth keeping
+                run.remove_new(before, _own_log())
 
 
 def _fit_and_evaluate(
@@ -403,7 +414,7 @@ def _check_jobs(overrides: list[str]) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     submitit = submitit_signal()
     requeue_by_submitit = signal.getsignal(submitit) if submitit else None  # before stop_at_once replaces it
-    with reported("train"), stop_at_once(stop_signals()):
+    with reported("train", lambda: train_advice(cfg, _run_dir(cfg))), stop_at_once(stop_signals()):
         try:
             train(cfg)
         except Exception as e:

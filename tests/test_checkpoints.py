@@ -36,7 +36,7 @@ from posenc_lab.checkpoints import (
 )
 from posenc_lab.errors import Interrupted
 from posenc_lab.evaluate import evaluate_checkpoint
-from posenc_lab.io import DiskFullError
+from posenc_lab.io import DiskFullError, atomic_path
 from posenc_lab.lit import NonFiniteLossError
 from tests.helpers_train import (  # noqa: F401 - autouse fixture
     REPO,
@@ -350,6 +350,32 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_
     assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_a_full_disk_at_last_ckpt_after_the_periodic_one_leaves_last_ckpt_naming_it(tmp_path, cache, monkeypatch):
+    """save_top_k=-1 saves a periodic checkpoint, then last.ckpt: when only the second fails, last.ckpt names the
+    first (the same step) and no candidate is left; without root (``small_disk``) the full disk is simulated."""
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def full_at_last(self, checkpoint, path, storage_options=None):
+        if Path(path).name == "last.ckpt" and checkpoint["global_step"] == 2:
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(b"half a checkpoint")
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", full_at_last)
+    run, keep_all = tmp_path / "run", ("checkpoint_every=2", "callbacks.checkpoint.save_top_k=-1")
+    ckpts = run / "checkpoints"
+    with pytest.raises(DiskFullError, match=rf"; last\.ckpt now names {ckpts}/step0000002\.ckpt, saved at this step$"):
+        run_train(run, cache, *keep_all, steps=4)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step0000002.ckpt"]  # no candidate, no tmp
+    assert os.path.samefile(ckpts / "last.ckpt", ckpts / "step0000002.ckpt") and step_of(ckpts / "last.ckpt") == 2
+    monkeypatch.undo()
+    again = run_train(run, cache, *keep_all, steps=4)
+    assert again["resumed_from"] == str(ckpts / "last.ckpt") and again["schedule"][-1]["from_step"] == 2
+    assert again["steps"] == 4 and not list(ckpts.glob(".*"))
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MiB tmpfs mounted for the test (root only)."""
@@ -403,17 +429,37 @@ def test_a_full_disk_leaves_the_previous_checkpoints_and_says_so_in_one_line(sma
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == last and step_of(good_checkpoint(run / "checkpoints"))
     assert all(step_of(p) <= 4 for p in (run / "checkpoints").glob("[!.]*.ckpt")) and partial_files(run) == []
 
-    # results.json: the disk fills when training ends
+    # last.ckpt: the disk fills between this step's periodic checkpoint and last.ckpt. last.ckpt names the periodic
+    # one (it was left without a last.ckpt and with a stray .candidate.ckpt), and the run continues from it.
     filler.unlink()
+    ckpts = run / "checkpoints"
+    filler = fill(small_disk, (ckpts / "last.ckpt").stat().st_size * 3 // 2)  # room for one checkpoint, not two
+    status, err = cli(train_module.main, tiny(run, cache, *keep_all, steps=8), monkeypatch, capsys)
+    line = err.strip().splitlines()[-2]
+    assert status == 1 and "Traceback" not in err, err[-3000:]
+    assert f"to write {ckpts}/last.ckpt: it was not written" in line
+    assert line.endswith(f"; last.ckpt now names {ckpts}/step0000006.ckpt, saved at this step"), line
+    assert sorted(p.name for p in ckpts.glob(".*")) == [] and partial_files(run) == []  # no candidate, no tmp
+    assert os.path.samefile(ckpts / "last.ckpt", ckpts / "step0000006.ckpt")
+    assert step_of(ckpts / "last.ckpt") == 6  # loadable, and the newest state saved
+    filler.unlink()
+    status, err = cli(train_module.main, tiny(run, cache, *keep_all, steps=8), monkeypatch, capsys)
+    assert status == 0, err[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 8 and results["resumed_from"] == str(ckpts / "last.ckpt")
+    assert (results["schedule"][-1]["from_step"], results["schedule"][-1]["to_step"]) == (6, 8)
+
+    # results.json: the disk fills when training ends
     fills = ["+callbacks.fill._target_=tests.test_checkpoints.FillDisk", f"+callbacks.fill.path={small_disk}"]
-    status, err = cli(train_module.main, tiny(run, cache, *keep_all, *fills, steps=8), monkeypatch, capsys)
+    status, err = cli(train_module.main, tiny(run, cache, *keep_all, *fills, steps=10), monkeypatch, capsys)
     assert status == 1 and "Traceback" not in err, err[-3000:]
     assert f"to write {run / 'results.json'}: it was not written" in err.strip().splitlines()[-2]
-    assert step_of(run / "checkpoints" / "last.ckpt") == 8 and partial_files(run) == []
-    assert '"steps": 4' in (run / "results.json").read_text()  # the previous one, whole
+    assert step_of(ckpts / "last.ckpt") == 10 and partial_files(run) == []
+    assert sorted(p.name for p in ckpts.glob(".*")) == []
+    assert '"steps": 8' in (run / "results.json").read_text()  # the previous one, whole
 
     (small_disk / "filler").unlink()
-    assert run_train(run, cache, *keep_all, steps=8)["steps"] == 8  # space freed: the same command finishes
+    assert run_train(run, cache, *keep_all, steps=10)["steps"] == 10  # space freed: the same command finishes
 
 
 @pytest.mark.slow
