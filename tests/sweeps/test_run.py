@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -475,6 +476,10 @@ def test_a_signal_stops_the_sweep_cleanly_and_the_rerun_continues(here, signum, 
         steps[t["id"]] = read_checkpoint(ckpt)["global_step"]
         assert 4 <= steps[t["id"]] < 400 and not (Path(t["run_dir"]) / "results.json").exists()
 
+    if signum != signal.SIGKILL:  # the command the runner printed is what continues it, run as printed
+        printed = shlex.split(last.split("continue with: ", 1)[1])
+        assert printed[0] == "posenc-lab"
+        cmd = [sys.executable, "-m", "posenc_lab.cli", *printed[1:]]
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     trials = state_of(out)["trials"]
