@@ -15,7 +15,7 @@ import lightning.pytorch
 import torch
 from omegaconf import OmegaConf
 
-from posenc_lab.compose import compose
+from posenc_lab.compose import compose, grammar_problem
 from posenc_lab.errors import PosencLabError
 from posenc_lab.rundir import RunDir, RunDirError
 
@@ -144,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"Hydra overrides (experiment=NAME, ablate.KEY=VALUE, any training key)",
             file=sys.stderr,
         )
+        return 2
+    if problem := grammar_problem("ablate", overrides, "ablate"):  # Hydra's own: a parser error of 5 lines
+        print(f"posenc-lab ablate: error: {problem}", file=sys.stderr)
         return 2
     try:
         cfg = compose("ablate", overrides)

@@ -106,7 +106,11 @@ def test_extra_overrides_compose_where_the_command_sets_the_key():
         (["model=huge"], "do not compose"),
         (["trainer.max_steps=-3"], "trainer.max_steps"),
         (["posenc=rope"], "override 'posenc=rope' sets a swept parameter"),
-        (["model"], "'model' is not a Hydra override: expected key=value"),
+        (
+            ["model"],
+            "model is not an override (KEY=VALUE, GROUP=OPTION, +KEY=VALUE, ++KEY=VALUE or ~KEY); a group "
+            "takes an option: model=OPTION, one of ",
+        ),
         (["--jobs", "two"], "argument --jobs: invalid int value: 'two'"),
     ],
 )
