@@ -493,6 +493,16 @@ def test_a_users_file_in_a_run_folder_is_named_before_training_and_no_command_is
     notes.rename(tmp_path / "notes.txt")
     assert ablate.main(args) == 0
     assert json.loads((notes.parent / "results.json").read_text())["steps"] == 2
+    # a run left unfinished, continued with other settings: its training would be refused on every rerun too
+    (notes.parent / "results.json").unlink()
+    capsys.readouterr()
+    assert ablate.main([*args, "optim.lr=0.0123"]) == 2
+    printed = capsys.readouterr()
+    (line,) = printed.err.strip().splitlines()
+    assert f"{notes.parent} holds a run with other settings (optim.lr: run " in line and ", now 0.0123)" in line
+    assert "ablate.retrain=true to train it again" in line and "continue with" not in printed.out.lower()
+    assert ablate.main([*args, "optim.lr=0.0123", "ablate.retrain=true"]) == 0  # what the line offers works
+    assert json.loads((notes.parent / "run.json").read_text())["identity"]["optim"]["lr"] == 0.0123
 
 
 def test_the_plan_states_what_a_task_grids_seeds_detect(capsys, tmp_path):
