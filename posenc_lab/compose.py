@@ -14,7 +14,6 @@ overrides (``hydra.overrides``, ``hydra.job.override_dirname``) then lists the s
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import re
 import shlex
@@ -30,9 +29,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import DictConfig, OmegaConf
 
-from . import config_dir
+from . import config_dir, grammar
 from .defaults import BASE
-from .errors import bounded, shown
+from .errors import shown
 
 CONF_DIR = Path(config_dir())
 
@@ -87,6 +86,10 @@ class Composer:
         if parent not in self._groups:  # the loader reads the search path on every call: once per parent
             self._groups[parent] = set(self._loader.list_groups(parent))
         return leaf in self._groups[parent] and not isinstance(override.value(), dict)
+
+    def top_groups(self) -> list[str]:
+        """The config groups at the top of the search path (model, posenc, ...), Hydra's own left out."""
+        return sorted(g for g in self._loader.list_groups("") if g != "hydra")
 
     def group_options(self, group: str) -> list[str]:
         """The options of ``group``; the base that model/ and data/ options inherit is none (``data=default`` has
@@ -181,145 +184,26 @@ def override_problem(config_name: str, overrides: Sequence[str], command: str) -
     ``overrides``: the command line's arguments after the command; ``command``: ``train`` or ``eval``."""
     with Composer(CONF_DIR, config_name) as composer:
         if any(o.startswith("-") for o in overrides):  # Hydra's flags (--cfg job ...): the overrides' grammar only
-            return _grammar_problems(composer, _without_flags(overrides), command)
+            return _grammar_problems(composer, grammar.without_flags(overrides), command)
         return _override_problem(composer, overrides, command)
 
 
 def grammar_problem(config_name: str, overrides: Sequence[str], command: str) -> str | None:
     """The first override Hydra's grammar cannot read, in the project's one line naming it and the nearest valid
-    form (``_grammar_problem``); None when every one reads. ``overrides``: a command line's arguments (Hydra's flags
+    form (``grammar.problem``); None when every one reads. ``overrides``: a command line's arguments (Hydra's flags
     are left out). Costs one parse an override when they read, a composition or two when one does not."""
     if any(o.startswith("-") for o in overrides):
-        overrides = _without_flags(overrides)
+        overrides = grammar.without_flags(overrides)
     with Composer(CONF_DIR, config_name) as composer:
         return _grammar_problems(composer, overrides, command)
 
 
-def _without_flags(argv: Sequence[str]) -> list[str]:
-    """The overrides of a Hydra app's command line, its flags (``--cfg job``, ``-m``) and their values left out, by
-    Hydra's own argument parser."""
-    from hydra._internal.utils import get_args_parser
-
-    try:
-        return list(get_args_parser().parse_known_args(list(argv))[0].overrides)
-    except SystemExit:  # a flag Hydra itself refuses, with its message
-        return []
-
-
 def _grammar_problems(composer: Composer, overrides: Sequence[str], command: str) -> str | None:
+    """The first of ``overrides`` Hydra's grammar cannot read, in one line (``grammar.problem``); None if all read."""
     for override in overrides:
-        try:
-            composer.parse(override)
-        except Exception:  # noqa: BLE001 - the grammar's error (OverrideParseException), said in our words
-            return _grammar_problem(composer, override, overrides, command)
+        if not grammar.reads(composer, override):
+            return _unquoted_problem(composer, override) or grammar.problem(composer, override, overrides, command)
     return None
-
-
-_FORMS = "KEY=VALUE, GROUP=OPTION, +KEY=VALUE, ++KEY=VALUE or ~KEY"
-_CLOSERS = {"[": "]", "{": "}", "(": ")"}
-
-
-def _grammar_problem(composer: Composer, override: str, overrides: Sequence[str], command: str) -> str:
-    """Why Hydra's grammar cannot read ``override`` (one of the command line's ``overrides``), in one line naming it
-    and the nearest valid form: a value that needs quotes (``unquoted``), a bare word (``rope``: did you mean
-    posenc=rope?), a key Hydra cannot read (``model.mém_len``: the valid keys, nearest first), a bracket or quote
-    left open, else Hydra's own reason and the forms an override takes."""
-    if problem := _unquoted_problem(composer, override):
-        return problem
-    text = shown(override, quote=False)
-    key, sep, value = override.partition("=")
-    if not sep and not override.startswith("~"):
-        return f"{text} is not an override ({_FORMS}); {_bare_word(composer, override, overrides)}"
-    name = key.lstrip("+~")
-    if sep and name and not _reads(composer, f"{name}=1"):
-        return f"{text}: Hydra cannot read the key {shown(name)}; {_nearest_keys(composer, name, overrides, command)}"
-    if fixed := _closed(composer, override):
-        return f"{text}: a bracket or quote is not closed; did you mean {shown(fixed, quote=False)}?"
-    try:
-        composer.parse(override)
-        reason = ""
-    except Exception as e:  # noqa: BLE001 - the grammar's reason, its first line
-        reason = " ".join(str(e).split("See https://")[0].split())
-    return f"{text} is not an override Hydra's grammar reads ({bounded(reason)}); an override is {_FORMS}"
-
-
-def _reads(composer: Composer, override: str) -> bool:
-    try:
-        composer.parse(override)
-        return True
-    except Exception:  # noqa: BLE001 - the grammar's error
-        return False
-
-
-def _nearest(word: str, candidates: Sequence[str]) -> list[str]:
-    """``candidates``, the nearest to ``word`` first (difflib's ratio; ties in their order)."""
-    return sorted(candidates, key=lambda c: -difflib.SequenceMatcher(None, word.lower(), c.lower()).ratio())
-
-
-def _group_choices(composer: Composer, overrides: Sequence[str]) -> list[str]:
-    """The group overrides among ``overrides`` that read and name an option (``model=tiny``): the config they
-    compose is the one the command line's keys are looked up in."""
-    out = []
-    for o in overrides:
-        if _reads(composer, o) and composer.is_group(p := composer.parse(o)):
-            if p.value() in composer.group_options(p.key_or_group):
-                out.append(o)
-    return out
-
-
-def _bare_word(composer: Composer, word: str, overrides: Sequence[str]) -> str:
-    """What a word without ``=`` most likely meant: an option of a group (``posenc=rope``), a key given no value,
-    else the nearest option or key."""
-    groups = sorted(g for g in composer._loader.list_groups("") if g != "hydra")
-    meant = [f"{g}={word}" for g in groups if word in composer.group_options(g)]
-    if meant:
-        return f"did you mean {' or '.join(meant)}?"
-    if word in groups:
-        return f"a group takes an option: {word}=OPTION, one of {', '.join(composer.group_options(word))}"
-    try:
-        cfg = composer.groups_config(_group_choices(composer, overrides))
-        if OmegaConf.select(cfg, word, default=None, throw_on_missing=False) is not None or "." in word:
-            return f"a key takes a value: {word}=VALUE"
-    except Exception:  # noqa: BLE001 - a word that is no key path
-        pass
-    options = [f"{g}={o}" for g in groups for o in composer.group_options(g)]
-    close = difflib.get_close_matches(word, [o.split("=", 1)[1] for o in options], n=3, cutoff=0.6)
-    near = [o for o in options if o.split("=", 1)[1] in close]
-    return f"did you mean {' or '.join(near[:3])}?" if near else f"the groups are: {', '.join(groups)}"
-
-
-def _nearest_keys(composer: Composer, key: str, overrides: Sequence[str], command: str) -> str:
-    """The valid keys where ``key`` (one Hydra cannot read) points, the nearest first."""
-    try:
-        cfg = composer.groups_config(_group_choices(composer, overrides))
-    except Exception:  # noqa: BLE001 - the group choices Hydra refuses: the command's own config
-        cfg = composer.groups_config([])
-    parts, node, depth = key.split("."), cfg, 0
-    while depth < len(parts) - 1 and isinstance(node, DictConfig) and parts[depth] in node.keys():
-        node, depth = node._get_node(parts[depth]), depth + 1
-    where = ".".join(parts[:depth]) or f"`posenc-lab {command}`"
-    valid = [k for k in node.keys() if k != "hydra" and not k.startswith("_")] if isinstance(node, DictConfig) else []
-    bad = parts[depth]
-    nearest = ", ".join(_nearest(bad, [str(k) for k in valid]))
-    return f"{shown(bad)} is not a key of {where}; the keys are, the nearest first: {nearest}"
-
-
-def _closed(composer: Composer, override: str) -> str | None:
-    """``override`` with its open brackets and quotes closed (or a stray closing one dropped), if Hydra then reads
-    it; else None."""
-    open_, quote_ = [], None
-    for c in override.partition("=")[2]:
-        if quote_:
-            quote_ = None if c == quote_ else quote_
-        elif c in "'\"":
-            quote_ = c
-        elif c in _CLOSERS:
-            open_.append(c)
-        elif c in _CLOSERS.values() and open_ and _CLOSERS[open_[-1]] == c:
-            open_.pop()
-    candidates = [override + (quote_ or "") + "".join(_CLOSERS[c] for c in reversed(open_))]
-    candidates += [override[:i] + override[i + 1 :] for i, c in enumerate(override) if c in _CLOSERS.values()]
-    return next((c for c in candidates if c != override and _reads(composer, c)), None)
 
 
 def _override_problem(composer: Composer, overrides: Sequence[str], command: str) -> str | None:
