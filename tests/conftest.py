@@ -150,9 +150,19 @@ def finished(tmp_path_factory, cache):
 @pytest.fixture(scope="session")
 def tiny_ablation(tmp_path_factory):
     """`posenc-lab ablate experiment=tiny` (two at a time): the grid's run directories under runs/ and the report
-    under report/. Tests copy what they change."""
+    under report/. Tests copy what they change. Trained with --train-only, then reported by the command that line
+    prints as the one that writes the report, run as printed (what a user of --train-only types next)."""
+    import contextlib
+    import io
+    import re
+    import shlex
+
     from posenc_lab_analysis import ablate
 
     out = tmp_path_factory.mktemp("ablate") / "tiny"
-    assert ablate.main(["experiment=tiny", f"ablate.out={out}", "ablate.jobs=2"]) == 0
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert ablate.main(["experiment=tiny", f"ablate.out={out}", "ablate.jobs=2", "--train-only"]) == 0
+    command = shlex.split(re.search(r"--train-only: no report; `(.+)` writes it$", printed.getvalue(), re.M)[1])
+    assert command[:2] == ["posenc-lab", "ablate"] and not (out / "report").exists()
+    assert ablate.main(command[2:]) == 0 and (out / "report" / "report.md").is_file()
     return out

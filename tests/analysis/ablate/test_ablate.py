@@ -384,7 +384,7 @@ def test_a_signal_stops_cleanly_and_says_how_to_continue(jobs, signum, tmp_path,
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=180)
         assert advanced and proc.returncode == 130, out + err
-        assert "xl_mem16_full_seed0: resuming" in out and checkpoint_step(run) > step
+        assert "xl:mem16, seed 0: resuming (pid" in out and checkpoint_step(run) > step
 
 
 def printed_process(command: str) -> subprocess.Popen:
