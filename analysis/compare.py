@@ -10,7 +10,8 @@ text's independent units (families on a corpus split by family, documents elsewh
 
 Refused, with the reason, before any evaluation: sides of different corpora or tokenizers (vocabulary, unit,
 the corpus's SHA-256 in run.json), a folder whose runs differ by more than their seed (and the keys whose value
-derives from it, ``data.seed: ${seed}``), and sides that are one run or folder, or share a run.
+derives from it, ``data.seed: ${seed}``), and sides that are one run or folder, share a run, or where one holds a copy
+of a run of the other (``cp -r``: the same configuration, seed and checkpoint).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -52,12 +55,19 @@ def side(path: Path) -> list[Run]:
                     f"{path} holds runs that differ by more than their seed ({runs[0].name} vs {r.name}: "
                     f"{'; '.join(diff[:4])}); give one run or a folder of one cell's seeds"
                 )
+        if copy_of := copies(runs, runs):  # one seed counted twice
+            first, second, digest = copy_of
+            raise RunError(
+                f"{path} holds one run twice: {first.path} and {second.path}, one a copy of the other (the same "
+                f"configuration, seed and checkpoint, SHA-256 {digest[:16]}...); give one run or a folder of one "
+                f"cell's seeds, each once"
+            )
     return runs
 
 
 def sides(path_a: Path, path_b: Path) -> tuple[list[Run], list[Run]]:
-    """Both sides' runs; RunError if they are one run or folder, or share a run (a difference with itself, whose
-    interval has no spread: "t with inf df")."""
+    """Both sides' runs; RunError if they are one run or folder, share a run, or B holds a copy of a run of A
+    (``copies``): a difference of a run with itself, whose interval has no spread ("t with inf df")."""
     valid = "compare two different runs or cells (a run directory, or a folder of one cell's seeds, on each side)"
     if path_a.exists() and path_b.exists() and os.path.samefile(path_a, path_b):
         raise RunError(
@@ -67,7 +77,38 @@ def sides(path_a: Path, path_b: Path) -> tuple[list[Run], list[Run]]:
     shared = sorted({r.path.resolve() for r in a} & {r.path.resolve() for r in b})
     if shared:
         raise RunError(f"A ({path_a}) and B ({path_b}) both hold the run {shared[0]}; {valid}")
+    if copy_of := copies(a, b):
+        ra, rb, digest = copy_of
+        raise RunError(
+            f"B's run {rb.path} is a copy of A's run {ra.path}: the same configuration and seed (run.json) and the "
+            f"same checkpoint ({RunDir.LAST}, SHA-256 {digest[:16]}...), so the same run; {valid}"
+        )
     return a, b
+
+
+def copies(a: list[Run], b: list[Run]) -> tuple[Run, Run, str] | None:
+    """A run of ``b`` that is a copy of a run of ``a`` (``cp -r``): the same identity (configuration, seed and
+    corpus: run.json) and a checkpoint of the same bytes, as (run of a, run of b, the checkpoint's SHA-256); else
+    None. The weights are what is evaluated, so only the same bytes make the same run: a rerun of the same seed
+    saves other bytes (its wall time at least) and is compared. A checkpoint is hashed only where the identities and
+    the checkpoints' sizes agree."""
+    identities = {id(r): json.dumps(RunDir(r.path).identity(), sort_keys=True, default=str) for r in (*a, *b)}
+    for ra in a:
+        for rb in b:
+            if ra is rb or identities[id(ra)] != identities[id(rb)] or identities[id(ra)] == "null":
+                continue
+            if ra.checkpoint.stat().st_size == rb.checkpoint.stat().st_size:
+                if (digest := _sha256(ra.checkpoint)) == _sha256(rb.checkpoint):
+                    return ra, rb, digest
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def seed_keys(run: Run) -> set[str]:

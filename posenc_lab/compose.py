@@ -29,7 +29,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import DictConfig, OmegaConf
 
-from . import config_dir
+from . import config_dir, grammar
 from .defaults import BASE
 from .errors import shown
 
@@ -86,6 +86,10 @@ class Composer:
         if parent not in self._groups:  # the loader reads the search path on every call: once per parent
             self._groups[parent] = set(self._loader.list_groups(parent))
         return leaf in self._groups[parent] and not isinstance(override.value(), dict)
+
+    def top_groups(self) -> list[str]:
+        """The config groups at the top of the search path (model, posenc, ...), Hydra's own left out."""
+        return sorted(g for g in self._loader.list_groups("") if g != "hydra")
 
     def group_options(self, group: str) -> list[str]:
         """The options of ``group``; the base that model/ and data/ options inherit is none (``data=default`` has
@@ -178,17 +182,34 @@ def override_problem(config_name: str, overrides: Sequence[str], command: str) -
     read or created; a second one only to name a refused group.
 
     ``overrides``: the command line's arguments after the command; ``command``: ``train`` or ``eval``."""
-    if any(o.startswith("-") for o in overrides):
-        return None
     with Composer(CONF_DIR, config_name) as composer:
+        if any(o.startswith("-") for o in overrides):  # Hydra's flags (--cfg job ...): the overrides' grammar only
+            return _grammar_problems(composer, grammar.without_flags(overrides), command)
         return _override_problem(composer, overrides, command)
 
 
+def grammar_problem(config_name: str, overrides: Sequence[str], command: str) -> str | None:
+    """The first override Hydra's grammar cannot read, in the project's one line naming it and the nearest valid
+    form (``grammar.problem``); None when every one reads. ``overrides``: a command line's arguments (Hydra's flags
+    are left out). Costs one parse an override when they read, a composition or two when one does not."""
+    if any(o.startswith("-") for o in overrides):
+        overrides = grammar.without_flags(overrides)
+    with Composer(CONF_DIR, config_name) as composer:
+        return _grammar_problems(composer, overrides, command)
+
+
+def _grammar_problems(composer: Composer, overrides: Sequence[str], command: str) -> str | None:
+    """The first of ``overrides`` Hydra's grammar cannot read, in one line (``grammar.problem``); None if all read."""
+    for override in overrides:
+        if not grammar.reads(composer, override):
+            return _unquoted_problem(composer, override) or grammar.problem(composer, override, overrides, command)
+    return None
+
+
 def _override_problem(composer: Composer, overrides: Sequence[str], command: str) -> str | None:
-    try:
-        parsed = [composer.parse(o) for o in overrides]
-    except Exception:  # noqa: BLE001 - Hydra's parse error names the line; a value that only needs quotes is ours
-        return next((p for o in overrides if (p := _unquoted_problem(composer, o))), None)
+    if problem := _grammar_problems(composer, overrides, command):
+        return problem
+    parsed = [composer.parse(o) for o in overrides]
     if any(p.is_sweep_override() for p in parsed):
         return None
     plain = [
@@ -281,11 +302,9 @@ def job_problems(
 
     ``overrides``: the command line's arguments after the command, without ``-m``."""
     with Composer(CONF_DIR, config_name) as composer:
-        try:
-            parsed = [composer.parse(o) for o in overrides]
-        except Exception:  # noqa: BLE001 - Hydra's message, or ours for a value that needs quotes
-            problem = next((p for o in overrides if (p := _unquoted_problem(composer, o))), None)
-            return [problem] if problem else None
+        if problem := _grammar_problems(composer, overrides, command):
+            return [problem]
+        parsed = [composer.parse(o) for o in overrides]
         settings = [p.input_line for p in parsed if p.is_hydra_override() and not p.is_sweep_override()]
         try:
             sweeper = composer.compose(settings).hydra.sweeper

@@ -39,6 +39,11 @@ class ConfigError(PosencLabError, ValueError):
     """A config value is invalid; the message names the key (``optim.lr must be > 0, got -1.0``)."""
 
 
+class OverrideError(ConfigError):
+    """An override of the command line that Hydra's grammar cannot read: the message names it and the nearest valid
+    form; no traceback would say more (``reported`` prints the message alone)."""
+
+
 # Bad input that posenc_lab's own code (model, data, schemes) raises as a builtin, with a message
 # written for the user: reported as one line too when the raise statement is in posenc_lab/.
 _USER_FACING = (ValueError, FileNotFoundError, ImportError)
@@ -215,9 +220,8 @@ def reported(command: str, memory_advice: Callable[[], str] | None = None) -> It
         else:
             message = str(e)
         message = bounded(message)
-        print(
-            f"posenc-lab {command}: error: {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr
-        )
+        hint = "" if isinstance(e, OverrideError) else "\n(set HYDRA_FULL_ERROR=1 for the full traceback)"
+        print(f"posenc-lab {command}: error: {message}{hint}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -48,9 +48,9 @@ from . import config_dir, flush_denormals, keep_freed_memory
 from .build import build_datamodule
 from .checkpoints import CheckpointError, read_checkpoint
 from .checks import check, compile_problem
-from .compose import override_problem
+from .compose import grammar_problem, override_problem
 from .data import CORPORA, path_options
-from .errors import ConfigError, PosencLabError, reported
+from .errors import ConfigError, OverrideError, PosencLabError, reported
 from .grid import run_folder
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
@@ -330,6 +330,8 @@ def main() -> None:
     """``posenc-lab eval``: the command line's overrides are checked before Hydra composes them (its messages name no
     valid key), then the composed config before the compute."""
     with reported("eval"):
+        if problem := grammar_problem("eval", sys.argv[1:], "eval"):  # Hydra's own: a 5-line parser error
+            raise OverrideError(problem)
         if problem := override_problem("eval", sys.argv[1:], "eval"):
             raise ConfigError(problem)
     _hydra_main()

@@ -344,8 +344,7 @@ class RunDir:
         else:
             ckpt = self.newest_checkpoint()
             if ckpt is None:
-                others = sorted(p.name for p in run_dir.iterdir() if p.name not in {self.LOCK, *own_files})
-                if others:
+                if others := self.foreign_files(own_files):
                     raise RunDirError(
                         f"run_dir {run_dir} holds files but is not a posenc-lab run (no {self.RECORD}): "
                         f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; choose a new or "
@@ -363,6 +362,14 @@ class RunDir:
                 f"run_dir (to start from one of its checkpoints with new settings: resume=PATH run_dir=NEW)"
             )
         return record
+
+    def foreign_files(self, own_files: Iterable[str] = ()) -> list[str]:
+        """The names in this folder that make it not a run, sorted: every file but its lock (and ``own_files``) when
+        it holds neither run.json nor a checkpoint; [] for a run, a new or an empty folder. ``check`` refuses such
+        a folder; a grid names them before it plans to train there (nothing is read but names)."""
+        if not self.path.is_dir() or self.record_file.exists() or self.newest_checkpoint() is not None:
+            return []
+        return sorted(p.name for p in self.path.iterdir() if p.name not in {self.LOCK, *own_files})
 
     def write_record(self, identity: dict[str, Any], record: dict[str, Any] | None) -> None:
         """Write run.json for a new run (or one recognised by its checkpoint); keep an existing one."""

@@ -55,10 +55,10 @@ from . import config_dir, flush_denormals, keep_freed_memory, tracking
 from .build import build_datamodule, build_lit, build_trainer, check_splits
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, SANE_LOSS_RATIO, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
-from .compose import MULTIRUN_FLAGS, job_problems, override_problem
+from .compose import MULTIRUN_FLAGS, grammar_problem, job_problems, override_problem
 from .datamodule import SegmentDataModule
 from .distributed import lost_process
-from .errors import ConfigError, Interrupted, reported, stop_at_once
+from .errors import ConfigError, Interrupted, OverrideError, reported, stop_at_once
 from .grid import run_folder, run_name
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
@@ -391,6 +391,8 @@ def main() -> None:
         if problem := _folder_name_problem(sys.argv):
             raise ConfigError(problem)
         args = sys.argv[1:]
+        if problem := grammar_problem("train", args, "train"):  # Hydra's own: a 5-line parser error
+            raise OverrideError(problem)
         flags = [a for a in args if a.startswith("-")]
         if flags and set(flags) <= set(MULTIRUN_FLAGS):
             _check_jobs([a for a in args if a not in MULTIRUN_FLAGS])

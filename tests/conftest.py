@@ -32,8 +32,8 @@ SLOW = {
     "analysis/ablate/test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[2-15]": "the [1-2] case",
     "analysis/ablate/test_ablate.py::test_damaged_files_of_a_finished_grid_are_named_and_odd_"
     "paths_work": "test_report's damaged files",
-    "analysis/ablate/test_ablate.py::test_a_failed_run_says_no_run_finished_when_none_did": "test_ablate's bad grid "
-    "settings",
+    "analysis/ablate/test_ablate.py::test_a_killed_run_is_continued_by_the_printed_command": "test_ablate's user's "
+    "file (the command works once it is moved), test_run's stopped sweep (its printed command continues it)",
     "analysis/ablate/test_outdir.py::test_ablate_times_keeps_every_run_through_sigterm_and_a_kill_9_"
     "of_ablate": "test_ablate_outdir's stopped attempt (the ledger with a real process)",
     "analysis/ablate/test_outdir.py::test_the_report_is_rewritten_whole_and_keeps_its_dumps": "test_ablate_outdir's "
@@ -150,9 +150,19 @@ def finished(tmp_path_factory, cache):
 @pytest.fixture(scope="session")
 def tiny_ablation(tmp_path_factory):
     """`posenc-lab ablate experiment=tiny` (two at a time): the grid's run directories under runs/ and the report
-    under report/. Tests copy what they change."""
+    under report/. Tests copy what they change. Trained with --train-only, then reported by the command that line
+    prints as the one that writes the report, run as printed (what a user of --train-only types next)."""
+    import contextlib
+    import io
+    import re
+    import shlex
+
     from posenc_lab_analysis import ablate
 
     out = tmp_path_factory.mktemp("ablate") / "tiny"
-    assert ablate.main(["experiment=tiny", f"ablate.out={out}", "ablate.jobs=2"]) == 0
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert ablate.main(["experiment=tiny", f"ablate.out={out}", "ablate.jobs=2", "--train-only"]) == 0
+    command = shlex.split(re.search(r"--train-only: no report; `(.+)` writes it$", printed.getvalue(), re.M)[1])
+    assert command[:2] == ["posenc-lab", "ablate"] and not (out / "report").exists()
+    assert ablate.main(command[2:]) == 0 and (out / "report" / "report.md").is_file()
     return out

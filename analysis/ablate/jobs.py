@@ -54,6 +54,26 @@ def _seconds(t: dict) -> str:
     return f"{t['wall_s']:.0f} s" + (f", CPU {t['cpu_s']:.0f} s" if t.get("cpu_s") is not None else "")
 
 
+class RunFailed(RuntimeError):
+    """A training process of the grid ended with ``returncode`` (negative: killed by that signal)."""
+
+    def __init__(self, name: str, returncode: int, message: str):
+        super().__init__(message)
+        self.name, self.returncode = name, returncode
+
+
+def failed_advice(error: RunFailed, finished: int, overrides: Sequence[str], out: AblationDir) -> str:
+    """What to do after a run of the grid failed, in one line. A run killed by a signal (the out-of-memory killer,
+    a kill by hand) continues from its checkpoint: the same command makes progress. A run that exited with an error
+    meets it again when it is rerun, so the command is given for after its cause (its log's end) is fixed."""
+    kept = f"{finished} finished run(s) are kept in {out.runs} and reused; " if finished else "no run finished; "
+    if error.returncode < 0:
+        step = checkpoint_step(out.run(error.name))
+        where = f"its checkpoint at step {step}" if step is not None else "the start (it saved no checkpoint)"
+        return f"{kept}{error.name} trains again from {where}: continue with: {continue_command(overrides, out)}"
+    return f"{kept}once what its log says is fixed, continue with: {continue_command(overrides, out)}"
+
+
 def run_jobs(
     specs: list[RunSpec],
     status: dict[str, str],
@@ -66,7 +86,7 @@ def run_jobs(
 ) -> dict[str, dict]:
     """Hand every spec whose status is not "reused" to the grid runner (``posenc_lab.grid.Grid``); {name: {status,
     wall_s, cpu_s}} of this invocation, each run's seconds also in ``ledger`` (the runner writes it as each
-    process starts, runs and ends). RuntimeError naming a run that failed (with the end of its log); Interrupted
+    process starts, runs and ends). RunFailed naming a run that failed (with the end of its log); Interrupted
     on a signal, after the runner has stopped the processes."""
     env = dict(os.environ)
     if threads:
@@ -102,9 +122,12 @@ def run_jobs(
     def ended(job: Job) -> None:
         if job.returncode != 0:
             tail = out.log(job.name).read_text(errors="replace").strip().splitlines()[-15:]
-            raise RuntimeError(
-                f"training {job.name} exited with code {job.returncode}; the end of its log "
-                f"{out.log(job.name)}:\n  " + "\n  ".join(tail)
+            how = f"was killed by {signal_name(-job.returncode)}" if job.returncode < 0 else "exited"
+            raise RunFailed(
+                job.name,
+                job.returncode,
+                f"training {job.name} {how} (code {job.returncode}); the end of its log "
+                f"{out.log(job.name)}:\n  " + "\n  ".join(tail),
             )
         t = times[job.name] = {"status": status[job.name], "wall_s": job.wall_s, "cpu_s": job.cpu_s}
         progress.done += 1

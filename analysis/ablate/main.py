@@ -15,7 +15,7 @@ import lightning.pytorch
 import torch
 from omegaconf import OmegaConf
 
-from posenc_lab.compose import compose
+from posenc_lab.compose import compose, grammar_problem
 from posenc_lab.errors import PosencLabError
 from posenc_lab.rundir import RunDir, RunDirError
 
@@ -24,13 +24,15 @@ from ..runs import load_run, sort_runs
 from .jobs import (
     Interrupted,
     Progress,
+    RunFailed,
     continue_command,
+    failed_advice,
     interrupted_message,
     raise_interrupted,
     run_jobs,
 )
 from .outdir import AblationDir
-from .plan import check_grid, experiment_of, plan, seeds_by_cell, status
+from .plan import check_grid, experiment_of, foreign_files, plan, seeds_by_cell, status
 
 FLAGS = ("--cfg", "--plan", "--train-only")
 
@@ -68,6 +70,8 @@ def _prepare(cfg, overrides: Sequence[str], flags: Sequence[str]):
         raise ValueError(
             f"ablate.jobs={jobs} with a DDP trainer: each run already takes every device; set ablate.jobs=1"
         )
+    if problem := foreign_files(specs, out.runs):  # before retrain could delete them
+        raise ValueError(problem)
     if a.retrain:
         return out, specs, {s.name: "trained" for s in specs}, jobs
     return out, specs, {s.name: status(s, configs[s.name], out.run(s.name)) for s in specs}, jobs
@@ -141,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if problem := grammar_problem("ablate", overrides, "ablate"):  # Hydra's own: a parser error of 5 lines
+        print(f"posenc-lab ablate: error: {problem}", file=sys.stderr)
+        return 2
     try:
         cfg = compose("ablate", overrides)
         out, specs, statuses, jobs = _prepare(cfg, overrides, flags)
@@ -203,11 +210,9 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
     progress.stage = "training"
     try:
         times = run_jobs(specs, statuses, out, jobs, a.get("threads"), progress, log, ledger)
-    except RuntimeError as e:
-        finished = sum(1 for s in specs if RunDir(out.run(s.name)).finished)
+    except RunFailed as e:
         log(f"training FAILED: {e}")
-        kept = f"{finished} finished run(s) are kept in {out.runs}; " if finished else "no run finished; "
-        log(f"{kept}continue with: {continue_command(overrides, out)}")
+        log(failed_advice(e, sum(1 for s in specs if RunDir(out.run(s.name)).finished), overrides, out))
         return 1
     fresh = [t for t in times.values() if t["status"] != "reused"]
     train_note = (

@@ -276,23 +276,42 @@ _CORPUS_IDS: dict[str, dict] = {}
 
 def status(spec: RunSpec, cfg: DictConfig, run_dir: Path) -> str:
     """ "reused" (finished with the same identity and steps), "resumed" (a checkpoint to continue, or a
-    finished run to extend) or "trained". A finished run with another identity is a ValueError naming the
-    differences (nothing is overwritten unless ablate.retrain); a damaged file is named, with its remedy."""
+    finished run to extend) or "trained". A run (finished or not) with another identity is a ValueError naming the
+    differences (nothing is overwritten unless ablate.retrain): its training would be refused, and so would every
+    rerun; a damaged file is named, with its remedy."""
     run = RunDir(run_dir)
-    if not run.finished:
+    if not run.finished and not run.record_file.is_file():
         return "resumed" if run.newest_checkpoint() is not None else "trained"
     data_key = OmegaConf.to_yaml(cfg.data)
     if data_key not in _CORPUS_IDS:
         _CORPUS_IDS[data_key] = corpus_identity(build_datamodule(cfg.data).corpus)
     try:
-        saved, results = run.identity(), run.results()
-        run.config()  # the analyses read it: a damaged one is named now, not after the training
+        saved = run.identity()
+        if run.finished:
+            results = run.results()
+            run.config()  # the analyses read it: a damaged one is named now, not after the training
     except (CorruptFileError, RunDirError) as e:
         raise ValueError(f"ablate: {e}") from e
     now = run_identity(OmegaConf.to_container(cfg, resolve=True), _CORPUS_IDS[data_key])
     if saved is not None and (diff := differences(saved, now)):
         raise ValueError(
-            f"ablate: {run_dir} holds a finished run with other settings ({'; '.join(diff[:6])}). Use another "
-            f"ablate.out, or ablate.retrain=true to train it again"
+            f"ablate: {run_dir} holds a{' finished' * run.finished} run with other settings ({'; '.join(diff[:6])}). "
+            f"Use another ablate.out, or ablate.retrain=true to train it again"
         )
+    if not run.finished:
+        return "resumed" if run.newest_checkpoint() is not None else "trained"
     return "reused" if int(results.get("steps") or 0) >= int(cfg.trainer.max_steps) else "resumed"
+
+
+def foreign_files(specs: Sequence[RunSpec], runs: Path) -> str | None:
+    """The files of another's in the folders the plan trains in (``RunDir.foreign_files``: a folder of files but no
+    run), in one line naming each file and what to do; None if there are none. Training there is refused, and so
+    would every rerun be, and ablate.retrain would delete them: they are moved by hand. Names are all it reads."""
+    found = [runs / s.name / name for s in specs for name in RunDir(runs / s.name).foreign_files()]
+    if not found:
+        return None
+    shown = ", ".join(map(str, found[:5])) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return (
+        f"ablate: the run folders of the plan hold files that are not a posenc-lab run's: {shown}; move them out of "
+        f"{runs} (ablate trains each run in its own folder there), then rerun the same command"
+    )

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..compose import grammar_problem
 from .spec import ENTRY_MODULE, Sweep, SweepError, format_override, override_key, overrides_start
 
 LAUNCHER_GROUP = "hydra/launcher"
@@ -69,9 +70,8 @@ def command_prefix(command: list[Any]) -> list[str]:
 
 def check_extra(sweep: Sweep, extra: list[str]) -> None:
     """SweepError for an extra override the runner cannot take: not an override, or a swept parameter."""
-    for o in extra:
-        if "=" not in o and not o.startswith("~"):
-            raise SweepError(f"{o!r} is not a Hydra override: expected key=value")
+    if problem := grammar_problem("train", extra, "sweep"):  # a bare word, a bracket left open, a key Hydra cannot read
+        raise SweepError(problem)
     swept = {name.lstrip("+~") for name in sweep.parameters}
     clash = [o for o in extra if override_key(o) in swept]
     if clash:

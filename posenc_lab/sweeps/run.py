@@ -343,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     held.enter_context(RunLock(out, key="--out"))
                 except RunDirError as e:
                     raise SweepError(str(e)) from None
-                again = ["posenc-lab", "sweep", args.sweep, "--out", str(out)]
+                # the command that continues the sweep, from any folder: the sweep file's path absolute too
+                again = ["posenc-lab", "sweep", str(Path(args.sweep).resolve()), "--out", str(out)]
                 again += [f"--count={args.count}"] * (args.count is not None)
                 again += [f"--jobs={args.jobs}"] * (args.jobs > 1) + [f"--devices={args.devices}"] * bool(args.devices)
                 runner = Runner(

@@ -135,6 +135,39 @@ def test_a_run_compared_with_itself_is_refused_before_any_evaluation(cell, tmp_p
     assert "compare two different runs or cells" in line, line
 
 
+@pytest.mark.parametrize("form", ["a run and its copy", "a cell and a folder holding a copy", "a cell with a copy"])
+def test_a_copy_of_a_run_is_the_same_run_refused_before_any_evaluation(cell, tmp_path, capsys, form):
+    """A `cp -r` copy has the run's identity (configuration, seed) and its checkpoint's bytes: the same run, whose
+    difference with itself printed "+0.0000 [+0.0000, +0.0000] ... inf df". One line says which run is a copy."""
+    copy = tmp_path / "folder" / "copy"
+    shutil.copytree(cell / "seed0", copy)
+    a, b, message = {
+        "a run and its copy": (cell / "seed0", copy, f"B's run {copy} is a copy of A's run {cell / 'seed0'}"),
+        "a cell and a folder holding a copy": (
+            cell,
+            copy.parent,
+            f"B's run {copy} is a copy of A's run {cell / 'seed0'}",
+        ),
+        "a cell with a copy": (copy.parent, cell / "seed1", f"holds one run twice: {copy.parent / 'copy'} and "),
+    }[form]
+    if form == "a cell with a copy":
+        shutil.copytree(cell / "seed0", copy.parent / "original")
+    assert compare.main([str(a), str(b), "--n-streams", "2", "--n-tokens", "32"]) == 2
+    captured = capsys.readouterr()
+    assert "evaluating" not in captured.out  # refused before any evaluation
+    (line,) = captured.err.strip().splitlines()
+    assert message in line and "the same configuration" in line and "SHA-256" in line, line
+
+
+def test_a_rerun_of_the_same_seed_is_not_a_copy(cell, word_runs):
+    """Another process's training of the same configuration and seed saves other bytes: it is compared, not refused."""
+    a, b = (compare.find_runs([p]) for p in (word_runs / "mem16", cell / "seed0"))
+    assert (a[0].path / "run.json").is_file()
+    same = [json.loads((r[0].path / "run.json").read_text())["identity"] for r in (a, b)]
+    assert same[0] == same[1]  # the same identity: only the checkpoint's bytes tell them apart
+    assert compare.copies(a, b) is None
+
+
 def test_compare_prints_no_p_value_below_what_its_df_support(monkeypatch, capsys, tmp_path):
     """A difference far beyond its interval on a handful of df: the p-values print as the bound below what the
     df support ("< 1e-3", ``stats.p_text``), never as a raw tail like 1.2e-40."""

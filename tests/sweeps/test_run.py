@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -105,7 +106,11 @@ def test_extra_overrides_compose_where_the_command_sets_the_key():
         (["model=huge"], "do not compose"),
         (["trainer.max_steps=-3"], "trainer.max_steps"),
         (["posenc=rope"], "override 'posenc=rope' sets a swept parameter"),
-        (["model"], "'model' is not a Hydra override: expected key=value"),
+        (
+            ["model"],
+            "model is not an override (KEY=VALUE, GROUP=OPTION, +KEY=VALUE, ++KEY=VALUE or ~KEY); a group "
+            "takes an option: model=OPTION, one of ",
+        ),
         (["--jobs", "two"], "argument --jobs: invalid int value: 'two'"),
     ],
 )
@@ -475,6 +480,10 @@ def test_a_signal_stops_the_sweep_cleanly_and_the_rerun_continues(here, signum, 
         steps[t["id"]] = read_checkpoint(ckpt)["global_step"]
         assert 4 <= steps[t["id"]] < 400 and not (Path(t["run_dir"]) / "results.json").exists()
 
+    if signum != signal.SIGKILL:  # the command the runner printed is what continues it, run as printed
+        printed = shlex.split(last.split("continue with: ", 1)[1])
+        assert printed[0] == "posenc-lab"
+        cmd = [sys.executable, "-m", "posenc_lab.cli", *printed[1:]]
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     trials = state_of(out)["trials"]

@@ -27,7 +27,7 @@ from posenc_lab.grid import run_folder
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind
 from posenc_lab_analysis import ablate
-from posenc_lab_analysis.ablate.jobs import continue_command
+from posenc_lab_analysis.ablate.jobs import checkpoint_step, continue_command
 from posenc_lab_analysis.ablate.outdir import AblationDir
 from posenc_lab_analysis.ablate.plan import plan as make_plan
 from posenc_lab_analysis.ablate.plan import seeds_by_cell
@@ -379,6 +379,70 @@ def test_a_signal_stops_cleanly_and_says_how_to_continue(jobs, signum, tmp_path,
     assert shlex.split(line)[-1] == f"ablate.out='{tmp_path}'"  # quoted for a shell, then for Hydra
     pids = [int(p) for p in re.findall(r"\(pid (\d+)", out)]  # the training processes were stopped too
     assert pids and not any(Path(f"/proc/{p}").exists() for p in pids)
+    if jobs == 1:  # the printed command, run as printed, continues the run past the step it was stopped at
+        step = int(re.search(r"xl_mem16_full_seed0: continues from its checkpoint at step (\d+)", err)[1])
+        proc = printed_process(line.split(": ", 1)[1])
+        run = tmp_path / "runs" / "xl_mem16_full_seed0"
+        advanced = _wait(lambda: (checkpoint_step(run) or 0) > step, 300)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=180)
+        assert advanced and proc.returncode == 130, out + err
+        assert "xl:mem16, seed 0: resuming (pid" in out and checkpoint_step(run) > step
+
+
+def printed_process(command: str) -> subprocess.Popen:
+    """A command ablate printed (``posenc-lab ablate ...``), run as printed: through the console script."""
+    argv = shlex.split(command)
+    assert argv[:2] == ["posenc-lab", "ablate"], command
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "posenc-lab"), *argv[1:]],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _wait(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_a_killed_run_is_continued_by_the_printed_command(tmp_path):
+    """A training process killed by SIGKILL (the out-of-memory killer, say) fails the grid; the line after it names
+    the checkpoint the run continues from and the command, which, run as printed, finishes the run from there."""
+    args = (*SMALL_GRID, "ablate.recurrence=[true]", "trainer.max_steps=300", "checkpoint_every=5")
+    proc = ablate_process(*args, f"ablate.out={tmp_path}", "--train-only")
+    run = tmp_path / "runs" / "xl_mem16_full_seed0"
+    assert _wait(lambda: (checkpoint_step(run) or 0) > 0, 300), "no checkpoint in time"
+    (child,) = [p for p in Path("/proc").glob("[0-9]*") if _parent(p) == proc.pid]  # the training process
+    os.kill(int(child.name), signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1, out + err
+    assert "training xl_mem16_full_seed0 was killed by SIGKILL" in out, out
+    advice = out.strip().splitlines()[-1]
+    step = int(
+        re.search(r"xl_mem16_full_seed0 trains again from its checkpoint at step (\d+): continue with: ", advice)[1]
+    )
+    assert "no run finished" in advice and step < 300
+    again = printed_process(advice.split("continue with: ", 1)[1])
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, out + err
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 300 and results["resumed_from"].endswith(".ckpt"), results
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work(tmp_path, capsys):
@@ -409,17 +473,39 @@ def test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work(tmp_path,
     assert f"{run / 'config.yaml'} is corrupt" in capsys.readouterr().err
 
 
-def test_a_failed_run_says_no_run_finished_when_none_did(tmp_path, capsys):
+def test_a_users_file_in_a_run_folder_is_named_before_training_and_no_command_is_offered(tmp_path, capsys):
+    """A planned run's folder that holds a file of another's: its training would be refused, and so would every rerun
+    of the same command. It is named before anything trains, with what to move (no "continue with"), and is never
+    deleted, not even by ablate.retrain; once it is moved out, the same command trains the grid."""
     out = tmp_path / "out"
     args = [*SMALL_GRID, "ablate.recurrence=[true]", "trainer.max_steps=2", f"ablate.out={out}", "--train-only"]
     assert ablate.main([*args, "+trainer.no_such_argument=1"]) == 2  # refused by the validator before training
     assert not (out / "runs").exists()
     AblationDir(out).claim()  # a folder an earlier ablate made, where a run directory holds a file of another's
-    (out / "runs" / "xl_mem16_full_seed0").mkdir(parents=True)
-    (out / "runs" / "xl_mem16_full_seed0" / "notes.txt").write_text("not a run")  # train refuses this folder
-    assert ablate.main(args) == 1
-    log = capsys.readouterr().out
-    assert "no run finished" in log and "finished run(s) are kept" not in log
+    notes = out / "runs" / "xl_mem16_full_seed0" / "notes.txt"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("not a run")
+    capsys.readouterr()
+    for retrain in ([], ["ablate.retrain=true"]):
+        assert ablate.main([*args, *retrain]) == 2
+        printed = capsys.readouterr()
+        (line,) = printed.err.strip().splitlines()
+        assert f"{notes}; move them out of {out / 'runs'}" in line and "then rerun the same command" in line
+        assert "continue with" not in (printed.out + printed.err).lower()
+        assert notes.read_text() == "not a run" and sorted(notes.parent.iterdir()) == [notes]
+    notes.rename(tmp_path / "notes.txt")
+    assert ablate.main(args) == 0
+    assert json.loads((notes.parent / "results.json").read_text())["steps"] == 2
+    # a run left unfinished, continued with other settings: its training would be refused on every rerun too
+    (notes.parent / "results.json").unlink()
+    capsys.readouterr()
+    assert ablate.main([*args, "optim.lr=0.0123"]) == 2
+    printed = capsys.readouterr()
+    (line,) = printed.err.strip().splitlines()
+    assert f"{notes.parent} holds a run with other settings (optim.lr: run " in line and ", now 0.0123)" in line
+    assert "ablate.retrain=true to train it again" in line and "continue with" not in printed.out.lower()
+    assert ablate.main([*args, "optim.lr=0.0123", "ablate.retrain=true"]) == 0  # what the line offers works
+    assert json.loads((notes.parent / "run.json").read_text())["identity"]["optim"]["lr"] == 0.0123
 
 
 def test_the_plan_states_what_a_task_grids_seeds_detect(capsys, tmp_path):
