@@ -195,6 +195,10 @@ def test_every_option_trains_a_few_steps(group, option, tmp_path, fake_corpora, 
     if group == "model" and option not in ("tiny",):
         overrides.append("model.mem_len=16")  # tiny() sets it for the tiny model; keep the others' sizes
         overrides = [o for o in overrides if o != "model=tiny"]
+    if group == "posenc" and (layers := compose_config("train", [f"posenc={option}"]).posenc.get("layers")):
+        overrides.append(
+            f"model.n_layer={len(layers)}"
+        )  # a hybrid's whole pattern: a longer one than the model is refused
     if compose_config("train", [f"{group}={option}"]).model.adaptive_cutoffs:  # cutoffs inside the small vocabularies
         overrides.append("model.adaptive_cutoffs=[4,10]")
     if group == "logger" and option == "wandb":

@@ -21,6 +21,7 @@ from tests.schemes import (
     FOX,
     GLOBAL_SINUSOID,
     HYBRID,
+    HYBRID_OF_TWO,
     LEARNED,
     NOPE,
     PATH,
@@ -54,7 +55,9 @@ def _seed():
 
 
 def model(name: str = ALIBI, P: int | None = 64, mem_len: int = 4, **cfg) -> MemoryTransformer:
-    options = {LEARNED: {"max_positions": P or 16}}.get(name, sized_options(name, {}, 6, mem_len))
+    options = {LEARNED: {"max_positions": P or 16}}.get(
+        name, sized_options(name, {HYBRID: HYBRID_OF_TWO}.get(name, {}), 6, mem_len)
+    )
     return MemoryTransformer(
         ModelConfig(
             vocab_size=V,
@@ -107,8 +110,8 @@ def hybrid(layers: list[str], n_layer: int = 2, windows: dict | None = None, P: 
 
 @pytest.mark.parametrize(
     "layers, n_layer, built",
-    [([NOPE], 2, NOPE), ([NOPE, FOX, WALL], 3, f"{NOPE}, {FOX}, {WALL}"), ([NOPE, ROPE], 1, NOPE)],
-    ids=["nope", "nope-fox-wall", "its-rope-layer-unbuilt"],
+    [([NOPE], 2, NOPE), ([NOPE, FOX, WALL], 3, f"{NOPE}, {FOX}, {WALL}"), ([NOPE, NOPE], 1, NOPE)],
+    ids=["nope", "nope-fox-wall", "a-repeated-pattern"],
 )
 def test_a_hybrid_whose_layers_read_no_position_refuses_them(layers, n_layer, built):
     """As a scheme that reads none: one line naming the layers it builds, before anything is built."""
@@ -226,12 +229,12 @@ def _assert_attend_equals_naive(name: str, impl: str, q, k, v, pos) -> None:
     scheme = (
         naive_kerple_sandwich_fire_cope_xpos.new_scheme(name).train()
         if name in naive_kerple_sandwich_fire_cope_xpos.NEW
-        else make_scheme(name).train()
+        else make_scheme(name, **({"layers": [NOPE, ROPE]} if name == HYBRID else {})).train()
     )
     scheme.attention_impl = impl
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     if name in naive_kerple_sandwich_fire_cope_xpos.NEW:
         naive_kerple_sandwich_fire_cope_xpos.assert_equals_naive(name, scheme, q, k, v, pos)
-    else:  # a hybrid of the default pattern on two layers: its layer 1 (the one attended) is rope
+    else:  # a hybrid [nope, rope]: its layer 1 (the one attended) is rope
         naive = ROPE if name == HYBRID else name
         test_fused.assert_attend_equals_naive(naive, scheme, q, k, v, pos, [q, k, v])
