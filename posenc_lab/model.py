@@ -157,6 +157,31 @@ class ModelConfig:
         return Dims(self.n_layer, self.d_model, self.n_head)
 
 
+def check_lengths(cfg: ModelConfig, scheme: PositionalScheme, segment_len: int, mem_len: int, max_offset: int = 0):
+    """ValueError, one line, if a model of ``cfg`` with its ``scheme`` cannot serve these lengths: the scheme's own
+    check, and with ``random_positions`` P the drawn positions too (the config check asks it before anything is
+    built, the model before each run)."""
+    _check_int("segment_len", segment_len, 1)
+    _check_int("mem_len", mem_len, 0)
+    _check_int("max_offset", max_offset, 0)
+    scheme.validate(segment_len, mem_len, max_offset)
+    if cfg.random_positions is not None:
+        _check_random_positions(cfg.random_positions, segment_len + mem_len)
+        try:  # positions reach P - 1, as those of a segment of P tokens do
+            scheme.validate(cfg.random_positions, 0, max_offset)
+        except ValueError as e:
+            raise ValueError(f"with model.random_positions={cfg.random_positions}: {e}") from e
+
+
+def _check_random_positions(positions: int, keys: int) -> None:
+    if keys > positions:
+        raise ValueError(
+            f"model.random_positions={positions} is fewer than the {keys} keys of a segment "
+            f"(mem_len + segment_len), each of which takes its own position in [0, random_positions); "
+            f"raise it to at least {keys}"
+        )
+
+
 @dataclass
 class ModelOutput:
     hidden: Tensor  # [B, L, D] the input of the output layer
@@ -318,26 +343,11 @@ class MemoryTransformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def validate_lengths(self, segment_len: int, mem_len: int | None = None, max_offset: int = 0) -> None:
-        """Fail before any compute if these lengths cannot work for this model and scheme."""
-        mem_len = self.mem_len if mem_len is None else mem_len
-        _check_int("segment_len", segment_len, 1)
-        _check_int("mem_len", mem_len, 0)
-        _check_int("max_offset", max_offset, 0)
-        self.scheme.validate(segment_len, mem_len, max_offset)
-        if self.cfg.random_positions is not None:
-            self._check_random_positions(segment_len + mem_len)
-            try:  # positions reach P - 1, as those of a segment of P tokens do
-                self.scheme.validate(self.cfg.random_positions, 0, max_offset)
-            except ValueError as e:
-                raise ValueError(f"with model.random_positions={self.cfg.random_positions}: {e}") from e
+        """Fail before any compute if these lengths cannot work for this model and scheme (``check_lengths``)."""
+        check_lengths(self.cfg, self.scheme, segment_len, self.mem_len if mem_len is None else mem_len, max_offset)
 
     def _check_random_positions(self, keys: int) -> None:
-        if keys > self.cfg.random_positions:
-            raise ValueError(
-                f"model.random_positions={self.cfg.random_positions} is fewer than the {keys} keys of a segment "
-                f"(mem_len + segment_len), each of which takes its own position in [0, random_positions); "
-                f"raise it to at least {keys}"
-            )
+        _check_random_positions(self.cfg.random_positions, keys)
 
     def positions(
         self,
