@@ -118,10 +118,10 @@ def run(model: MemoryTransformer, static_memory: bool, step: int) -> torch.Tenso
 
 def check_case(composer: Composer, scheme: str, pair: tuple[str, str]) -> None:
     options = [BY_NAME[name] for name in pair]
-    cfg = composer.compose(overrides(scheme, options), return_hydra_config=False)
+    cfg = composer.compose_trial(overrides(scheme, options), BASE)  # as a sweep's trials: Hydra's compose, cached
     found = problems(cfg)
     if found:  # refused before compute: one line a problem, each naming an option of the pair
-        assert problems(composer.compose(overrides(scheme, []), return_hydra_config=False)) == [], "the scheme alone"
+        assert problems(composer.compose_trial(overrides(scheme, []), BASE)) == [], "the scheme alone"
         for line in found:
             assert "\n" not in line and any(o.key in line for o in options), (scheme, pair, found)
         return
