@@ -211,7 +211,7 @@ def test_every_scheme_that_takes_them_trains_and_evaluates(name):
 
 def test_the_option_reaches_training_from_the_command_line(tmp_path):
     """``+model.random_positions=P`` (the model presets do not list it) trains through Hydra and the
-    LightningModule's length check; a range too short is refused before the first step."""
+    LightningModule's length check; a range too short is refused by the config check, before anything is built."""
     from posenc_lab.train import train
     from tests.helpers_train import assert_finished_figures, compose_config, tiny
 
@@ -220,7 +220,7 @@ def test_the_option_reaches_training_from_the_command_line(tmp_path):
     assert results["steps"] == 2
     assert_finished_figures(results)
     short = tiny(tmp_path / "run2", tmp_path / "cache", f"posenc={ROPE}", "+model.random_positions=20", steps=2)
-    with pytest.raises(ValueError, match=r"cannot serve the train data.*random_positions=20 is fewer than the 32 keys"):
+    with pytest.raises(ValueError, match=r"^model.random_positions=20 is fewer than the 32 keys of a segment"):
         train(compose_config("train", short))
 
 
