@@ -55,7 +55,7 @@ class Option:
 OPTIONS = [
     Option("memory", {"model.mem_len": str(M)}, "model.mem_len"),
     Option("static_memory", {"model.mem_len": str(M)}, "model.mem_len", static_memory=True),
-    Option("same_length", {"model.same_length": "true"}, "model.same_length"),
+    Option("same_length", {"model.mem_len": str(M), "model.same_length": "true"}, "model.same_length"),  # a window
     Option("post_norm", {"model.pre_norm": "false"}, "model.pre_norm"),
     Option("dropout", {"model.dropout": "0.1", "model.attn_dropout": "0.1", "model.pos_dropout": "0.1"}, "dropout"),
     Option("ssmax", {"model.softmax_scale": "ssmax"}, "model.softmax_scale"),
