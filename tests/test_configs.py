@@ -93,7 +93,10 @@ def test_posenc_files_hold_the_scheme_options(scheme):
     assert cfg.name == scheme
     opts = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "name"}
     assert set(opts) == set(scheme_options(scheme))
-    build_scheme(scheme, Dims(2, 64, 4), **sized_options(scheme, opts, segment_len=64, mem_len=64))  # nulls: the run's
+    layers = len(opts.get("layers") or []) or 2  # a hybrid's whole pattern: a longer one than the model is refused
+    build_scheme(
+        scheme, Dims(layers, 64, 4), **sized_options(scheme, opts, segment_len=64, mem_len=64)
+    )  # nulls: the run's
 
 
 @pytest.mark.parametrize("preset", presets())
