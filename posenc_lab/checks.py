@@ -31,7 +31,7 @@ from .build import model_config
 from .data import CORPORA, EVAL_SPLITS, check_corpus_options, option_problems
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, shown
-from .model import ModelConfig, check_lengths
+from .model import ModelConfig
 from .positional import SCHEMES, PositionalScheme, build_scheme
 from .precision import POLICIES as BF16_POLICIES
 
@@ -210,7 +210,7 @@ def _model_problems(cfg: DictConfig) -> list[str]:
     try:
         scheme = build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs)
         episode = data.get("episode_len")
-        check_lengths(mc, scheme, int(data["segment_len"]), mc.mem_len, int(episode) if _is_int(episode) else 0)
+        mc.check_lengths(scheme, int(data["segment_len"]), mc.mem_len, int(episode) if _is_int(episode) else 0)
     except (TypeError, ValueError) as e:  # a line about a model option (random positions) is named by it alone
         return [str(e) if str(e).startswith(("model.", "with model.")) else f"posenc: {e}"]
     problem = compile_problem(mc.posenc, scheme)
