@@ -210,9 +210,9 @@ def _model_problems(cfg: DictConfig) -> list[str]:
     try:
         scheme = build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs)
         episode = data.get("episode_len")
-        scheme.validate(int(data["segment_len"]), mc.mem_len, int(episode) if _is_int(episode) else 0)
-    except (TypeError, ValueError) as e:
-        return [f"posenc: {e}"]
+        mc.check_lengths(scheme, int(data["segment_len"]), mc.mem_len, int(episode) if _is_int(episode) else 0)
+    except (TypeError, ValueError) as e:  # a line about a model option (random positions) is named by it alone
+        return [str(e) if str(e).startswith(("model.", "with model.")) else f"posenc: {e}"]
     problem = compile_problem(mc.posenc, scheme)
     return [problem] if _value(cfg, "compile") is True and problem else []
 

@@ -50,11 +50,6 @@ def int_problem(name: str, value, minimum: int) -> str | None:
     return None
 
 
-def _check_int(name: str, value, minimum: int) -> None:
-    if (problem := int_problem(name, value, minimum)) is not None:
-        raise ValueError(problem)
-
-
 @dataclass
 class ModelConfig:
     vocab_size: int = 256
@@ -155,6 +150,27 @@ class ModelConfig:
     @property
     def dims(self) -> Dims:
         return Dims(self.n_layer, self.d_model, self.n_head)
+
+    def check_lengths(self, scheme: PositionalScheme, segment_len: int, mem_len: int, max_offset: int = 0) -> None:
+        """ValueError, one line, if this model and ``scheme`` cannot serve these lengths, random positions included
+        (the config check asks before anything is built, the model before each run)."""
+        lengths = {"segment_len": (segment_len, 1), "mem_len": (mem_len, 0), "max_offset": (max_offset, 0)}
+        if problem := next(filter(None, (int_problem(n, v, low) for n, (v, low) in lengths.items())), None):
+            raise ValueError(problem)
+        scheme.validate(segment_len, mem_len, max_offset)
+        if self.random_positions is not None:
+            self.check_random_positions(segment_len + mem_len)
+            try:  # positions reach P - 1, as those of a segment of P tokens do
+                scheme.validate(self.random_positions, 0, max_offset)
+            except ValueError as e:
+                raise ValueError(f"with model.random_positions={self.random_positions}: {e}") from e
+
+    def check_random_positions(self, keys: int) -> None:
+        if keys > (P := self.random_positions):
+            raise ValueError(
+                f"model.random_positions={P} is fewer than the {keys} keys of a segment (mem_len + segment_len), each "
+                f"of which takes its own position in [0, random_positions); raise it to at least {keys}"
+            )
 
 
 @dataclass
@@ -318,26 +334,8 @@ class MemoryTransformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def validate_lengths(self, segment_len: int, mem_len: int | None = None, max_offset: int = 0) -> None:
-        """Fail before any compute if these lengths cannot work for this model and scheme."""
-        mem_len = self.mem_len if mem_len is None else mem_len
-        _check_int("segment_len", segment_len, 1)
-        _check_int("mem_len", mem_len, 0)
-        _check_int("max_offset", max_offset, 0)
-        self.scheme.validate(segment_len, mem_len, max_offset)
-        if self.cfg.random_positions is not None:
-            self._check_random_positions(segment_len + mem_len)
-            try:  # positions reach P - 1, as those of a segment of P tokens do
-                self.scheme.validate(self.cfg.random_positions, 0, max_offset)
-            except ValueError as e:
-                raise ValueError(f"with model.random_positions={self.cfg.random_positions}: {e}") from e
-
-    def _check_random_positions(self, keys: int) -> None:
-        if keys > self.cfg.random_positions:
-            raise ValueError(
-                f"model.random_positions={self.cfg.random_positions} is fewer than the {keys} keys of a segment "
-                f"(mem_len + segment_len), each of which takes its own position in [0, random_positions); "
-                f"raise it to at least {keys}"
-            )
+        """Fail before any compute if these lengths cannot work for this model (``ModelConfig.check_lengths``)."""
+        self.cfg.check_lengths(self.scheme, segment_len, self.mem_len if mem_len is None else mem_len, max_offset)
 
     def positions(
         self,
@@ -367,7 +365,7 @@ class MemoryTransformer(nn.Module):
             visible &= valid[None, :]
         if self.cfg.random_positions is None:
             return Positions(q=q, k=k, offset=offset, visible=visible, valid=valid)
-        self._check_random_positions(M + L)
+        self.cfg.check_random_positions(M + L)
         k = torch.randperm(self.cfg.random_positions, device=device)[: M + L].sort().values  # ordered subset of [0, P)
         return Positions(q=k[M:], k=k, offset=offset, visible=visible, consecutive=False, valid=valid)
 

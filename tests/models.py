@@ -27,12 +27,15 @@ def make_model(
     N(0, 0.5) (zero-initialised tables, t5's bias and xl's u and v, would make tests vacuous), "all" every
     parameter (every visible token then makes a clear difference), None keeps the initialisation."""
     torch.manual_seed(0)
+    options = dict(OPTIONS.get(name, {}))
+    if name == HYBRID:  # its pattern's first n_layer schemes: a pattern longer than the model is refused
+        options["layers"] = options["layers"][:n_layer]
     config = ModelConfig(
         vocab_size=vocab_size,
         n_layer=n_layer,
         mem_len=mem_len,
         posenc=name,
-        **{"d_model": 16, "n_head": 2, "d_inner": 32, "dropout": 0.0, "posenc_kwargs": OPTIONS.get(name, {}), **cfg},
+        **{"d_model": 16, "n_head": 2, "d_inner": 32, "dropout": 0.0, "posenc_kwargs": options, **cfg},
     )
     model = MemoryTransformer(config)
     if randomize is not None:

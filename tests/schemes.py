@@ -37,3 +37,6 @@ COPE, FIRE, KERPLE_LOG, KERPLE_POWER, SANDWICH, XPOS = (
 FOX, STICKBREAKING, PATH = FoX.name, StickBreaking.name, PaTH.name
 HYBRID = Hybrid.name
 POPE, WALL = PoPE.name, Wall.name
+#: a hybrid of two layers, for the models of two layers that tests build of every scheme (its yaml's pattern of four
+#: would be refused there)
+HYBRID_OF_TWO = {"layers": [ROPE, NOPE]}

@@ -16,6 +16,7 @@ from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, schemes_of_kind, sized_options
 from posenc_lab.train import train
 from tests.helpers_train import REPO, compose_config, subprocess_env, tiny
+from tests.schemes import HYBRID, HYBRID_OF_TWO
 
 
 def test_compile_true_compiles_the_trained_model(monkeypatch, tmp_path, cache):
@@ -165,7 +166,7 @@ def test_every_scheme_compiles_without_graph_breaks_or_recompiles(name, options=
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    options = sized_options(name, options or {}, SEG_LEN, MEM)
+    options = sized_options(name, options or ({HYBRID: HYBRID_OF_TWO}.get(name) or {}), SEG_LEN, MEM)
     cfg = ModelConfig(
         vocab_size=32, n_layer=2, d_model=16, n_head=2, d_inner=32, mem_len=MEM, dropout=0.0, posenc=name,
         posenc_kwargs=options, **(model or {}),
@@ -205,7 +206,7 @@ def test_projected_parameters_are_read_clamped_in_the_graph_and_written_outside_
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=32, n_layer=2, d_model=16, n_head=2, d_inner=32, mem_len=MEM, dropout=0.0, posenc=name,
-        posenc_kwargs=sized_options(name, {}, SEG_LEN, MEM),
+        posenc_kwargs=sized_options(name, {HYBRID: HYBRID_OF_TWO}.get(name, {}), SEG_LEN, MEM),
     )  # fmt: skip
     eager = MemoryTransformer(cfg).train()
     compiled = copy.deepcopy(eager)

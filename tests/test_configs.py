@@ -93,7 +93,10 @@ def test_posenc_files_hold_the_scheme_options(scheme):
     assert cfg.name == scheme
     opts = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "name"}
     assert set(opts) == set(scheme_options(scheme))
-    build_scheme(scheme, Dims(2, 64, 4), **sized_options(scheme, opts, segment_len=64, mem_len=64))  # nulls: the run's
+    layers = len(opts.get("layers") or []) or 2  # a hybrid's whole pattern: a longer one than the model is refused
+    build_scheme(
+        scheme, Dims(layers, 64, 4), **sized_options(scheme, opts, segment_len=64, mem_len=64)
+    )  # nulls: the run's
 
 
 @pytest.mark.parametrize("preset", presets())
@@ -195,6 +198,10 @@ def test_every_option_trains_a_few_steps(group, option, tmp_path, fake_corpora, 
     if group == "model" and option not in ("tiny",):
         overrides.append("model.mem_len=16")  # tiny() sets it for the tiny model; keep the others' sizes
         overrides = [o for o in overrides if o != "model=tiny"]
+    if group == "posenc" and (layers := compose_config("train", [f"posenc={option}"]).posenc.get("layers")):
+        overrides.append(
+            f"model.n_layer={len(layers)}"
+        )  # a hybrid's whole pattern: a longer one than the model is refused
     if compose_config("train", [f"{group}={option}"]).model.adaptive_cutoffs:  # cutoffs inside the small vocabularies
         overrides.append("model.adaptive_cutoffs=[4,10]")
     if group == "logger" and option == "wandb":

@@ -15,6 +15,7 @@ from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, sinusoid_table, sized_options
 from posenc_lab.positional.base import PositionDropout
 from tests.helpers_train import compose_config
+from tests.schemes import HYBRID, HYBRID_OF_TWO
 
 V, B = 29, 2
 # The published model's options on a test-sized model; the dropout sites that existed before are off, so
@@ -48,7 +49,8 @@ def build(posenc: str = "xl", randomize: bool = True, **cfg) -> MemoryTransforme
         "posenc": posenc,
         **cfg,
     }
-    cfg["posenc_kwargs"] = sized_options(posenc, cfg.get("posenc_kwargs", {}), 16, cfg["mem_len"])  # learned's table
+    given = cfg.get("posenc_kwargs", HYBRID_OF_TWO if posenc == HYBRID else {})
+    cfg["posenc_kwargs"] = sized_options(posenc, given, 16, cfg["mem_len"])  # learned's table
     model = MemoryTransformer(ModelConfig(**cfg))
     if randomize:  # u, v, biases and LayerNorms start at 0 / 1: make every term count
         with torch.no_grad():

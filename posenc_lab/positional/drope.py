@@ -11,7 +11,8 @@ those weights, a checkpoint's included, is of the dropped model:
 
 The state is read from the step, never kept: the training loop hands the scheme the global step before each step
 and after it (``at_step``), and a checkpoint's ``global_step`` when it is loaded, so a run resumed on either side of
-K continues exactly as one that never stopped. Nothing else changes at K: the softmax keeps its 1 / sqrt(d_h), no
+K continues exactly as one that never stopped. Nothing else changes at K: the softmax keeps its 1 / sqrt(d_h) (and
+``model.softmax_scale``'s s_h log n_i, a model option, not the scheme's: rope with ssmax drops to nope with ssmax), no
 QK-norm is added and no parameter is created or removed (a scheme's own parameters, t5's table say, stay in the
 checkpoint and take no more gradient). The authors' code offers a QK-norm variant (``qk_norm_nope``: new RMSNorms on
 q and k from the drop on) and a ``softmax_scale`` option that none of their configs sets; their main recipe,
@@ -72,15 +73,17 @@ class Droppable:
 
         return self._layer(layer, pos)[2] if isinstance(self, Hybrid) else pos
 
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None) -> Tensor:
+    # logit_scale: SSMax's s_h log n_i (model.softmax_scale), a model option that stays after the drop, passed on
+    def attend(self, layer, q, k, v, pos, dropout_p, context=None, logit_scale=None) -> Tensor:
         if self.dropped:  # the base attention over this class's rotate and score_bias: identity and none
-            return PositionalScheme.attend(self, layer, q, k, v, self._kept(layer, pos), dropout_p, context)
-        return super().attend(layer, q, k, v, pos, dropout_p, context)
+            kept = self._kept(layer, pos)
+            return PositionalScheme.attend(self, layer, q, k, v, kept, dropout_p, context, logit_scale)
+        return super().attend(layer, q, k, v, pos, dropout_p, context, logit_scale=logit_scale)
 
-    def attention_probs(self, layer, q, k, pos, context=None) -> Tensor:
+    def attention_probs(self, layer, q, k, pos, context=None, logit_scale=None) -> Tensor:
         if self.dropped:
-            return PositionalScheme.attention_probs(self, layer, q, k, self._kept(layer, pos), context)
-        return super().attention_probs(layer, q, k, pos, context)
+            return PositionalScheme.attention_probs(self, layer, q, k, self._kept(layer, pos), context, logit_scale)
+        return super().attention_probs(layer, q, k, pos, context, logit_scale=logit_scale)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, drop_at_step={self.drop_at_step}"

@@ -2,12 +2,14 @@
 with NoPE layers).
 
 ``layers`` names the scheme of each layer; a list shorter than the model repeats, so layer n takes
-``layers[n % len(layers)]``: ``[rope, rope, rope, nope]`` is NoPE in every fourth layer at any depth (a model of fewer
-than four layers has none), ``[rope, nope]`` alternates. Each scheme named is built once, for the layers it serves
-alone (``Dims(n_layer=`` its count ``)``), with its own options (``options``: scheme -> options over its defaults,
-which are those of conf/posenc/<scheme>.yaml) and its own per-layer parameters, indexed by a layer's rank among that
-scheme's layers; so a parameter exists only where a layer uses it, and a scheme's parameters shared across layers
-(xl's u, v; t5's table) are shared among its layers.
+``layers[n % len(layers)]``: ``[rope, rope, rope, nope]`` is NoPE in every fourth layer at any depth of four layers or
+more, ``[rope, nope]`` alternates. A pattern longer than the model is refused (its tail would build no layer, yet name
+the cell: ``rope3+nope1`` on two layers would be RoPE alone); one that repeats a shorter one is that one.
+
+Each scheme named is built once, for the layers it serves alone (``Dims(n_layer=`` its count ``)``), with its own
+options (``options``: scheme -> options over its defaults, which are those of conf/posenc/<scheme>.yaml) and its own
+per-layer parameters, indexed by a layer's rank among that scheme's layers; so a parameter exists only where a layer
+uses it, and a scheme's parameters shared across layers (xl's u, v; t5's table) are shared among its layers.
 
 ``windows`` (scheme -> W) narrows the layers of a scheme to a sliding window: query i sees key j only where
 0 <= i - j < W (itself and the W - 1 keys before it), on top of the causal and same-length masks; the other layers
@@ -81,8 +83,8 @@ def pattern_label(layers: list[str], windows: dict | None = None) -> str:
     return "+".join(f"{n}{c}" + (f"w{windows[n]}" if windows.get(n) is not None else "") for n, c in runs)
 
 
-def _problems(layers, options, windows) -> str | None:
-    """The first reason these options cannot build a hybrid, as one line, or None."""
+def _problems(layers, options, windows, n_layer: int) -> str | None:
+    """The first reason these options cannot build a hybrid of ``n_layer`` layers, as one line, or None."""
     if not isinstance(layers, list) or not layers or not all(isinstance(n, str) for n in layers):
         return (
             f"posenc.layers must be a non-empty list of scheme names, one per layer or a pattern that repeats over "
@@ -94,6 +96,12 @@ def _problems(layers, options, windows) -> str | None:
             return f"posenc.layers names unknown scheme {name!r}; a layer takes one of: {', '.join(allowed)}"
         if (why := layer_refusal(name)) is not None:
             return f"posenc.layers cannot take {name}: {why}"
+    if (pattern := len(primitive(layers))) > n_layer:  # its tail would build no layer, yet name the cell
+        return (
+            f"posenc.layers=[{', '.join(layers)}] is a pattern of {pattern} schemes for model.n_layer={n_layer} "
+            f"layers: the last {pattern - n_layer} would take no layer; list at most {n_layer} (one per layer, or a "
+            f"pattern that repeats over them) or set model.n_layer >= {pattern}"
+        )
     for key, mapping in (("options", options), ("windows", windows)):
         if not isinstance(mapping, dict):
             return f"posenc.{key} must be a mapping of scheme -> {key[:-1]} (or null), got {mapping!r}"
@@ -131,7 +139,7 @@ class Hybrid(PositionalScheme):
     ):
         super().__init__(dims)
         options, windows = dict(options or {}), dict(windows or {})
-        if (problem := _problems(layers, options, windows)) is not None:
+        if (problem := _problems(layers, options, windows, dims.n_layer)) is not None:
             raise ValueError(f"hybrid: {problem}")
         self.layers, self.windows = list(layers), windows
         names = [layers[n % len(layers)] for n in range(dims.n_layer)]  # scheme of each model layer

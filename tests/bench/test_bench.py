@@ -17,7 +17,7 @@ from posenc_lab.bench.configs import CONF_MODEL
 from posenc_lab.compose import compose
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, sized_options
-from tests.schemes import NOPE, ROPE, SHAW, SINUSOID, XL
+from tests.schemes import HYBRID, HYBRID_OF_TWO, NOPE, ROPE, SHAW, SINUSOID, XL
 
 SCHEMES = (XL, SHAW, SINUSOID)
 # the tiny preset shrunk further, so that a CPU test times it in seconds
@@ -79,7 +79,12 @@ def test_flops_hand_count_other_schemes():
 def test_every_scheme_is_counted(name):
     """The count is the base model plus what the scheme itself declares: no scheme is special-cased in bench."""
     cfg = ModelConfig(
-        n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=name, posenc_kwargs=sized_options(name, {}, 16, 8)
+        n_layer=2,
+        d_model=32,
+        n_head=2,
+        d_inner=64,
+        posenc=name,
+        posenc_kwargs=sized_options(name, HYBRID_OF_TWO if name == HYBRID else {}, 16, 8),
     )
     model = MemoryTransformer(cfg)
     nope = ModelConfig(n_layer=2, d_model=32, n_head=2, d_inner=64, posenc=NOPE)

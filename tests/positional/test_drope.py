@@ -13,17 +13,18 @@ from posenc_lab.positional.drope import refusal
 from posenc_lab.train import train
 from tests.helpers_train import compose_config, record, recorded, tiny
 from tests.models import make_model
-from tests.schemes import ALIBI, COPE, FOX, HYBRID, NOPE, PATH, ROPE, SHAW, STICKBREAKING, T5, XL, XPOS
+from tests.schemes import ALIBI, COPE, FOX, HYBRID, NOPE, PATH, POPE, ROPE, SHAW, STICKBREAKING, T5, XL, XPOS
 from tests.test_lit import RESUME_AT, RESUME_COMMON, resume_is_exact
 
 K = 3
 V, B = 23, 2
 
 
-def pair(name: str, **options):
+def pair(name: str, softmax_scale: str | None = None, **options):
     """(the scheme dropping at K, the same model without DroPE), equal weights, memory on."""
-    dropping = make_model(name, n_layer=2, mem_len=4, randomize="all", posenc_kwargs={**options, "drop_at_step": K})
-    plain = make_model(name, n_layer=2, mem_len=4, randomize=None, posenc_kwargs=options)
+    model = dict(n_layer=2, mem_len=4, softmax_scale=softmax_scale)
+    dropping = make_model(name, **model, randomize="all", posenc_kwargs={**options, "drop_at_step": K})
+    plain = make_model(name, **model, randomize=None, posenc_kwargs=options)
     plain.load_state_dict(dropping.state_dict())
     return dropping, plain
 
@@ -32,11 +33,13 @@ def logits(model, x, mems=None):
     return model(x, mems=mems, offset=8).logits
 
 
+@pytest.mark.parametrize("softmax_scale", [None, "ssmax"])  # SSMax is the model's: it stays, nope with ssmax from K
 @pytest.mark.parametrize("name, options", [(ROPE, {}), (XPOS, {}), (T5, {"n_buckets": 8, "max_distance": 20}),
-                                           (ALIBI, {}), (FOX, {})])  # fmt: skip
-def test_before_k_the_scheme_from_k_on_nope_with_the_same_weights(name, options):
-    dropping, plain = pair(name, **options)
-    nope = make_model(NOPE, n_layer=2, mem_len=4, randomize=None)
+                                           (ALIBI, {}), (FOX, {}), (POPE, {}),
+                                           (HYBRID, {"layers": [ROPE, ALIBI]})])  # fmt: skip
+def test_before_k_the_scheme_from_k_on_nope_with_the_same_weights(name, options, softmax_scale):
+    dropping, plain = pair(name, softmax_scale, **options)
+    nope = make_model(NOPE, n_layer=2, mem_len=4, randomize=None, softmax_scale=softmax_scale)
     nope.load_state_dict(dropping.state_dict(), strict=False)  # the scheme's own parameters (t5's table) aside
     x, mems = torch.randint(V, (B, 5)), plain(torch.randint(V, (B, 8))).mems
     for step in (0, K - 1):

@@ -9,9 +9,11 @@ import copy
 import pytest
 import torch
 
+from posenc_lab.checks import problems
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, Dims, PositionalScheme, build_scheme, schemes_of_kind
 from posenc_lab.positional.hybrid import Hybrid, layer_refusal, pattern_label, primitive
+from tests.helpers_train import compose_config
 from tests.models import make_model
 from tests.schemes import ALIBI, FOX, NOPE, PATH, ROPE, SHAW, T5, XL
 
@@ -91,16 +93,18 @@ def test_the_composite_scores_as_every_layer_built_as_its_scheme_alone():
 
 
 def test_parameters_exist_only_where_a_layer_uses_them():
-    """Each scheme is built for its own layers: its parameters are those of a model of that many layers, and a
-    scheme no layer takes (the pattern's fourth entry, in a model of 3 layers) has none."""
+    """Each scheme is built for its own layers: its parameters are those of a model of that many layers (a pattern
+    that repeats: those of its layers at this depth)."""
     scheme = hybrid_model().scheme
     count = {name: LAYERS.count(name) for name in dict.fromkeys(LAYERS)}
     assert {n: p.dims.n_layer for n, p in scheme.parts.items()} == count
     built = [build_scheme(n, Dims(c, D, H), **OPTIONS.get(n, {})) for n, c in count.items()]
     alone_params = sum(p.numel() for scheme_alone in built for p in scheme_alone.parameters())
     assert sum(p.numel() for p in scheme.parameters()) == alone_params
-    three = build_scheme(HYBRID, Dims(3, D, H), layers=[ROPE, ROPE, ROPE, FOX])
-    assert set(three.parts) == {ROPE} and not list(three.parameters())
+    repeated = build_scheme(HYBRID, Dims(6, D, H), layers=[ROPE, ROPE, FOX])
+    assert {n: p.dims.n_layer for n, p in repeated.parts.items()} == {ROPE: 4, FOX: 2}
+    fox_alone = build_scheme(FOX, Dims(2, D, H))
+    assert sum(p.numel() for p in repeated.parameters()) == sum(p.numel() for p in fox_alone.parameters()) > 0
 
 
 def test_a_pattern_repeats_over_the_layers():
@@ -179,6 +183,24 @@ def test_bad_options_are_one_line_naming_the_key(options, message):
     with pytest.raises(ValueError, match=message) as e:
         build_scheme(HYBRID, Dims(4, D, H), **options)
     assert "\n" not in str(e.value)
+
+
+def test_a_pattern_longer_than_the_model_is_refused_by_the_validator_in_one_line():
+    """Eight schemes on two layers would build the first two and name the cell by all eight: the config check refuses
+    it (one line: the pattern, its length, the layers and what is valid) before anything is built; a pattern that
+    repeats a shorter one that fits is that one."""
+    eight = [ROPE, NOPE, ALIBI, T5, FOX, ROPE, NOPE, XL]
+    overrides = [f"posenc={HYBRID}", "model=tiny", "model.n_layer=2"]
+    cfg = compose_config("train", [*overrides, f"posenc.layers=[{','.join(eight)}]"])
+    assert problems(cfg) == [
+        f"posenc: hybrid: posenc.layers=[{', '.join(eight)}] is a pattern of 8 schemes for model.n_layer=2 layers: "
+        f"the last 6 would take no layer; list at most 2 (one per layer, or a pattern that repeats over them) or set "
+        f"model.n_layer >= 8"
+    ]
+    assert problems(compose_config("train", [*overrides, f"posenc.layers=[{ROPE},{NOPE},{ROPE},{NOPE}]"])) == []
+    assert (
+        problems(compose_config("train", [*overrides, "model.n_layer=8", f"posenc.layers=[{','.join(eight)}]"])) == []
+    )
 
 
 def test_the_cell_label_names_the_pattern():

@@ -21,6 +21,7 @@ from tests.schemes import (
     FOX,
     GLOBAL_SINUSOID,
     HYBRID,
+    HYBRID_OF_TWO,
     LEARNED,
     NOPE,
     PATH,
@@ -54,7 +55,9 @@ def _seed():
 
 
 def model(name: str = ALIBI, P: int | None = 64, mem_len: int = 4, **cfg) -> MemoryTransformer:
-    options = {LEARNED: {"max_positions": P or 16}}.get(name, sized_options(name, {}, 6, mem_len))
+    options = {LEARNED: {"max_positions": P or 16}}.get(
+        name, sized_options(name, {HYBRID: HYBRID_OF_TWO}.get(name, {}), 6, mem_len)
+    )
     return MemoryTransformer(
         ModelConfig(
             vocab_size=V,
@@ -107,8 +110,8 @@ def hybrid(layers: list[str], n_layer: int = 2, windows: dict | None = None, P: 
 
 @pytest.mark.parametrize(
     "layers, n_layer, built",
-    [([NOPE], 2, NOPE), ([NOPE, FOX, WALL], 3, f"{NOPE}, {FOX}, {WALL}"), ([NOPE, ROPE], 1, NOPE)],
-    ids=["nope", "nope-fox-wall", "its-rope-layer-unbuilt"],
+    [([NOPE], 2, NOPE), ([NOPE, FOX, WALL], 3, f"{NOPE}, {FOX}, {WALL}"), ([NOPE, NOPE], 1, NOPE)],
+    ids=["nope", "nope-fox-wall", "a-repeated-pattern"],
 )
 def test_a_hybrid_whose_layers_read_no_position_refuses_them(layers, n_layer, built):
     """As a scheme that reads none: one line naming the layers it builds, before anything is built."""
@@ -208,7 +211,7 @@ def test_every_scheme_that_takes_them_trains_and_evaluates(name):
 
 def test_the_option_reaches_training_from_the_command_line(tmp_path):
     """``+model.random_positions=P`` (the model presets do not list it) trains through Hydra and the
-    LightningModule's length check; a range too short is refused before the first step."""
+    LightningModule's length check; a range too short is refused by the config check, before anything is built."""
     from posenc_lab.train import train
     from tests.helpers_train import assert_finished_figures, compose_config, tiny
 
@@ -217,18 +220,22 @@ def test_the_option_reaches_training_from_the_command_line(tmp_path):
     assert results["steps"] == 2
     assert_finished_figures(results)
     short = tiny(tmp_path / "run2", tmp_path / "cache", f"posenc={ROPE}", "+model.random_positions=20", steps=2)
-    with pytest.raises(ValueError, match=r"cannot serve the train data.*random_positions=20 is fewer than the 32 keys"):
+    with pytest.raises(ValueError, match=r"^model.random_positions=20 is fewer than the 32 keys of a segment"):
         train(compose_config("train", short))
 
 
 def _assert_attend_equals_naive(name: str, impl: str, q, k, v, pos) -> None:
     """Scheme ``name`` on attention path ``impl`` (fused or unfused) against its naive reference at ``pos``."""
-    scheme = naive.new_scheme(name).train() if name in naive.CONTENT_FREE else make_scheme(name).train()
+    scheme = (
+        naive.new_scheme(name).train()
+        if name in naive.CONTENT_FREE
+        else make_scheme(name, **({"layers": [NOPE, ROPE]} if name == HYBRID else {})).train()
+    )
     scheme.attention_impl = impl
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     if name in naive.CONTENT_FREE:
         naive.assert_equals_naive(name, scheme, q, k, v, pos)
-    else:  # a hybrid of the default pattern on two layers: its layer 1 (the one attended) is rope
+    else:  # a hybrid [nope, rope]: its layer 1 (the one attended) is rope
         reference = ROPE if name == HYBRID else name
         test_fused.assert_attend_equals_naive(reference, scheme, q, k, v, pos, [q, k, v])
 

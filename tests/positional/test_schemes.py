@@ -28,7 +28,22 @@ from posenc_lab.positional import (
     sized_options,
 )
 from posenc_lab.positional.xl import relative_shift
-from tests.schemes import ALIBI, COPE, FIRE, GLOBAL_SINUSOID, LEARNED, NOPE, ROPE, SHAW, SINUSOID, STICKBREAKING, T5, XL
+from tests.schemes import (
+    ALIBI,
+    COPE,
+    FIRE,
+    GLOBAL_SINUSOID,
+    HYBRID,
+    HYBRID_OF_TWO,
+    LEARNED,
+    NOPE,
+    ROPE,
+    SHAW,
+    SINUSOID,
+    STICKBREAKING,
+    T5,
+    XL,
+)
 
 ALL = SCHEME_NAMES
 RELATIVE = schemes_of_kind("relative")
@@ -42,6 +57,7 @@ OPTIONS = {
     LEARNED: {"max_positions": 64},
     FIRE: {"init_threshold": 3.0},
     COPE: {"max_position": 6},
+    HYBRID: HYBRID_OF_TWO,
 }
 
 B, H, D = 2, 4, 16
@@ -114,7 +130,8 @@ def test_a_scheme_is_one_module_and_one_yaml():
 
 @pytest.mark.parametrize("name", ALL)
 def test_build_scheme_by_name(name):
-    scheme = build_scheme(name, Dims(n_layer=2, d_model=D, n_head=H), **sized_options(name, {}, 8, 4))
+    options = HYBRID_OF_TWO if name == HYBRID else {}
+    scheme = build_scheme(name, Dims(n_layer=2, d_model=D, n_head=H), **sized_options(name, options, 8, 4))
     assert scheme.name == name and scheme.kind in ("absolute", "relative", "none")
 
 
@@ -128,7 +145,7 @@ def test_lengths_left_null_are_sized_to_the_run(name):
         options = sized_options(name, conf, L, M)
         assert {k for k, v in conf.items() if v is not None} <= set(options)
         assert all(options[k] == v for k, v in conf.items() if v is not None)
-        build_scheme(name, Dims(n_layer=1, d_model=D, n_head=H), **options).validate(L, M)
+        build_scheme(name, Dims(n_layer=4, d_model=D, n_head=H), **options).validate(L, M)  # 4: the hybrid's pattern
 
 
 def test_learned_table_defaults_to_the_segment_length():
