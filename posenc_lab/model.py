@@ -28,12 +28,8 @@ from torch import Tensor, nn
 from .adaptive_softmax import AdaptiveSoftmax
 from .errors import shown
 from .memory import Memory, Recurrence  # noqa: F401 (Recurrence: imported from here by callers)
-from .positional import SCHEMES, Dims, PositionalScheme, Positions, build_scheme
+from .positional import ATTENTION_IMPLS, SCHEMES, Dims, PositionalScheme, Positions, build_scheme
 from .positional.base import PositionDropout
-from .positional.fused import IMPLS
-from .positional.hybrid import Hybrid
-from .positional.hybrid import random_positions_refused as hybrid_random_positions_refused
-from .positional.xl import XLRelative
 from .softmax_scale import SSMax, softmax_scale_problem
 
 FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
@@ -72,7 +68,7 @@ class ModelConfig:
     same_length_keys: str = "mem_len+1"  # "mem_len+1" | "mem_len" (the published window, itself included)
     loss_recent_frac: float = 1.0  # train on the last fraction of the segment only (paper's half loss: 0.5)
     init: str = "gpt2"  # gpt2 | published (see MemoryTransformer.__init__)
-    posenc: str = XLRelative.name  # the default scheme
+    posenc: str = "xl"  # the default scheme
     posenc_kwargs: dict = field(default_factory=dict)
     # Randomized positions (Ruoss et al. 2023): P makes each segment's M + L keys take an ordered random subset of
     # [0, P), drawn anew every forward, training and evaluation alike (as the authors' code), the queries the last L
@@ -112,7 +108,7 @@ class ModelConfig:
             ("ff_activation", sorted(FF_ACTIVATIONS)),
             ("init", list(INITS)),
             ("same_length_keys", list(SAME_LENGTH_KEYS)),
-            ("attention_impl", list(IMPLS)),
+            ("attention_impl", list(ATTENTION_IMPLS)),
         ):
             if getattr(self, name) not in valid:
                 out.append(f"model.{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
@@ -143,9 +139,7 @@ class ModelConfig:
 
     def _random_positions_refused(self) -> str | None:
         """Why the scheme reads no position (``random_positions_refused``); a hybrid's from the layers it builds."""
-        if self.posenc == Hybrid.name:
-            return hybrid_random_positions_refused(self.posenc_kwargs, self.n_layer)
-        return SCHEMES[self.posenc].random_positions_refused
+        return SCHEMES[self.posenc].random_positions_problem(self.posenc_kwargs, self.n_layer)
 
     @property
     def dims(self) -> Dims:

@@ -11,10 +11,11 @@ import importlib
 import pkgutil
 
 from .base import Dims, PositionalScheme, Positions, sinusoid_table
+from .fused import IMPLS as ATTENTION_IMPLS
 from .registry import SCHEMES, build_scheme, register, scheme_class, scheme_options, sized_options
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("base", "registry", "fused", "drope"):  # the flex_attention path, DroPE's schedule
+    if _module.name not in ("base", "positions", "registry", "fused", "drope"):  # the interface, not schemes
         importlib.import_module(f"{__name__}.{_module.name}")
 
 
@@ -36,6 +37,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "ATTENTION_IMPLS",
     "Dims",
     "Positions",
     "PositionalScheme",

@@ -213,6 +213,9 @@ class PositionalScheme(nn.Module):
     #: Parameters kept inside a range by projected gradient descent: name -> (low, high), high None for none.
     #: Read through ``constrained(name)``; ``project_parameters_`` clamps them all in place.
     projected: dict[str, tuple[float, float | None]] = {}
+    #: True for a scheme made of other schemes, one per group of layers, held in its ``parts`` (name -> scheme): a
+    #: hybrid. DroPE checks and drops each part (drope.py) without knowing the hybrid.
+    composite: bool = False
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -315,6 +318,17 @@ class PositionalScheme(nn.Module):
         one_hot = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
         q, k = self.rotate(layer, q, k, pos, context)
         return sdpa_attention(q, k, one_hot, pos, self._bias(layer, pos, context), 0.0, logit_scale)
+
+    @classmethod
+    def random_positions_problem(cls, options: dict, n_layer: int) -> str | None:
+        """Why ``model.random_positions`` cannot serve this scheme built with ``options`` on ``n_layer`` layers, or
+        None. Default: ``random_positions_refused``, whatever the options."""
+        return cls.random_positions_refused
+
+    def masked_positions(self, layer: int, pos: Positions) -> Positions:
+        """The positions of layer ``layer`` with its own mask and no encoding (what a dropped encoding leaves: a
+        hybrid's window stays). Default: ``pos``."""
+        return pos
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

@@ -33,10 +33,9 @@ from .base import PositionalScheme, Positions
 
 
 def refusal(cls: type[PositionalScheme]) -> str | None:
-    """Why scheme class ``cls`` cannot drop its encoding, or None (a hybrid's layers are checked when built)."""
-    from .hybrid import Hybrid
-
-    if issubclass(cls, Hybrid):
+    """Why scheme class ``cls`` cannot drop its encoding, or None (a scheme of parts, a hybrid, has its parts
+    checked when built)."""
+    if cls.composite:
         return None
     if cls.kind == "none":
         return "it has no positional encoding to drop"
@@ -68,10 +67,8 @@ class Droppable:
         return None if self.dropped else super().score_bias(layer, pos, context)
 
     def _kept(self, layer: int, pos: Positions) -> Positions:
-        """The positions a dropped layer attends with: a hybrid's window stays (a mask, not an encoding)."""
-        from .hybrid import Hybrid
-
-        return self._layer(layer, pos)[2] if isinstance(self, Hybrid) else pos
+        """The positions a dropped layer attends with: its mask stays, a hybrid's window included."""
+        return self.masked_positions(layer, pos)
 
     # logit_scale: SSMax's s_h log n_i (model.softmax_scale), a model option that stays after the drop, passed on
     def attend(self, layer, q, k, v, pos, dropout_p, context=None, logit_scale=None) -> Tensor:
@@ -106,18 +103,18 @@ def check_option(name: str, value) -> None:
 
 def drop_at(scheme: PositionalScheme, step: int) -> PositionalScheme:
     """``scheme`` made to drop its encoding from ``step`` on; ValueError naming why it cannot."""
-    from .hybrid import Hybrid
-
     check_option(scheme.name, step)
     if (why := refusal(type(scheme))) is not None:
         raise ValueError(f"{scheme.name}: posenc.drop_at_step cannot apply: {why}")
-    if isinstance(scheme, Hybrid):
+    if scheme.composite:  # a hybrid: each part with a signal must drop it
         signal = {n: p for n, p in scheme.parts.items() if p.kind != "none"}
         if not signal:
-            raise ValueError("hybrid: posenc.drop_at_step cannot apply: no layer has a positional encoding to drop")
+            raise ValueError(
+                f"{scheme.name}: posenc.drop_at_step cannot apply: no layer has a positional encoding to drop"
+            )
         for name, part in signal.items():
             if (why := refusal(type(part))) is not None:
-                raise ValueError(f"hybrid: posenc.drop_at_step cannot apply to its {name} layers: {why}")
+                raise ValueError(f"{scheme.name}: posenc.drop_at_step cannot apply to its {name} layers: {why}")
     scheme.__class__ = droppable(type(scheme))  # same module, same parameters: only the methods above change
     scheme.drop_at_step, scheme.dropped = step, False
     return scheme

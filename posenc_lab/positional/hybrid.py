@@ -122,6 +122,7 @@ def _problems(layers, options, windows, n_layer: int) -> str | None:
 class Hybrid(PositionalScheme):
     name = "hybrid"
     kind = "relative"  # every layer's scheme acts in the attention: the absolute ones are refused
+    composite = True  # its parts: one scheme per group of layers
     family = "per layer"
     positions_enter = (
         "layer `n` takes `posenc.layers[n % len]`, each scheme built for its own layers; `posenc.windows`: a "
@@ -202,6 +203,13 @@ class Hybrid(PositionalScheme):
         """The mean over the layers of what each layer's scheme adds (the interface counts per layer)."""
         per = {name: part.extra_flops(segment_len, mem_len, batch_size) for name, part in self.parts.items()}
         return sum(per[name] for name, _ in self.where) / len(self.where)
+
+    @classmethod
+    def random_positions_problem(cls, options: dict, n_layer: int) -> str | None:
+        return random_positions_refused(options, n_layer)
+
+    def masked_positions(self, layer: int, pos: Positions) -> Positions:
+        return self._layer(layer, pos)[2]  # the window stays: a mask, not an encoding
 
     def _layer(self, layer: int, pos: Positions) -> tuple[PositionalScheme, int, Positions]:
         """(the scheme of model layer ``layer``, the layer's rank among its layers, its positions: windowed if its
