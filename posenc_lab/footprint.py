@@ -1,0 +1,235 @@
+"""What a run needs in memory, estimated from its sizes alone, and what the machine has: a size that cannot fit is
+refused in one line before anything is built, loaded or written (``checks.problems`` for train, sweeps and ablate;
+``evaluate``, ``bench`` and ``compare`` for theirs).
+
+Nothing is built to estimate: no model and no tensor. The parameters are counted from ``ModelConfig``'s sizes, the
+scheme's by building it on PyTorch's ``meta`` device (shapes without storage). Every figure is float32 (4 bytes): the
+weights, the optimizer's state and the memory are float32 under every precision, and counting the activations in
+float32 bounds a bf16-mixed run's from above.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from .model import ModelConfig
+from .positional import build_scheme
+
+FLOAT = 4  # bytes of a float32
+# Python objects one layer costs beside its tensors (its modules, their optimizer entries, a step's autograd nodes):
+# 15-40 KB measured for a Block with its scheme; a model of millions of layers is refused on these alone.
+LAYER_OVERHEAD = 64 * 1024
+# Tensors a layer keeps for the backward pass, in units of the shapes named in ``activations``' docstring.
+PER_TOKEN_D = 12  # [B, L, D]: LayerNorms' inputs and outputs, q, the attention's output and projection, dropout masks
+PER_KEY_D = 5  # [B, N, D]: the normed context, k and v (and the memory's), their concatenations
+PER_SCORE = 4  # [B, H, L, N]: logits, a scheme's position term, probabilities, their dropout mask or softmax grad
+PER_TOKEN_F = 3  # [B, L, F]: the feed-forward's inner layer before and after its activation, its dropout
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One step: ``batch`` streams (on one process) of ``segment_len`` tokens, with ``mem_len`` memory slots."""
+
+    batch: int
+    segment_len: int
+    mem_len: int
+
+
+def scheme_parameters(cfg: ModelConfig) -> int:
+    """The parameters of ``cfg``'s positional scheme, built on the meta device (no storage); 0 if it cannot be built
+    (the scheme's own check names why)."""
+    try:
+        with torch.device("meta"):
+            scheme = build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
+    except Exception:  # noqa: BLE001 - a scheme that refuses its options is named by its own check
+        return 0
+    return sum(p.numel() for p in scheme.parameters())
+
+
+def model_parameters(cfg: ModelConfig) -> int:
+    """The parameters of ``MemoryTransformer(cfg)`` but its scheme's: the embedding, each layer's LayerNorms,
+    projections, feed-forward and SSMax scales, the final LayerNorm and the output layer (tied or not, adaptive or
+    not)."""
+    V, D, F, H = cfg.vocab_size, cfg.d_model, cfg.d_inner, cfg.n_head
+    layer = 4 * D + 4 * D * D + (D * F + F) + (F * D + D) + (H if cfg.softmax_scale == "ssmax" else 0)
+    head = (0 if cfg.tie_weights else V * D) + (V if cfg.output_bias else 0)
+    if cfg.adaptive_cutoffs is not None:  # its own matrix unless tied, the bias, one cluster row and bias a tail
+        head = (0 if cfg.tie_weights else V * D) + (V if cfg.output_bias else 0) + len(cfg.adaptive_cutoffs) * (D + 1)
+    return V * D + cfg.n_layer * layer + (2 * D if cfg.pre_norm else 0) + head
+
+
+def activations(cfg: ModelConfig, shape: Shape, train: bool) -> int:
+    """Bytes of the tensors one step holds at its peak, for ``shape`` (B streams, L tokens, M slots; N = M + L keys).
+
+    Training keeps every layer's tensors for the backward pass: per layer ``PER_TOKEN_D`` x [B, L, D],
+    ``PER_KEY_D`` x [B, N, D], ``PER_SCORE`` x [B, H, L, N] attention scores and ``PER_TOKEN_F`` x [B, L, F];
+    plus the output layer's scores three times (logits, their softmax, its gradient: [B, L, V] for a full softmax, the
+    head and the largest tail for an adaptive one) and one more layer's worth for the gradients in flight. Evaluation
+    keeps no graph: one layer's tensors at a time, and the output layer's scores twice (a full-vocabulary pass)."""
+    B, L, M = shape.batch, shape.segment_len, shape.mem_len
+    N, D, F, H, V = M + L, cfg.d_model, cfg.d_inner, cfg.n_head, cfg.vocab_size
+    layer = B * (PER_TOKEN_D * L * D + PER_KEY_D * N * D + PER_SCORE * H * L * N + PER_TOKEN_F * L * F)
+    if cfg.adaptive_cutoffs is not None and train:
+        bounds = [0, *cfg.adaptive_cutoffs, V]
+        scores = bounds[1] + len(cfg.adaptive_cutoffs) + max(b - a for a, b in zip(bounds[1:], bounds[2:]))
+    else:
+        scores = V
+    if train:
+        return FLOAT * ((cfg.n_layer + 1) * layer + 3 * B * L * scores)
+    return FLOAT * (layer + 2 * B * L * scores)
+
+
+@dataclass(frozen=True)
+class Need:
+    """Bytes by part (weights, gradients and AdamW state, memory, activations, layer objects) and the parameters,
+    the scheme's among them."""
+
+    parts: dict[str, int]
+    parameters: int
+    scheme_parameters: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def largest(self) -> str:
+        return max(self.parts, key=self.parts.get)
+
+
+# The sizes a command's options set, by role, at their least (``fit_problem`` names the options that could make a run
+# fit): the model's own fields, and the lengths and streams of its steps (``eval_batch``: the evaluation's alone).
+LEAST = {"n_layer": 1, "d_model": 1, "n_head": 1, "d_inner": 1, "mem_len": 0, "segment_len": 1, "batch": 1}
+LEAST["eval_batch"] = 1
+
+
+def _at_least(cfg: ModelConfig, train: Shape | None, evals: Sequence[Shape], role: str, separate_eval: bool):
+    """(cfg, train, evals) with the size of ``role`` at its least (``LEAST``); ``cfg`` copied, not validated again."""
+    least = LEAST[role]
+    if role in ("n_layer", "d_model", "n_head", "d_inner"):
+        cfg = copy.copy(cfg)
+        setattr(cfg, role, least)
+        return cfg, train, evals
+    field = "batch" if role == "eval_batch" else role
+    if train is not None and role != "eval_batch":
+        train = replace(train, **{field: least})
+    if role != "batch" or not separate_eval:
+        evals = [replace(s, **{field: least}) for s in evals]
+    return cfg, train, evals
+
+
+def need(cfg: ModelConfig, train: Shape | None, evals: Sequence[Shape] = (), scheme: bool = True) -> Need:
+    """What a process needs for ``cfg``: its weights; with ``train`` (a training step's shape) their gradients and
+    AdamW's two moments; every memory that is live at once (training's, twice while a step makes the next one, and
+    each evaluation's, one for each of ``evals``); the largest step's activations (``activations``); and the layers'
+    Python objects (``LAYER_OVERHEAD``). An approximate upper bound: the tensors named, in float32. ``scheme``:
+    count the scheme's parameters too (``scheme_parameters``, which builds it on the meta device)."""
+    in_scheme = scheme_parameters(cfg) if scheme else 0
+    n_params = model_parameters(cfg) + in_scheme
+    slots = sum(s.batch * s.mem_len for s in evals) + (2 * train.batch * train.mem_len if train else 0)
+    steps = [activations(cfg, s, False) for s in evals] + ([activations(cfg, train, True)] if train else [])
+    parts = {
+        "weights": FLOAT * n_params,
+        "gradients and AdamW state": 3 * FLOAT * n_params if train else 0,
+        "memory": FLOAT * slots * cfg.n_layer * cfg.d_model,
+        "activations": max(steps, default=0),
+        "layer objects": LAYER_OVERHEAD * cfg.n_layer,
+    }
+    return Need({k: v for k, v in parts.items() if v}, n_params, in_scheme)
+
+
+def size_text(n: int | float) -> str:
+    """Bytes in decimal units, e.g. ``409.6 GB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"):
+        if abs(n) < 1000 or unit == "YB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} YB"
+
+
+def _cgroup_room() -> int | None:
+    """What the cgroup (v2) this process runs in may still take, if it is limited."""
+    root = Path("/sys/fs/cgroup")
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        used = int((root / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return int(limit) - used if limit.isdigit() else None
+
+
+def available_ram() -> int:
+    """Bytes of RAM this process can still take: MemAvailable of /proc/meminfo (else os.sysconf's free pages),
+    capped by its cgroup's limit."""
+    have = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                have = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if have is None:
+        have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    room = _cgroup_room()
+    return have if room is None else min(have, room)
+
+
+def available(device: str) -> tuple[int, str] | None:
+    """(bytes, words) of what ``device`` ("cpu", "cuda", "cuda:N") has free; None where it cannot be told (a device
+    this machine lacks: the trainer names that). CUDA is asked only for a CUDA device."""
+    if not device.startswith("cuda"):
+        return available_ram(), "the CPU has {} of RAM available"
+    if not torch.cuda.is_available():
+        return None
+    index = torch.device(device).index or 0
+    if index >= torch.cuda.device_count():
+        return None
+    free, _ = torch.cuda.mem_get_info(index)
+    return free, f"cuda:{index} has {{}} free"
+
+
+def fit_problem(
+    cfg: ModelConfig,
+    train: Shape | None,
+    evals: Sequence[Shape],
+    device: str,
+    options: Mapping[str, tuple[str, object]],
+    processes: int = 1,
+    what: str = "this run",
+) -> str | None:
+    """One line if ``processes`` x ``need(cfg, train, evals)`` exceeds what ``device`` has free, else None: the need
+    by part, what the machine has, and the options to lower (``options``: role of ``LEAST`` -> (this command's option,
+    its value)): those each of which, at its least, would make the run fit; else the two that save the most. The scheme
+    is built on the meta device only once the rest fits (a million layers' objects are refused before they are made)."""
+    have = available(device)
+    if have is None:
+        return None
+    needed = need(cfg, train, evals, scheme=False)
+    if processes * needed.total <= have[0]:
+        needed = need(cfg, train, evals)
+        if processes * needed.total <= have[0]:
+            return None
+    scheme_bytes = FLOAT * needed.scheme_parameters * (4 if train is not None else 1)
+    separate = "eval_batch" in options
+    at_least = {r: need(*_at_least(cfg, train, evals, r, separate), scheme=False).total + scheme_bytes for r in options}
+    ranked = sorted(at_least, key=at_least.get)
+    lower = [f"{options[r][0]}={options[r][1]}" for r in ranked if processes * at_least[r] <= have[0]]
+    scheme = f"posenc={cfg.posenc}'s options (its {needed.scheme_parameters:,} parameters)"
+    if processes * (needed.total - scheme_bytes) <= have[0]:
+        lower.append(scheme)
+    alone = bool(lower)
+    if not alone:  # no one option can: the two that save the most, and the scheme's where it weighs most
+        lower = [f"{options[r][0]}={options[r][1]}" for r in ranked[:2]]
+        lower += [scheme] if 2 * needed.scheme_parameters > needed.parameters else []
+    parts = ", ".join(f"{k} {size_text(processes * v)}" for k, v in needed.parts.items())
+    each = f" ({processes} processes, each {size_text(needed.total)})" if processes > 1 else ""
+    joined = f" {'or' if alone else 'and'} ".join([", ".join(lower[:-1]), lower[-1]]) if len(lower) > 1 else lower[0]
+    return (
+        f"{what} needs about {size_text(processes * needed.total)} of memory{each} ({parts}; {needed.parameters:,} "
+        f"parameters; estimated by posenc_lab/footprint.py), but {have[1].format(size_text(have[0]))}: lower {joined}"
+    )
