@@ -203,9 +203,10 @@ def fit_problem(
     what: str = "this run",
 ) -> str | None:
     """One line if ``processes`` x ``need(cfg, train, evals)`` exceeds what ``device`` has free, else None: the need
-    by part, what the machine has, and the options to lower (``options``: role of ``LEAST`` -> (this command's option,
-    its value)): those each of which, at its least, would make the run fit; else the two that save the most. The scheme
-    is built on the meta device only once the rest fits (a million layers' objects are refused before they are made)."""
+    by part, what the machine has, and the options to lower (``options``: role of ``LEAST`` -> (this command's
+    option, its value)): those each of which, at its least, would make the run fit; else the fewest that would
+    together. The scheme is built on the meta device only once the rest fits (a million layers' objects are refused
+    before they are made)."""
     have = available(device)
     if have is None:
         return None
@@ -218,18 +219,25 @@ def fit_problem(
     separate = "eval_batch" in options
     at_least = {r: need(*_at_least(cfg, train, evals, r, separate), scheme=False).total + scheme_bytes for r in options}
     ranked = sorted(at_least, key=at_least.get)
-    lower = [f"{options[r][0]}={options[r][1]}" for r in ranked if processes * at_least[r] <= have[0]]
+    lower = [r for r in ranked if processes * at_least[r] <= have[0]]
+    lower += ["posenc"] if processes * (needed.total - scheme_bytes) <= have[0] else []  # its parameters alone
+    if not (
+        alone := bool(lower)
+    ):  # no one option can: the fewest that can together, each the one that saves the most of what is left
+        sizes, left = (cfg, train, evals), [r for r in ranked if at_least[r] < needed.total]
+        while left and processes * (need(*sizes, scheme=False).total + scheme_bytes) > have[0]:
+            best = min(left, key=lambda r: need(*_at_least(*sizes, r, separate), scheme=False).total)
+            sizes, lower = _at_least(*sizes, best, separate), [*lower, best]
+            left.remove(best)
+        lower += ["posenc"] if 2 * needed.scheme_parameters > needed.parameters else []
     scheme = f"posenc={cfg.posenc}'s options (its {needed.scheme_parameters:,} parameters)"
-    if processes * (needed.total - scheme_bytes) <= have[0]:
-        lower.append(scheme)
-    alone = bool(lower)
-    if not alone:  # no one option can: the two that save the most, and the scheme's where it weighs most
-        lower = [f"{options[r][0]}={options[r][1]}" for r in ranked[:2]]
-        lower += [scheme] if 2 * needed.scheme_parameters > needed.parameters else []
+    lower = list(dict.fromkeys(scheme if r == "posenc" else f"{options[r][0]}={options[r][1]}" for r in lower))
     parts = ", ".join(f"{k} {size_text(processes * v)}" for k, v in needed.parts.items())
     each = f" ({processes} processes, each {size_text(needed.total)})" if processes > 1 else ""
-    joined = f" {'or' if alone else 'and'} ".join([", ".join(lower[:-1]), lower[-1]]) if len(lower) > 1 else lower[0]
+    joined = " or ".join([", ".join(lower[:-1]), lower[-1]]) if len(lower) > 1 else "".join(lower)
+    joined = joined if alone else joined.replace(" or ", " and ")
+    advice = f"lower {joined}" if lower else "no option of this command can make it fit"
     return (
         f"{what} needs about {size_text(processes * needed.total)} of memory{each} ({parts}; {needed.parameters:,} "
-        f"parameters; estimated by posenc_lab/footprint.py), but {have[1].format(size_text(have[0]))}: lower {joined}"
+        f"parameters; estimated by posenc_lab/footprint.py), but {have[1].format(size_text(have[0]))}: {advice}"
     )
