@@ -231,8 +231,9 @@ def _device(accelerator: Any, devices: Any) -> str:
 
 def size_problem(cfg: DictConfig, mc: ModelConfig) -> str | None:
     """One line if a training run of ``cfg`` (its model ``mc``: before the corpus is loaded, its vocabulary as
-    ``_model_problems`` puts it; ``train`` asks again with the corpus's) cannot fit in what this machine has (``footprint.fit_problem``): each process's training step and its evaluation (the val
-    and test streams' memories), on the trainer's device; CPU processes (trainer.devices) share the RAM."""
+    ``_model_problems`` puts it; ``train`` asks again with the corpus's) cannot fit in what this machine has
+    (``footprint.fit_problem``): each process's training step and its evaluation (the val and test streams'
+    memories), on the trainer's device; CPU processes (trainer.devices) share the RAM."""
     data, trainer = _value(cfg, "data") or {}, _value(cfg, "trainer")
     trainer = trainer if isinstance(trainer, dict) else {}
     batch, segment, eval_batch = data.get("batch_size"), data.get("segment_len"), data.get("eval_batch_size")
