@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning
-import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.loggers import Logger
@@ -32,7 +31,7 @@ from .build import model_config
 from .data import CORPORA, EVAL_SPLITS, check_corpus_options, option_problems
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, shown
-from .footprint import Shape, fit_problem
+from .footprint import train_problem
 from .model import ModelConfig
 from .positional import SCHEMES, PositionalScheme, build_scheme
 from .precision import POLICIES as BF16_POLICIES
@@ -209,7 +208,7 @@ def _model_problems(cfg: DictConfig) -> list[str]:
         mc = ModelConfig(**model_config(cfg, vocab))
     except (TypeError, ValueError) as e:
         return [p if p.startswith("model.") else f"model/posenc: {p}" for p in str(e).split("; ")]
-    if problem := size_problem(cfg, mc):  # before the scheme is built: a size that cannot fit builds nothing
+    if problem := train_problem(cfg, mc):  # before the scheme is built: a size that cannot fit builds nothing
         return [problem]
     try:
         scheme = build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs)
@@ -219,43 +218,6 @@ def _model_problems(cfg: DictConfig) -> list[str]:
         return [f"posenc: {e}"]
     problem = compile_problem(mc.posenc, scheme)
     return [problem] if _value(cfg, "compile") is True and problem else []
-
-
-def _device(accelerator: Any, devices: Any) -> str:
-    """Where the trainer's ``accelerator`` puts the model ("cpu", "cuda:N"), asking CUDA only when it may be a GPU."""
-    if accelerator in ("gpu", "cuda") or accelerator == "auto" and torch.cuda.is_available():
-        first = devices[0] if isinstance(devices, (list, tuple)) and devices else 0
-        return f"cuda:{first if _is_int(first) else 0}"
-    return "cpu"
-
-
-def size_problem(cfg: DictConfig, mc: ModelConfig) -> str | None:
-    """One line if a training run of ``cfg`` (its model ``mc``: before the corpus is loaded, its vocabulary as
-    ``_model_problems`` puts it; ``train`` asks again with the corpus's) cannot fit in what this machine has
-    (``footprint.fit_problem``): each process's training step and its evaluation (the val and test streams'
-    memories), on the trainer's device; CPU processes (trainer.devices) share the RAM."""
-    data, trainer = _value(cfg, "data") or {}, _value(cfg, "trainer")
-    trainer = trainer if isinstance(trainer, dict) else {}
-    batch, segment, eval_batch = data.get("batch_size"), data.get("segment_len"), data.get("eval_batch_size")
-    eval_batch = batch if eval_batch is None else eval_batch
-    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
-    if not all(_is_int(x) and x >= 1 for x in (batch, segment, eval_batch)):
-        return None  # named by the data checks
-    ranks = (devices if _is_int(devices) and devices >= 1 else 1) * (nodes if _is_int(nodes) and nodes >= 1 else 1)
-    device = _device(trainer.get("accelerator", "cpu"), devices)
-    processes = devices if device == "cpu" and _is_int(devices) and devices > 1 else 1
-    per_rank = [-(-b // ranks) for b in (batch, eval_batch)]  # each rank's streams
-    largest = ("data.eval_batch_size", eval_batch) if eval_batch > batch else ("data.batch_size", batch)
-    options = {name: (f"model.{name}", getattr(mc, name)) for name in ("n_layer", "d_model", "n_head", "d_inner")}
-    options |= {"mem_len": ("model.mem_len", mc.mem_len), "segment_len": ("data.segment_len", segment)}
-    return fit_problem(
-        mc,
-        Shape(per_rank[0], segment, mc.mem_len),
-        [Shape(per_rank[1], segment, mc.mem_len)] * 2,  # the val and the test streams' memories
-        device,
-        {**options, "batch": largest},
-        processes,
-    )
 
 
 def compile_problem(scheme: str, built: PositionalScheme | None = None) -> str | None:

@@ -15,11 +15,18 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from .model import ModelConfig
 from .positional import build_scheme
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
 
 FLOAT = 4  # bytes of a float32
 # Python objects one layer costs beside its tensors (its modules, their optimizer entries, a step's autograd nodes):
@@ -240,4 +247,50 @@ def fit_problem(
     return (
         f"{what} needs about {size_text(processes * needed.total)} of memory{each} ({parts}; {needed.parameters:,} "
         f"parameters; estimated by posenc_lab/footprint.py), but {have[1].format(size_text(have[0]))}: {advice}"
+    )
+
+
+def _mapping(cfg: DictConfig, key: str) -> dict:
+    """The node at ``key`` resolved, or {} where it is no mapping or cannot resolve (the validator names why)."""
+    try:
+        node = OmegaConf.select(cfg, key, default=None)
+        node = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    except Exception:  # noqa: BLE001 - an interpolation that cannot resolve is named by the validator
+        return {}
+    return node if isinstance(node, dict) else {}
+
+
+def _device(accelerator: Any, devices: Any) -> str:
+    """Where the trainer's ``accelerator`` puts the model ("cpu", "cuda:N"), asking CUDA only when it may be a GPU."""
+    if accelerator in ("gpu", "cuda") or accelerator == "auto" and torch.cuda.is_available():
+        first = devices[0] if isinstance(devices, (list, tuple)) and devices else 0
+        return f"cuda:{first if _is_int(first) else 0}"
+    return "cpu"
+
+
+def train_problem(cfg: DictConfig, mc: ModelConfig) -> str | None:
+    """One line if a training run of ``cfg`` (its model ``mc``: before the corpus is loaded, its vocabulary as
+    ``checks._model_problems`` puts it; ``train`` asks again with the corpus's) cannot fit in what this machine has
+    (``fit_problem``): each process's training step and its evaluation (the val and test streams'
+    memories), on the trainer's device; CPU processes (trainer.devices) share the RAM."""
+    data, trainer = (_mapping(cfg, key) for key in ("data", "trainer"))
+    batch, segment, eval_batch = data.get("batch_size"), data.get("segment_len"), data.get("eval_batch_size")
+    eval_batch = batch if eval_batch is None else eval_batch
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    if not all(_is_int(x) and x >= 1 for x in (batch, segment, eval_batch)):
+        return None  # named by the data checks
+    ranks = (devices if _is_int(devices) and devices >= 1 else 1) * (nodes if _is_int(nodes) and nodes >= 1 else 1)
+    device = _device(trainer.get("accelerator", "cpu"), devices)
+    processes = devices if device == "cpu" and _is_int(devices) and devices > 1 else 1
+    per_rank = [-(-b // ranks) for b in (batch, eval_batch)]  # each rank's streams
+    largest = ("data.eval_batch_size", eval_batch) if eval_batch > batch else ("data.batch_size", batch)
+    options = {name: (f"model.{name}", getattr(mc, name)) for name in ("n_layer", "d_model", "n_head", "d_inner")}
+    options |= {"mem_len": ("model.mem_len", mc.mem_len), "segment_len": ("data.segment_len", segment)}
+    return fit_problem(
+        mc,
+        Shape(per_rank[0], segment, mc.mem_len),
+        [Shape(per_rank[1], segment, mc.mem_len)] * 2,  # the val and the test streams' memories
+        device,
+        {**options, "batch": largest},
+        processes,
     )

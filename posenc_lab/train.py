@@ -51,11 +51,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from . import config_dir, flush_denormals, keep_freed_memory, tracking
 from .build import build_datamodule, build_lit, build_trainer, check_splits, model_config
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, SANE_LOSS_RATIO, Checkpointing, CheckpointUnreadable
-from .checks import check, problems, size_problem
+from .checks import check, problems
 from .compose import MULTIRUN_FLAGS, job_problems, override_problem
 from .datamodule import SegmentDataModule
 from .distributed import lost_process
 from .errors import ConfigError, Interrupted, reported, stop_at_once
+from .footprint import train_problem
 from .grid import run_folder, run_name
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
@@ -165,7 +166,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
     check_splits(datamodule)
-    if problem := size_problem(cfg, ModelConfig(**model_config(cfg, datamodule.vocab_size))):  # its vocabulary now
+    if problem := train_problem(cfg, ModelConfig(**model_config(cfg, datamodule.vocab_size))):  # its vocabulary now
         raise ConfigError(problem)
     lit = build_lit(cfg, datamodule)
     lit.check_data(datamodule, ("train", "val"))
