@@ -161,3 +161,19 @@ def test_compare_refuses_streams_that_cannot_fit_before_any_run_is_loaded(finish
     assert size_problem([run], AsTrained(8, 64)) is None
     line = size_problem([run], AsTrained(10**9, 64))
     assert line.startswith(f"evaluating {finished} needs about") and "lower --n-streams=1000000000" in line, line
+
+
+def test_a_gpu_trainer_is_judged_by_the_gpus_free_memory_and_never_by_a_gpu_it_lacks(monkeypatch):
+    """trainer.accelerator=gpu: the line names what cuda:N has free (torch.cuda.mem_get_info of the first of
+    trainer.devices); on a machine without CUDA nothing is judged here (the trainer names the missing GPU)."""
+    overrides = ["experiment=tiny", "run_dir=unused", "trainer=gpu", "trainer.devices=[1]", "data.batch_size=4096"]
+    cfg = compose_config("train", overrides)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert problems(cfg) == []
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: asked.append(i) or (10**8, 80 * 10**9))
+    monkeypatch.setattr(footprint, "available_ram", lambda: 10**15)  # the RAM is not what a GPU run is judged by
+    (line,) = problems(cfg)
+    assert asked and set(asked) == {1} and "but cuda:1 has 100.0 MB free: lower data.batch_size=4096" in line, line
