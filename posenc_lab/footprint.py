@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -170,9 +171,15 @@ def _cgroup_room() -> int | None:
     return int(limit) - used if limit.isdigit() else None
 
 
+_READ: dict[str, float] = {}  # the last reading of the RAM and when: a grid's checks quote one figure
+READ_FOR_S = 60.0
+
+
 def available_ram() -> int:
     """Bytes of RAM this process can still take: MemAvailable of /proc/meminfo (else os.sysconf's free pages),
-    capped by its cgroup's limit."""
+    capped by its cgroup's limit; read again after ``READ_FOR_S`` seconds."""
+    if time.monotonic() - _READ.get("at", -READ_FOR_S) < READ_FOR_S:
+        return int(_READ["bytes"])
     have = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -183,7 +190,9 @@ def available_ram() -> int:
     if have is None:
         have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     room = _cgroup_room()
-    return have if room is None else min(have, room)
+    have = have if room is None else min(have, room)
+    _READ.update(at=time.monotonic(), bytes=have)
+    return have
 
 
 def available(device: str) -> tuple[int, str] | None:

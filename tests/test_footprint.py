@@ -16,7 +16,7 @@ from posenc_lab.checks import problems
 from posenc_lab.footprint import Shape, activations, model_parameters, scheme_parameters
 from posenc_lab.model import MemoryTransformer, ModelConfig
 from posenc_lab.positional import sized_options
-from tests.helpers_train import CORPUS, compose_config, subprocess_env, tiny
+from tests.helpers_train import CORPUS, REPO, compose_config, subprocess_env, tiny
 
 LIMIT = 3 << 30  # address space of a refused command: a regression fails fast instead of eating the machine
 
@@ -86,9 +86,9 @@ def test_a_size_is_refused_only_past_what_the_machine_has_naming_the_option_that
     assert "memory 819.2 GB" in line  # 100,000,000 slots x (2 x 8 training + 2 x 8 evaluation streams) x 2 x 32 x 4
 
 
-def _refused(argv: list[str], cwd) -> list[str]:
-    """The error of ``posenc-lab ARGV`` run under a 3 GB address space: its one ``error:`` line and the problems it
-    lists (ablate names each run's on a line of its own); asserts it failed without a traceback."""
+def _refused(argv: list[str], cwd, marker: str = "error:") -> list[str]:
+    """The error of ``posenc-lab ARGV`` run under a 3 GB address space: its one line with ``marker`` and the problems
+    it lists (ablate and sweep-check name each on a line of its own); asserts it failed without a traceback."""
     run = subprocess.run(
         [sys.executable, "-m", "posenc_lab.cli", *argv],
         cwd=cwd,
@@ -99,7 +99,7 @@ def _refused(argv: list[str], cwd) -> list[str]:
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT)),
     )
     lines = run.stderr.splitlines()
-    errors = [i for i, line in enumerate(lines) if "error:" in line]
+    errors = [i for i, line in enumerate(lines) if marker in line]
     assert run.returncode in (1, 2) and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     return [line for line in lines[errors[0] :] if "HYDRA_FULL_ERROR" not in line]
 
@@ -138,7 +138,7 @@ def test_eval_refuses_terabytes_in_one_line_before_the_model_is_built(tmp_path, 
 
 
 @pytest.mark.slow
-def test_ablate_and_bench_refuse_terabytes_in_one_line_before_anything_is_written(tmp_path, cache):
+def test_ablate_sweep_and_bench_refuse_terabytes_in_one_line_before_anything_is_written(tmp_path, cache):
     out = tmp_path / "ablation"
     data = [f"data.root={cache}", *CORPUS["pystdlib"]]
     head, *runs = _refused(
@@ -147,6 +147,14 @@ def test_ablate_and_bench_refuse_terabytes_in_one_line_before_anything_is_writte
     assert head.endswith("the grid's runs have problems:") and runs, head
     assert all("needs about" in line and line.endswith("lower model.mem_len=100000000") for line in runs), runs
     assert list(tmp_path.iterdir()) == []
+    sweep = tmp_path / "big.yaml"
+    text = (REPO / "sweeps" / "shaw_k.yaml").read_text()
+    sweep.write_text(text.replace("values: [0, 32, 64, 128]", "values: [0, 100000000]"))
+    head, problem = _refused(["sweep-check", str(sweep)], tmp_path, marker="FAIL ")
+    assert head.startswith("FAIL") and "lower model.mem_len=100000000  [from parameter model.mem_len" in problem, (
+        problem
+    )
+    sweep.unlink()
     (line,) = _refused(["bench", "--configs", "tiny", "--schemes", "xl", "--model-set", "n_layer=10000000"], tmp_path)
     assert "this point needs about" in line and "lower --model-set n_layer=10000000" in line, line
     assert list(tmp_path.iterdir()) == []
