@@ -160,6 +160,8 @@ def compare(a: list[Run], b: list[Run], settings: AsTrained, split: str, work: P
     """The difference of the sides' mean loss (``difference``, in ``unit``: bits or nats per token) and each side's
     mean loss in nats (``a``, ``b``; ``figure_text`` gives the corpus's figure)."""
     comparable(a, b)
+    if problem := size_problem(a + b, settings):
+        raise RunError(problem)
     dumps = {}
     for name, runs in (("A", a), ("B", b)):
         for r in runs:
@@ -204,8 +206,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         a, b = sides(args.a, args.b)
         settings = AsTrained(args.n_streams, args.n_tokens)
-        if problem := size_problem(a + b, settings):
-            raise RunError(problem)
         with tempfile.TemporaryDirectory() as tmp:
             r = compare(a, b, settings, args.split, args.out or Path(tmp), args.level)
     except (RunError, ValueError) as e:

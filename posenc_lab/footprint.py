@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .model import ModelConfig
-from .positional import build_scheme
+from .positional import SCHEMES, PositionalScheme, build_scheme
 
 
 def _is_int(x) -> bool:
@@ -36,7 +36,11 @@ LAYER_OVERHEAD = 64 * 1024
 # Tensors a layer keeps for the backward pass, in units of the shapes named in ``activations``' docstring.
 PER_TOKEN_D = 12  # [B, L, D]: LayerNorms' inputs and outputs, q, the attention's output and projection, dropout masks
 PER_KEY_D = 5  # [B, N, D]: the normed context, k and v (and the memory's), their concatenations
-PER_SCORE = 4  # [B, H, L, N]: logits, a scheme's position term, probabilities, their dropout mask or softmax grad
+# [B, H, L, N]: a scheme that adds to the logits (or attends its own way) keeps its term, the logits and the
+# probabilities, and two more with attention dropout (its mask, the dropped probabilities); one without (rope, nope,
+# the absolute schemes) goes through SDPA's kernels, which keep at most one. Calibrated on measured steps: xl, t5,
+# alibi, shaw, fox, stickbreaking and rope stay below the estimate (tests/test_footprint.py).
+PER_SCORE, PER_SCORE_DROPOUT, PER_SCORE_SDPA = 3, 2, 1
 PER_TOKEN_F = 3  # [B, L, F]: the feed-forward's inner layer before and after its activation, its dropout
 
 
@@ -72,17 +76,28 @@ def model_parameters(cfg: ModelConfig) -> int:
     return V * D + cfg.n_layer * layer + (2 * D if cfg.pre_norm else 0) + head
 
 
+def holds_scores(scheme: str) -> bool:
+    """Whether ``scheme`` keeps [B, H, L, N] tensors of its own: it adds a term to the logits (``score_bias``) or
+    attends its own way (``attend``); an unknown one is taken to."""
+    cls = SCHEMES.get(scheme)
+    return cls is None or cls.score_bias is not PositionalScheme.score_bias or cls.attend is not PositionalScheme.attend
+
+
 def activations(cfg: ModelConfig, shape: Shape, train: bool) -> int:
     """Bytes of the tensors one step holds at its peak, for ``shape`` (B streams, L tokens, M slots; N = M + L keys).
 
     Training keeps every layer's tensors for the backward pass: per layer ``PER_TOKEN_D`` x [B, L, D],
-    ``PER_KEY_D`` x [B, N, D], ``PER_SCORE`` x [B, H, L, N] attention scores and ``PER_TOKEN_F`` x [B, L, F];
+    ``PER_KEY_D`` x [B, N, D], ``PER_SCORE`` x [B, H, L, N] attention scores (see there) and ``PER_TOKEN_F`` x
+    [B, L, F];
     plus the output layer's scores three times (logits, their softmax, its gradient: [B, L, V] for a full softmax, the
     head and the largest tail for an adaptive one) and one more layer's worth for the gradients in flight. Evaluation
     keeps no graph: one layer's tensors at a time, and the output layer's scores twice (a full-vocabulary pass)."""
     B, L, M = shape.batch, shape.segment_len, shape.mem_len
     N, D, F, H, V = M + L, cfg.d_model, cfg.d_inner, cfg.n_head, cfg.vocab_size
-    layer = B * (PER_TOKEN_D * L * D + PER_KEY_D * N * D + PER_SCORE * H * L * N + PER_TOKEN_F * L * F)
+    per_score = (
+        PER_SCORE + (PER_SCORE_DROPOUT if cfg.attn_dropout else 0) if holds_scores(cfg.posenc) else PER_SCORE_SDPA
+    )
+    layer = B * (PER_TOKEN_D * L * D + PER_KEY_D * N * D + per_score * H * L * N + PER_TOKEN_F * L * F)
     if cfg.adaptive_cutoffs is not None and train:
         bounds = [0, *cfg.adaptive_cutoffs, V]
         scores = bounds[1] + len(cfg.adaptive_cutoffs) + max(b - a for a, b in zip(bounds[1:], bounds[2:]))

@@ -58,7 +58,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
 """
 
 
-@pytest.mark.parametrize("scheme", ["xl", "t5"])
+@pytest.mark.parametrize("scheme", ["xl", "t5", "rope"])
 def test_the_activations_bound_a_measured_training_step_within_an_order_of_magnitude(scheme):
     """The peak resident memory a training step (forward, backward, AdamW) adds, in a fresh process, is below the
     estimate of its activations, and within a factor 10 of it."""
