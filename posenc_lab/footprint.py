@@ -41,6 +41,9 @@ PER_KEY_D = 5  # [B, N, D]: the normed context, k and v (and the memory's), thei
 # the absolute schemes) goes through SDPA's kernels, which keep at most one. Calibrated on measured steps: xl, t5,
 # alibi, shaw, fox, stickbreaking and rope stay below the estimate (tests/test_footprint.py).
 PER_SCORE, PER_SCORE_DROPOUT, PER_SCORE_SDPA = 3, 2, 1
+# An adaptive softmax scores a tail's words only for the tokens whose target lies in it: a word vocabulary's tails
+# (past its first cutoff, the frequent words) hold about a tenth of its tokens, not all of them.
+TAIL_SHARE = 0.1
 PER_TOKEN_F = 3  # [B, L, F]: the feed-forward's inner layer before and after its activation, its dropout
 
 
@@ -88,23 +91,22 @@ def activations(cfg: ModelConfig, shape: Shape, train: bool) -> int:
 
     Training keeps every layer's tensors for the backward pass: per layer ``PER_TOKEN_D`` x [B, L, D],
     ``PER_KEY_D`` x [B, N, D], ``PER_SCORE`` x [B, H, L, N] attention scores (see there) and ``PER_TOKEN_F`` x
-    [B, L, F];
-    plus the output layer's scores three times (logits, their softmax, its gradient: [B, L, V] for a full softmax, the
-    head and the largest tail for an adaptive one) and one more layer's worth for the gradients in flight. Evaluation
-    keeps no graph: one layer's tensors at a time, and the output layer's scores twice (a full-vocabulary pass)."""
+    [B, L, F]; plus the output layer's scores three times (logits, their softmax, its gradient: [B, L, V] for a full
+    softmax, the head and ``TAIL_SHARE`` of the tails for an adaptive one) and one more layer's worth for the
+    gradients in flight. Evaluation keeps no graph: one layer's tensors at a time, and the output layer's scores twice
+    (a full-vocabulary pass)."""
     B, L, M = shape.batch, shape.segment_len, shape.mem_len
     N, D, F, H, V = M + L, cfg.d_model, cfg.d_inner, cfg.n_head, cfg.vocab_size
     per_score = (
         PER_SCORE + (PER_SCORE_DROPOUT if cfg.attn_dropout else 0) if holds_scores(cfg.posenc) else PER_SCORE_SDPA
     )
     layer = B * (PER_TOKEN_D * L * D + PER_KEY_D * N * D + per_score * H * L * N + PER_TOKEN_F * L * F)
-    if cfg.adaptive_cutoffs is not None and train:
-        bounds = [0, *cfg.adaptive_cutoffs, V]
-        scores = bounds[1] + len(cfg.adaptive_cutoffs) + max(b - a for a, b in zip(bounds[1:], bounds[2:]))
+    if cfg.adaptive_cutoffs is not None and train:  # the head for every token, the tails for those they score
+        scores = cfg.adaptive_cutoffs[0] + len(cfg.adaptive_cutoffs) + TAIL_SHARE * (V - cfg.adaptive_cutoffs[0])
     else:
         scores = V
     if train:
-        return FLOAT * ((cfg.n_layer + 1) * layer + 3 * B * L * scores)
+        return FLOAT * ((cfg.n_layer + 1) * layer + int(3 * B * L * scores))
     return FLOAT * (layer + 2 * B * L * scores)
 
 
