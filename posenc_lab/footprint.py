@@ -94,7 +94,7 @@ def activations(cfg: ModelConfig, shape: Shape, train: bool) -> int:
     [B, L, F]; plus the output layer's scores three times (logits, their softmax, its gradient: [B, L, V] for a full
     softmax, the head and ``TAIL_SHARE`` of the tails for an adaptive one) and one more layer's worth for the
     gradients in flight. Evaluation keeps no graph: one layer's tensors at a time, and the output layer's scores twice
-    (a full-vocabulary pass)."""
+    (a full-vocabulary pass). Randomized positions draw a permutation of [0, P) each forward (8 P bytes)."""
     B, L, M = shape.batch, shape.segment_len, shape.mem_len
     N, D, F, H, V = M + L, cfg.d_model, cfg.d_inner, cfg.n_head, cfg.vocab_size
     per_score = (
@@ -105,9 +105,10 @@ def activations(cfg: ModelConfig, shape: Shape, train: bool) -> int:
         scores = cfg.adaptive_cutoffs[0] + len(cfg.adaptive_cutoffs) + TAIL_SHARE * (V - cfg.adaptive_cutoffs[0])
     else:
         scores = V
+    drawn = 8 * (cfg.random_positions or 0)  # randomized positions: a permutation of [0, P) in int64 every forward
     if train:
-        return FLOAT * ((cfg.n_layer + 1) * layer + int(3 * B * L * scores))
-    return FLOAT * (layer + 2 * B * L * scores)
+        return FLOAT * ((cfg.n_layer + 1) * layer + int(3 * B * L * scores)) + drawn
+    return FLOAT * (layer + 2 * B * L * scores) + drawn
 
 
 @dataclass(frozen=True)
@@ -129,14 +130,15 @@ class Need:
 
 # The sizes a command's options set, by role, at their least (``fit_problem`` names the options that could make a run
 # fit): the model's own fields, and the lengths and streams of its steps (``eval_batch``: the evaluation's alone).
-LEAST = {"n_layer": 1, "d_model": 1, "n_head": 1, "d_inner": 1, "mem_len": 0, "segment_len": 1, "batch": 1}
-LEAST["eval_batch"] = 1
+MODEL_SIZES = ("n_layer", "d_model", "n_head", "d_inner", "random_positions")
+LEAST = {"n_layer": 1, "d_model": 1, "n_head": 1, "d_inner": 1, "random_positions": None}
+LEAST |= {"mem_len": 0, "segment_len": 1, "batch": 1, "eval_batch": 1}
 
 
 def _at_least(cfg: ModelConfig, train: Shape | None, evals: Sequence[Shape], role: str, separate_eval: bool):
     """(cfg, train, evals) with the size of ``role`` at its least (``LEAST``); ``cfg`` copied, not validated again."""
     least = LEAST[role]
-    if role in ("n_layer", "d_model", "n_head", "d_inner"):
+    if role in MODEL_SIZES:
         cfg = copy.copy(cfg)
         setattr(cfg, role, least)
         return cfg, train, evals
@@ -310,7 +312,7 @@ def train_problem(cfg: DictConfig, mc: ModelConfig) -> str | None:
     processes = devices if device == "cpu" and _is_int(devices) and devices > 1 else 1
     per_rank = [-(-b // ranks) for b in (batch, eval_batch)]  # each rank's streams
     largest = ("data.eval_batch_size", eval_batch) if eval_batch > batch else ("data.batch_size", batch)
-    options = {name: (f"model.{name}", getattr(mc, name)) for name in ("n_layer", "d_model", "n_head", "d_inner")}
+    options = {name: (f"model.{name}", getattr(mc, name)) for name in MODEL_SIZES if getattr(mc, name) is not None}
     options |= {"mem_len": ("model.mem_len", mc.mem_len), "segment_len": ("data.segment_len", segment)}
     return fit_problem(
         mc,

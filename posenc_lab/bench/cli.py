@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..footprint import Shape, fit_problem
+from ..footprint import MODEL_SIZES, Shape, fit_problem
 from ..io import path_problem
 from ..model import ModelConfig
 from ..positional import build_scheme, scheme_names
@@ -244,7 +244,8 @@ COUNTS = {
 def size_problem(args: argparse.Namespace, bc: BenchConfig, cfg: ModelConfig) -> str | None:
     """One line if a point of the grid (``cfg`` at ``bc``'s lengths: a training and an evaluation step; with
     --eval-speed its memory-reuse and sliding-window passes instead) cannot fit on --device (``footprint``)."""
-    options = {k: (f"--model-set {k}", getattr(cfg, k)) for k in ("n_layer", "d_model", "n_head", "d_inner", "mem_len")}
+    sizes = [k for k in (*MODEL_SIZES, "mem_len") if getattr(cfg, k) is not None]
+    options = {k: (f"--model-set {k}", getattr(cfg, k)) for k in sizes}
     train = Shape(bc.batch_size, bc.segment_len, cfg.mem_len)
     evals = [train]
     if args.eval_speed:
