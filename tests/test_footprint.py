@@ -73,7 +73,8 @@ def test_the_activations_bound_a_measured_training_step_within_an_order_of_magni
 
 def test_a_size_is_refused_only_past_what_the_machine_has_naming_the_option_that_can_fit(monkeypatch):
     """The tiny preset passes; with the RAM it needs taken away it is refused; a memory of 10**8 slots is refused
-    naming model.mem_len (and no option that could not make it fit alone); a CPU run never initialises CUDA."""
+    naming model.mem_len (and no option that could not make it fit alone), randomized positions drawn from 10**11
+    naming model.random_positions; a CPU run never initialises CUDA."""
     cfg = compose_config("train", ["experiment=tiny", "run_dir=unused"])
     assert problems(cfg) == []
     assert not torch.cuda.is_initialized()
@@ -84,6 +85,9 @@ def test_a_size_is_refused_only_past_what_the_machine_has_naming_the_option_that
     (line,) = problems(compose_config("train", ["experiment=tiny", "run_dir=unused", "model.mem_len=100000000"]))
     assert line.endswith("lower model.mem_len=100000000"), line
     assert "memory 819.2 GB" in line  # 100,000,000 slots x (2 x 8 training + 2 x 8 evaluation streams) x 2 x 32 x 4
+    drawn = ["experiment=tiny", "run_dir=unused", "posenc=rope", "+model.random_positions=100000000000"]
+    (line,) = problems(compose_config("train", drawn))  # a permutation of [0, P) each forward: 800 GB
+    assert line.endswith("lower model.random_positions=100000000000"), line
 
 
 def _refused(argv: list[str], cwd, marker: str = "error:") -> list[str]:
