@@ -1,6 +1,6 @@
 """What a run needs in memory, estimated from its sizes alone, and what the machine has: a size that cannot fit is
-refused in one line before anything is built, loaded or written (``checks.problems`` for train, sweeps and ablate;
-``evaluate``, ``bench`` and ``compare`` for theirs).
+refused in one line before anything is built, loaded or written (``train_problem``, which ``checks.problems`` asks for
+train, sweeps and ablate; ``fit_problem``, which ``evaluate``, ``bench`` and ``compare`` ask for theirs).
 
 Nothing is built to estimate: no model and no tensor. The parameters are counted from ``ModelConfig``'s sizes, the
 scheme's by building it on PyTorch's ``meta`` device (shapes without storage). Every figure is float32 (4 bytes): the
@@ -23,11 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from .model import ModelConfig
 from .positional import SCHEMES, PositionalScheme, build_scheme
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
 
 FLOAT = 4  # bytes of a float32
 # Python objects one layer costs beside its tensors (its modules, their optimizer entries, a step's autograd nodes):
@@ -73,9 +68,8 @@ def model_parameters(cfg: ModelConfig) -> int:
     not)."""
     V, D, F, H = cfg.vocab_size, cfg.d_model, cfg.d_inner, cfg.n_head
     layer = 4 * D + 4 * D * D + (D * F + F) + (F * D + D) + (H if cfg.softmax_scale == "ssmax" else 0)
-    head = (0 if cfg.tie_weights else V * D) + (V if cfg.output_bias else 0)
-    if cfg.adaptive_cutoffs is not None:  # its own matrix unless tied, the bias, one cluster row and bias a tail
-        head = (0 if cfg.tie_weights else V * D) + (V if cfg.output_bias else 0) + len(cfg.adaptive_cutoffs) * (D + 1)
+    head = (0 if cfg.tie_weights else V * D) + (V if cfg.output_bias else 0)  # its own matrix unless tied, a bias
+    head += len(cfg.adaptive_cutoffs or []) * (D + 1)  # an adaptive softmax's cluster row and bias a tail
     return V * D + cfg.n_layer * layer + (2 * D if cfg.pre_norm else 0) + head
 
 
@@ -123,9 +117,6 @@ class Need:
     @property
     def total(self) -> int:
         return sum(self.parts.values())
-
-    def largest(self) -> str:
-        return max(self.parts, key=self.parts.get)
 
 
 # The sizes a command's options set, by role, at their least (``fit_problem`` names the options that could make a run
@@ -276,6 +267,10 @@ def fit_problem(
         f"{what} needs about {size_text(processes * needed.total)} of memory{each} ({parts}; {needed.parameters:,} "
         f"parameters; estimated by posenc_lab/footprint.py), but {have[1].format(size_text(have[0]))}: {advice}"
     )
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _mapping(cfg: DictConfig, key: str) -> dict:
