@@ -296,6 +296,8 @@ def train_problem(cfg: DictConfig, mc: ModelConfig) -> str | None:
     ``checks._model_problems`` puts it; ``train`` asks again with the corpus's) cannot fit in what this machine has
     (``fit_problem``): each process's training step and its evaluation (the val and test streams'
     memories), on the trainer's device; CPU processes (trainer.devices) share the RAM."""
+    if int(os.environ.get("LOCAL_RANK") or 0) > 0:
+        return None  # rank 0 judged this machine for every rank, before the others started and took their share
     data, trainer = (_mapping(cfg, key) for key in ("data", "trainer"))
     batch, segment, eval_batch = data.get("batch_size"), data.get("segment_len"), data.get("eval_batch_size")
     eval_batch = batch if eval_batch is None else eval_batch
