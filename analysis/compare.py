@@ -30,13 +30,16 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from posenc_lab.build import model_config
 from posenc_lab.compose import compose, derived_keys
+from posenc_lab.footprint import Shape, fit_problem
 from posenc_lab.io import path_problem
 from posenc_lab.metrics import figure, figure_name, figure_scale
+from posenc_lab.model import ModelConfig
 from posenc_lab.rundir import RunDir, differences
 
 from .dumps import AsTrained, as_trained, same_tokens, stack
-from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
+from .runs import Run, RunError, add_threads_argument, analysis_device, apply_threads, find_runs
 from .settings import conf_block, structured
 from .stats import Difference, mean_interval, p_text, paired_difference
 
@@ -178,10 +181,28 @@ def option_problems(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def size_problem(runs: list[Run], settings: AsTrained) -> str | None:
+    """One line if evaluating a run as trained (``settings.n_streams`` streams of its segments and memory) cannot fit
+    on the analysis device (``posenc_lab.footprint``), before any run is loaded."""
+    for r in runs:
+        vocab = ((RunDir(r.path).identity() or {}).get("corpus") or {}).get("vocab_size")
+        try:
+            cfg = ModelConfig(**model_config(OmegaConf.create(r.config), int(vocab or 256)))
+        except (TypeError, ValueError, KeyError):
+            continue  # a run that cannot be read so is named when it is loaded
+        shape = Shape(settings.n_streams, min(r.segment_len, settings.n_tokens + 1), r.mem_len)
+        options = {"batch": ("--n-streams", settings.n_streams), "segment_len": ("--n-tokens", settings.n_tokens)}
+        if problem := fit_problem(cfg, None, [shape], analysis_device(), options, what=f"evaluating {r.path}"):
+            return problem
+    return None
+
+
 def compare(a: list[Run], b: list[Run], settings: AsTrained, split: str, work: Path, level: float, log=print) -> dict:
     """The difference of the sides' mean loss (``difference``, in ``unit``: bits or nats per token) and each side's
     mean loss in nats (``a``, ``b``; ``figure_text`` gives the corpus's figure)."""
     comparable(a, b)
+    if problem := size_problem(a + b, settings):
+        raise RunError(problem)
     dumps = {}
     for name, runs in (("A", a), ("B", b)):
         for r in runs:

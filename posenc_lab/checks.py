@@ -31,6 +31,7 @@ from .build import model_config
 from .data import CORPORA, EVAL_SPLITS, check_corpus_options, option_problems
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, shown
+from .footprint import train_problem
 from .model import ModelConfig
 from .positional import SCHEMES, PositionalScheme, build_scheme
 from .precision import POLICIES as BF16_POLICIES
@@ -207,6 +208,8 @@ def _model_problems(cfg: DictConfig) -> list[str]:
         mc = ModelConfig(**model_config(cfg, vocab))
     except (TypeError, ValueError) as e:
         return [p if p.startswith("model.") else f"model/posenc: {p}" for p in str(e).split("; ")]
+    if problem := train_problem(cfg, mc):  # before the scheme is built: a size that cannot fit builds nothing
+        return [problem]
     try:
         scheme = build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs)
         episode = data.get("episode_len")

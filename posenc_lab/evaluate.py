@@ -51,6 +51,7 @@ from .checks import check, compile_problem
 from .compose import grammar_problem, override_problem
 from .data import CORPORA, path_options
 from .errors import ConfigError, OverrideError, PosencLabError, reported
+from .footprint import Shape, fit_problem
 from .grid import run_folder
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
@@ -139,6 +140,9 @@ def evaluate_checkpoint(
         model_hp["posenc_kwargs"] = {**model_hp.get("posenc_kwargs", {}), **scheme_options}
         cfg = ModelConfig(**model_hp)
         build_scheme(cfg.posenc, cfg.dims, **cfg.posenc_kwargs)
+    lengths = {"segment_len": segment_len, "mem_len": mem_len, "batch_size": batch_size}
+    if problem := _size_problem(model_hp, ckpt["hyper_parameters"].get("config"), lengths, trainer):
+        raise ConfigError(problem)  # before the model is built or the data loaded
     lit = load_lit(ckpt_path, ckpt)
     config = OmegaConf.create(lit.hparams.config or {})
     if "data" not in config:
@@ -237,6 +241,32 @@ def _trainer(accelerator: str, precision: Any, max_batches: int | None, dump: To
         raise ConfigError(
             f"accelerator={accelerator!r} cannot run on this machine: {e} Use accelerator=cpu (or auto: the best here)"
         ) from None
+
+
+def _size_problem(model_hp: dict, config: dict | None, given: dict[str, Any], trainer: L.Trainer) -> str | None:
+    """One line if evaluating the checkpoint's model (``model_hp``, its training ``config``) at the ``given`` lengths
+    (segment_len, mem_len, batch_size; None: as trained) cannot fit on the trainer's device (``footprint``)."""
+    data = (config or {}).get("data") or {}
+    try:
+        cfg = ModelConfig(**model_hp)
+    except (TypeError, ValueError):
+        return None  # load_lit names a checkpoint that does not fit ModelConfig
+    trained = {
+        "segment_len": data.get("segment_len"),
+        "mem_len": cfg.mem_len,
+        "batch_size": data.get("eval_batch_size") or data.get("batch_size"),
+    }
+    sizes = {k: trained[k] if given[k] is None else given[k] for k in trained}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sizes.values()):
+        return None  # named by the data module or the model
+    options = {
+        "segment_len": ("data.segment_len", sizes["segment_len"]),
+        "mem_len": ("model.mem_len", sizes["mem_len"]),
+        "batch": ("data.batch_size", sizes["batch_size"]),
+    }
+    shape = Shape(sizes["batch_size"], sizes["segment_len"], sizes["mem_len"])
+    device = str(trainer.strategy.root_device)
+    return fit_problem(cfg, None, [shape], device, options, what="this evaluation")
 
 
 def _check_corpus_paths(ckpt_path: str | os.PathLike, trained: DictConfig, overrides: dict[str, Any]) -> None:

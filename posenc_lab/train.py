@@ -52,17 +52,19 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from . import config_dir, flush_denormals, keep_freed_memory, tracking
-from .build import build_datamodule, build_lit, build_trainer, check_splits
+from .build import build_datamodule, build_lit, build_trainer, check_splits, model_config
 from .checkpoints import CHECKPOINT_SAFE_GLOBALS, SANE_LOSS_RATIO, Checkpointing, CheckpointUnreadable
 from .checks import check, problems
 from .compose import MULTIRUN_FLAGS, grammar_problem, job_problems, override_problem
 from .datamodule import SegmentDataModule
 from .distributed import lost_process
 from .errors import ConfigError, Interrupted, OverrideError, reported, stop_at_once
+from .footprint import train_problem
 from .grid import run_folder, run_name
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .memory_line import train_advice
+from .model import ModelConfig
 from .precision import check_precision
 from .resume import check_folders, check_resumable, checkpoint_state, resume_path
 from .rundir import Results, RunDir, RunDirError, absolute_paths, corpus_identity, run_identity
@@ -168,6 +170,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
     check_splits(datamodule)
+    if problem := train_problem(cfg, ModelConfig(**model_config(cfg, datamodule.vocab_size))):  # its vocabulary now
+        raise ConfigError(problem)
     lit = build_lit(cfg, datamodule)
     lit.check_data(datamodule, ("train", "val"))
     if cfg.get("compile", False):  # in place: the state_dict keys (checkpoints) stay those of the eager model

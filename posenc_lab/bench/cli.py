@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..footprint import MODEL_SIZES, Shape, fit_problem
 from ..io import path_problem
 from ..model import ModelConfig
 from ..positional import build_scheme, scheme_names
@@ -25,7 +26,7 @@ from ..positional.fused import IMPLS
 from ..tables import text_row, text_table, write_table
 from .configs import PRECISIONS, BenchConfig, model_presets
 from .loops import POINT_KEYS, measure_eval_speed, run_benchmark
-from .probes import environment_line
+from .probes import environment_line, pick_device
 from .schemes import SchemeSpec, parse_schemes
 
 
@@ -240,6 +241,28 @@ COUNTS = {
 }
 
 
+def size_problem(args: argparse.Namespace, bc: BenchConfig, cfg: ModelConfig) -> str | None:
+    """One line if a point of the grid (``cfg`` at ``bc``'s lengths: a training and an evaluation step; with
+    --eval-speed its memory-reuse and sliding-window passes instead) cannot fit on --device (``footprint``)."""
+    sizes = [k for k in (*MODEL_SIZES, "mem_len") if getattr(cfg, k) is not None]
+    options = {k: (f"--model-set {k}", getattr(cfg, k)) for k in sizes}
+    train = Shape(bc.batch_size, bc.segment_len, cfg.mem_len)
+    evals = [train]
+    if args.eval_speed:
+        train, A = None, max(int(a) for a in _csv_list(args.attention_len))
+        cfg = bc.model_config(cfg.posenc, memory=False, segment_len=A + 1)  # as measure_eval_speed builds it
+        evals = [Shape(args.eval_batch, args.eval_segment_len, A), Shape(args.eval_batch, A + 1, 0)]
+        longer = ("--eval-segment-len", args.eval_segment_len) if args.eval_segment_len > A else ("--attention-len", A)
+        options |= {
+            "mem_len": ("--attention-len", A),
+            "segment_len": longer,
+            "batch": ("--eval-batch", args.eval_batch),
+        }
+    else:
+        options |= {"segment_len": ("--segment-len", bc.segment_len), "batch": ("--batch", bc.batch_size)}
+    return fit_problem(cfg, train, evals, str(pick_device(args.device)), options, what="this point")
+
+
 def option_problems(args: argparse.Namespace, presets: list[str], schemes: list[SchemeSpec]) -> list[str]:
     """Why the numbers, --device, --out, --model-set or a scheme's options cannot run, each naming the option and
     what is valid (names unknown to the project are listed by ``main``)."""
@@ -270,6 +293,8 @@ def option_problems(args: argparse.Namespace, presets: list[str], schemes: list[
             except ValueError as e:
                 given = ",".join(f"{k}={v}" for k, v in args.model_set.items())
                 return [f"--model-set {given} with --configs {name}: {e}"]
+            if problem := size_problem(args, bc, cfg):  # before any scheme is built
+                return [f"--configs {name} with --schemes {spec.text}: {problem}"]
             if spec.given:  # the scheme built with its options: what only the build can judge (longrope's lists)
                 try:
                     cfg = bc.model_config(spec.scheme, memory, options=spec.options, **spec.model)
