@@ -29,6 +29,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .build import model_config
 from .data import CORPORA, EVAL_SPLITS, check_corpus_options, option_problems
+from .data.streams import aligned_problem
 from .datamodule import SegmentDataModule
 from .errors import ConfigError, shown
 from .footprint import train_problem
@@ -259,18 +260,6 @@ def _data_problems(cfg: DictConfig) -> list[str]:
         if problem := aligned_problem(align, segment, episode, data.get("var_len")):
             out.append(problem)
     return out
-
-
-def aligned_problem(align: int, segment: int, episode, var_len) -> str | None:
-    """One line: why instances aligned to ``align`` tokens cannot start every segment of these streams; None if
-    they can (the config check's and ``SegmentStream``'s one rule)."""
-    if align == segment and not var_len and not (_is_int(episode) and episode % align):
-        return None
-    return (
-        f"data.corpus.align_to_segment={align} starts every instance at a multiple of {align} tokens: it needs "
-        f"data.segment_len={segment} equal to it, data.var_len=false and data.episode_len null or a multiple of it "
-        f"(it is {episode}); set data.corpus.align_to_segment={segment} (or 0: packed)"
-    )
 
 
 def _trainer_problems(cfg: DictConfig) -> list[str]:

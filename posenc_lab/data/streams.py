@@ -80,6 +80,22 @@ def segment_schedule(stream_len: int, lengths, episode_len: int | None = None, *
             pos, start_offset = 0, 0
 
 
+def aligned_problem(align: int, segment: int, episode, var_len) -> str | None:
+    """One line: why instances aligned to ``align`` tokens cannot start every segment of these streams; None if
+    they can (``SegmentStream``'s rule, which the config check asks before anything is built)."""
+    if (
+        align == segment
+        and not var_len
+        and not (isinstance(episode, int) and not isinstance(episode, bool) and episode % align)
+    ):
+        return None
+    return (
+        f"data.corpus.align_to_segment={align} starts every instance at a multiple of {align} tokens: it needs "
+        f"data.segment_len={segment} equal to it, data.var_len=false and data.episode_len null or a multiple of it "
+        f"(it is {episode}); set data.corpus.align_to_segment={segment} (or 0: packed)"
+    )
+
+
 class SegmentStream(IterableDataset):
     """Yield the segments of `n_streams` parallel streams in order (see the module docstring).
 
@@ -151,8 +167,6 @@ class SegmentStream(IterableDataset):
                 f"{world_size}; use a multiple of {world_size}"
             )
         if align:
-            from ..checks import aligned_problem  # the config check's rule and line, for streams made directly
-
             if problem := aligned_problem(align, segment_len, episode_len, var_len):
                 raise ValueError(problem)
         need = n_streams * segment_len + 1

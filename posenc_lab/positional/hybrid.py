@@ -48,7 +48,7 @@ def random_positions_refused(options: dict, n_layer: int) -> str | None:
     if not isinstance(layers, list) or not layers or isinstance(n_layer, bool) or not isinstance(n_layer, int):
         return None  # bad options or sizes: named by their own checks
     windows = options.get("windows") or {}
-    built = list(dict.fromkeys(str(layers[n % len(layers)]) for n in range(max(n_layer, 0))))
+    built = list(dict.fromkeys(str(name) for name in layers[: max(n_layer, 0)]))  # the pattern repeats past it
     if not built or any(
         name not in SCHEMES or not SCHEMES[name].random_positions_refused or windows.get(name) is not None
         for name in built
