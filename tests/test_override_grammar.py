@@ -54,7 +54,11 @@ def console() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "posenc_lab.cli"]
 
 
-@pytest.mark.parametrize("case", CASES)
+# a process start each (about 7 s on 2 cores): the default run takes one of each kind, `-m slow` every case
+DEFAULT_RUN = ("a bare word", "a non-ASCII key", "an unbalanced bracket", "ablate")
+
+
+@pytest.mark.parametrize("case", [c if c in DEFAULT_RUN else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_an_override_the_grammar_cannot_read_is_one_line_naming_the_nearest_valid_form(case, tmp_path):
     argv, message = CASES[case]
     command = " ".join(argv[:2]) if argv[0] == "bench" else argv[0]
