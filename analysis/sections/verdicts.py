@@ -1,5 +1,6 @@
-"""The preregistered verdicts (conf/paper.yaml) and, apart, the sanity checks; again without the tokens that
-could be recited (the data section's measurement), as a descriptive line."""
+"""The preregistered verdicts (conf/paper.yaml) and, apart, the controls (true by construction: a failure is a
+defect of the run); the verdicts again without the tokens that could be recited (the data section's measurement),
+as a descriptive line."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from posenc_lab.data.overlap import WINDOW
 from .. import evidence
 from ..power import POWER, verdict_detectable
 from ..stats import p_text
-from ..verdicts import Comparison, Verdict, judge, on_predicted_side, paper, recheck
+from ..verdicts import DEFECT, Comparison, Verdict, judge, on_predicted_side, paper, recheck
 from .base import REPORT, Part, Section, Table, register
 
 
@@ -79,8 +80,9 @@ def _sentence(v: Verdict, scale: float, unit_name: str, power: float = float("na
         f"text units: "
         + "; ".join(parts)
         + f"; one-sided p {p_text(v.p, _df(tested))}"
-        + (f", Holm {p_text(v.p_adjusted, _df(tested))}" if not v.sanity else "")
-        + (f"; detectable at {POWER:.0%} power: {power * k:.3g}" if power == power and not v.sanity else "")
+        + (f", Holm {p_text(v.p_adjusted, _df(tested))}" if not v.control else "")
+        + (f"; detectable at {POWER:.0%} power: {power * k:.3g}" if power == power and not v.control else "")
+        + (f"; {v.note}" if v.control and v.note else "")
         + (f"; {v.expands}" if v.expands else "")
         + ")"
         + (f". Paper: {v.paper}." if v.paper else ".")
@@ -127,7 +129,7 @@ def restricted(config: dict, only: list[str] | None) -> tuple[dict, list[str]]:
 @dataclass
 class Judged:
     verdicts: list[Verdict]
-    sanity: list[Verdict]
+    controls: list[Verdict]  # true by construction (conf/paper.yaml's controls), out of Holm's family
     robustness: str  # the verdicts again without what could be recited ("" where not measured)
     scale: float  # of the main corpus's figure (1 without one)
     unit_name: str
@@ -152,7 +154,11 @@ TEXT = (
     "it stopped), so that a verdict is *reproduced* exactly when every interval lies on its predicted side. "
     "*Inconclusive*: neither; *not judged: one seed*: a cell it needs has one seed (descriptive only); *not "
     "tested*: a cell it needs was not trained, or a value was not finite. Every other interval in this report "
-    "is descriptive. `detectable_80%_power`: the effect, the same in each comparison, that the verdict would "
+    "is descriptive. **Controls** (`controls` of conf/paper.yaml, their own table): results true by construction "
+    "of the run (memory narrows the loss gap at a segment's start, the recall probe needs memory, global positions "
+    "past the training episodes were never seen), each tested at alpha without correction, out of Holm's family, "
+    "never counted as reproductions: *holds*, or *failed: a defect of the run* (too few steps, a bug), never a "
+    "finding about the paper. `detectable_80%_power`: the effect, the same in each comparison, that the verdict would "
     "find with 80% power at its Holm level, from the seeds and units it had: its test simulated as it is run, "
     "with the estimated degrees of freedom, at the measured components' shape scaled to each comparison's own "
     "standard error (`power.py`)."
@@ -178,7 +184,7 @@ class Verdicts(Section):
     def measure(self, ctx) -> Judged:
         report, main = ctx.report, ctx.report.main
         config, left_out = restricted(report.paper, ctx.settings.only if ctx.settings else None)
-        judged, sanity = judge(config, report.evidence, smoke=report.smoke)
+        judged, controls = judge(config, report.evidence, smoke=report.smoke)
         line = ""
         if main is not None and "as_trained" in report.evidence:  # again without the tokens that could be recited
             held_out = ctx.measured("data")
@@ -191,7 +197,7 @@ class Verdicts(Section):
             for v in judged
             if v.measure in report.evidence and not report.smoke
         }
-        return Judged(judged, sanity, line, scale, unit_name, power, left_out)
+        return Judged(judged, controls, line, scale, unit_name, power, left_out)
 
     def render(self, ctx, m: Judged) -> Part:
         corpora = ctx.report.corpora
@@ -205,21 +211,40 @@ class Verdicts(Section):
                 f"{', '.join(f'`{x}`' for x in m.left_out)}."
             )
         findings = [_sentence(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts]
-        if m.sanity:
-            findings.append(
-                "Sanity checks (true by construction, not counted as reproductions): "
-                + " ".join(_sentence(v, m.scale, m.unit_name) for v in m.sanity)
-            )
         if m.robustness and not ctx.report.smoke:
             findings.append(m.robustness)
-        df = pd.DataFrame(
-            [_row(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts + m.sanity]
-        )
-        if len(df):
-            df.insert(1, "kind", ["verdict"] * len(m.verdicts) + ["sanity check"] * len(m.sanity))
-        return Part(
-            TEXT,
-            [Table("table_verdicts", df, "every verdict and sanity check", show=False)],
-            findings=findings,
-            notes=notes,
-        )
+        if m.controls:
+            findings.append(controls_line(m.controls, m.scale, m.unit_name))
+        claims = pd.DataFrame([_row(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts])
+        tables = [Table("table_verdicts", claims, "every verdict (the paper's claims, Holm's family)", show=False)]
+        if m.controls:
+            tables.append(Table("table_controls", control_table(m.controls, m.scale, m.unit_name), CONTROLS_CAPTION))
+        return Part(TEXT, tables, findings=findings, notes=notes)
+
+
+CONTROLS_CAPTION = "controls: expected to hold; a failure is a defect of the run"
+
+
+def control_table(controls: list[Verdict], scale: float, unit_name: str) -> pd.DataFrame:
+    """A row per control: its claim, whether it holds, its comparisons with their intervals, and why not."""
+    rows = [
+        {k: _row(c, scale, unit_name)[k] for k in ("verdict", "claim", "status", "p_one_sided", "comparisons", "seeds")}
+        | {"why": c.note}
+        for c in controls
+    ]
+    return pd.DataFrame(rows, columns=["verdict", "claim", "status", "p_one_sided", "comparisons", "seeds", "why"])
+
+
+def controls_line(controls: list[Verdict], scale: float, unit_name: str) -> str:
+    """The controls apart from the claims: each with its reading, and a plain warning where one failed."""
+    failed = [c.id for c in controls if c.status == DEFECT]
+    head = (
+        f"**Controls failed: {', '.join(f'`{x}`' for x in failed)}: a defect of the run** (each is true by "
+        "construction: read the verdicts above with that in mind). "
+        if failed
+        else ""
+    )
+    return (
+        head + "Controls (expected to hold; a failure is a defect of the run; not claims of the paper, out of Holm's "
+        "family): " + " ".join(_sentence(c, scale, unit_name) for c in controls)
+    )
