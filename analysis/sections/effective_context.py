@@ -16,6 +16,7 @@ from ..dumps import seed_losses
 from ..effective_context import EffectiveContext, analyze, gain_tokens
 from ..power import POWER
 from ..recl import interval_text
+from ..runs import grid_segment
 from ..verdicts import INCONCLUSIVE, Evidence, Verdict
 from .base import Figure, Part, Section, Table, register
 from .recl import _memory_pairs
@@ -25,7 +26,7 @@ MEASURE = "context_gain"  # the measure of conf/paper.yaml this section provides
 
 def lengths(g) -> tuple[int, int, int]:
     """(L, M, c_far = 2 (L + M)): the segment, the longest memory of the group, and the far end of the verdict."""
-    L, M = max(r.segment_len for r in g.runs), max(r.mem_len for r in g.runs)
+    L, M = grid_segment(g.runs), max(r.mem_len for r in g.runs)
     return L, M, 2 * (L + M)
 
 
