@@ -43,6 +43,7 @@ import yaml
 from posenc_lab import config_dir
 
 from .cellnames import CellName, CellPattern
+from .pooling import SeedPooling, seed_pooling
 from .stats import NOT_EVALUATED, Difference, holm, paired_difference
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTED = "reproduced", "contradicted", "inconclusive", "not tested"
@@ -103,6 +104,7 @@ class Verdict:
     p_contra: float = float("nan")  # one-sided p of "contradicted" (any one comparison the other way)
     p_contra_adjusted: float = float("nan")
     expands: str = ""  # what each wildcard of the verdict stood for, and what it left out
+    pooling: SeedPooling | None = None  # the seed variance of its measure: pooled, or each cell's own (and why)
 
 
 def _expand(side: str, keys: dict[str, CellName], exclude: str | None) -> list[str]:
@@ -190,15 +192,26 @@ def expansions(spec: list, evidence: Evidence) -> str:
     return "; ".join(parts)
 
 
-def _differences(evidence: Evidence, level: float) -> Callable:
-    """The comparisons' Differences, at ``level`` until Holm sets each verdict's own (``Difference.at``)."""
+def _differences(evidence: Evidence, level: float, pooling: SeedPooling | None = None) -> Callable:
+    """The comparisons' Differences, at ``level`` until Holm sets each verdict's own (``Difference.at``), with the
+    measure's pooled seed variance where its test pooled (``pooling``)."""
+    seed_var = pooling.seed_var if pooling is not None else None
 
     def measure(a: str, b: str | None) -> Difference:
         x = evidence.cells[a]
         y = np.zeros_like(x) if b is None else evidence.cells[b]
-        return paired_difference(x, y, evidence.documents, level, paired_seeds=b is None)
+        return paired_difference(x, y, evidence.documents, level, paired_seeds=b is None, seed_var=seed_var)
 
     return measure
+
+
+def poolings(config: dict, evidence: dict[str, Evidence]) -> dict[str, SeedPooling]:
+    """measure -> its seed-variance test and decision (``pooling.seed_pooling``), where conf/paper.yaml's
+    ``seed_variance.pool`` asks for it (fixed in advance, as the verdicts)."""
+    spec = config.get("seed_variance") or {}
+    if not spec.get("pool", False):
+        return {}
+    return {m: seed_pooling(m, ev, float(spec.get("test_alpha", 0.05))) for m, ev in evidence.items()}
 
 
 def _predict(c: Comparison, verdict_predict: str) -> str:
@@ -221,6 +234,7 @@ def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> t
         raise ValueError("conf/paper.yaml: `sanity` is now `controls` (results true by construction); rename the key")
     alpha = float(config.get("alpha", 0.05))
     level = 1 - 2 * alpha  # each direction at alpha, before Holm
+    pooled = poolings(config, evidence)
     out = {"verdicts": [], "controls": []}
     for kind in out:
         for v in config.get(kind) or []:
@@ -232,7 +246,9 @@ def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> t
                 verdict.note = f"this group has no {measure} measurements"
                 out[kind].append(verdict)
                 continue
-            verdict.comparisons = comparisons(v["compare"], evidence[measure], _differences(evidence[measure], level))
+            verdict.pooling = pooled.get(measure)
+            differences = _differences(evidence[measure], level, verdict.pooling)
+            verdict.comparisons = comparisons(v["compare"], evidence[measure], differences)
             verdict.expands = expansions(v["compare"], evidence[measure])
             tested = [c for c in verdict.comparisons if not c.note]
             verdict.note = "; ".join(f"{c.text}: {c.note}" for c in verdict.comparisons if c.note)
@@ -278,7 +294,7 @@ def recheck(
         if v.measure not in evidence or not np.isfinite(v.level) or v.id not in specs:
             continue
         ev = evidence[v.measure]
-        found = comparisons(specs[v.id]["compare"], ev, _differences(ev, v.level))
+        found = comparisons(specs[v.id]["compare"], ev, _differences(ev, v.level, v.pooling))
         out.append((v, [c if c.note else replace(c, difference=c.difference.at(v.level)) for c in found]))
     return out
 

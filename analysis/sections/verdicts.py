@@ -11,7 +11,7 @@ import pandas as pd
 from posenc_lab.data.overlap import WINDOW
 
 from .. import evidence
-from ..power import POWER, verdict_detectable
+from ..power import POWER, verdict_detectable, verdict_power
 from ..stats import p_text
 from ..verdicts import DEFECT, Comparison, Verdict, judge, on_predicted_side, paper, recheck
 from .base import REPORT, Part, Section, Table, register
@@ -29,10 +29,26 @@ def detectable(v: Verdict, units) -> float:
     if not tested or v.level != v.level or not all(c.difference.covers_seeds for c in tested):
         return float("nan")
     alone = [" - " not in c.text for c in tested]  # a cell against zero: its seeds paired
-    return verdict_detectable([c.difference for c in tested], alone, units, (1 - v.level) / 2)
+    return verdict_detectable([c.difference for c in tested], alone, units, (1 - v.level) / 2, pooled_df=_pooled(v))
 
 
-def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) -> dict:
+def _pooled(v: Verdict) -> int:
+    """The df of the pooled seed variance the verdict was judged with (0: each cell its own)."""
+    return v.pooling.df if v.pooling is not None and v.pooling.pooled else 0
+
+
+def power_at_measured(v: Verdict, units) -> float:
+    """The chance the verdict's test, as run, finds every comparison were each true difference the size measured
+    (``power.verdict_power``); NaN where it was not judged."""
+    tested = [c for c in v.comparisons if not c.note]
+    if not tested or v.level != v.level or not all(c.difference.covers_seeds for c in tested):
+        return float("nan")
+    alone = [" - " not in c.text for c in tested]
+    bounds = [c.bound for c in tested]
+    return verdict_power([c.difference for c in tested], alone, bounds, units, (1 - v.level) / 2, _pooled(v))
+
+
+def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan"), measured: float = float("nan")) -> dict:
     tested = [c for c in v.comparisons if not c.note]
     k = scale if v.measure != "recall_beyond" else 1.0
     return {
@@ -50,13 +66,17 @@ def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) 
         "units": min((c.difference.units for c in tested), default=0),
         "largest_unit_share": max((c.difference.largest_share for c in tested), default=float("nan")),
         f"detectable_{POWER:.0%}_power": power * k,
+        "power_at_measured": measured,
+        "seed_variance": "pooled" if _pooled(v) else "each cell's own",
         "expands": v.expands,
         "not_tested": v.note,
         "paper": v.paper,
     }
 
 
-def _sentence(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) -> str:
+def _sentence(
+    v: Verdict, scale: float, unit_name: str, power: float = float("nan"), measured: float = float("nan")
+) -> str:
     if not v.comparisons or all(c.note for c in v.comparisons):
         return f"**{v.claim}**: not tested ({v.note or 'no comparison could be made'})."
     parts = []
@@ -82,6 +102,7 @@ def _sentence(v: Verdict, scale: float, unit_name: str, power: float = float("na
         + f"; one-sided p {p_text(v.p, _df(tested))}"
         + (f", Holm {p_text(v.p_adjusted, _df(tested))}" if not v.control else "")
         + (f"; detectable at {POWER:.0%} power: {power * k:.3g}" if power == power and not v.control else "")
+        + (f"; power at the measured size: {measured:.2f}" if measured == measured and not v.control else "")
         + (f"; {v.note}" if v.control and v.note else "")
         + (f"; {v.expands}" if v.expands else "")
         + ")"
@@ -134,6 +155,7 @@ class Judged:
     scale: float  # of the main corpus's figure (1 without one)
     unit_name: str
     power: dict[str, float]  # verdict id -> its detectable effect (nats, or accuracy; NaN: not judged)
+    measured_power: dict[str, float]  # verdict id -> its power were the true differences the size measured
     left_out: list[str]  # verdicts of conf/paper.yaml this report does not judge (``only``)
 
 
@@ -161,7 +183,11 @@ TEXT = (
     "finding about the paper. `detectable_80%_power`: the effect, the same in each comparison, that the verdict would "
     "find with 80% power at its Holm level, from the seeds and units it had: its test simulated as it is run, "
     "with the estimated degrees of freedom, at the measured components' shape scaled to each comparison's own "
-    "standard error (`power.py`)."
+    "standard error (`power.py`); `power_at_measured`: the chance the same test finds every comparison were the "
+    "true differences the size measured (where the power curve is flat, the 80% point can lie far past every "
+    "effect in sight). Seed variances: within each measure, Bartlett's test of equal seed variances over the "
+    "cells with 2 or more seeds decides whether one seed SD is pooled (its df the sum of theirs) or each cell "
+    "keeps its own; the line below says which, per measure."
 )
 
 
@@ -192,12 +218,12 @@ class Verdicts(Section):
             again = recheck(config, judged, {"as_trained": kept})
             line = robustness(again, float((~held_out.shared).mean()), WINDOW, main.scale, main.unit_name)
         scale, unit_name = (main.scale, main.unit_name) if main else (1.0, "nats")
-        power = {
-            v.id: detectable(v, report.evidence[v.measure].documents)
-            for v in judged
-            if v.measure in report.evidence and not report.smoke
-        }
-        return Judged(judged, controls, line, scale, unit_name, power, left_out)
+        power, measured = {}, {}
+        for v in judged:
+            if v.measure in report.evidence and not report.smoke:
+                units = report.evidence[v.measure].documents
+                power[v.id], measured[v.id] = detectable(v, units), power_at_measured(v, units)
+        return Judged(judged, controls, line, scale, unit_name, power, measured, left_out)
 
     def render(self, ctx, m: Judged) -> Part:
         corpora = ctx.report.corpora
@@ -210,12 +236,25 @@ class Verdicts(Section):
                 f"(`ablate.analysis.verdicts.only`): Holm's family is that alone. Left out, not judged here: "
                 f"{', '.join(f'`{x}`' for x in m.left_out)}."
             )
-        findings = [_sentence(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts]
+        nan = float("nan")
+        findings = [
+            _sentence(v, m.scale, m.unit_name, m.power.get(v.id, nan), m.measured_power.get(v.id, nan))
+            for v in m.verdicts
+        ]
+        tests = {v.pooling.measure: v.pooling for v in m.verdicts + m.controls if v.pooling is not None}
+        if tests:
+            findings.append(
+                "Seed variances (`conf/paper.yaml` seed_variance; `pooling.py`): "
+                + "; ".join(t.text(m.scale, m.unit_name) for t in tests.values())
+                + ". Pooled, a verdict's seed part has the pool's df instead of 1-2 per cell."
+            )
         if m.robustness and not ctx.report.smoke:
             findings.append(m.robustness)
         if m.controls:
             findings.append(controls_line(m.controls, m.scale, m.unit_name))
-        claims = pd.DataFrame([_row(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts])
+        claims = pd.DataFrame(
+            [_row(v, m.scale, m.unit_name, m.power.get(v.id, nan), m.measured_power.get(v.id, nan)) for v in m.verdicts]
+        )
         tables = [Table("table_verdicts", claims, "every verdict (the paper's claims, Holm's family)", show=False)]
         if m.controls:
             tables.append(Table("table_controls", control_table(m.controls, m.scale, m.unit_name), CONTROLS_CAPTION))
