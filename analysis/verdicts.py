@@ -206,12 +206,13 @@ def _differences(evidence: Evidence, level: float, pooling: SeedPooling | None =
 
 
 def poolings(config: dict, evidence: dict[str, Evidence]) -> dict[str, SeedPooling]:
-    """measure -> its seed-variance test and decision (``pooling.seed_pooling``), where conf/paper.yaml's
-    ``seed_variance.pool`` asks for it (fixed in advance, as the verdicts)."""
-    spec = config.get("seed_variance") or {}
-    if not spec.get("pool", False):
+    """measure -> its seed-variance test (``pooling.seed_pooling``) where conf/paper.yaml has a ``seed_variance``
+    block: reported always, applied only where its ``pool`` is true (fixed in advance, as the verdicts)."""
+    spec = config.get("seed_variance")
+    if not spec:
         return {}
-    return {m: seed_pooling(m, ev, float(spec.get("test_alpha", 0.05))) for m, ev in evidence.items()}
+    alpha, applied = float(spec.get("test_alpha", 0.05)), bool(spec.get("pool", False))
+    return {m: seed_pooling(m, ev, alpha, applied) for m, ev in evidence.items()}
 
 
 def _predict(c: Comparison, verdict_predict: str) -> str:

@@ -34,7 +34,7 @@ def detectable(v: Verdict, units) -> float:
 
 def _pooled(v: Verdict) -> int:
     """The df of the pooled seed variance the verdict was judged with (0: each cell its own)."""
-    return v.pooling.df if v.pooling is not None and v.pooling.pooled else 0
+    return v.pooling.df if v.pooling is not None and v.pooling.seed_var is not None else 0
 
 
 def power_at_measured(v: Verdict, units) -> float:
@@ -186,8 +186,8 @@ TEXT = (
     "standard error (`power.py`); `power_at_measured`: the chance the same test finds every comparison were the "
     "true differences the size measured (where the power curve is flat, the 80% point can lie far past every "
     "effect in sight). Seed variances: within each measure, Bartlett's test of equal seed variances over the "
-    "cells with 2 or more seeds decides whether one seed SD is pooled (its df the sum of theirs) or each cell "
-    "keeps its own; the line below says which, per measure."
+    "cells with 2 or more seeds, reported below; where `seed_variance.pool` of conf/paper.yaml is true and the "
+    "test does not reject, one seed SD is pooled (its df the sum of theirs), else each cell keeps its own."
 )
 
 
@@ -246,7 +246,8 @@ class Verdicts(Section):
             findings.append(
                 "Seed variances (`conf/paper.yaml` seed_variance; `pooling.py`): "
                 + "; ".join(t.text(m.scale, m.unit_name) for t in tests.values())
-                + ". Pooled, a verdict's seed part has the pool's df instead of 1-2 per cell."
+                + ". Pooled, a verdict's seed part has the pool's df instead of 1-2 per cell; not pooled by default, "
+                "since at 2-3 seeds the test cannot see seed SDs that differ (`pooling.py`)."
             )
         if m.robustness and not ctx.report.smoke:
             findings.append(m.robustness)

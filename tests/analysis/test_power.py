@@ -83,7 +83,7 @@ def test_the_plan_counts_the_verdicts_the_report_judges():
     (the recall probe's among them) never enter; a cell of one seed takes its verdicts out, as in the report."""
     config = paper()
     cells = {CellName(s, m): 3 for s in ("xl", "shaw", "sinusoid", "learned") for m in (0, 32)}
-    cells |= {CellName("xl", m, group="recall"): 3 for m in (0, 16)}
+    cells |= {CellName("xl", m, group="recall"): 3 for m in (0, 16)} | {CellName("xl", 0, window=64): 3}
     main = lambda c: c.group == ""  # noqa: E731
     measures = {
         "as_trained": main,
@@ -98,6 +98,10 @@ def test_the_plan_counts_the_verdicts_the_report_judges():
     # the controls (the recall probe's among them) are never in Holm's family
     assert judged(config, cells, {k: f for k, f in measures.items() if k != "recall_beyond"}) == ids
     assert not {c["id"] for c in config["controls"]} & set(ids)
+    assert "memory_beats_window_of_same_span" in ids
+    assert "memory_beats_window_of_same_span" not in judged(
+        config, {c: n for c, n in cells.items() if not c.window}, measures
+    )
     one = judged(config, {**cells, CellName("xl", 0): 1}, measures)
     assert "memory_helps_xl" not in one and "memory_extends_xl_context" in one
 

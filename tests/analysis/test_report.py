@@ -111,7 +111,7 @@ def test_tiny_ablation_report_has_every_section_table_and_figure(tiny):
     assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 8
     assert "## Held-out text" in text and "test split" in text
     verdicts = pd.read_csv(tiny / "report" / "table_verdicts.csv")
-    assert len(verdicts) == 8 and "memory_narrows_fragmentation" not in set(verdicts["verdict"])
+    assert len(verdicts) == 9 and "memory_narrows_fragmentation" not in set(verdicts["verdict"])
     controls = pd.read_csv(tiny / "report" / "table_controls.csv")  # shown apart, in their own table
     assert set(controls["verdict"]) == {
         "memory_narrows_fragmentation",
