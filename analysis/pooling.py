@@ -3,8 +3,9 @@
 Why. With 2 seeds a cell, each cell's seed part of ``stats.paired_difference`` has 1 degree of freedom; where it
 holds most of the variance the interval's df is capped at 1 (``stats._df``), a one-sided t of about 100 at Holm's
 first steps, so the power of a verdict levels off near 0.7 whatever the effect (simulated at the measured
-components: 0.06 to 0.3 nats alike). If the cells share one seed SD, the variances of their seed means estimate one number, and pooled
-they carry sum (n_c - 1) degrees of freedom: 6 cells of 2-3 seeds give 9-12 where each alone gives 1-2.
+components: 0.06 to 0.3 nats alike). If the cells share one seed SD, the variances of their seed means estimate
+one number, and pooled they carry sum (n_c - 1) degrees of freedom: 6 cells of 2-3 seeds give 9-12 where each
+alone gives 1-2.
 
 What. For the cells of one measure with at least 2 seeds (``Evidence.cells``: [n_seeds, tokens]), each seed's mean
 over the tokens m_cs; the pooled variance of one seed's mean s^2 = sum_c sum_s (m_cs - m_c)^2 / sum_c (n_c - 1),
