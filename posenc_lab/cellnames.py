@@ -40,7 +40,7 @@ from .positional.hybrid import IROPE, Hybrid, pattern_label
 
 ANY = "*"
 GRAMMAR = "[<group>/]<scheme>[:mem<M>|:mem|:nomem|:win<W>|:win][:half|:recent<f>|:*]"
-WINDOW_KEY = "window_cell"  # a run's top-level config key: true for a window cell (trained without memory at W)
+WINDOW_KEY = "window_cell"  # conf/train.yaml's key: true for a window cell (trained without memory at W)
 _MEMORY = re.compile(r"mem(\d+)?|nomem")
 _WINDOW = re.compile(r"win(\d+)?")
 _LOSS = re.compile(r"half|recent(\d*\.?\d+(?:e-?\d+)?)")

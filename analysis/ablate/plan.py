@@ -237,7 +237,7 @@ def same_span(cfg: DictConfig, mem: int) -> tuple[int, list[str]]:
             f"ablate.same_span: data.batch_size={B} x L={L} tokens a step cannot be cut into segments of W = L + M = "
             f"{W}; choose a batch size that is a multiple of {W // math.gcd(L, W)}"
         )
-    return W, [f"data.segment_len={W}", f"data.batch_size={B * L // W}", f"+{WINDOW_KEY}=true"]
+    return W, [f"data.segment_len={W}", f"data.batch_size={B * L // W}", f"{WINDOW_KEY}=true"]
 
 
 @functools.cache

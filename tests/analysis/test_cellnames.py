@@ -102,7 +102,7 @@ def test_the_default_preset_plans_a_window_of_the_same_span_read_back_under_its_
     assert seeds_by_cell(specs)[f"{XL}:win64"] == [0, 1, 2] and f"{XL}:nomem" in seeds_by_cell(specs)
     spec = next(s for s in specs if s.cell == f"{XL}:win64")
     assert spec.name == f"{XL}_win64_full_seed0" and spec.mem_len == 0 and spec.window == 64
-    assert {"model.mem_len=0", "data.segment_len=64", "data.batch_size=16", "+window_cell=true"} <= set(spec.overrides)
+    assert {"model.mem_len=0", "data.segment_len=64", "data.batch_size=16", "window_cell=true"} <= set(spec.overrides)
     config = compose("train", [*spec.overrides, f"run_dir={tmp_path}"])
     assert config.data.segment_len == 64 and config.data.batch_size * 64 == 32 * 32  # tokens a step: as xl:mem32
     run = Run(tmp_path, OmegaConf.to_container(config, resolve=True))
