@@ -66,7 +66,7 @@ class SeedPooling:
     def text(self, scale: float = 1.0, unit: str = "nats") -> str:
         sds = ", ".join(f"{c} {sd * scale:.3g}" for c, sd in self.sds.items())
         if len(self.cells) < 2:
-            return f"`{self.measure}`: fewer than 2 cells with a seed spread; each cell keeps its own seed variance."
+            return f"`{self.measure}`: fewer than 2 cells with a seed spread; each cell keeps its own seed variance"
         test = f"Bartlett's test of equal seed variances over {len(self.cells)} cells: statistic {self.statistic:.2f}, "
         test += f"p {self.p:.2g}"
         if self.pooled:
