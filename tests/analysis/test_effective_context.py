@@ -290,10 +290,10 @@ def test_the_tiny_context_preset_judges_the_recurrence_verdict_alone(tmp_path):
         "Relative effective context length (RECL)",
     ], titles
     assert "Left out, not judged here: `memory_helps_xl`" in text
-    verdicts = pd.read_csv(rep / "table_verdicts.csv")
-    assert list(verdicts[verdicts["kind"] == "verdict"]["verdict"]) == ["memory_extends_xl_context"]
+    verdicts = pd.read_csv(rep / "table_verdicts.csv")  # the claims alone (controls: table_controls.csv)
+    assert list(verdicts["verdict"]) == ["memory_beats_window_of_same_span", "memory_extends_xl_context"]
     table = pd.read_csv(rep / "table_effective_context.csv").set_index("cell")
-    assert set(table.index) == {"xl:mem16", "xl:nomem", "shaw:mem16", "sinusoid:mem16"}
+    assert set(table.index) == {"xl:mem16", "xl:nomem", "xl:win32", "shaw:mem16", "sinusoid:mem16"}
     assert "window_max" in table.loc["xl:nomem", "served"] and table.loc["xl:mem16", "served"] == "every c to 128"
     reach = pd.read_csv(rep / "context_curves.csv").groupby("cell")["c"].max()
     assert reach["xl:nomem"] == 64 and reach["xl:mem16"] == 128
