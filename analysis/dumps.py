@@ -29,7 +29,7 @@ import numpy as np
 from posenc_lab.context import context_losses, reads_offsets, stream_losses, stream_rows, window_losses
 from posenc_lab.io import CorruptFileError, load_npz, save_npz
 
-from .runs import Run, RunError
+from .runs import Run, RunError, grid_segment
 
 # what a dump's ``units`` are; in its meta, so that a dump of before (units: documents) is computed again
 UNITS = "family"
@@ -88,7 +88,7 @@ class ContextSettings:
 
     def gain_delta(self, runs: list[Run]) -> int:
         """delta of the gain g(c, c + delta) (default: L / 4)."""
-        return self.delta or max(1, max(r.segment_len for r in runs) // 4)
+        return self.delta or max(1, grid_segment(runs) // 4)
 
     def fine_step(self, runs: list[Run]) -> int:
         """The step of the grid up to ``coarse_from`` (default: delta)."""
@@ -96,12 +96,12 @@ class ContextSettings:
 
     def c_top(self, runs: list[Run]) -> int:
         """The longest context of the grid (default 4 (L + M): past the attention length of any run)."""
-        L, M = max(r.segment_len for r in runs), max(r.mem_len for r in runs)
+        L, M = grid_segment(runs), max(r.mem_len for r in runs)
         return self.c_max or 4 * (L + M)
 
     def grid(self, runs: list[Run]) -> list[int]:
         """The attention lengths of the curves and of RECL's gains."""
-        L, delta = max(r.segment_len for r in runs), self.gain_delta(runs)
+        L, delta = grid_segment(runs), self.gain_delta(runs)
         step = self.fine_step(runs)
         if step <= 0 or delta % step:
             raise ValueError(

@@ -2,14 +2,16 @@
 
 The measures: ``as_trained`` (the test loss of each run evaluated as trained), ``attention_gain`` (the loss at
 the longest evaluated attention length up to 4 L minus at the training one, seed by seed), ``recall_beyond`` (0/1
-accuracy of the recall answers beyond one segment) and ``horizon_past`` (the change past the training
-episodes). A cell that cannot be measured is named with its reason, never dropped.
+accuracy of the recall answers beyond one segment), ``horizon_past`` (the change past the training
+episodes) and ``context_use`` (what replacing the far context costs: built here, from the losses a
+context-perturbation section measures). A cell that cannot be measured is named with its reason, never dropped.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .cellnames import CellName
 from .dumps import TokenLosses, same_tokens, stack
 from .recall import beyond_segment
 from .runs import Run
@@ -88,3 +90,33 @@ def horizon_past(cells: dict[str, list[Run]], tokens: dict) -> Evidence | None:
         documents = parts[0][1]
         out[c] = np.stack([p[0] for p in parts]).astype(np.float64)
     return None if documents is None else Evidence(out, keys, documents, unavailable)
+
+
+def context_use(
+    true: dict[str, np.ndarray],
+    perturbed: dict[str, np.ndarray],
+    keys: dict[str, CellName],
+    units: np.ndarray,
+    unavailable: dict[str, str] | None = None,
+) -> Evidence:
+    """The measure ``context_use`` of conf/paper.yaml (the verdict ``memory_uses_context_past_span``): per cell and
+    seed, each token's loss with the context beyond distance d = L + M replaced by another unit's text minus its
+    loss with the true context (above 0: the far text is used). true, perturbed: cell -> [n_seeds, tokens], the
+    same seeds in the same order and the same tokens for every cell; units: [tokens]. A context-perturbation
+    section returns this from its ``evidence`` as {"context_use": ...}."""
+    units = np.asarray(units)
+    if set(true) != set(perturbed) or set(true) - set(keys):
+        raise ValueError(
+            f"context_use: the cells differ: true {sorted(true)}, perturbed {sorted(perturbed)}, named {sorted(keys)}"
+        )
+    out = {}
+    for cell in true:
+        a, b = np.asarray(true[cell], np.float64), np.asarray(perturbed[cell], np.float64)
+        if a.ndim != 2 or a.shape != b.shape or a.shape[1] != len(units):
+            raise ValueError(
+                f"context_use: cell {cell}: true and perturbed losses must both be [n_seeds, tokens={len(units)}], "
+                f"got {a.shape} and {b.shape}"
+            )
+        out[cell] = b - a
+    unavailable = dict(unavailable or {})  # cells the section could not perturb, with why: named, never dropped
+    return Evidence(out, {c: k for c, k in keys.items() if c in out or c in unavailable}, units, unavailable)

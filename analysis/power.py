@@ -76,19 +76,32 @@ def _coarse(layout: Layout, comps: Components) -> tuple[Layout, Components]:
 
 
 def null_draws(
-    layout: Layout, comps: Components, n_a: int, n_b: int, alpha: float, reps: int = REPS, seed: int = 0
+    layout: Layout,
+    comps: Components,
+    n_a: int,
+    n_b: int,
+    alpha: float,
+    reps: int = REPS,
+    seed: int = 0,
+    pooled_df: int = 0,
 ) -> NullDraws:
     """The test of two cells with ``n_a`` and ``n_b`` seeds (``n_b`` 0: one cell against zero, its seeds paired
     as the verdicts pair them), simulated at the null on ``layout`` with the components ``comps`` (every cell the
-    default seed SD), at the interval level 1 - 2 alpha of the one-sided test."""
+    default seed SD), at the interval level 1 - 2 alpha of the one-sided test. ``pooled_df`` > 0: the seed
+    variance pooled over cells (``pooling``) on that many df, drawn as the true variance of a seed's mean times
+    chi2(df) / df, as the report runs it where its test pooled."""
     _check(alpha, POWER)
     coarse, comps = _coarse(layout, comps)
     sim, rng = Simulator(coarse, comps), np.random.default_rng(seed)
+    if pooled_df:  # the true variance of one seed's mean under these components (256 seeds: within about 9%)
+        many = sim.cell(rng, "", 256)
+        sigma2 = float(np.var(many.mean(1), ddof=1))
     est, se, df = np.empty(reps), np.empty(reps), np.empty(reps)
     for r in range(reps):
         a = sim.cell(rng, "", n_a)
         b = sim.cell(rng, "", n_b) if n_b else np.zeros_like(a)
-        d = paired_difference(a, b, sim.family, 1 - 2 * alpha, paired_seeds=not n_b)
+        pooled = (sigma2 * rng.chisquare(pooled_df) / pooled_df, pooled_df) if pooled_df else None
+        d = paired_difference(a, b, sim.family, 1 - 2 * alpha, paired_seeds=not n_b, seed_var=pooled)
         est[r], se[r], df[r] = d.estimate, d.se, d.df
     return NullDraws(est, se, df)
 
@@ -105,17 +118,21 @@ def planned(layout: Layout, comps: Components, n_seeds: int, alpha: float, power
 
 
 @functools.lru_cache(maxsize=32)
-def _unit_draws(unit_tokens: tuple[int, ...], n_a: int, n_b: int, alpha: float) -> NullDraws:
+def _unit_draws(unit_tokens: tuple[int, ...], n_a: int, n_b: int, alpha: float, pooled_df: int = 0) -> NullDraws:
     from .coverage import MEASURED
 
-    return null_draws(Layout("units", unit_tokens, tuple(range(len(unit_tokens)))), MEASURED, n_a, n_b, alpha)
+    layout = Layout("units", unit_tokens, tuple(range(len(unit_tokens))))
+    return null_draws(layout, MEASURED, n_a, n_b, alpha, pooled_df=pooled_df)
 
 
-def verdict_detectable(differences: Sequence, paired: Sequence[bool], units, alpha: float, power=POWER) -> float:
+def verdict_detectable(
+    differences: Sequence, paired: Sequence[bool], units, alpha: float, power=POWER, pooled_df: int = 0
+) -> float:
     """The effect (the same in each comparison) a verdict of these comparisons (``paired``: a cell against zero)
     finds with ``power`` at one-sided ``alpha``, from the seeds and units it had: each comparison's test simulated
     on its units (``units`` [tokens], each token's unit) at the measured components' shape, scaled to the
-    comparison's own standard error (the estimated se stands in for the true SD)."""
+    comparison's own standard error (the estimated se stands in for the true SD); ``pooled_df``: the seed variance
+    pooled on that many df, as the report ran it (0: each cell's own)."""
     _check(alpha, power)
     if not differences:
         return float("nan")
@@ -123,9 +140,28 @@ def verdict_detectable(differences: Sequence, paired: Sequence[bool], units, alp
     tokens = tuple(int(n) for n in np.unique(np.asarray(units), return_counts=True)[1])
     out = []
     for d, alone in zip(differences, paired):
-        draws = _unit_draws(tokens, d.n_a, 0 if alone else d.n_b, alpha)
+        draws = _unit_draws(tokens, d.n_a, 0 if alone else d.n_b, alpha, pooled_df)
         out.append(d.se * draws.detectable(alpha, each) / draws.sd)
     return max(out)
+
+
+def verdict_power(
+    differences: Sequence, paired: Sequence[bool], bounds: Sequence[float], units, alpha: float, pooled_df: int = 0
+) -> float:
+    """The chance that the verdict's test finds every comparison were each true difference the size measured
+    (|estimate - bound|, each in its predicted direction): each comparison's power from the draws of
+    ``verdict_detectable``, the verdict's the Bonferroni bound 1 - sum (1 - p_i). What a reader needs where the
+    power curve is flat: the 80% point can lie far past every effect in sight while the power at the measured one
+    is, say, 0.6."""
+    if not differences:
+        return float("nan")
+    tokens = tuple(int(n) for n in np.unique(np.asarray(units), return_counts=True)[1])
+    miss = 0.0
+    for d, alone, bound in zip(differences, paired, bounds):
+        draws = _unit_draws(tokens, d.n_a, 0 if alone else d.n_b, alpha, pooled_df)
+        size = abs(d.estimate - bound) / d.se * draws.sd if d.se > 0 else float("inf")
+        miss += 1 - draws.power(size, alpha)
+    return max(0.0, 1 - miss)
 
 
 def judged(config: dict, cells: Mapping[CellName, int], measures: Mapping[str, Callable[[CellName], bool]]) -> list:

@@ -26,7 +26,7 @@ from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import SCHEMES, scheme_names
 from posenc_lab.rundir import RunDir, RunDirError
 
-from .cellnames import HasCell, loss_label
+from .cellnames import WINDOW_KEY, HasCell, loss_label
 
 KIND_ORDER = ("absolute", "relative", "none")
 
@@ -100,6 +100,11 @@ class Run(HasCell):  # cell_name, cell, label: cellnames.HasCell (its group: "re
     @property
     def segment_len(self) -> int:
         return int(self.config["data"]["segment_len"])
+
+    @property
+    def window(self) -> int:
+        """W > 0 for a window cell (trained without memory at segment W beside a grid at L: ``WINDOW_KEY``)."""
+        return self.segment_len if self.config.get(WINDOW_KEY) and not self.recurrence else 0
 
     @property
     def episode_len(self) -> int | None:
@@ -237,6 +242,12 @@ def sort_runs(runs: list[Run]) -> list[Run]:
         )
 
     return sorted(runs, key=order)
+
+
+def grid_segment(runs: list[Run]) -> int:
+    """The segment length L of a group's grid: its runs' longest, window cells left out (a window cell trains at
+    L + M to match the memory cells' span; the grid, its marks and the verdicts' lengths are the memory cells')."""
+    return max((r.segment_len for r in runs if not r.window), default=max(r.segment_len for r in runs))
 
 
 def cells(runs: list[Run]) -> dict[str, list[Run]]:

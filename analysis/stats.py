@@ -285,7 +285,18 @@ def _interval(
     return Difference(estimate, low, high, level, float(np.sqrt(V)), float(df), skew=float(a), **facts)
 
 
-def paired_difference(a, b, units, level: float, paired_seeds: bool = False) -> Difference:
+def _check_pooled(seed_var) -> tuple[float, float] | None:
+    if seed_var is None:
+        return None
+    v, df = seed_var
+    if not (np.isfinite(v) and v >= 0 and df >= 1):
+        raise ValueError(f"seed_var must be (the variance of one seed's mean >= 0, its df >= 1), got {seed_var}")
+    return float(v), float(df)
+
+
+def paired_difference(
+    a, b, units, level: float, paired_seeds: bool = False, seed_var: tuple[float, float] | None = None
+) -> Difference:
     """mean(a) - mean(b) and its interval (module docstring), in the unit of the values (nats, or 0/1 for
     an accuracy).
 
@@ -294,7 +305,10 @@ def paired_difference(a, b, units, level: float, paired_seeds: bool = False) -> 
     chunk elsewhere). Different cells' seeds are analysed as independent (module docstring: measured).
     paired_seeds: a and b come from the same runs (seed s of a is seed s of b, e.g. one run evaluated at two
     lengths); the difference is then taken seed by seed.
+    seed_var: (s^2, df), a seed variance pooled over cells that share one (``pooling.seed_pooling``): the variance
+    of one seed's mean, with its df; the seed part is then s^2 (1 / n_a + 1 / n_b) on df, not each cell's own.
     """
+    seed_var = _check_pooled(seed_var)
     units = np.asarray(units)
     if units.ndim != 1:
         raise ValueError(f"units must be [n_tokens] ids (the family, or document, of each token), got {units.shape}")
@@ -306,7 +320,7 @@ def paired_difference(a, b, units, level: float, paired_seeds: bool = False) -> 
     if paired_seeds:
         if a.shape[0] != b.shape[0]:
             raise ValueError(f"paired_seeds needs the same seeds on both sides, got {a.shape[0]} and {b.shape[0]}")
-        return mean_interval(a - b, units, level)
+        return mean_interval(a - b, units, level, seed_var)
     index, G, n_g, N = _units(units, "a difference")
     A, B = _unit_sums(a, index, G), _unit_sums(b, index, G)
     estimate = float(A.sum(1).mean() / N - B.sum(1).mean() / N)
@@ -314,13 +328,17 @@ def paired_difference(a, b, units, level: float, paired_seeds: bool = False) -> 
     seed_b, noise_b = _seed_parts(B, n_g, N)
     text, df_text = _text_part(A.mean(0) - B.mean(0), noise_a + noise_b, n_g, N)
     parts = [(seed_a, a.shape[0] - 1), (seed_b, b.shape[0] - 1), (text, df_text)]
+    if seed_var is not None:  # one pooled estimate serves both cells: one part, its df
+        parts = [(seed_var[0] * (1 / a.shape[0] + 1 / b.shape[0]), seed_var[1]), (text, df_text)]
     facts = dict(n_a=a.shape[0], n_b=b.shape[0], units=G, covers_seeds=min(a.shape[0], b.shape[0]) >= 2)
     third = _third(A.mean(0) - B.mean(0), n_g, N)
     return _interval(estimate, parts, level, third, largest_share=float(n_g.max() / N), **facts)
 
 
-def mean_interval(a, units, level: float) -> Difference:
-    """The mean of one cell, [n_seeds, n_tokens], with its interval (the same units as paired_difference)."""
+def mean_interval(a, units, level: float, seed_var: tuple[float, float] | None = None) -> Difference:
+    """The mean of one cell, [n_seeds, n_tokens], with its interval (the same units as paired_difference; seed_var:
+    a pooled seed variance, as there)."""
+    seed_var = _check_pooled(seed_var)
     units = np.asarray(units)
     a = _as_seeds(a, "a", len(units))
     if not np.isfinite(a).all():
@@ -331,7 +349,7 @@ def mean_interval(a, units, level: float) -> Difference:
     seed, noise = _seed_parts(A, n_g, N)
     text, df_text = _text_part(A.mean(0), noise, n_g, N)
     facts = dict(n_a=a.shape[0], n_b=a.shape[0], units=G, covers_seeds=a.shape[0] >= 2)
-    parts = [(seed, a.shape[0] - 1), (text, df_text)]
+    parts = [(seed, a.shape[0] - 1) if seed_var is None else (seed_var[0] / a.shape[0], seed_var[1]), (text, df_text)]
     return _interval(estimate, parts, level, _third(A.mean(0), n_g, N), largest_share=float(n_g.max() / N), **facts)
 
 

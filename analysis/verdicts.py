@@ -22,8 +22,13 @@ The intervals. Each verdict's intervals are shown at the level of the Holm step 
 hypothesis (two-sided 1 - 2 alpha_i), or, for a verdict Holm did not reach, of the step where it stopped: so a
 verdict is reproduced exactly when every one of its intervals lies on its predicted side. (Shown at the level
 of its own rank instead, an interval of a verdict Holm never reached can lie on the predicted side while the
-verdict is inconclusive: ``tests/analysis/test_verdicts.py`` has the case.) Sanity checks (true by construction) are
-computed alike, each direction at alpha with no correction, shown apart, never counted.
+verdict is inconclusive: ``tests/analysis/test_verdicts.py`` has the case.)
+
+Controls (``controls`` of conf/paper.yaml) are results that hold by construction of the run (a model without
+memory cannot recall past its segment; global positions past the training episodes were never seen): computed
+alike, each direction at alpha with no correction, out of Holm's family, and read the other way round. A control
+that holds says the run works; one that does not ("failed: a defect of the run") says the run is broken (too few
+steps, a bug), never that the paper is contradicted.
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ import yaml
 from posenc_lab import config_dir
 
 from .cellnames import CellName, CellPattern
+from .pooling import SeedPooling, seed_pooling
 from .stats import NOT_EVALUATED, Difference, holm, paired_difference
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTED = "reproduced", "contradicted", "inconclusive", "not tested"
+HOLDS, DEFECT = "holds", "failed: a defect of the run"  # what a control reads (module docstring)
 ONE_SEED = "not judged: one seed"
 SMOKE = "not judged (smoke run)"
 OPPOSITE = {"<0": ">0", ">0": "<0"}
@@ -92,11 +99,12 @@ class Verdict:
     p: float = float("nan")  # intersection-union one-sided p
     p_adjusted: float = float("nan")
     level: float = float("nan")  # of the intervals shown
-    sanity: bool = False
+    control: bool = False  # a result true by construction (module docstring): out of Holm's family
     note: str = ""
     p_contra: float = float("nan")  # one-sided p of "contradicted" (any one comparison the other way)
     p_contra_adjusted: float = float("nan")
     expands: str = ""  # what each wildcard of the verdict stood for, and what it left out
+    pooling: SeedPooling | None = None  # the seed variance of its measure: pooled, or each cell's own (and why)
 
 
 def _expand(side: str, keys: dict[str, CellName], exclude: str | None) -> list[str]:
@@ -184,15 +192,27 @@ def expansions(spec: list, evidence: Evidence) -> str:
     return "; ".join(parts)
 
 
-def _differences(evidence: Evidence, level: float) -> Callable:
-    """The comparisons' Differences, at ``level`` until Holm sets each verdict's own (``Difference.at``)."""
+def _differences(evidence: Evidence, level: float, pooling: SeedPooling | None = None) -> Callable:
+    """The comparisons' Differences, at ``level`` until Holm sets each verdict's own (``Difference.at``), with the
+    measure's pooled seed variance where its test pooled (``pooling``)."""
+    seed_var = pooling.seed_var if pooling is not None else None
 
     def measure(a: str, b: str | None) -> Difference:
         x = evidence.cells[a]
         y = np.zeros_like(x) if b is None else evidence.cells[b]
-        return paired_difference(x, y, evidence.documents, level, paired_seeds=b is None)
+        return paired_difference(x, y, evidence.documents, level, paired_seeds=b is None, seed_var=seed_var)
 
     return measure
+
+
+def poolings(config: dict, evidence: dict[str, Evidence]) -> dict[str, SeedPooling]:
+    """measure -> its seed-variance test (``pooling.seed_pooling``) where conf/paper.yaml has a ``seed_variance``
+    block: reported always, applied only where its ``pool`` is true (fixed in advance, as the verdicts)."""
+    spec = config.get("seed_variance")
+    if not spec:
+        return {}
+    alpha, applied = float(spec.get("test_alpha", 0.05)), bool(spec.get("pool", False))
+    return {m: seed_pooling(m, ev, alpha, applied) for m, ev in evidence.items()}
 
 
 def _predict(c: Comparison, verdict_predict: str) -> str:
@@ -209,21 +229,27 @@ def _p_values(v: Verdict) -> tuple[float, float]:
 
 
 def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> tuple[list[Verdict], list[Verdict]]:
-    """(verdicts, sanity checks) of ``config`` (conf/paper.yaml) on ``evidence`` (measure -> Evidence)."""
+    """(verdicts, controls) of ``config`` (conf/paper.yaml) on ``evidence`` (measure -> Evidence): the claims,
+    Holm-corrected together, and the controls, each uncorrected, a failure read as a defect of the run."""
+    if "sanity" in config:
+        raise ValueError("conf/paper.yaml: `sanity` is now `controls` (results true by construction); rename the key")
     alpha = float(config.get("alpha", 0.05))
     level = 1 - 2 * alpha  # each direction at alpha, before Holm
-    out = {"verdicts": [], "sanity": []}
+    pooled = poolings(config, evidence)
+    out = {"verdicts": [], "controls": []}
     for kind in out:
         for v in config.get(kind) or []:
             measure = v["measure"]
             verdict = Verdict(
-                v["id"], v["claim"], measure, v["predict"], v.get("paper", ""), [], sanity=kind == "sanity"
+                v["id"], v["claim"], measure, v["predict"], v.get("paper", ""), [], control=kind == "controls"
             )
             if measure not in evidence:
                 verdict.note = f"this group has no {measure} measurements"
                 out[kind].append(verdict)
                 continue
-            verdict.comparisons = comparisons(v["compare"], evidence[measure], _differences(evidence[measure], level))
+            verdict.pooling = pooled.get(measure)
+            differences = _differences(evidence[measure], level, verdict.pooling)
+            verdict.comparisons = comparisons(v["compare"], evidence[measure], differences)
             verdict.expands = expansions(v["compare"], evidence[measure])
             tested = [c for c in verdict.comparisons if not c.note]
             verdict.note = "; ".join(f"{c.text}: {c.note}" for c in verdict.comparisons if c.note)
@@ -239,8 +265,23 @@ def judge(config: dict, evidence: dict[str, Evidence], smoke: bool = False) -> t
                 verdict.p, verdict.p_contra = _p_values(verdict)
             out[kind].append(verdict)
     _decide(out["verdicts"], alpha, smoke)
-    _decide(out["sanity"], alpha, smoke, corrected=False)
-    return out["verdicts"], out["sanity"]
+    _decide(out["controls"], alpha, smoke, corrected=False)
+    for c in out["controls"]:
+        _as_control(c, alpha)
+    return out["verdicts"], out["controls"]
+
+
+def _as_control(c: Verdict, alpha: float) -> None:
+    """A judged control's status: it holds, or its failure is a defect of the run (saying which way it failed)."""
+    if c.status == REPRODUCED:
+        c.status = HOLDS
+    elif c.status in (CONTRADICTED, INCONCLUSIVE):
+        why = (
+            f"the opposite side holds at one-sided {alpha:g}"
+            if c.status == CONTRADICTED
+            else f"not shown at one-sided {alpha:g}: the run did not produce what it is built to"
+        )
+        c.status, c.note = DEFECT, "; ".join(x for x in (c.note, why) if x)
 
 
 def recheck(
@@ -254,7 +295,7 @@ def recheck(
         if v.measure not in evidence or not np.isfinite(v.level) or v.id not in specs:
             continue
         ev = evidence[v.measure]
-        found = comparisons(specs[v.id]["compare"], ev, _differences(ev, v.level))
+        found = comparisons(specs[v.id]["compare"], ev, _differences(ev, v.level, v.pooling))
         out.append((v, [c if c.note else replace(c, difference=c.difference.at(v.level)) for c in found]))
     return out
 

@@ -5,9 +5,11 @@ here (``posenc_lab_analysis.cellnames`` is the same module's names).
 
 A *cell* is the runs equal but for their seed. Its name::
 
-    [<group>/]<scheme>:(mem<M>|nomem)[:half|:recent<f>]
+    [<group>/]<scheme>:(mem<M>|nomem|win<W>)[:half|:recent<f>]
 
-``xl:mem32`` (xl with memory 32), ``xl:nomem``, ``xl:mem32:half`` (the recent-half loss,
+``xl:mem32`` (xl with memory 32), ``xl:nomem``, ``xl:win64`` (xl without memory trained at segment W = 64 where the
+grid's other cells train at L, a window of the same span as L + M: its run carries ``window_cell: true``,
+``WINDOW_KEY``), ``xl:mem32:half`` (the recent-half loss,
 ``model.loss_recent_frac=0.5``), ``xl:mem32:recent0.3`` (any other fraction), ``recall/xl:mem16`` (a cell of
 the recall probe; a corpus name stands there when a report holds several language corpora), ``rope3+nope1:mem32``
 (a per-layer hybrid, by its pattern), ``rope+drop@800:mem32`` (rope dropped at step 800, DroPE), ``rope+ssmax:mem32``
@@ -16,12 +18,15 @@ cells the same way, with parts left open::
 
     <scheme> may be a kind of the registry (absolute, relative, none) or *        any scheme of that kind
     mem (no length)                                                                 any memory length
+    win (no length)                                                                 any window cell
     the memory part left out (``xl``, ``*``, ``absolute``)                          with or without memory
     the loss part left out                                                          the full loss only
     :*                                                                              any loss
 
 so ``xl:mem`` is xl with any memory length and the full loss, ``*:mem`` every cell with memory, ``absolute:mem:half``
-every absolute scheme with memory and the recent-half loss. A name is a pattern that matches one cell.
+every absolute scheme with memory and the recent-half loss. A window cell is matched only by a pattern that names
+``win`` (as a recent-loss cell only by one that names its loss): ``*`` and ``xl:nomem`` leave ``xl:win64`` out. A
+name is a pattern that matches one cell.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from .positional import SCHEMES, schemes_of_kind
 from .positional.hybrid import IROPE, Hybrid, pattern_label
 
 ANY = "*"
-GRAMMAR = "[<group>/]<scheme>[:mem<M>|:mem|:nomem][:half|:recent<f>|:*]"
+GRAMMAR = "[<group>/]<scheme>[:mem<M>|:mem|:nomem|:win<W>|:win][:half|:recent<f>|:*]"
+WINDOW_KEY = "window_cell"  # conf/train.yaml's key: true for a window cell (trained without memory at W)
 _MEMORY = re.compile(r"mem(\d+)?|nomem")
+_WINDOW = re.compile(r"win(\d+)?")
 _LOSS = re.compile(r"half|recent(\d*\.?\d+(?:e-?\d+)?)")
 
 
@@ -67,12 +74,13 @@ def scheme_label(
 @dataclass(frozen=True)
 class CellName:
     """One cell: ``mem_len`` 0 without memory; ``loss_frac`` of ``model.loss_recent_frac``; ``group`` '' for the
-    main language corpus."""
+    main language corpus; ``window`` W > 0 for a window cell (no memory, trained at segment W), else 0."""
 
     scheme: str
     mem_len: int = 0
     loss_frac: float = 1.0
     group: str = ""
+    window: int = 0
 
     @property
     def memory(self) -> bool:
@@ -83,9 +91,10 @@ class CellName:
         return loss_label(self.loss_frac)
 
     def __str__(self) -> str:
+        memory = f"mem{self.mem_len}" if self.mem_len else f"win{self.window}" if self.window else "nomem"
         return (
             (f"{self.group}/" if self.group else "")
-            + f"{self.scheme}:{f'mem{self.mem_len}' if self.mem_len else 'nomem'}"
+            + f"{self.scheme}:{memory}"
             + ("" if self.loss == "full" else f":{self.loss}")
         )
 
@@ -93,11 +102,14 @@ class CellName:
     def parse(cls, text: str, where: str = "a cell name") -> CellName:
         """The cell ``text`` names (``xl:mem32``); ValueError unless it names exactly one."""
         p = CellPattern.parse(text, where)
-        if p.scheme == ANY or p.scheme in _kinds() or p.memory is None or (p.memory and p.mem_len is None):
-            raise ValueError(f"{where}: {text!r} names several cells; a cell is {GRAMMAR} with a scheme and mem<M>")
+        several = p.memory is None or (p.memory and p.mem_len is None) or p.window is None
+        if p.scheme == ANY or p.scheme in _kinds() or several:
+            raise ValueError(
+                f"{where}: {text!r} names several cells; a cell is {GRAMMAR} with a scheme and mem<M>, nomem or win<W>"
+            )
         if p.loss_frac is None:
             raise ValueError(f"{where}: {text!r} names several cells (':*' is any loss)")
-        return cls(p.scheme, p.mem_len or 0, p.loss_frac, p.group)
+        return cls(p.scheme, p.mem_len or 0, p.loss_frac, p.group, p.window)
 
 
 class HasCell:
@@ -113,11 +125,12 @@ class HasCell:
     random_positions: int | None  # +model.random_positions=P: the cell <scheme>+rand<P> (``scheme_label``)
     posenc: dict | None  # the posenc node: a hybrid's layers, DroPE's step (``scheme_label``); None: the scheme alone
     softmax_scale: str | None  # model.softmax_scale=ssmax: the cell <scheme>+ssmax (``scheme_label``)
+    window: int  # W > 0: a window cell (no memory, trained at segment W, ``WINDOW_KEY``), the cell <scheme>:win<W>
 
     @property
     def cell_name(self) -> CellName:
         label = scheme_label(self.scheme, self.random_positions, self.posenc, self.softmax_scale)
-        return CellName(label, self.mem_len, self.loss_frac, self.group or "")
+        return CellName(label, self.mem_len, self.loss_frac, self.group or "", 0 if self.mem_len else self.window)
 
     @property
     def cell(self) -> str:
@@ -132,13 +145,15 @@ class HasCell:
 @dataclass(frozen=True)
 class CellPattern:
     """Cells by name with parts left open (module docstring): ``scheme`` a scheme, a kind or ``*``; ``memory``
-    None for with or without; ``mem_len`` None for any length; ``loss_frac`` None for any loss."""
+    None for with or without; ``mem_len`` None for any length; ``loss_frac`` None for any loss; ``window`` None
+    for any window cell, 0 for none (the default: a pattern that does not name ``win`` leaves window cells out)."""
 
     scheme: str
     memory: bool | None = None
     mem_len: int | None = None
     loss_frac: float | None = 1.0
     group: str = ""
+    window: int | None = 0
 
     @classmethod
     def parse(cls, text: str, where: str = "a cell") -> CellPattern:
@@ -150,8 +165,12 @@ class CellPattern:
         )
         if not scheme or len(parts) > 2 or (group and not group.strip()):
             raise bad
-        memory, mem_len, loss_frac = None, None, 1.0
-        if parts:
+        memory, mem_len, loss_frac, window = None, None, 1.0, 0
+        if parts and (w := _WINDOW.fullmatch(parts[0])) is not None:
+            memory, mem_len, window = False, 0, int(w.group(1)) if w.group(1) else None
+            if window == 0:
+                raise bad
+        elif parts:
             m = _MEMORY.fullmatch(parts[0])
             if m is None:
                 raise bad
@@ -168,7 +187,7 @@ class CellPattern:
                 loss_frac = 0.5 if parts[1] == "half" else float(m.group(1))
                 if not 0 < loss_frac < 1:
                     raise ValueError(f"{where}: {text!r}: a recent-loss fraction is in (0, 1), got {loss_frac:g}")
-        return cls(scheme, memory, mem_len, loss_frac, group)
+        return cls(scheme, memory, mem_len, loss_frac, group, window)
 
     def matches(self, cell: CellName) -> bool:
         if self.group != cell.group:
@@ -184,10 +203,14 @@ class CellPattern:
             return False
         if self.mem_len is not None and self.mem_len != cell.mem_len:
             return False
+        if (self.window is None and not cell.window) or (self.window is not None and self.window != cell.window):
+            return False
         return self.loss_frac is None or math.isclose(self.loss_frac, cell.loss_frac, rel_tol=1e-9)
 
     def __str__(self) -> str:
         memory = "" if self.memory is None else ":nomem" if not self.memory else f":mem{self.mem_len or ''}"
+        if self.window != 0:
+            memory = f":win{self.window or ''}"
         loss = ":*" if self.loss_frac is None else "" if self.loss_frac >= 1 else f":{loss_label(self.loss_frac)}"
         return (f"{self.group}/" if self.group else "") + self.scheme + memory + loss
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .cellnames import CellName, scheme_label
+from .cellnames import WINDOW_KEY, CellName, scheme_label
 from .rundir import RunDir
 
 WANDB_LOGGER = "WandbLogger"
@@ -48,6 +48,7 @@ def cell(cfg: DictConfig) -> CellName:
         int(cfg.model.mem_len),
         float(OmegaConf.select(cfg, "model.loss_recent_frac", default=1.0)),
         str(cfg.data.name),
+        int(cfg.data.segment_len) if OmegaConf.select(cfg, WINDOW_KEY, default=False) and not cfg.model.mem_len else 0,
     )
 
 

@@ -9,6 +9,7 @@ into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/`` (``posenc_lab.grid.ru
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from posenc_lab.positional import scheme_names
 from posenc_lab.rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
 from posenc_lab.softmax_scale import SOFTMAX_SCALES
 
-from ..cellnames import CellPattern, HasCell, loss_label
+from ..cellnames import WINDOW_KEY, CellPattern, HasCell, loss_label
 
 
 @dataclass
@@ -44,6 +45,7 @@ class RunSpec(HasCell):  # cell_name, cell, label: cellnames.HasCell
     random_positions: int | None = None  # +model.random_positions=P (ablate.tasks.random_positions)
     posenc: dict | None = None  # its posenc node where it names the cell (a hybrid, DroPE): ``posenc_node``
     softmax_scale: str | None = None  # model.softmax_scale (an entry S+ssmax, or an override): the cell S+ssmax
+    window: int = 0  # W > 0: trained without memory at segment W = L + M (ablate.same_span): the cell S:win<W>
 
     @property
     def trial(self) -> Trial:
@@ -102,7 +104,8 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     """The grid: schemes x recurrence (full loss), the half-loss variants, the recall grid; each cell once per
     seed of ``ablate.seeds``, and the cells of ``ablate.extra_seed_cells`` also once per seed of
     ``ablate.extra_seeds``, ordered seed by seed (an interrupted job has first finished every cell once).
-    Without memory: only the schemes of ``ablate.no_memory_schemes`` (null: all). Bad settings raise ValueError
+    Without memory: only the schemes of ``ablate.no_memory_schemes`` (null: all); the schemes of
+    ``ablate.same_span`` also without memory at segment L + M (``same_span``). Bad settings raise ValueError
     before any training."""
     a = cfg.ablate
     base = [f"experiment={experiment_of(user)}", *train_overrides(user)]
@@ -121,6 +124,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         "ablate.half_loss.schemes": list((a.get("half_loss") or {}).get("schemes") or []),
         "ablate.recall.schemes": list((a.get("recall") or {}).get("schemes") or []),
         "ablate.tasks.schemes": list((a.get("tasks") or {}).get("schemes") or []),
+        "ablate.same_span.schemes": list((a.get("same_span") or {}).get("schemes") or []),
     }
     for key, names in named.items():
         bad = [n for n in names if scheme_entry(n)[0] not in valid]
@@ -133,9 +137,18 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     specs: list[RunSpec] = []
 
     def add(
-        group, scheme: str, recurrent: bool, frac: float, head: list[str], mem: int, group_cfg: DictConfig, rand=None
+        group,
+        scheme: str,
+        recurrent: bool,
+        frac: float,
+        head: list[str],
+        mem: int,
+        group_cfg: DictConfig,
+        rand=None,
+        window: tuple[int, list[str]] = (0, []),  # (W, its overrides): a window cell (``same_span``)
     ):
         M = mem if recurrent else 0
+        W, window_overrides = window
         entry, (scheme, scale) = scheme, scheme_entry(scheme)  # S+ssmax: S with model.softmax_scale=ssmax
         # the overrides of the scheme, then those of the entry (ablate.scheme_overrides: {S: [...], S+ssmax: [...]})
         own = [*(raw_overrides.get(scheme) or []), *((raw_overrides.get(entry) or []) if entry != scheme else [])]
@@ -143,7 +156,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         node = posenc_node(tuple(head), scheme, tuple(per_scheme))
         ssmax = _softmax_scale(group_cfg, per_scheme)
         cell = RunSpec(
-            "", group, scheme, M, frac, [], random_positions=rand, posenc=node, softmax_scale=ssmax
+            "", group, scheme, M, frac, [], random_positions=rand, posenc=node, softmax_scale=ssmax, window=W
         ).cell_name
         for seed in dict.fromkeys([*seeds, *(extra_seeds if any(p.matches(cell) for p in extra) else [])]):
             overrides = [
@@ -152,11 +165,13 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
                 *per_scheme,
                 *([f"+model.random_positions={rand}"] if rand is not None else []),
                 f"model.mem_len={M}",
+                *window_overrides,
                 f"model.loss_recent_frac={frac}",
                 f"seed={seed}",
             ]
-            name = f"{f'{group}_' if group else ''}{cell.scheme}_mem{M}_{loss_label(frac)}_seed{seed}"
-            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand, node, ssmax))
+            memory = f"win{W}" if W else f"mem{M}"
+            name = f"{f'{group}_' if group else ''}{cell.scheme}_{memory}_{loss_label(frac)}_seed{seed}"
+            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand, node, ssmax, W))
 
     mem = int(cfg.model.mem_len)
     if mem < 1 and any(a.recurrence):
@@ -169,6 +184,8 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         for rec in a.recurrence:
             if rec or no_memory is None or scheme in no_memory:
                 add(None, scheme, bool(rec), 1.0, base, mem, cfg)
+    for scheme in (a.get("same_span") or {}).get("schemes") or []:
+        add(None, scheme, False, 1.0, base, mem, cfg, window=same_span(cfg, mem))
     half = a.get("half_loss") or {}
     frac = half.get("frac")  # conf/ablate.yaml: 0.5, the paper's recent half
     if half.get("schemes") and (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1):
@@ -204,6 +221,23 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     if len(set(names)) < len(names):
         raise ValueError(f"ablate: the grid names runs twice: {sorted({n for n in names if names.count(n) > 1})}")
     return specs
+
+
+def same_span(cfg: DictConfig, mem: int) -> tuple[int, list[str]]:
+    """(W, the overrides) of a window of the same span as the grid's memory cells: trained without memory at
+    segment W = L + M (the attention span of a memory cell), with the batch cut by L / W so that a step trains on
+    as many tokens as a memory cell's step (the same data, the same steps); marked ``WINDOW_KEY`` so that its cell
+    is ``S:win<W>``. ValueError before any training where the batch cannot be cut evenly or there is no memory."""
+    L, B = int(cfg.data.segment_len), int(cfg.data.batch_size)
+    if mem < 1:
+        raise ValueError(f"ablate.same_span: a window of the span L + M needs model.mem_len >= 1, got {mem}")
+    W = L + mem
+    if (B * L) % W:
+        raise ValueError(
+            f"ablate.same_span: data.batch_size={B} x L={L} tokens a step cannot be cut into segments of W = L + M = "
+            f"{W}; choose a batch size that is a multiple of {W // math.gcd(L, W)}"
+        )
+    return W, [f"data.segment_len={W}", f"data.batch_size={B * L // W}", f"{WINDOW_KEY}=true"]
 
 
 @functools.cache

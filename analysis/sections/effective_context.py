@@ -3,7 +3,8 @@ the controlled-context dumps. Per cell: the loss at every context c minus the mo
 c, every c in ``context_curves.csv``, and a figure), the effective context length (the smallest c within
 ``ablate.analysis.context.fraction`` of the own best) per seed and per cell with its interval, and where a
 scheme stops serving c, with its reason. It provides the measure ``context_gain`` of conf/paper.yaml: each
-token's loss at c = 2 (L + M) minus at c = L, seed by seed."""
+token's loss at c = 2 (L + M) minus at c = L + M, seed by seed, each cell's own curve (what the context past the
+memory model's training attention length changes; no other cell enters)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..dumps import seed_losses
 from ..effective_context import EffectiveContext, analyze, gain_tokens
 from ..power import POWER
 from ..recl import interval_text
+from ..runs import grid_segment
 from ..verdicts import INCONCLUSIVE, Evidence, Verdict
 from .base import Figure, Part, Section, Table, register
 from .recl import _memory_pairs
@@ -24,7 +26,7 @@ MEASURE = "context_gain"  # the measure of conf/paper.yaml this section provides
 
 def lengths(g) -> tuple[int, int, int]:
     """(L, M, c_far = 2 (L + M)): the segment, the longest memory of the group, and the far end of the verdict."""
-    L, M = max(r.segment_len for r in g.runs), max(r.mem_len for r in g.runs)
+    L, M = grid_segment(g.runs), max(r.mem_len for r in g.runs)
     return L, M, 2 * (L + M)
 
 
@@ -38,17 +40,18 @@ def limit(g, runs) -> str:
 
 
 def context_gain(g) -> Evidence:
-    """Per cell and seed, each token's loss at c = 2 (L + M) minus at c = L (negative: the contexts past the
-    training segment help); a cell that cannot serve both is named with its reason."""
-    L, _, far = lengths(g)
+    """Per cell and seed, each token's loss at c = 2 (L + M) minus at c = L + M (negative: the context past the
+    memory model's training attention length helps); a cell that cannot serve both is named with its reason."""
+    L, M, far = lengths(g)
+    near = L + M
     per_seed, units = seed_losses(g.cells, g.at_contexts, g.grid)
     out, unavailable = {}, {}
     for cell, runs in g.cells.items():
         not_served = g.at_contexts[runs[0].name].not_served
         try:
-            if (why := not_served.get(far, not_served.get(L))) is not None:
-                raise ValueError(f"cannot serve c = {far if far in not_served else L}: {why}")
-            out[cell] = gain_tokens(per_seed[cell], g.grid, L, far)
+            if (why := not_served.get(far, not_served.get(near))) is not None:
+                raise ValueError(f"cannot serve c = {far if far in not_served else near}: {why}")
+            out[cell] = gain_tokens(per_seed[cell], g.grid, near, far)
         except ValueError as e:
             unavailable[cell] = str(e)
     return Evidence(out, {c: runs[0].cell_name for c, runs in g.cells.items()}, units, unavailable)
@@ -158,13 +161,14 @@ class EffectiveContextSection(Section):
         for a, b in _memory_pairs(g.cells):
             findings.append(
                 f"Effective context of {a} minus {b} (tokens, the same bootstrap replicates; descriptive: the verdict "
-                f"`memory_extends_xl_context` judges the loss change): {interval_text(*res.difference(a, b), step)}."
+                f"`memory_extends_xl_context` judges {a}'s own loss past L + M): "
+                f"{interval_text(*res.difference(a, b), step)}."
             )
         gains = context_gain(g)
         for cell, x in gains.cells.items():
             change = float(np.mean(x)) * g.scale
             findings.append(
-                f"{cell}: loss at c = {far} minus at c = {L}: {change:+.4f} {g.unit_name} (mean over seeds)"
+                f"{cell}: loss at c = {far} minus at c = {L + M}: {change:+.4f} {g.unit_name} (mean over seeds)"
             )
         if "verdicts" in ctx.report.sections and g is ctx.report.main:  # the verdicts judge the main corpus
             judged = ctx.report.measured("verdicts", None)

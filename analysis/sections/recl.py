@@ -11,7 +11,7 @@ import pandas as pd
 from .. import plots
 from ..dumps import same_tokens, seed_losses
 from ..recl import ReclResult, interval_text, memory_areas, recl, recl_text
-from ..runs import Run
+from ..runs import Run, grid_segment
 from ..stats import p_text
 from .base import Figure, Part, Section, Table, register
 
@@ -164,7 +164,7 @@ class Recl(Section):
         g, grid, level, n_boot = ctx.group, ctx.group.grid, ctx.shared.level, ctx.shared.context.n_boot
         pct = f"{ctx.settings.threshold:.0%}"
         step, delta = ctx.shared.context.fine_step(g.runs), ctx.shared.context.gain_delta(g.runs)
-        L = max(r.segment_len for r in g.runs)
+        L = grid_segment(g.runs)
         fine_top = next((a for a, b in zip(grid, grid[1:]) if b - a != step), grid[-1])
         documents = same_tokens(g.at_contexts)
         paper_recl = ctx.report.paper.get("recl") or ()

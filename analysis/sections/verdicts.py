@@ -1,5 +1,6 @@
-"""The preregistered verdicts (conf/paper.yaml) and, apart, the sanity checks; again without the tokens that
-could be recited (the data section's measurement), as a descriptive line."""
+"""The preregistered verdicts (conf/paper.yaml) and, apart, the controls (true by construction: a failure is a
+defect of the run); the verdicts again without the tokens that could be recited (the data section's measurement),
+as a descriptive line."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pandas as pd
 from posenc_lab.data.overlap import WINDOW
 
 from .. import evidence
-from ..power import POWER, verdict_detectable
+from ..power import POWER, verdict_detectable, verdict_power
 from ..stats import p_text
-from ..verdicts import Comparison, Verdict, judge, on_predicted_side, paper, recheck
+from ..verdicts import DEFECT, Comparison, Verdict, judge, on_predicted_side, paper, recheck
 from .base import REPORT, Part, Section, Table, register
 
 
@@ -28,10 +29,26 @@ def detectable(v: Verdict, units) -> float:
     if not tested or v.level != v.level or not all(c.difference.covers_seeds for c in tested):
         return float("nan")
     alone = [" - " not in c.text for c in tested]  # a cell against zero: its seeds paired
-    return verdict_detectable([c.difference for c in tested], alone, units, (1 - v.level) / 2)
+    return verdict_detectable([c.difference for c in tested], alone, units, (1 - v.level) / 2, pooled_df=_pooled(v))
 
 
-def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) -> dict:
+def _pooled(v: Verdict) -> int:
+    """The df of the pooled seed variance the verdict was judged with (0: each cell its own)."""
+    return v.pooling.df if v.pooling is not None and v.pooling.seed_var is not None else 0
+
+
+def power_at_measured(v: Verdict, units) -> float:
+    """The chance the verdict's test, as run, finds every comparison were each true difference the size measured
+    (``power.verdict_power``); NaN where it was not judged."""
+    tested = [c for c in v.comparisons if not c.note]
+    if not tested or v.level != v.level or not all(c.difference.covers_seeds for c in tested):
+        return float("nan")
+    alone = [" - " not in c.text for c in tested]
+    bounds = [c.bound for c in tested]
+    return verdict_power([c.difference for c in tested], alone, bounds, units, (1 - v.level) / 2, _pooled(v))
+
+
+def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan"), measured: float = float("nan")) -> dict:
     tested = [c for c in v.comparisons if not c.note]
     k = scale if v.measure != "recall_beyond" else 1.0
     return {
@@ -49,13 +66,17 @@ def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) 
         "units": min((c.difference.units for c in tested), default=0),
         "largest_unit_share": max((c.difference.largest_share for c in tested), default=float("nan")),
         f"detectable_{POWER:.0%}_power": power * k,
+        "power_at_measured": measured,
+        "seed_variance": "pooled" if _pooled(v) else "each cell's own",
         "expands": v.expands,
         "not_tested": v.note,
         "paper": v.paper,
     }
 
 
-def _sentence(v: Verdict, scale: float, unit_name: str, power: float = float("nan")) -> str:
+def _sentence(
+    v: Verdict, scale: float, unit_name: str, power: float = float("nan"), measured: float = float("nan")
+) -> str:
     if not v.comparisons or all(c.note for c in v.comparisons):
         return f"**{v.claim}**: not tested ({v.note or 'no comparison could be made'})."
     parts = []
@@ -79,8 +100,10 @@ def _sentence(v: Verdict, scale: float, unit_name: str, power: float = float("na
         f"text units: "
         + "; ".join(parts)
         + f"; one-sided p {p_text(v.p, _df(tested))}"
-        + (f", Holm {p_text(v.p_adjusted, _df(tested))}" if not v.sanity else "")
-        + (f"; detectable at {POWER:.0%} power: {power * k:.3g}" if power == power and not v.sanity else "")
+        + (f", Holm {p_text(v.p_adjusted, _df(tested))}" if not v.control else "")
+        + (f"; detectable at {POWER:.0%} power: {power * k:.3g}" if power == power and not v.control else "")
+        + (f"; power at the measured size: {measured:.2f}" if measured == measured and not v.control else "")
+        + (f"; {v.note}" if v.control and v.note else "")
         + (f"; {v.expands}" if v.expands else "")
         + ")"
         + (f". Paper: {v.paper}." if v.paper else ".")
@@ -127,11 +150,12 @@ def restricted(config: dict, only: list[str] | None) -> tuple[dict, list[str]]:
 @dataclass
 class Judged:
     verdicts: list[Verdict]
-    sanity: list[Verdict]
+    controls: list[Verdict]  # true by construction (conf/paper.yaml's controls), out of Holm's family
     robustness: str  # the verdicts again without what could be recited ("" where not measured)
     scale: float  # of the main corpus's figure (1 without one)
     unit_name: str
     power: dict[str, float]  # verdict id -> its detectable effect (nats, or accuracy; NaN: not judged)
+    measured_power: dict[str, float]  # verdict id -> its power were the true differences the size measured
     left_out: list[str]  # verdicts of conf/paper.yaml this report does not judge (``only``)
 
 
@@ -152,10 +176,18 @@ TEXT = (
     "it stopped), so that a verdict is *reproduced* exactly when every interval lies on its predicted side. "
     "*Inconclusive*: neither; *not judged: one seed*: a cell it needs has one seed (descriptive only); *not "
     "tested*: a cell it needs was not trained, or a value was not finite. Every other interval in this report "
-    "is descriptive. `detectable_80%_power`: the effect, the same in each comparison, that the verdict would "
+    "is descriptive. **Controls** (`controls` of conf/paper.yaml, their own table): results true by construction "
+    "of the run (memory narrows the loss gap at a segment's start, the recall probe needs memory, global positions "
+    "past the training episodes were never seen), each tested at alpha without correction, out of Holm's family, "
+    "never counted as reproductions: *holds*, or *failed: a defect of the run* (too few steps, a bug), never a "
+    "finding about the paper. `detectable_80%_power`: the effect, the same in each comparison, that the verdict would "
     "find with 80% power at its Holm level, from the seeds and units it had: its test simulated as it is run, "
     "with the estimated degrees of freedom, at the measured components' shape scaled to each comparison's own "
-    "standard error (`power.py`)."
+    "standard error (`power.py`); `power_at_measured`: the chance the same test finds every comparison were the "
+    "true differences the size measured (where the power curve is flat, the 80% point can lie far past every "
+    "effect in sight). Seed variances: within each measure, Bartlett's test of equal seed variances over the "
+    "cells with 2 or more seeds, reported below; where `seed_variance.pool` of conf/paper.yaml is true and the "
+    "test does not reject, one seed SD is pooled (its df the sum of theirs), else each cell keeps its own."
 )
 
 
@@ -178,7 +210,7 @@ class Verdicts(Section):
     def measure(self, ctx) -> Judged:
         report, main = ctx.report, ctx.report.main
         config, left_out = restricted(report.paper, ctx.settings.only if ctx.settings else None)
-        judged, sanity = judge(config, report.evidence, smoke=report.smoke)
+        judged, controls = judge(config, report.evidence, smoke=report.smoke)
         line = ""
         if main is not None and "as_trained" in report.evidence:  # again without the tokens that could be recited
             held_out = ctx.measured("data")
@@ -186,12 +218,12 @@ class Verdicts(Section):
             again = recheck(config, judged, {"as_trained": kept})
             line = robustness(again, float((~held_out.shared).mean()), WINDOW, main.scale, main.unit_name)
         scale, unit_name = (main.scale, main.unit_name) if main else (1.0, "nats")
-        power = {
-            v.id: detectable(v, report.evidence[v.measure].documents)
-            for v in judged
-            if v.measure in report.evidence and not report.smoke
-        }
-        return Judged(judged, sanity, line, scale, unit_name, power, left_out)
+        power, measured = {}, {}
+        for v in judged:
+            if v.measure in report.evidence and not report.smoke:
+                units = report.evidence[v.measure].documents
+                power[v.id], measured[v.id] = detectable(v, units), power_at_measured(v, units)
+        return Judged(judged, controls, line, scale, unit_name, power, measured, left_out)
 
     def render(self, ctx, m: Judged) -> Part:
         corpora = ctx.report.corpora
@@ -204,22 +236,55 @@ class Verdicts(Section):
                 f"(`ablate.analysis.verdicts.only`): Holm's family is that alone. Left out, not judged here: "
                 f"{', '.join(f'`{x}`' for x in m.left_out)}."
             )
-        findings = [_sentence(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts]
-        if m.sanity:
+        nan = float("nan")
+        findings = [
+            _sentence(v, m.scale, m.unit_name, m.power.get(v.id, nan), m.measured_power.get(v.id, nan))
+            for v in m.verdicts
+        ]
+        tests = {v.pooling.measure: v.pooling for v in m.verdicts + m.controls if v.pooling is not None}
+        if tests:
             findings.append(
-                "Sanity checks (true by construction, not counted as reproductions): "
-                + " ".join(_sentence(v, m.scale, m.unit_name) for v in m.sanity)
+                "Seed variances (`conf/paper.yaml` seed_variance; `pooling.py`): "
+                + "; ".join(t.text(m.scale, m.unit_name) for t in tests.values())
+                + ". Pooled, a verdict's seed part has the pool's df instead of 1-2 per cell; not pooled by default, "
+                "since at 2-3 seeds the test cannot see seed SDs that differ (`pooling.py`)."
             )
         if m.robustness and not ctx.report.smoke:
             findings.append(m.robustness)
-        df = pd.DataFrame(
-            [_row(v, m.scale, m.unit_name, m.power.get(v.id, float("nan"))) for v in m.verdicts + m.sanity]
+        if m.controls:
+            findings.append(controls_line(m.controls, m.scale, m.unit_name))
+        claims = pd.DataFrame(
+            [_row(v, m.scale, m.unit_name, m.power.get(v.id, nan), m.measured_power.get(v.id, nan)) for v in m.verdicts]
         )
-        if len(df):
-            df.insert(1, "kind", ["verdict"] * len(m.verdicts) + ["sanity check"] * len(m.sanity))
-        return Part(
-            TEXT,
-            [Table("table_verdicts", df, "every verdict and sanity check", show=False)],
-            findings=findings,
-            notes=notes,
-        )
+        tables = [Table("table_verdicts", claims, "every verdict (the paper's claims, Holm's family)", show=False)]
+        if m.controls:
+            tables.append(Table("table_controls", control_table(m.controls, m.scale, m.unit_name), CONTROLS_CAPTION))
+        return Part(TEXT, tables, findings=findings, notes=notes)
+
+
+CONTROLS_CAPTION = "controls: expected to hold; a failure is a defect of the run"
+
+
+def control_table(controls: list[Verdict], scale: float, unit_name: str) -> pd.DataFrame:
+    """A row per control: its claim, whether it holds, its comparisons with their intervals, and why not."""
+    rows = [
+        {k: _row(c, scale, unit_name)[k] for k in ("verdict", "claim", "status", "p_one_sided", "comparisons", "seeds")}
+        | {"why": c.note}
+        for c in controls
+    ]
+    return pd.DataFrame(rows, columns=["verdict", "claim", "status", "p_one_sided", "comparisons", "seeds", "why"])
+
+
+def controls_line(controls: list[Verdict], scale: float, unit_name: str) -> str:
+    """The controls apart from the claims: each with its reading, and a plain warning where one failed."""
+    failed = [c.id for c in controls if c.status == DEFECT]
+    head = (
+        f"**Controls failed: {', '.join(f'`{x}`' for x in failed)}: a defect of the run** (each is true by "
+        "construction: read the verdicts above with that in mind). "
+        if failed
+        else ""
+    )
+    return (
+        head + "Controls (expected to hold; a failure is a defect of the run; not claims of the paper, out of Holm's "
+        "family): " + " ".join(_sentence(c, scale, unit_name) for c in controls)
+    )

@@ -24,6 +24,7 @@ from tests.schemes import HYBRID, NOPE, ROPE, SHAW, SINUSOID, XL
     [
         (CellName(XL, 32), f"{XL}:mem32"),
         (CellName(XL, 0), f"{XL}:nomem"),
+        (CellName(XL, 0, window=64), f"{XL}:win64"),
         (CellName(XL, 32, 0.5), f"{XL}:mem32:half"),
         (CellName(XL, 32, 0.3), f"{XL}:mem32:recent0.3"),
         (CellName(XL, 16, group="recall"), f"recall/{XL}:mem16"),
@@ -72,6 +73,46 @@ def test_a_bad_name_is_one_line_with_the_grammar(text, message):
 def test_a_name_names_one_cell():
     with pytest.raises(ValueError, match="names several cells"):
         CellName.parse(f"{XL}:mem")
+    with pytest.raises(ValueError, match="names several cells"):
+        CellName.parse(f"{XL}:win")
+    with pytest.raises(ValueError, match="is not a cell"):
+        CellName.parse(f"{XL}:win0")
+
+
+def test_a_window_cell_is_matched_only_by_a_pattern_that_names_win():
+    """xl:win64 (no memory, trained at L + M) is another cell than xl:nomem: `xl:nomem`, `xl` and `*` leave it
+    out, so the verdicts written before it existed keep their cells; `xl:win` and `xl:win64` name it."""
+    cells = [CellName(XL, 32), CellName(XL, 0), CellName(XL, 0, window=64), CellName(SHAW, 32)]
+
+    def names(pattern):
+        return [str(c) for c in cells if CellPattern.parse(pattern).matches(c)]
+
+    assert names(f"{XL}:win") == names(f"{XL}:win64") == [f"{XL}:win64"] and names(f"{XL}:win32") == []
+    assert names(f"{XL}:nomem") == [f"{XL}:nomem"] and names(XL) == [f"{XL}:mem32", f"{XL}:nomem"]
+    assert f"{XL}:win64" not in names("*") and names("*:win") == [f"{XL}:win64"]
+    assert str(CellPattern.parse(f"{XL}:win")) == f"{XL}:win" and str(CellPattern.parse("*:win64")) == "*:win64"
+
+
+def test_the_default_preset_plans_a_window_of_the_same_span_read_back_under_its_cell(tmp_path):
+    """ablate.same_span: xl without memory at segment L + M = 64, the batch halved (the same tokens a step), 3
+    seeds (extra_seed_cells), its run folder and the run it trains under one cell, xl:win64; a batch that cannot be
+    cut evenly is refused in one line before any training."""
+    args: list[str] = []
+    specs = plan(compose("ablate", args), args)
+    assert seeds_by_cell(specs)[f"{XL}:win64"] == [0, 1, 2] and f"{XL}:nomem" in seeds_by_cell(specs)
+    spec = next(s for s in specs if s.cell == f"{XL}:win64")
+    assert spec.name == f"{XL}_win64_full_seed0" and spec.mem_len == 0 and spec.window == 64
+    assert {"model.mem_len=0", "data.segment_len=64", "data.batch_size=16", "window_cell=true"} <= set(spec.overrides)
+    config = compose("train", [*spec.overrides, f"run_dir={tmp_path}"])
+    assert config.data.segment_len == 64 and config.data.batch_size * 64 == 32 * 32  # tokens a step: as xl:mem32
+    run = Run(tmp_path, OmegaConf.to_container(config, resolve=True))
+    assert run.cell == f"{XL}:win64" and run.window == 64
+    from posenc_lab.tracking import cell as tracked_cell
+
+    assert tracked_cell(config).window == 64  # wandb names it by the same rule
+    bad = ["data.batch_size=31"]
+    with pytest.raises(ValueError, match=r"^ablate.same_span: data.batch_size=31 x L=32 tokens a step cannot be cut"):
+        plan(compose("ablate", bad), bad)
 
 
 def test_a_cell_of_any_loss_fraction_can_be_named_in_a_verdict():

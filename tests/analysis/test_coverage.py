@@ -68,10 +68,9 @@ def test_the_pipeline_at_the_global_null_judges_the_preregistered_verdicts():
         "xl_memory_best",
         "only_xl_gains_from_attention",
         "memory_extends_xl_context",
-        "memory_narrows_fragmentation",
     ):
         assert df.loc[v, "judged"] == 1.0
-    assert df.loc["recall_needs_memory", "judged"] == 0.0  # not simulated: the probe's own units
+    assert df.loc["memory_uses_context_past_span", "judged"] == 0.0  # its measure (perturbation) is not simulated
     assert df.attrs["any_false"] <= 0.15
 
 

@@ -79,11 +79,11 @@ def test_a_verdict_of_several_comparisons_needs_each_found_and_scales_with_its_s
 
 def test_the_plan_counts_the_verdicts_the_report_judges():
     """The plan's count of hypotheses comes from ``verdicts.judge`` on the planned grid: the default ablation has
-    no half-loss absolute cells and 9 verdicts, so 8 are judged; without the recall grid 7; a cell of one seed
-    takes its verdicts out, as in the report."""
+    no half-loss absolute cells and no context-perturbation measure, so two verdicts are not judged; the controls
+    (the recall probe's among them) never enter; a cell of one seed takes its verdicts out, as in the report."""
     config = paper()
     cells = {CellName(s, m): 3 for s in ("xl", "shaw", "sinusoid", "learned") for m in (0, 32)}
-    cells |= {CellName("xl", m, group="recall"): 3 for m in (0, 16)}
+    cells |= {CellName("xl", m, group="recall"): 3 for m in (0, 16)} | {CellName("xl", 0, window=64): 3}
     main = lambda c: c.group == ""  # noqa: E731
     measures = {
         "as_trained": main,
@@ -93,10 +93,17 @@ def test_the_plan_counts_the_verdicts_the_report_judges():
         "recall_beyond": lambda c: c.group == "recall",
     }
     ids = judged(config, cells, measures)
-    assert "absolute_need_half_loss" not in ids and len(ids) == len(config["verdicts"]) - 1
-    assert len(judged(config, cells, {k: f for k, f in measures.items() if k != "recall_beyond"})) == len(ids) - 1
+    waiting = {"absolute_need_half_loss", "memory_uses_context_past_span"}  # no half-loss cells; no context_use
+    assert not waiting & set(ids) and len(ids) == len(config["verdicts"]) - len(waiting)
+    # the controls (the recall probe's among them) are never in Holm's family
+    assert judged(config, cells, {k: f for k, f in measures.items() if k != "recall_beyond"}) == ids
+    assert not {c["id"] for c in config["controls"]} & set(ids)
+    assert "memory_beats_window_of_same_span" in ids
+    assert "memory_beats_window_of_same_span" not in judged(
+        config, {c: n for c, n in cells.items() if not c.window}, measures
+    )
     one = judged(config, {**cells, CellName("xl", 0): 1}, measures)
-    assert "memory_helps_xl" not in one and "memory_narrows_fragmentation" not in one
+    assert "memory_helps_xl" not in one and "memory_extends_xl_context" in one
 
 
 def test_the_plan_states_what_each_seed_count_detects_and_a_dominant_family_costs_power():

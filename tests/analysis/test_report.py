@@ -111,7 +111,14 @@ def test_tiny_ablation_report_has_every_section_table_and_figure(tiny):
     assert "This is a smoke run" in text and text.count("not judged (smoke run)") >= 8
     assert "## Held-out text" in text and "test split" in text
     verdicts = pd.read_csv(tiny / "report" / "table_verdicts.csv")
-    assert set(verdicts["kind"]) == {"verdict", "sanity check"} and len(verdicts) == 10
+    assert len(verdicts) == 9 and "memory_narrows_fragmentation" not in set(verdicts["verdict"])
+    controls = pd.read_csv(tiny / "report" / "table_controls.csv")  # shown apart, in their own table
+    assert set(controls["verdict"]) == {
+        "memory_narrows_fragmentation",
+        "recall_needs_memory",
+        "global_sinusoid_past_episodes",
+    }
+    assert "controls: expected to hold; a failure is a defect of the run" in text
     positions = pd.read_csv(tiny / "report" / "table_position.csv")  # every cell at every position of L = 16
     assert positions.groupby("cell")["position"].apply(list).map(lambda p: p == list(range(16))).all()
     na = pd.read_csv(tiny / "report" / "table_not_applicable.csv")

@@ -1,5 +1,6 @@
 """The preregistered verdicts (posenc_lab_analysis.verdicts, conf/paper.yaml): intersection-union within a
-verdict, Holm across verdicts, contradiction judged the same way, sanity checks apart, nothing silent."""
+verdict, Holm across verdicts, contradiction judged the same way, controls apart (a failure a defect of the run),
+nothing silent."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from posenc_lab_analysis.evidence import restricted
 from posenc_lab_analysis.sections.verdicts import robustness
 from posenc_lab_analysis.verdicts import (
     CONTRADICTED,
+    DEFECT,
+    HOLDS,
     INCONCLUSIVE,
     NOT_TESTED,
     REPRODUCED,
@@ -44,8 +47,8 @@ def evidence(rng, means: dict[str, float], **kw) -> Evidence:
     return Evidence({n: cell(rng, m, **kw) for n, m in means.items()}, keys, DOCS)
 
 
-def config(*verdicts, sanity=(), alpha=0.05) -> dict:
-    return {"alpha": alpha, "verdicts": list(verdicts), "sanity": list(sanity)}
+def config(*verdicts, controls=(), alpha=0.05) -> dict:
+    return {"alpha": alpha, "verdicts": list(verdicts), "controls": list(controls)}
 
 
 def v(id_, compare, predict="<0", measure="as_trained"):
@@ -137,24 +140,61 @@ def test_absolute_means_every_absolute_scheme_of_the_registry():
     assert out.status == REPRODUCED
 
 
-def test_sanity_checks_do_not_count_and_a_smoke_run_judges_nothing():
+def test_controls_stay_out_of_holm_and_a_failing_control_is_a_defect_of_the_run_not_a_contradiction():
+    """A control (true by construction) is judged alone at alpha: holding, it reads "holds"; the other way, or not
+    shown, it reads as a defect of the run, never "contradicted". The claims' Holm family counts only claims: their
+    adjusted p is the same with any number of controls beside them."""
+    claims = [v("x", [f"{XL}:mem - {SHAW}:mem"]), v("y", [f"{SHAW}:mem - {SINUSOID}:mem"])]
+    controls = [
+        v("holds", [f"{SHAW}:mem - {XL}:mem"], ">0"),
+        v("reversed", [f"{XL}:mem - {SHAW}:mem"], ">0"),
+        v("noise", [f"{SHAW}:mem - {SINUSOID}:mem"], ">0"),
+    ]
+
+    def run(cfg):
+        rng = np.random.default_rng(6)  # the same values each time
+        return judge(cfg, {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2, f"{SINUSOID}:mem": 1.2})})
+
+    judged, checks = run(config(*claims, controls=controls))
+    alone, none = run(config(*claims))
+    assert none == [] and [c.control for c in checks] == [True] * 3 and not any(x.control for x in judged)
+    assert [x.p_adjusted for x in judged] == [x.p_adjusted for x in alone]
+    assert judged[0].p_adjusted == pytest.approx(min(1.0, 4 * judged[0].p))  # 2 claims x 2 directions, first step
+    status = {c.id: c for c in checks}
+    assert status["holds"].status == HOLDS and not status["holds"].note
+    assert status["reversed"].status == DEFECT and "the opposite side holds" in status["reversed"].note
+    assert status["noise"].status == DEFECT and "not shown" in status["noise"].note
+    assert CONTRADICTED not in {c.status for c in checks}
     rng = np.random.default_rng(6)
     ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2})}
-    one, sanity = judge(
-        config(v("x", [f"{XL}:mem - {SHAW}:mem"]), sanity=[v("s", [f"{SHAW}:mem - {XL}:mem"], ">0")]), ev
-    )
+    smoke, checks = judge(config(claims[0], controls=controls[:1]), ev, smoke=True)
+    assert smoke[0].status == SMOKE and checks[0].status == SMOKE
+    with pytest.raises(ValueError, match=r"`sanity` is now `controls`"):
+        judge({"alpha": 0.05, "verdicts": [], "sanity": []}, ev)
+
+
+def test_the_report_shows_controls_in_their_own_table_and_names_a_failed_one_as_a_defect():
+    from posenc_lab_analysis.sections.verdicts import CONTROLS_CAPTION, control_table, controls_line
+
     rng = np.random.default_rng(6)
     ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2})}
-    alone, _ = judge(config(v("x", [f"{XL}:mem - {SHAW}:mem"])), ev)
-    assert one[0].p_adjusted == alone[0].p_adjusted and sanity[0].sanity and sanity[0].status == REPRODUCED
-    smoke, _ = judge(config(v("x", [f"{XL}:mem - {SHAW}:mem"])), ev, smoke=True)
-    assert smoke[0].status == SMOKE
+    checks = [v("holds", [f"{SHAW}:mem - {XL}:mem"], ">0"), v("reversed", [f"{XL}:mem - {SHAW}:mem"], ">0")]
+    _, controls = judge(config(controls=checks), ev)
+    table = control_table(controls, 1.0, "nats").set_index("verdict")
+    assert list(table["status"]) == [HOLDS, DEFECT] and "opposite" in table.loc["reversed", "why"]
+    line = controls_line(controls, 1.0, "nats")
+    assert line.startswith("**Controls failed: `reversed`: a defect of the run**") and ", Holm " not in line
+    assert "expected to hold; a failure is a defect of the run" in CONTROLS_CAPTION
 
 
 def test_the_preregistered_file_parses_and_names_registered_schemes_only():
     cfg = paper()
-    assert 0 < cfg["alpha"] < 0.5 and len(cfg["verdicts"]) >= 5
-    for item in cfg["verdicts"] + cfg["sanity"]:
+    assert 0 < cfg["alpha"] < 0.5 and len(cfg["verdicts"]) >= 5 and "sanity" not in cfg
+    # results true by construction are controls, never claims of the paper in Holm's family
+    by_construction = {"memory_narrows_fragmentation", "recall_needs_memory", "global_sinusoid_past_episodes"}
+    assert by_construction <= {x["id"] for x in cfg["controls"]}
+    assert not by_construction & {x["id"] for x in cfg["verdicts"]}
+    for item in cfg["verdicts"] + cfg["controls"]:
         assert item["predict"] in ("<0", ">0") and item["measure"] in (
             "as_trained",
             "attention_gain",
@@ -162,6 +202,7 @@ def test_the_preregistered_file_parses_and_names_registered_schemes_only():
             "horizon_past",
             "position_gap",
             "context_gain",
+            "context_use",
         )
         for comparison in item["compare"]:
             comparison = comparison["compare"] if isinstance(comparison, dict) else comparison

@@ -59,8 +59,8 @@ PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "\nabla
 REACH = {XL, SHAW, SINUSOID, LEARNED, GLOBAL_SINUSOID, ROPE, ALIBI, NOPE, FOX}
 CLAIMS = {
     "ablation": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32),
-                     seeds={"*": [0, 1], **dict.fromkeys(["shaw:mem32", "xl:mem32", "xl:nomem", "recall/xl:mem32",
-                                                          "recall/xl:nomem"], [0, 1, 2])},
+                     seeds={"*": [0, 1], **dict.fromkeys(["shaw:mem32", "xl:mem32", "xl:nomem", "xl:win64",
+                                                          "recall/xl:mem32", "recall/xl:nomem"], [0, 1, 2])},
                      without_memory={XL}, recall={XL}, half_loss=set()),
     "zoo": dict(smoke=False, steps=1000, model=(4, 128), lengths=(32, 32), seeds=[0], without_memory=set(),
                 recall={XL, FOX, STICKBREAKING, PATH, WALL}, recall_without_memory={XL, FOX, STICKBREAKING, PATH, WALL},
@@ -74,10 +74,12 @@ CLAIMS = {
                        recall={XL, NOPE}, recall_without_memory={XL, NOPE}),
     # the recurrence question (memory_extends_xl_context) at L = M = 64: its cells alone
     "context": dict(smoke=False, steps=1000, model=(4, 128), lengths=(64, 64),
-                    seeds={"*": [0], "xl:mem64": [0, 1, 2], "xl:nomem": [0, 1, 2]}, without_memory={XL},
+                    seeds={"*": [0], "xl:mem64": [0, 1, 2], "xl:nomem": [0, 1, 2], "xl:win128": [0, 1, 2]},
+                    without_memory={XL},
                     half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
     "context_tiny": dict(smoke=True, steps=20, model=(2, 32), lengths=(16, 16),
-                         seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1]}, without_memory={XL},
+                         seeds={"*": [0], "xl:mem16": [0, 1], "xl:nomem": [0, 1], "xl:win32": [0, 1]},
+                         without_memory={XL},
                          half_loss=set(), recall=set(), schemes={XL, SHAW, SINUSOID}),
     # length generalization: the task grid alone, reverse x 22 cells, the verdicts' cells a third seed
     "lengthgen": dict(smoke=False, steps=4000, model=(2, 64), lengths=(32, 32),
@@ -126,6 +128,9 @@ def test_every_preset_is_what_its_comment_says_and_validates(preset, tmp_path):
     assert {s.scheme for s in specs if s.group == "recall"} == claims["recall"]
     if "recall_without_memory" in claims:
         assert {s.scheme for s in specs if s.group == "recall" and s.mem_len == 0} == claims["recall_without_memory"]
+    for spec in [s for s in specs if s.window][:1]:  # a window of the same span: its own overrides, validated too
+        window = compose("train", [*spec.overrides, f"run_dir={tmp_path / spec.name}"])
+        assert config_problems(window, "train") == [] and window.data.segment_len == sum(claims["lengths"])
 
 
 def representative(specs):

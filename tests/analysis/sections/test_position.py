@@ -21,7 +21,7 @@ from posenc_lab_analysis.sections.position import (
 )
 from posenc_lab_analysis.sections.verdicts import _sentence
 from posenc_lab_analysis.settings import structured
-from posenc_lab_analysis.verdicts import NOT_TESTED, REPRODUCED, judge, paper
+from posenc_lab_analysis.verdicts import DEFECT, HOLDS, NOT_TESTED, judge, paper
 
 L, T, N_TOKENS, ROWS = 16, 64, 256, 32
 SHARE = 0.25  # q = 4: positions 0-3 against 12-15
@@ -124,23 +124,23 @@ def test_a_planted_zero_gap_gives_an_interval_covering_zero_at_its_nominal_rate(
 
 
 def verdict_of(cells: dict[str, CellPositions]):
-    spec = next(v for v in paper()["verdicts"] if v["id"] == "memory_narrows_fragmentation")
+    spec = next(v for v in paper()["controls"] if v["id"] == "memory_narrows_fragmentation")  # by construction
     m = measure_positions(cells, gap_share(paper()), 0.95, 1.0, 4)
-    verdicts, _ = judge({"alpha": 0.05, "verdicts": [spec]}, {"position_gap": m.evidence})
-    return verdicts[0]
+    _, controls = judge({"alpha": 0.05, "controls": [spec]}, {"position_gap": m.evidence})
+    return controls[0]
 
 
-def test_the_preregistered_verdict_is_reproduced_on_a_planted_effect_and_not_on_a_null():
-    assert gap_share(paper()) == SHARE  # conf/paper.yaml's, fixed with the verdict
+def test_the_preregistered_control_holds_on_a_planted_effect_and_not_on_a_null():
+    assert gap_share(paper()) == SHARE  # conf/paper.yaml's, fixed with the control
     v = verdict_of(pair(2, 0.4, 0.1))
-    assert v.status == REPRODUCED and len(v.comparisons) == 2, (v.status, v.note)
+    assert v.status == HOLDS and len(v.comparisons) == 2, (v.status, v.note)
     assert [c.text for c in v.comparisons] == ["xl:nomem", "xl:mem16 - xl:nomem"]
     line = _sentence(v, 1.0, "nats")  # the comparison that predicts the other side says so
     assert re.search(
         r"xl:nomem \+0\.\d+ \[\+0\.\d+, \+0\.\d+\], predicted >0 \+0; xl:mem16 - xl:nomem -0\.\d+ \[", line
     )
-    assert verdict_of(pair(3, 0.0, 0.0)).status != REPRODUCED  # no gap at all
-    assert verdict_of(pair(4, 0.4, 0.4)).status != REPRODUCED  # a gap that memory does not narrow
+    assert verdict_of(pair(3, 0.0, 0.0)).status == DEFECT  # no gap at all: the run is broken
+    assert verdict_of(pair(4, 0.4, 0.4)).status == DEFECT  # a gap that memory does not narrow
 
 
 def test_a_cell_on_other_tokens_is_named_not_compared():
