@@ -331,6 +331,7 @@ def context_use(curves: pd.DataFrame, path: Path, marks: dict[str, float], ylabe
             ax.axvline(x, color="grey", ls=":", lw=1)
             ax.text(x, 1.0, f" {label}", transform=ax.get_xaxis_transform(), fontsize=8, va="top", color="dimgrey")
         ax.set_xscale("symlog", base=2, linthresh=2)
+        ax.set_xlim(left=-0.2)
         ticks = sorted({int(x) for x in d["d"] if int(x) & (int(x) - 1) == 0} | {int(x) for x in marks.values()})
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()

@@ -116,7 +116,11 @@ class ContextUse(Section):
         keys = {c: runs[0] for c, runs in g.cells.items()}
         frames = [m.curves.assign(tokens="all scored tokens")]
         if m.far_curves is not None:
-            tables.insert(1, Table("table_long_range", self._far_table(m, g.scale), far_text.split(":")[0]))
+            caption = (
+                f"the long-range tokens: each cell's true loss ({g.unit_name}) on every scored token and on them, "
+                f"use(L + M) on them with its {level:.0%} interval, and the context used on them"
+            )
+            tables.insert(1, Table("table_long_range", self._far_table(m, g.scale), caption))
             tables.append(
                 Table("context_use_long_range", self._tidy(m.far_curves, g.scale), "use(d) on them", show=False)
             )
