@@ -4,16 +4,19 @@ context and with the context beyond distance d replaced by text of another unit 
 Far Away"), and the long-range tokens, a subset of the test tokens fixed in advance that only far context can
 predict.
 
-The evaluation (``perturbed``). Rows of H + S inputs lie evenly over the split (``context.stream_rows``); each is
-run as trained (its segments, memory and episodes: ``context.perturbed_losses``, the ``Recurrence`` step), and
-its last S inputs, H..H + S - 1, are scored: S whole segments of every run (the least common multiple of their
+The evaluation (``perturbed``). Rows of H + S inputs lie evenly over the split (``context.stream_rows``); each
+is run as trained (its segments and memory: ``context.perturbed_losses``, the ``Recurrence`` step) as one episode
+from offset 0 and an empty memory, with no reset inside it, as the paper evaluates (training episodes shorter than
+the row would cut every context at the block's offset in its episode; a scheme that reads stream offsets,
+``global_sinusoid``, then meets offsets past its training episodes, and ``Perturbed.offsets_note`` says so). Its
+last S inputs, H..H + S - 1, are scored: S whole segments of every run (the least common multiple of their
 segment lengths: L itself where they share it), H a multiple of S of at least the largest d plus L + M, so that
-the memory is full at every d. Row r's replacement text is row r' of the split, the
-first row half the split away (or further) that shares no unit with it: positions are unchanged, and for a
-memory cell the memory of the scored block is built from the replaced text. The scored input at block position k
-keeps its d + k + 1 nearest inputs true; use(d) = perturbed - true, paired by token, is what the context beyond
-at least d tokens is worth. d = 0 replaces all that precedes the block: the whole memory from another unit. Cost
-per run: (1 + len(distances)) x n_rows ordered passes over H + L tokens.
+the memory is full at every d. Row r's replacement text is row r' of the split, the first row half the split
+away (or further) that shares no unit with it: positions are unchanged, and for a memory cell the memory of the
+scored block is built from the replaced text. The scored input at block position k keeps its d + k + 1 nearest
+inputs true; use(d) = perturbed - true, paired by token, is what the context beyond at least d tokens is worth.
+d = 0 replaces all that precedes the block: the whole memory from another unit. Cost per run: (1 + len(distances))
+x n_rows ordered passes over H + S tokens, run as one batch of streams.
 
 The statistics (``use_table``): use(d) of a cell is the mean over its seeds and scored tokens with the interval
 of ``stats.mean_interval`` (seeds and the text's units); per seed the same over the text alone. The **context
@@ -35,7 +38,7 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from posenc_lab.context import perturbed_losses, stream_rows
+from posenc_lab.context import perturbed_losses, reads_offsets, stream_rows
 from posenc_lab.io import CorruptFileError, load_npz, save_npz
 
 from .dumps import UNITS, _fingerprint, _side
@@ -111,6 +114,7 @@ class Perturbed:
     scored: np.ndarray
     distances: list[int]
     meta: dict
+    offsets_note: str = ""  # why the rows pass what the scheme saw in training (empty: they do not)
 
     def use(self) -> np.ndarray:
         """[n_d, tokens] perturbed minus true loss of the scored tokens (row by row)."""
@@ -166,8 +170,14 @@ def perturbed(run: Run, s: PerturbSpec, path, log=print) -> Perturbed:
         score_start=s.history,
         segment_len=run.segment_len,
         mem_len=run.mem_len,
-        episode_len=run.episode_len,
+        episode_len=None,
         batch_tokens=s.batch_tokens,
+    )
+    T = run.episode_len
+    note = (
+        f"reads stream offsets and was trained on episodes of {T}: the rows of {width} reach offsets it never saw"
+        if T and width > T and reads_offsets(run.model())
+        else ""
     )
     d = Perturbed(
         true.numpy(),
@@ -178,6 +188,7 @@ def perturbed(run: Run, s: PerturbSpec, path, log=print) -> Perturbed:
         _side(side, "loss_mask", targets, True).astype(bool),
         list(s.distances),
         meta,
+        note,
     )
     save_npz(
         path,
@@ -189,6 +200,7 @@ def perturbed(run: Run, s: PerturbSpec, path, log=print) -> Perturbed:
         scored=d.scored,
         distances=np.array(d.distances),
         meta=json.dumps(meta),
+        offsets_note=note,
     )
     return d
 
@@ -206,6 +218,7 @@ def read_perturbed(path) -> Perturbed:
         z["scored"].astype(bool),
         z["distances"].tolist(),
         json.loads(str(z["meta"])),
+        str(z.get("offsets_note", "")),
     )
 
 

@@ -36,6 +36,9 @@ class ContextUseMeasured:
             first.scored
         ]
         self.ngram, self.level = s.ngram, level
+        self.notes = {
+            c: dumps[runs[0].name].offsets_note for c, runs in g.cells.items() if dumps[runs[0].name].offsets_note
+        }
         self.uses = {c: np.stack([dumps[r.name].use() for r in runs]) for c, runs in g.cells.items()}
         self.true = {
             c: np.stack([dumps[r.name].true[dumps[r.name].scored] for r in runs]) for c, runs in g.cells.items()
@@ -77,7 +80,8 @@ class ContextUse(Section):
         shown = [d for d in sorted({0, L, span, 2 * span, 4 * span}) if d in m.distances]
         text = (
             f"Settings: {g.settings_line}. What the far context is worth, shown rather than inferred (Sun et al. "
-            f"2021; Khandelwal et al. 2018): each run as trained (its segments, memory and episodes) over "
+            f"2021; Khandelwal et al. 2018): each run as trained (its segments and memory, each row one episode "
+            f"from an empty memory, no reset inside it) over "
             f"{ctx.settings.n_rows} rows of the {ctx.shared.split} split, scoring the last {m.block} inputs of each "
             f"({len(m.units):,} tokens, the same for every run), once with the true text and once for each d with "
             f"every input more than d before the scored block replaced by the same positions of a row of another "
@@ -137,11 +141,15 @@ class ContextUse(Section):
         figure = plots.context_use(
             curves, ctx.file("context_use.png"), {"L": L, "L + M": span}, f"use(d) ({g.figure})", level
         )
+        notes = [f"{cell} {why}." for cell, why in m.notes.items()]
         return Part(
             text + "\n\n" + far_text,
-            tables,
-            [Figure(figure, f"use(d): the loss with the context beyond d replaced minus the true loss ({g.figure})")],
-            findings,
+            notes=notes,
+            tables=tables,
+            figures=[
+                Figure(figure, f"use(d): the loss with the context beyond d replaced minus the true loss ({g.figure})")
+            ],
+            findings=findings,
         )
 
     @staticmethod
