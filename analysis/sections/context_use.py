@@ -59,14 +59,20 @@ class ContextUse(Section):
     title = "Context used: the loss when the far context is replaced"
     Settings = PerturbationSettings
 
-    def measure(self, ctx) -> ContextUseMeasured:
+    def measure(self, ctx) -> ContextUseMeasured | str:
+        """The measurement, or why there is none (a split too small for rows of distinct units)."""
         g = ctx.group
         s = spec(ctx.settings, g.runs, ctx.shared.split)
         what = f"perturbed context, d = {s.distances[0]}..{s.distances[-1]}"
-        dumps = g._dumps(perturbed, (s,), "perturbed", what)
+        try:
+            dumps = g._dumps(perturbed, (s,), "perturbed", what)
+        except RunError as e:
+            return str(e)
         return ContextUseMeasured(g, dumps, ctx.settings, ctx.shared.level)
 
-    def evidence(self, ctx, m: ContextUseMeasured) -> dict:
+    def evidence(self, ctx, m: ContextUseMeasured | str) -> dict:
+        if isinstance(m, str):
+            return {}
         span = m.L + m.M
         if span not in m.distances:
             return {}
@@ -74,7 +80,9 @@ class ContextUse(Section):
         keys = {c: runs[0].cell_name for c, runs in ctx.group.cells.items()}
         return {MEASURE: Evidence({c: x[:, k] for c, x in m.uses.items()}, keys, m.units)}
 
-    def render(self, ctx, m: ContextUseMeasured) -> Part:
+    def render(self, ctx, m: ContextUseMeasured | str) -> Part:
+        if isinstance(m, str):
+            return Part(f"Not measured: {m}")
         g, level = ctx.group, ctx.shared.level
         L, span = m.L, m.L + m.M
         shown = [d for d in sorted({0, L, span, 2 * span, 4 * span}) if d in m.distances]
