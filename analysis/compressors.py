@@ -66,8 +66,10 @@ def _keys(x: np.ndarray, j: int, vocab: int) -> np.ndarray:
     return key
 
 
-def _count(sorted_keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    return np.searchsorted(sorted_keys, queries, side="right") - np.searchsorted(sorted_keys, queries, side="left")
+def _lookup(table: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``values`` at each query's place in the sorted unique ``table``; 0 where the query is not in it."""
+    i = np.minimum(np.searchsorted(table, queries), len(table) - 1)
+    return np.where(table[i] == queries, values[i], 0)
 
 
 def ngram_bits(train: np.ndarray, test: np.ndarray, order: int = ORDER, vocab: int = 256) -> float:
@@ -83,17 +85,15 @@ def ngram_bits(train: np.ndarray, test: np.ndarray, order: int = ORDER, vocab: i
     # level j refines test symbols j, j + 1, ... (the first j have fewer than j symbols before them)
     prob = np.full(len(test), 1.0 / vocab)
     for j in range(order + 1):
-        grams = np.sort(_keys(train, j, vocab))
-        contexts = grams // vocab  # sorted too: the keys start with the context
-        pairs = np.unique(grams)  # distinct (h, x): T(h) counts them per h
-        distinct_after = pairs // vocab
+        pairs, counts = np.unique(_keys(train, j, vocab), return_counts=True)  # c(h, x) of every (h, x) seen
+        contexts, first = np.unique(pairs // vocab, return_index=True)  # sorted: the keys start with the context
+        c_h, t_h = np.add.reduceat(counts, first), np.diff(np.append(first, len(pairs)))  # c(h), T(h)
         q = _keys(test, j, vocab)  # the grams of test symbols j, j + 1, ...
-        c_hx = _count(grams, q)
-        c_h = _count(contexts, q // vocab)
-        t_h = _count(distinct_after, q // vocab)
-        seen = c_h > 0
+        seen_c, seen_t = _lookup(contexts, c_h, q // vocab), _lookup(contexts, t_h, q // vocab)
         lower = prob[j:]
-        prob[j:] = np.where(seen, (c_hx + t_h * lower) / np.maximum(c_h + t_h, 1), lower)
+        prob[j:] = np.where(
+            seen_c > 0, (_lookup(pairs, counts, q) + seen_t * lower) / np.maximum(seen_c + seen_t, 1), lower
+        )
     return float(-np.log2(prob).mean())
 
 
