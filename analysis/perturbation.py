@@ -21,7 +21,8 @@ x n_rows ordered passes over H + S tokens, run as one batch of streams.
 The statistics (``use_table``): use(d) of a cell is the mean over its seeds and scored tokens with the interval
 of ``stats.mean_interval`` (seeds and the text's units); per seed the same over the text alone. The **context
 used** is the largest d of the grid whose use(d) has its interval's lower end above 0 (per seed, and for the
-cell); "none" where even use(0) is not. Descriptive: no correction over the d of the grid.
+cell, with a percentile interval of a cluster bootstrap over units and seeds); "none" where even use(0) is not.
+Descriptive: no correction over the d of the grid.
 
 The long-range tokens (``long_range``): a scored target whose n preceding inputs and itself (an (n + 1)-gram)
 occur earlier in the same document with the target at a distance in (L + M, 4 (L + M)] and nowhere within the
@@ -43,7 +44,7 @@ from posenc_lab.io import CorruptFileError, load_npz, save_npz
 
 from .dumps import UNITS, _fingerprint, _side
 from .runs import Run, RunError
-from .stats import mean_interval
+from .stats import mean_interval, sums_interval
 
 NGRAM = 8  # the long-range tokens: the target and its preceding NGRAM inputs repeat from far back
 
@@ -242,33 +243,70 @@ def long_range(data: np.ndarray, documents: np.ndarray, targets: np.ndarray, spa
     return out.reshape(np.shape(targets))
 
 
+def context_used(sums: np.ndarray, n_g: np.ndarray, distances: list[int], level: float) -> int | None:
+    """The largest d whose use(d) interval lies above 0 (``stats.sums_interval`` of the unit sums ``sums``
+    [n_seeds, n_d, G] of use, ``n_g`` [G] the units' tokens: ``mean_interval`` of the tokens); None where none
+    does."""
+    for k in reversed(range(len(distances))):
+        if sums_interval(sums[:, k], n_g, level).low > 0:
+            return distances[k]
+    return None
+
+
+def used_interval(
+    sums: np.ndarray, n_g: np.ndarray, distances: list[int], level: float, n_boot: int, seed: int = 0
+) -> tuple[int | None, int | None]:
+    """A percentile interval of ``context_used`` over a cluster bootstrap: the units drawn with replacement (each
+    draw a unit of its own) and the seeds with them; None as an end: "none" (not even d = 0 above zero)."""
+    rng = np.random.default_rng(seed)
+    n_s, G = sums.shape[0], sums.shape[2]
+    values = []
+    for _ in range(n_boot):
+        pick, seeds = rng.integers(0, G, G), rng.integers(0, n_s, n_s)
+        v = context_used(sums[seeds][:, :, pick], n_g[pick], distances, level)
+        values.append(-1 if v is None else v)
+    if not values:
+        return None, None
+    q = (1 - level) / 2
+    low, high = np.quantile(values, q, method="lower"), np.quantile(values, 1 - q, method="higher")
+    return (None if low < 0 else int(low)), (None if high < 0 else int(high))
+
+
 def use_table(
-    uses: dict[str, np.ndarray], distances: list[int], units: np.ndarray, level: float, seeds: dict[str, list]
+    uses: dict[str, np.ndarray],
+    distances: list[int],
+    units: np.ndarray,
+    level: float,
+    seeds: dict[str, list],
+    n_boot: int = 200,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(curves: a row per (cell, d): use with its interval, and per seed; used: a row per cell: the context used,
-    per seed and for the cell). ``uses``: cell -> [n_seeds, n_d, tokens] perturbed minus true (nats), the same
-    tokens for every cell; ``units`` [tokens]; ``seeds``: cell -> its seeds' numbers."""
+    """(curves: a row per (cell, d): use with its interval, and per seed; used: a row per cell: the context used
+    for the cell with its bootstrap interval (``used_interval``, ``n_boot`` replicates) and per seed). ``uses``:
+    cell -> [n_seeds, n_d, tokens] perturbed minus true (nats), the same tokens for every cell; ``units``
+    [tokens]; ``seeds``: cell -> its seeds' numbers."""
+    _, index = np.unique(np.asarray(units), return_inverse=True)
+    G = int(index.max()) + 1
+    n_g = np.bincount(index, minlength=G).astype(np.float64)
     curves, used = [], []
     for cell, x in uses.items():
         x = np.asarray(x, dtype=np.float64)
-        above_cell, above_seed = [], [[] for _ in range(len(x))]
+        sums = np.stack([[np.bincount(index, weights=v, minlength=G) for v in xs] for xs in x])  # [n_s, n_d, G]
         for k, d in enumerate(distances):
             cell_i = mean_interval(x[:, k], units, level)
             row = {"cell": cell, "d": d, "use": cell_i.estimate, "low": cell_i.low, "high": cell_i.high}
             for s in range(len(x)):
-                one = mean_interval(x[s : s + 1, k], units, level)
-                row[f"use_seed{seeds[cell][s]}"] = one.estimate
-                if one.low > 0:
-                    above_seed[s].append(d)
-            if cell_i.low > 0:
-                above_cell.append(d)
+                row[f"use_seed{seeds[cell][s]}"] = float(x[s, k].mean())
             curves.append(row)
+        low, high = used_interval(sums, n_g, distances, level, n_boot)
+        per_seed = [context_used(sums[s : s + 1], n_g, distances, level) for s in range(len(x))]
         used.append(
             {
                 "cell": cell,
                 "seeds": len(x),
-                "context_used": max(above_cell) if above_cell else None,
-                "context_used_per_seed": ", ".join(str(max(a)) if a else "none" for a in above_seed),
+                "context_used": context_used(sums, n_g, distances, level),
+                "used_low": low,
+                "used_high": high,
+                "context_used_per_seed": ", ".join("none" if v is None else str(v) for v in per_seed),
             }
         )
     return pd.DataFrame(curves), pd.DataFrame(used)

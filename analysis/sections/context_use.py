@@ -16,13 +16,19 @@ from ..stats import mean_interval
 from ..verdicts import Evidence
 from .base import Figure, Part, Section, Table, register
 
+
+def _d(value) -> str:
+    """A distance of the grid as the tables print it ("none": no d, not even 0)."""
+    return "none" if value is None or pd.isna(value) else f"{int(value)}"
+
+
 MEASURE = "far_context_use"  # each token's use(L + M): what context past one layer's span is worth
 
 
 class ContextUseMeasured:
     """The dumps of a group, their use(d) per cell (all tokens and the long-range ones), and the tables."""
 
-    def __init__(self, g, dumps: dict[str, Perturbed], s: PerturbationSettings, level: float):
+    def __init__(self, g, dumps: dict[str, Perturbed], s: PerturbationSettings, level: float, n_boot: int):
         first = dumps[g.runs[0].name]
         for name, d in dumps.items():
             if not np.array_equal(d.targets, first.targets) or not np.array_equal(d.scored, first.scored):
@@ -44,11 +50,13 @@ class ContextUseMeasured:
             c: np.stack([dumps[r.name].true[dumps[r.name].scored] for r in runs]) for c, runs in g.cells.items()
         }
         seeds = {c: [r.seed for r in runs] for c, runs in g.cells.items()}
-        self.curves, self.used = use_table(self.uses, self.distances, self.units, level, seeds)
+        self.curves, self.used = use_table(self.uses, self.distances, self.units, level, seeds, n_boot)
         self.far_units = len(np.unique(self.units[self.far]))
         if self.far_units >= 2:  # an interval needs two units
             far_uses = {c: x[..., self.far] for c, x in self.uses.items()}
-            self.far_curves, self.far_used = use_table(far_uses, self.distances, self.units[self.far], level, seeds)
+            self.far_curves, self.far_used = use_table(
+                far_uses, self.distances, self.units[self.far], level, seeds, n_boot
+            )
         else:
             self.far_curves = self.far_used = None
 
@@ -68,7 +76,7 @@ class ContextUse(Section):
             dumps = g._dumps(perturbed, (s,), "perturbed", what)
         except RunError as e:
             return str(e)
-        return ContextUseMeasured(g, dumps, ctx.settings, ctx.shared.level)
+        return ContextUseMeasured(g, dumps, ctx.settings, ctx.shared.level, ctx.shared.context.n_boot)
 
     def evidence(self, ctx, m: ContextUseMeasured | str) -> dict:
         if isinstance(m, str):
@@ -99,13 +107,15 @@ class ContextUse(Section):
             f"{level:.0%} interval over seeds and the text's units (`stats.mean_interval`). d = 0: everything before "
             f"the block replaced, the whole memory from another unit. **Context used**: the largest d of the grid "
             f"({', '.join(map(str, m.distances))}) whose use(d) interval lies above 0, for the cell (seeds and units) "
-            f"and per seed (its text alone); 'none': not even d = 0. No correction over the grid's d: descriptive. "
+            f"and per seed (its text alone), the cell's with a {level:.0%} percentile interval of a cluster bootstrap "
+            f"over units and seeds ({ctx.shared.context.n_boot} replicates); 'none': not even d = 0. No correction "
+            f"over the grid's d: descriptive. "
             f"L = {L}, L + M = {span}: a model whose use(d) is above 0 past L + M uses context beyond one layer's "
             f"attention span, which is the paper's claim for recurrence."
         )
         table = self._table(m.curves, m.used, shown, g.scale)
         findings = [
-            f"{row['cell']}: context used {row['context_used'] if pd.notna(row['context_used']) else 'none'} "
+            f"{row['cell']}: context used {_d(row['context_used'])} [{_d(row['used_low'])}, {_d(row['used_high'])}] "
             f"(per seed: {row['context_used_per_seed']})"
             for _, row in m.used.iterrows()
         ]
@@ -173,7 +183,8 @@ class ContextUse(Section):
             row = {
                 "cell": u["cell"],
                 "seeds": int(u["seeds"]),
-                "context_used": "none" if pd.isna(u["context_used"]) else f"{int(u['context_used'])}",
+                "context_used": _d(u["context_used"]),
+                "interval": f"[{_d(u['used_low'])}, {_d(u['used_high'])}]",
                 "context_used_per_seed": u["context_used_per_seed"],
             }
             for d in shown:
@@ -198,7 +209,6 @@ class ContextUse(Section):
                 row[f"use_d{span}_long_range"] = (
                     f"{x['use'] * scale:+.4f} [{x['low'] * scale:+.4f}, {x['high'] * scale:+.4f}]"
                 )
-            c = used.loc[cell, "context_used"]
-            row["context_used_long_range"] = "none" if pd.isna(c) else f"{int(c)}"
+            row["context_used_long_range"] = _d(used.loc[cell, "context_used"])
             rows.append(row)
         return pd.DataFrame(rows)

@@ -38,14 +38,22 @@ def test_use_and_the_context_used_from_synthetic_use_values():
     units = np.repeat(np.arange(40), 10)
     signal = np.array([0.5, 0.5, 0.05, 0.0, 0.0])
     x = signal[None, :, None] + rng.normal(0, 0.05, (3, 5, 400)) * (signal > 0)[None, :, None]
-    curves, used = use_table({"a": x}, distances, units, 0.95, {"a": [0, 1, 2]})
+    curves, used = use_table({"a": x}, distances, units, 0.95, {"a": [0, 1, 2]}, n_boot=50)
     assert list(curves["d"]) == distances
     np.testing.assert_allclose(curves["use"], x.mean((0, 2)))
+    np.testing.assert_allclose(curves["use_seed2"], x[2].mean(1))
     assert (curves.loc[curves["d"] >= 32, "use"] == 0).all()
     assert used.loc[0, "context_used"] == 16 and used.loc[0, "context_used_per_seed"] == "16, 16, 16"
-    # a cell that no replacement changes uses no context: "none" per seed and for the cell
-    _, used = use_table({"b": np.zeros((2, 5, 400))}, distances, units, 0.95, {"b": [3, 4]})
+    assert used.loc[0, "used_low"] == used.loc[0, "used_high"] == 16  # a clear signal: every replicate finds 16
+    # at 16 a use too small for 400 tokens to show: the context used drops to 8, and its interval holds 8
+    faint = x.copy()
+    faint[:, 2] = 0.002 + rng.normal(0, 0.05, (3, 400))
+    _, used = use_table({"a": faint}, distances, units, 0.95, {"a": [0, 1, 2]}, n_boot=50)
+    assert used.loc[0, "context_used"] == 8 and used.loc[0, "used_low"] <= 8 <= used.loc[0, "used_high"]
+    # a cell that no replacement changes uses no context: "none" per seed and for the cell, and its interval
+    _, used = use_table({"b": np.zeros((2, 5, 400))}, distances, units, 0.95, {"b": [3, 4]}, n_boot=50)
     assert used.loc[0, "context_used"] is None and used.loc[0, "context_used_per_seed"] == "none, none"
+    assert used.loc[0, "used_low"] is None and used.loc[0, "used_high"] is None
 
 
 def test_partners_share_no_unit_and_too_few_units_are_named():
