@@ -17,6 +17,13 @@ from ..verdicts import Evidence
 from .base import Figure, Part, Section, Table, register
 
 
+def _use(x, scale: float) -> str:
+    """use(d) with its interval; "0 (unchanged)" where no token's loss changed (nothing replaced was seen)."""
+    if max(abs(x["low"]), abs(x["high"]), abs(x["use"])) == 0:
+        return "0 (unchanged)"
+    return f"{x['use'] * scale:+.4f} [{x['low'] * scale:+.4f}, {x['high'] * scale:+.4f}]"
+
+
 def _d(value) -> str:
     """A distance of the grid as the tables print it ("none": no d, not even 0)."""
     return "none" if value is None or pd.isna(value) else f"{int(value)}"
@@ -189,7 +196,7 @@ class ContextUse(Section):
             }
             for d in shown:
                 x = at.loc[(u["cell"], d)]
-                row[f"use_d{d}"] = f"{x['use'] * scale:+.4f} [{x['low'] * scale:+.4f}, {x['high'] * scale:+.4f}]"
+                row[f"use_d{d}"] = _use(x, scale)
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -206,9 +213,7 @@ class ContextUse(Section):
             row = {"cell": cell, "loss_all": every.estimate * scale, "loss_long_range": far.estimate * scale}
             if span in m.distances:
                 x = at.loc[(cell, span)]
-                row[f"use_d{span}_long_range"] = (
-                    f"{x['use'] * scale:+.4f} [{x['low'] * scale:+.4f}, {x['high'] * scale:+.4f}]"
-                )
+                row[f"use_d{span}_long_range"] = _use(x, scale)
             row["context_used_long_range"] = _d(used.loc[cell, "context_used"])
             rows.append(row)
         return pd.DataFrame(rows)
