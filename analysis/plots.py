@@ -308,3 +308,36 @@ def eval_speed(df: pd.DataFrame, path: Path) -> Path:
     fig.suptitle("Evaluation speed: memory reuse vs recomputing a sliding window")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def context_use(curves: pd.DataFrame, path: Path, marks: dict[str, float], ylabel: str, level: float) -> Path:
+    """use(d), the loss with the context beyond d replaced minus the true loss, one line per cell with its band,
+    a panel per token set (``curves``: cell, scheme, memory, tokens, d, use, low, high); dotted verticals at
+    ``marks`` (label -> d); d = 0 (the whole memory replaced) sits at the left end of a symlog axis."""
+    d = curves[np.isfinite(curves["use"].astype(float))]
+    if d.empty:
+        return _empty(path, "no perturbed evaluation")
+    sets = list(dict.fromkeys(d["tokens"]))
+    colours = palette(list(dict.fromkeys(d["scheme"])))
+    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 4.2), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], sets):
+        for cell, part in d[d["tokens"] == name].groupby("cell", sort=False):
+            colour = colours[part["scheme"].iloc[0]]
+            ax.fill_between(part["d"], part["low"], part["high"], color=colour, alpha=0.12, lw=0)
+            ax.plot(part["d"], part["use"], color=colour, ls="-" if part["memory"].iloc[0] else "--", marker="o", ms=3,
+                    label=cell)  # fmt: skip
+        ax.axhline(0, color="black", lw=0.8)
+        for label, x in marks.items():
+            ax.axvline(x, color="grey", ls=":", lw=1)
+            ax.text(x, 1.0, f" {label}", transform=ax.get_xaxis_transform(), fontsize=8, va="top", color="dimgrey")
+        ax.set_xscale("symlog", base=2, linthresh=2)
+        ax.set_xlim(left=-0.2)
+        ticks = sorted({int(x) for x in d["d"] if int(x) & (int(x) - 1) == 0} | {int(x) for x in marks.values()})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_xlabel("d (inputs kept true before each scored token, at least)")
+        ax.set_title(f"{name} (band: {level:.0%} over seeds and units)", fontsize=10)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=7, frameon=False, bbox_to_anchor=(1.01, 1), loc="upper left")
+    return _save(fig, path)

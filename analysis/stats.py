@@ -344,12 +344,20 @@ def mean_interval(a, units, level: float, seed_var: tuple[float, float] | None =
     if not np.isfinite(a).all():
         return NOT_EVALUATED
     index, G, n_g, N = _units(units, "an interval")
-    A = _unit_sums(a, index, G)
+    return sums_interval(_unit_sums(a, index, G), n_g, level, seed_var)
+
+
+def sums_interval(
+    A: np.ndarray, n_g: np.ndarray, level: float, seed_var: tuple[float, float] | None = None
+) -> Difference:
+    """``mean_interval`` from the unit sums A [n_seeds, G] and the units' scored tokens n_g [G] (for resampling
+    units without going back to the tokens: a unit drawn twice is two units); seed_var as there."""
+    N = float(n_g.sum())
     estimate = float(A.sum(1).mean() / N)
     seed, noise = _seed_parts(A, n_g, N)
     text, df_text = _text_part(A.mean(0), noise, n_g, N)
-    facts = dict(n_a=a.shape[0], n_b=a.shape[0], units=G, covers_seeds=a.shape[0] >= 2)
-    parts = [(seed, a.shape[0] - 1) if seed_var is None else (seed_var[0] / a.shape[0], seed_var[1]), (text, df_text)]
+    facts = dict(n_a=A.shape[0], n_b=A.shape[0], units=len(n_g), covers_seeds=A.shape[0] >= 2)
+    parts = [(seed, A.shape[0] - 1) if seed_var is None else (seed_var[0] / A.shape[0], seed_var[1]), (text, df_text)]
     return _interval(estimate, parts, level, _third(A.mean(0), n_g, N), largest_share=float(n_g.max() / N), **facts)
 
 

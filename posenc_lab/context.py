@@ -13,6 +13,8 @@ targets ``tokens[:, 1:]``):
 - ``context_losses(mode="window")``: every scored token is the last of a fresh window of ``c + 1``
   tokens, no memory (the vanilla Transformer's sliding-window evaluation); ``window_losses`` does it for
   many c from one causal pass per window start.
+- ``perturbed_losses``: the rows run as trained (``stream_losses``) with the inputs beyond distance d of a scored
+  block replaced by other text (Sun et al. 2021; Khandelwal et al. 2018): what the far context is worth.
 
 Lengths a scheme cannot serve raise ``ValueError`` from ``model.validate_lengths`` before any compute.
 """
@@ -237,6 +239,58 @@ def window_losses(
     return results
 
 
+def perturbed_losses(
+    model: MemoryTransformer,
+    tokens,
+    replacement,
+    distances,
+    *,
+    score_start: int,
+    segment_len: int,
+    mem_len: int,
+    episode_len: int | None = None,
+    batch_tokens: int = 65536,
+) -> tuple[Tensor, dict[int, Tensor]]:
+    """(true [B, n], {d: perturbed [B, n]}): the losses of the targets ``tokens[:, score_start + 1:]`` (the inputs
+    from ``score_start`` on, n of them), the rows ``tokens [B, N + 1]`` run as an ordered stream with the
+    training's segments, memory and episodes (``stream_losses``, the ``Recurrence`` step), and again with every
+    input before ``score_start - d`` taken from ``replacement [B, N + 1]`` (the same positions of other text):
+    the memory of the scored block is then built from the replaced text. The scored input at ``score_start + k``
+    keeps its nearest d + k + 1 inputs (itself included) true, so use(d) = perturbed - true is what the inputs
+    beyond at least d tokens are worth to it; d = 0 replaces everything before the block (a memory from other text).
+
+    Cost: (1 + len(distances)) rows of N inputs per scored row, all run as one batch of streams (split into
+    batches of about ``batch_tokens`` tokens): one ordered pass per (row, d), the whole row each time, since the
+    memory carries everything before the block. ValueError for a d outside 0..score_start."""
+    tokens, replacement = _as_rows(tokens), _as_rows(replacement)
+    if replacement.shape != tokens.shape:
+        raise ValueError(
+            f"replacement must have the shape of tokens {tuple(tokens.shape)}, got {tuple(replacement.shape)}"
+        )
+    distances = [int(d) for d in distances]
+    if bad := [d for d in distances if not 0 <= d <= score_start]:
+        raise ValueError(f"distances must be in 0..score_start ({score_start}), got {bad}")
+    if not 0 <= score_start < tokens.shape[1] - 1:
+        raise ValueError(
+            f"score_start must leave a target: 0 <= score_start < {tokens.shape[1] - 1}, got {score_start}"
+        )
+    B, width = tokens.shape
+    variants = [tokens]
+    for d in distances:
+        mixed = tokens.clone()
+        mixed[:, : score_start - d] = replacement[:, : score_start - d]
+        variants.append(mixed)
+    rows = torch.cat(variants)  # [(1 + n_d) B, N + 1]: variant v of row b is row v B + b
+    per_batch = max(1, batch_tokens // width)
+    loss = torch.cat(
+        [
+            stream_losses(model, chunk, segment_len=segment_len, mem_len=mem_len, episode_len=episode_len).loss
+            for chunk in rows.split(per_batch)
+        ]
+    )[:, score_start:]
+    return loss[:B], {d: loss[(i + 1) * B : (i + 2) * B] for i, d in enumerate(distances)}
+
+
 def reads_offsets(model: MemoryTransformer) -> bool:
     """Whether the model's outputs depend on the stream offset (positions counted since the episode began, as
     ``global_sinusoid``'s): then a window whose positions pass the training episodes meets positions training
@@ -270,6 +324,7 @@ __all__ = [
     "reads_offsets",
     "evaluating",
     "iter_stream",
+    "perturbed_losses",
     "stream_losses",
     "stream_rows",
     "window_losses",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc_lab.context import context_losses, stream_losses, stream_rows, window_losses
+from posenc_lab.context import context_losses, perturbed_losses, stream_losses, stream_rows, window_losses
 from posenc_lab.model import MemoryTransformer
 from posenc_lab.positional import SCHEME_NAMES
 from tests import models
@@ -137,3 +137,23 @@ def test_reads_offsets_tells_the_schemes_that_count_stream_offsets():
 
     assert reads_offsets(make_model(GLOBAL_SINUSOID))
     assert not any(reads_offsets(make_model(name)) for name in (SINUSOID, LEARNED, XL, SHAW))
+
+
+@pytest.mark.parametrize("n_layer, mem_len", [(1, 8), (2, 8), (2, 0)])
+def test_perturbed_context_changes_nothing_past_what_the_model_can_see(n_layer, mem_len):
+    # xl with segments of L and memory M sees n_layer M tokens before its segment: replacing the inputs beyond
+    # d of the scored block changes its losses exactly nothing for d >= n_layer M, and something just inside it
+    L = 8
+    model = models.make_model(XL, n_layer=n_layer, mem_len=mem_len, randomize="all")
+    torch.manual_seed(1)
+    tokens, other = torch.randint(0, 23, (2, 3, 6 * L + 1))
+    true, perturbed = perturbed_losses(
+        model, tokens, other, range(5 * L + 1), score_start=5 * L, segment_len=L, mem_len=mem_len
+    )
+    assert true.shape == (3, L)
+    assert torch.equal(true, stream_losses(model, tokens, segment_len=L, mem_len=mem_len).loss[:, 5 * L :])
+    reach = n_layer * mem_len
+    for d, loss in perturbed.items():
+        assert torch.equal(loss, true) == (d >= reach), d
+    with pytest.raises(ValueError, match=r"distances must be in 0..score_start \(40\), got \[41\]"):
+        perturbed_losses(model, tokens, other, [41], score_start=5 * L, segment_len=L, mem_len=mem_len)

@@ -1,18 +1,24 @@
 """The held-out text the report judges on: the split, how much of it is scored, in how many documents, and how
-much of it could be recited from train (verbatim overlap). Its measurement, ``shared`` (which scored tokens could
-be recited), is what the verdicts section judges again without."""
+much of it could be recited from train (verbatim overlap), and what reference compressors need for it
+(``compressors``: zlib, lzma, a byte n-gram model; on byte-level corpora, kept per corpus identity). Its
+measurement, ``shared`` (which scored tokens could be recited), is what the verdicts section judges again without."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from posenc_lab.data.overlap import WINDOW, shared_context
+from posenc_lab.io import CorruptFileError, read_json, write_json
+from posenc_lab.rundir import corpus_identity
 
-from ..dumps import TokenLosses
+from ..compressors import Compressed, compress
+from ..dumps import TokenLosses, stack
 from ..runs import Run
-from .base import REPORT, Part, Section, register
+from .base import REPORT, Part, Section, Table, register
 
 
 def shared_scored(run: Run, dump: TokenLosses, split: str, window: int = WINDOW) -> np.ndarray:
@@ -25,6 +31,41 @@ def shared_scored(run: Run, dump: TokenLosses, split: str, window: int = WINDOW)
     return shared[positions][dump.scored]
 
 
+def compressed(run: Run, split: str, folder: Path, log=print) -> Compressed | None:
+    """The reference compressors' figures of ``split`` of the run's corpus (None unless it is byte-level), kept in
+    ``folder/<corpus sha256>_<split>.json``: the n-gram model reads the whole train split (seconds per MB)."""
+    corpus = run.corpus()
+    if corpus.unit != "byte":
+        return None
+    path = folder / f"{corpus_identity(corpus)['sha256'][:16]}_{split}.json"
+    if path.is_file():
+        try:
+            return Compressed(**read_json(path))
+        except (CorruptFileError, TypeError) as e:
+            log(f"  {path} cannot be read ({e}); computing it again")
+    log(f"  reference compressors ({split} split of {run.corpus_name})")
+    figures = compress(corpus.train, corpus.split(split), corpus.vocab_size)
+    write_json(path, figures.as_dict())
+    return figures
+
+
+def compressor_table(c: Compressed, models: dict[str, float], scale_name: str) -> pd.DataFrame:
+    """A row per reference compressor and per cell (its as-trained figure, mean over seeds), lowest first."""
+    rows = [
+        {"method": "zlib level 9 (32 KB window)", "text": "whole split", scale_name: c.zlib},
+        {"method": "lzma preset 9 (xz)", "text": "whole split", scale_name: c.lzma},
+        {
+            "method": f"byte n-gram, order {c.order} (Witten-Bell, fitted on train)",
+            "text": "whole split",
+            scale_name: c.ngram,
+        },
+    ]
+    rows += [
+        {"method": f"model {cell}, as trained", "text": "scored tokens", scale_name: v} for cell, v in models.items()
+    ]
+    return pd.DataFrame(rows).sort_values(scale_name, kind="stable").reset_index(drop=True)
+
+
 @dataclass
 class HeldOut:
     run: Run  # the first run of the judged corpus
@@ -32,6 +73,8 @@ class HeldOut:
     n_runs: int
     shared: np.ndarray  # [tokens] bool: the scored token's preceding WINDOW tokens occur in train
     shared_long: np.ndarray  # the same for 2 WINDOW tokens
+    compressed: Compressed | None  # the reference compressors (byte-level corpora)
+    models: dict[str, float]  # cell -> its as-trained figure (mean over seeds, the corpus's unit: bpb, ...)
 
 
 @register
@@ -47,12 +90,18 @@ class Data(Section):
             return None
         run, split = group.runs[0], ctx.shared.split
         dump = group.trained[run.name]
+        models = {
+            cell: float(stack([group.trained[r.name] for r in runs]).mean() * group.scale)
+            for cell, runs in group.cells.items()
+        }
         return HeldOut(
             run,
             dump,
             len(group.runs),
             shared_scored(run, dump, split, WINDOW),
             shared_scored(run, dump, split, 2 * WINDOW),
+            compressed(run, split, ctx.report.out / "dumps" / "compressors", ctx.log),
+            models,
         )
 
     def render(self, ctx, m: HeldOut | None) -> Part | None:
@@ -86,4 +135,28 @@ class Data(Section):
                 else ""
             )
         )
-        return Part(text)
+        if m.compressed is None:
+            return Part(text)
+        c, figure = m.compressed, ctx.report.main.figure
+        text += (
+            f"\n\nReference compressors of the same {split} text, its {c.n_bytes:,} bytes in stream order (the files, "
+            "their separators and their order as the models' data stream reads them): zlib and lzma compress the "
+            f"split whole, using its repetition up to 32 KB (zlib) or megabytes (lzma) back; the order-{c.order} "
+            "byte n-gram model is fitted on train and uses no repetition within the test text "
+            "(`posenc_lab_analysis.compressors`). The models' figures are on their scored tokens, a share of the "
+            f"same text. zlib {c.zlib:.3f}, lzma {c.lzma:.3f}, n-gram {c.ngram:.3f} {figure}; the best model "
+            f"{min(m.models.values()):.3f}: "
+            + (
+                f"{min(m.models.values()) - c.lzma:+.3f} {figure} from lzma, repetition a model with a longer reach "
+                "could use."
+                if min(m.models.values()) > c.lzma
+                else "below lzma."
+            )
+        )
+        table = Table(
+            "table_compressors",
+            compressor_table(c, m.models, figure),
+            f"the {split} text's {figure} under reference compressors, beside each cell as trained",
+            decimals={figure: 3},
+        )
+        return Part(text, [table])

@@ -29,6 +29,7 @@ SHOWN = {
     "verdicts": ([], []),
     "table6": (["table_ablation"], []),
     "position": (["table_position_summary"], ["position/loss_by_position.png"]),
+    "context_use": (["table_context_use"], ["context_use.png"]),
     "effective_context": (["table_effective_context"], ["context_curves.png"]),
     "recl": (["table_recl"], ["recl_gain_curves.png"]),
     "extrapolation": (
