@@ -30,13 +30,10 @@ equal; a preset with more seeds a cell, where the test can see a difference, may
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 from scipy import stats as scipy_stats
-
-if TYPE_CHECKING:  # verdicts imports this module
-    from .verdicts import Evidence
 
 
 @dataclass(frozen=True)
@@ -76,8 +73,9 @@ class SeedPooling:
         return f"`{self.measure}`: {test} <= {self.alpha:g}: the seed SDs differ ({sds}); each cell keeps its own"
 
 
-def seed_pooling(measure: str, evidence: Evidence, alpha: float, applied: bool = True) -> SeedPooling:
-    """Bartlett's test on the seed means of ``evidence``'s cells and the pooled seed variance (module docstring)."""
+def seed_pooling(measure: str, evidence: Any, alpha: float, applied: bool = True) -> SeedPooling:
+    """Bartlett's test on the seed means of ``evidence``'s cells (a ``verdicts.Evidence``, read for its ``cells``) and
+    the pooled seed variance (module docstring)."""
     if not 0 < alpha < 1:
         raise ValueError(f"seed_variance.test_alpha must be in (0, 1), e.g. 0.05, got {alpha!r}")
     means = {

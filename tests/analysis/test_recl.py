@@ -311,7 +311,7 @@ def _context(**kw):
 
 
 class _Run:
-    segment_len, mem_len, train_attention_length = 32, 32, 64
+    segment_len, mem_len, train_attention_length, window = 32, 32, 64, False
 
 
 def test_a_grid_step_that_does_not_divide_delta_is_refused_by_name():
