@@ -43,7 +43,7 @@ def test_the_parameter_count_is_the_built_models(fields):
 
 
 _MEASURE = """
-import resource, sys, torch
+import sys, torch
 from posenc_lab.model import MemoryTransformer, ModelConfig
 torch.manual_seed(0)
 cfg = ModelConfig(n_layer=2, d_model=64, n_head=8, d_inner=256, mem_len=256, posenc=sys.argv[1])
@@ -54,7 +54,8 @@ mems = [torch.randn(B, cfg.mem_len, cfg.d_model) for _ in range(cfg.n_layer)]
 before = int(open("/proc/self/statm").read().split()[1]) * 4096
 model(tokens, tokens, mems=mems).loss.backward()
 opt.step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+peak = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(int(peak.split()[1]) * 1024 - before)
 """
 
 
@@ -62,9 +63,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
 def test_the_activations_bound_a_measured_training_step_within_an_order_of_magnitude(scheme):
     """The peak resident memory a training step (forward, backward, AdamW) adds, in a fresh process, is below the
     estimate of its activations, and within a factor 10 of it."""
-    # glibc's own malloc: a test before this one may have run the CLI in this process, whose keep_freed_memory()
-    # leaves MALLOC_MMAP_MAX_=0 in the environment, and then every transient block stays in the peak
-    env = {k: v for k, v in subprocess_env().items() if not k.startswith("MALLOC_")}
+    # The peak is the child's own address space's (VmHWM): ru_maxrss keeps, across exec, the parent's peak, which
+    # is the whole test session's. A clean environment: a test before this one may have run the CLI in this process,
+    # which leaves keep_freed_memory's MALLOC_MMAP_MAX_=0 in os.environ, and every transient block then stays in the peak
+    keep = ("PATH", "HOME", "PYTHONPATH", "LANG")
+    env = {**{k: v for k, v in subprocess_env().items() if k in keep}, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", _MEASURE, scheme], env=env, capture_output=True, text=True, timeout=120)
     measured = int(run.stdout.split()[-1])
     cfg = ModelConfig(n_layer=2, d_model=64, n_head=8, d_inner=256, mem_len=256, posenc=scheme)
