@@ -9,7 +9,7 @@ setup(
         *find_packages(include=["posenc_lab", "posenc_lab.*"]),
         "posenc_lab.conf",
         "posenc_lab_analysis",
-        *(f"posenc_lab_analysis.{p}" for p in find_packages("analysis")),  # ablate, sections
+        *(f"posenc_lab_analysis.{p}" for p in find_packages("analysis")),  # sections
     ],
     package_dir={"posenc_lab.conf": "conf", "posenc_lab_analysis": "analysis"},
 )

@@ -1,10 +1,12 @@
 """The ``posenc-lab`` console script: ``posenc-lab <command> [args...]``.
 
 Built-in commands: ``train`` and ``eval`` (Hydra apps: the arguments are Hydra overrides, ``--help``
-shows the config groups, ``-m`` runs a sweep) and ``bench`` (``posenc_lab.bench``). Other packages
-add commands through the entry-point group ``posenc_lab.commands``: a callable ``main(argv)``
-registered as ``NAME = "module:main"`` (analysis/ registers ``ablate`` there), so posenc_lab itself
-never imports them.
+shows the config groups, ``-m`` runs a sweep), ``bench`` (``posenc_lab.bench``), the grids ``ablate``
+(``posenc_lab.ablate``: plan, train, report), ``sweep`` and ``sweep-check`` (``posenc_lab.sweeps``), and
+``compare`` (``posenc_lab_analysis.compare``). This module sits on top of the import graph
+(docs/ARCHITECTURE.md): it imports each command only when that command runs. Other packages add commands
+through the entry-point group ``posenc_lab.commands``: a callable ``main(argv)`` registered as
+``NAME = "module:main"``.
 """
 
 from __future__ import annotations
@@ -30,16 +32,50 @@ BUILTIN = {
 }
 
 
+def _ablate() -> Callable:
+    from .ablate import main
+
+    return main
+
+
+def _sweep() -> Callable:
+    from .sweeps.run import main
+
+    return main
+
+
+def _sweep_check() -> Callable:
+    from .sweeps import main
+
+    return main
+
+
+def _compare() -> Callable:
+    from posenc_lab_analysis.compare import main
+
+    return main
+
+
+# name -> (its main(argv), imported when the command runs; one-line help)
+COMMANDS: dict[str, tuple[Callable[[], Callable], str]] = {
+    "ablate": (_ablate, "plan, train and report a preset's grid: posenc-lab ablate experiment=quick"),
+    "sweep": (_sweep, "run a wandb sweep file without a server: posenc-lab sweep sweeps/bayes_xl.yaml --count 30"),
+    "sweep-check": (_sweep_check, "check every trial of sweep files against conf/: posenc-lab sweep-check FILE"),
+    "compare": (_compare, "a variant against its baseline on the same tokens: posenc-lab compare RUN_A RUN_B"),
+}
+
+
 def plugin_commands() -> dict[str, object]:
     """Entry points of the group ``posenc_lab.commands`` by name (not loaded)."""
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
+    own = {*BUILTIN, *COMMANDS}
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in own}
 
 
 def usage() -> str:
     plugins = plugin_commands()
-    width = max(map(len, [*BUILTIN, *plugins]))
+    width = max(map(len, [*BUILTIN, *COMMANDS, *plugins]))
     lines = ["usage: posenc-lab <command> [args...]", "", "commands:"]
-    for name, (_, text) in BUILTIN.items():
+    for name, (_, text) in [*BUILTIN.items(), *COMMANDS.items()]:
         lines.append(f"  {name:<{width}}  {text}")
     for name, ep in sorted(plugins.items()):
         lines.append(f"  {name:<{width}}  (plugin: {ep.value})")
@@ -81,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("posenc-lab bench: posenc_lab.bench is not available in this installation", file=sys.stderr)
             return 2
         return int(bench.main(rest) or 0)
+    if command in COMMANDS:
+        return int(COMMANDS[command][0]()(rest) or 0)
     plugins = plugin_commands()
     if command in plugins:
         func: Callable = plugins[command].load()

@@ -7,7 +7,7 @@ overrides, status and wall and CPU seconds, and what the command that runs the g
     <out>/runs/<trial>/      each trial's run folder (``run_folder``: also train's, train -m's and eval's rule)
     <out>/logs/<trial>.log   each trial's output
 
-It serves ``posenc-lab ablate`` (``posenc_lab_analysis.ablate`` plans the cells into trials, hands them here and
+It serves ``posenc-lab ablate`` (``posenc_lab.ablate`` plans the cells into trials, hands them here and
 reads the run folders afterwards: the analysis launches nothing) and ``posenc-lab sweep`` (``sweeps/run.py``: the
 engine proposes each trial when a slot frees). ``posenc-lab train -m`` stays Hydra's multirun: Hydra's launchers
 (basic, joblib, submitit on SLURM) already run the jobs of one command's overrides, each in ``hydra.sweep.dir``'s

@@ -27,16 +27,16 @@ _spec.loader.exec_module(sys.modules["posenc_lab_analysis"])
 # The default run's budget (CI: the whole of .ci/run in 20 minutes on 2 cores) leaves these end-to-end variants
 # to `pytest -m slow`; each has a lighter sibling in the default run, named after the arrow.
 SLOW = {
-    "analysis/ablate/test_ablate.py::test_jobs_train_runs_concurrently_one_per_seed": "the tiny ablation fixture "
+    "ablate/test_ablate.py::test_jobs_train_runs_concurrently_one_per_seed": "the tiny ablation fixture "
     "trains two at a time",
-    "analysis/ablate/test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[2-15]": "the [1-2] case",
-    "analysis/ablate/test_ablate.py::test_damaged_files_of_a_finished_grid_are_named_and_odd_"
+    "ablate/test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[2-15]": "the [1-2] case",
+    "ablate/test_ablate.py::test_damaged_files_of_a_finished_grid_are_named_and_odd_"
     "paths_work": "test_report's damaged files",
-    "analysis/ablate/test_ablate.py::test_a_killed_run_is_continued_by_the_printed_command": "test_ablate's user's "
+    "ablate/test_ablate.py::test_a_killed_run_is_continued_by_the_printed_command": "test_ablate's user's "
     "file (the command works once it is moved), test_run's stopped sweep (its printed command continues it)",
-    "analysis/ablate/test_outdir.py::test_ablate_times_keeps_every_run_through_sigterm_and_a_kill_9_"
+    "ablate/test_outdir.py::test_ablate_times_keeps_every_run_through_sigterm_and_a_kill_9_"
     "of_ablate": "test_ablate_outdir's stopped attempt (the ledger with a real process)",
-    "analysis/ablate/test_outdir.py::test_the_report_is_rewritten_whole_and_keeps_its_dumps": "test_ablate_outdir's "
+    "ablate/test_outdir.py::test_the_report_is_rewritten_whole_and_keeps_its_dumps": "test_ablate_outdir's "
     "interrupted report (the swap itself)",
     "sweeps/test_run.py::test_hyperband_stops_a_planted_bad_trial": "the sweep runner's grid tests",
     "sweeps/test_run.py::test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues": "the runner's state tests",
@@ -65,7 +65,7 @@ SLOW = {
     "test_install.py::test_the_command_line_keeps_freed_memory_instead_of_faulting_it_in_again": "test_install's env",
     "test_ddp.py::test_ddp_ranks_take_disjoint_streams_and_match_one_process": "test_train's DDP stop",
     "test_lit.py::test_byte_corpus_logs_bits_per_token": "test_lit's figure names",
-    "analysis/ablate/test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[1-2]": "test_stop_signals "
+    "ablate/test_ablate.py::test_a_signal_stops_cleanly_and_says_how_to_continue[1-2]": "test_stop_signals "
     "(train's stops)",
     "analysis/sections/test_new_section.py::test_the_report_finds_it_and_writes_its_table_and_figure": "test_report's "
     "every section",
@@ -157,7 +157,7 @@ def tiny_ablation(tmp_path_factory):
     import re
     import shlex
 
-    from posenc_lab_analysis import ablate
+    from posenc_lab import ablate
 
     out = tmp_path_factory.mktemp("ablate") / "tiny"
     with contextlib.redirect_stdout(io.StringIO()) as printed:

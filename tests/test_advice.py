@@ -1,5 +1,5 @@
 """A command that a line of `posenc-lab train` advises, run as the line gives it (its placeholders filled in),
-makes progress from the state that printed it. (The continue commands of ablate and sweep: tests/analysis/ablate
+makes progress from the state that printed it. (The continue commands of ablate and sweep: tests/ablate
 and tests/sweeps.)"""
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from hydra.core.utils import setup_globals
 from omegaconf import OmegaConf
 
 import posenc_lab
+from posenc_lab.ablate.outdir import AblationDir
+from posenc_lab.ablate.plan import RunSpec
 from posenc_lab.compose import Composer
 from posenc_lab.grid import Grid, Launch, Ledger, Trial, ledger_file, run_folder, run_name, train_argv
 from posenc_lab.io import CorruptFileError
 from posenc_lab.processes import Pool
-from posenc_lab_analysis.ablate.outdir import AblationDir
-from posenc_lab_analysis.ablate.plan import RunSpec
 from tests.helpers_train import subprocess_env, tiny
 from tests.schemes import ROPE, XL
 
@@ -173,20 +173,27 @@ def test_one_run_folder_rule_for_ablate_and_sweep(tmp_path):
     assert "grid.run_folder(out, tid)" in source and '"trials"' not in source  # sweep's default: the same rule
 
 
-def test_the_analysis_launches_nothing_and_posenc_lab_imports_no_analysis():
-    """analysis/ plans and reads run folders: no module of it starts a process of its own (the report's worker
-    pool computes dumps in this process's children; it trains nothing); posenc_lab never imports the analysis."""
+def test_the_analysis_launches_nothing_and_only_the_top_layer_imports_it():
+    """analysis/ reads run folders: no module of it starts a process of its own (the report's worker pool computes
+    dumps in this process's children; it trains nothing); of posenc_lab, only the top layer (the grids' commands
+    and the command line: tests/test_imports.py's ``TOP``) imports the analysis, its core never does."""
+    from tests.test_imports import TOP
+
     for path in ANALYSIS.rglob("*.py"):
         tree = ast.parse(path.read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
         modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert "subprocess" not in names and "posenc_lab.processes" not in modules, path
         assert not {"spawn", "Popen", "Pool"} & names or path.name == "report.py", path
-    for path in Path(posenc_lab.__file__).parent.rglob("*.py"):
+    root = Path(posenc_lab.__file__).parent
+    importers = set()
+    for path in root.rglob("*.py"):
         tree = ast.parse(path.read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert not any(m.startswith(("posenc_lab_analysis", "analysis")) for m in imported), path
+        if any(m.startswith(("posenc_lab_analysis", "analysis")) for m in imported):
+            importers.add(".".join(("posenc_lab", *path.relative_to(root).with_suffix("").parts)))
+    assert importers and all(m.startswith(TOP) for m in importers), importers
 
 
 # ---- the ledger (grid.json) ---------------------------------------------------------------------------------
@@ -243,7 +250,7 @@ def test_a_damaged_state_is_refused_where_it_cannot_be_started_afresh(tmp_path):
     assert path.read_text() == '{"format": 2, "trials": {"t'  # left as it was
 
 
-# ---- the one run-folder rule: train, train -m, eval (ablate and sweep: tests/analysis/ablate, tests/sweeps) --
+# ---- the one run-folder rule: train, train -m, eval (ablate and sweep: tests/ablate, tests/sweeps) --
 
 
 def test_train_yaml_writes_the_run_folder_rule(tmp_path, monkeypatch):

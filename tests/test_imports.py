@@ -1,6 +1,9 @@
-"""Data flows one way (docs/ARCHITECTURE.md): the import graph of posenc_lab and the analysis has no circle, and the
-data package imports nothing of the model, the checks or the training. Every import counts, those under
-``TYPE_CHECKING`` and inside functions too: a circle hidden from the interpreter is still one to a reader."""
+"""Data flows one way (docs/ARCHITECTURE.md): the import graph of posenc_lab and the analysis has no circle, the
+data package imports nothing of the model, the checks or the training, and imports run down three layers: the core
+of posenc_lab (training, evaluation, the run folder, the grid runner) at the bottom, the analysis (reads run folders,
+writes reports) above it, and the grids' commands with the command line on top (ablate: plan -> runner -> report;
+sweep and its table). Every import counts, those under ``TYPE_CHECKING`` and inside functions too: a circle hidden
+from the interpreter is still one to a reader."""
 
 from __future__ import annotations
 
@@ -11,6 +14,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"posenc_lab": ROOT / "posenc_lab", "posenc_lab_analysis": ROOT / "analysis"}
 # what data may import of the rest of posenc_lab: errors and file writing, which import nothing of it
 DATA_MAY_IMPORT = {"posenc_lab.errors", "posenc_lab.io"}
+# the top layer: the commands that run grids and write their reports, and the command line that starts them
+TOP = ("posenc_lab.ablate", "posenc_lab.sweeps", "posenc_lab.cli")
+
+
+def layer(module: str) -> int:
+    """0: posenc_lab's core; 1: the analysis; 2: the top (``TOP``)."""
+    if any(module == t or module.startswith(t + ".") for t in TOP):
+        return 2
+    return 1 if module.split(".")[0] == "posenc_lab_analysis" else 0
 
 
 def _modules() -> dict[str, Path]:
@@ -106,6 +118,21 @@ def test_data_imports_nothing_of_the_model_the_checks_or_the_training():
     data = {m for m in modules if m.startswith("posenc_lab.data")}
     outside = {m: graph[m] - data - DATA_MAY_IMPORT for m in data if graph[m] - data - DATA_MAY_IMPORT}
     assert not outside, f"posenc_lab.data imports outside itself: {outside}"
+
+
+def test_imports_run_down_the_layers_core_analysis_top():
+    """The core never imports the analysis or the top, the analysis never imports the top: ablate's and sweep's
+    commands call the report (and the sweep table the analysis' estimator), not the other way round."""
+    graph = import_graph(_modules())
+    names = ("core", "analysis", "top")
+    upward = sorted(
+        f"{m} ({names[layer(m)]}) -> {t} ({names[layer(t)]})"
+        for m, ts in graph.items()
+        for t in ts
+        if layer(t) > layer(m)
+    )
+    assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
+    assert {layer(m) for m in graph} == {0, 1, 2}  # each layer has its modules: the rule is not vacuous
 
 
 def test_the_checker_finds_a_circle_and_a_way_out(tmp_path):

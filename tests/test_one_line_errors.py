@@ -453,8 +453,8 @@ ABLATE_GRID = ["experiment=tiny", "ablate.schemes=[xl]", "ablate.recurrence=[tru
 def test_a_bad_ablate_out_is_one_line_before_anything_is_written(tmp_path, capsys, case, message):
     """``ablate.out=FILE``, and a second ``posenc-lab ablate`` into the folder another one writes (its lock held
     here, as the first process holds it): one line, nothing trained or written."""
-    from posenc_lab_analysis import ablate
-    from posenc_lab_analysis.ablate.outdir import AblationDir
+    from posenc_lab import ablate
+    from posenc_lab.ablate.outdir import AblationDir
 
     out = tmp_path / "out"
     with contextlib.ExitStack() as held:

@@ -9,13 +9,14 @@ metric. The figure: the metric against each swept parameter, one panel each (sea
 
 from __future__ import annotations
 
-import functools
 import math
-from importlib.metadata import PackageNotFoundError, distribution
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+from posenc_lab_analysis.settings import conf_block
+from posenc_lab_analysis.stats import mean_interval
 
 from ..io import write_text, write_with
 
@@ -24,43 +25,24 @@ if TYPE_CHECKING:
 
 CSV, MD, FIGURE = "sweep.csv", "sweep.md", "sweep.png"
 SEED = "seed"
-DIST = "posenc-lab"  # the distribution whose metadata names the analysis' estimator
-ESTIMATORS = "posenc_lab.estimators"  # its entry-point group: the analysis' estimator and its settings (pyproject)
-
-
-@functools.cache
-def from_analysis(name: str) -> Any:
-    """The object ``name`` that the analysis lends posenc_lab through the entry-point group
-    ``posenc_lab.estimators`` (pyproject.toml): ``mean_interval`` (``stats.mean_interval``) and ``settings``
-    (``settings.conf_block``, the one reader of conf/ablate.yaml's analysis block). posenc_lab never imports the
-    analysis package (layering runs one way); it finds them as the console script finds ablate. Looked up once a
-    process, in this distribution's own metadata (not every installed package's); None without it."""
-    try:
-        found = distribution(DIST).entry_points.select(group=ESTIMATORS, name=name)
-    except PackageNotFoundError:
-        return None
-    return next(iter(found)).load() if found else None
 
 
 def level() -> float:
     """The project's one confidence level, ``ablate.analysis.level`` as the analysis' settings read it (the report's
-    too); NaN without the analysis."""
-    conf_block = from_analysis("settings")
-    return float(conf_block("level")) if conf_block is not None else math.nan
+    too: ``settings.conf_block``, the one reader of conf/ablate.yaml's analysis block)."""
+    return float(conf_block("level"))
 
 
 def seed_mean_interval(values: list[float], level: float) -> tuple[float, float, float]:
     """(mean, low, high) over seeds of the final metric, by the project's one estimator,
-    ``posenc_lab_analysis.stats.mean_interval`` (``from_analysis``); without it the interval is NaN. A final metric
-    is one number per seed, not per-token values in units: given as two identical units, every unit residual of
-    the text part is 0, so the interval is the seed part alone, var_s / n with n - 1 degrees of freedom: Student's
-    t over seeds."""
+    ``posenc_lab_analysis.stats.mean_interval``; with one seed the interval is NaN. A final metric is one number
+    per seed, not per-token values in units: given as two identical units, every unit residual of the text part is
+    0, so the interval is the seed part alone, var_s / n with n - 1 degrees of freedom: Student's t over seeds."""
     mean = sum(values) / len(values)
-    estimator = from_analysis("mean_interval")
-    if estimator is None or len(values) < 2:
+    if len(values) < 2:
         return mean, math.nan, math.nan
     per_seed = np.repeat(np.asarray(values, dtype=np.float64)[:, None], 2, axis=1)  # [n_seeds, 2 units]
-    d = estimator(per_seed, np.array([0, 1]), level)
+    d = mean_interval(per_seed, np.array([0, 1]), level)
     return d.estimate, d.low, d.high
 
 

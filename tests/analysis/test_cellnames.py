@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from posenc_lab.ablate.plan import RunSpec, plan, seeds_by_cell
 from posenc_lab.compose import compose
 from posenc_lab.positional import schemes_of_kind
-from posenc_lab_analysis.ablate.plan import RunSpec, plan, seeds_by_cell
 from posenc_lab_analysis.cellnames import CellName, CellPattern, HasCell, scheme_label
 from posenc_lab_analysis.runs import Run
 from posenc_lab_analysis.verdicts import REPRODUCED, Evidence, judge
@@ -172,7 +172,7 @@ def test_a_planned_run_and_the_run_it_trains_have_one_cell_name(tmp_path, group,
 
 
 def test_no_module_of_the_analysis_builds_a_cell_name_of_its_own():
-    """The twins of analysis/runs.py and analysis/ablate/plan.py are gone: the analysis builds no CellName from
+    """The twins of analysis/runs.py and posenc_lab/ablate/plan.py are gone: the analysis builds no CellName from
     run settings (it parses names, and takes runs' cells from cellnames.HasCell)."""
     analysis = Path(__file__).resolve().parents[2] / "analysis"
     builders = sorted(str(p.relative_to(analysis)) for p in analysis.rglob("*.py") if "CellName(" in p.read_text())

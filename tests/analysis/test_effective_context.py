@@ -276,7 +276,7 @@ def test_the_attention_gain_verdict_keeps_reading_c_4L_on_the_longer_grid():
 def test_the_tiny_context_preset_judges_the_recurrence_verdict_alone(tmp_path):
     """experiment=context_tiny (the context preset at toy size): its sections only, windows to 2 (L + M) = 64 and
     memory curves to 4 (L + M) = 128, and one verdict in the table, the others named as left out."""
-    from posenc_lab_analysis import ablate
+    from posenc_lab import ablate
 
     out = tmp_path / "context_tiny"
     assert ablate.main(["experiment=context_tiny", f"ablate.out={out}", "ablate.jobs=2"]) == 0

@@ -93,7 +93,7 @@ def test_a_bad_bin_width_or_replicate_count_is_one_line(bad):
 
 @pytest.mark.slow
 def test_the_tiny_reach_preset_reports_the_heatmap_and_the_reach_table(tmp_path):
-    from posenc_lab_analysis import ablate
+    from posenc_lab import ablate
 
     out = tmp_path / "reach_tiny"
     assert ablate.main(["experiment=reach_tiny", f"ablate.out={out}"]) == 0

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from posenc_lab import ablate
 from posenc_lab.tracking import summary_key
-from posenc_lab_analysis import ablate, report
+from posenc_lab_analysis import report
 from posenc_lab_analysis.dumps import read_dump
 from posenc_lab_analysis.report import ReportSettings
 from posenc_lab_analysis.runs import RunError, cells, find_runs, load_run
@@ -229,19 +230,11 @@ def test_quick_preset_report(tmp_path):
     check_report(tmp_path / "quick", without=("recall",))
 
 
-def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
-    """pyproject registers `ablate` in the entry-point group that posenc_lab.cli discovers."""
-    from importlib.metadata import EntryPoint
-
-    import tomllib
-
+def test_ablate_is_a_posenc_lab_command(capsys, tmp_path):
+    """posenc_lab.cli runs `ablate` itself (posenc_lab.ablate.main), with no entry point between them."""
     from posenc_lab import cli
 
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    value = pyproject["project"]["entry-points"][cli.ENTRY_POINT_GROUP]["ablate"]
-    assert value == "posenc_lab_analysis.ablate:main"
-    ep = EntryPoint(name="ablate", value=value, group=cli.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(cli, "entry_points", lambda group: [ep] if group == cli.ENTRY_POINT_GROUP else [])
+    assert cli.COMMANDS["ablate"][0]() is ablate.main
     assert cli.main(["ablate", "--plan", "experiment=quick", f"ablate.out={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "12 runs" in out and "posenc-lab train experiment=quick posenc=xl model.mem_len=0" in out
@@ -251,7 +244,7 @@ def test_ablate_is_a_posenc_lab_command(monkeypatch, capsys, tmp_path):
 def test_the_plan_states_power_on_the_families_the_report_scores(tiny, capsys):
     """`ablate --plan`'s power line names the families of the very tokens the report's as-trained evaluation
     scores: their number and the largest one's share are those of the report's held-out-text section."""
-    from posenc_lab_analysis import ablate
+    from posenc_lab import ablate
 
     assert ablate.main(["experiment=tiny", f"ablate.out={tiny}", "--plan"]) == 0
     planned = re.search(
@@ -394,7 +387,7 @@ def test_compare_two_runs_and_refuse_what_cannot_be_compared(tiny, tmp_path, cap
 def test_the_plan_counts_only_the_verdicts_the_preset_judges(tmp_path, capsys):
     """With `ablate.analysis.verdicts.only` the report puts only those verdicts in Holm's family, and the plan's
     power line counts (and sets Holm's first step by) those alone, not every verdict of conf/paper.yaml."""
-    from posenc_lab_analysis import ablate
+    from posenc_lab import ablate
 
     def counted(*overrides: str) -> int:
         assert ablate.main(["experiment=ablation", f"ablate.out={tmp_path}", *overrides, "--plan"]) == 0

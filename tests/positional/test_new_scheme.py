@@ -94,9 +94,9 @@ def test_the_registry_and_the_benchmark_take_it(scheme, tmp_path):
 
 
 def test_ablate_grid_trains_it_and_the_report_orders_it(scheme, tmp_path):
+    from posenc_lab.ablate.plan import plan
     from posenc_lab.compose import compose
     from posenc_lab.train import train
-    from posenc_lab_analysis.ablate.plan import plan
     from posenc_lab_analysis.runs import load_run, scheme_order
 
     cache = tmp_path / "cache"

@@ -205,7 +205,7 @@ def test_table_interval_over_seeds(tmp_path):
 
     values = [1.0, 1.2, 0.9]
     mean, low, high = seed_mean_interval(values, 0.95)
-    assert low == low, "no estimator: reinstall (pip install -e .) for pyproject's entry point posenc_lab.estimators"
+    assert low == low
     half = stats.t.ppf(0.975, 2) * stats.sem(values)
     assert mean == pytest.approx(sum(values) / 3) and (low, high) == pytest.approx((mean - half, mean + half))
     spec = {"name": "s", "method": "grid", "metric": {"name": "val/loss", "goal": "minimize"}}
@@ -226,21 +226,17 @@ def test_table_interval_over_seeds(tmp_path):
 
 def test_the_table_takes_the_level_and_the_estimator_from_the_analysis_by_one_route(monkeypatch):
     """The level is the analysis settings' (conf_block: a changed block changes it), not a second reading of
-    conf/ablate.yaml; the entry point is looked up once a process, in posenc-lab's own metadata."""
+    conf/ablate.yaml; the interval is the analysis' one estimator's (stats.mean_interval), imported, not found
+    through package metadata."""
     from posenc_lab.sweeps import table
-    from posenc_lab_analysis import settings
+    from posenc_lab_analysis import settings, stats
 
     block = {**settings.conf_block(), "level": 0.8}
     monkeypatch.setattr(settings, "_conf_analysis", lambda: block)
     assert table.level() == 0.8
-    looked, real = [], table.distribution
-    monkeypatch.setattr(table, "distribution", lambda name: looked.append(name) or real(name))
-    table.from_analysis.cache_clear()
-    try:
-        intervals = [table.seed_mean_interval([1.0, 2.0, 1.5], 0.9) for _ in range(3)]
-    finally:
-        table.from_analysis.cache_clear()
-    assert looked == ["posenc-lab"] and intervals[0] == intervals[2] and intervals[0][1] < 1.5 < intervals[0][2]
+    assert table.mean_interval is stats.mean_interval
+    intervals = [table.seed_mean_interval([1.0, 2.0, 1.5], 0.9) for _ in range(3)]
+    assert intervals[0] == intervals[2] and intervals[0][1] < 1.5 < intervals[0][2]
 
 
 def test_an_earlier_versions_sweep_json_is_read_and_becomes_grid_json_once(here, capsys):

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from omegaconf import OmegaConf
 
@@ -275,9 +274,11 @@ def test_cli_reports_bad_sweep(tmp_path):
 
     assert sweeps.main([str(good), "--multirun"]) == 0
     assert sweeps.main([str(bad)]) == 1
-    # registered for `posenc-lab sweep-check` through the entry-point group cli.py reads
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["entry-points"]["posenc_lab.commands"]["sweep-check"] == "posenc_lab.sweeps:main"
+    # `posenc-lab sweep-check` and `posenc-lab sweep` are the command line's own (posenc_lab.cli), no entry point
+    from posenc_lab import cli
+    from posenc_lab.sweeps import run
+
+    assert cli.COMMANDS["sweep-check"][0]() is sweeps.main and cli.COMMANDS["sweep"][0]() is run.main
 
 
 # ---- what a sweep file may expand to, and what its error lines echo ---------------------------------------

@@ -1,5 +1,5 @@
 """The length-generalization analysis and section (analysis/lengthgen.py, analysis/sections/lengthgen.py) and the
-task grid of ``ablate.tasks`` (analysis/ablate/plan.py): intervals from the project's estimator, verdicts judged
+task grid of ``ablate.tasks`` (posenc_lab/ablate/plan.py): intervals from the project's estimator, verdicts judged
 on paired instances with Holm, claims checked before any work, the grid's cells, and the tiny preset end to end."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from posenc_lab.ablate.plan import plan
 from posenc_lab.compose import compose
-from posenc_lab_analysis.ablate.plan import plan
 from posenc_lab_analysis.lengthgen import CellLength, Claim, judge, tidy, widened
 from posenc_lab_analysis.report import ReportSettings
 from posenc_lab_analysis.sections.lengthgen import read_claims, summary
@@ -188,7 +188,7 @@ def test_the_task_grid_of_the_preset():
 
 @pytest.mark.slow
 def test_the_tiny_preset_reports_every_cell_at_4x(tmp_path, monkeypatch):
-    from posenc_lab_analysis import ablate
+    from posenc_lab import ablate
 
     monkeypatch.setenv("POSENC_LAB_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "lengthgen_tiny"

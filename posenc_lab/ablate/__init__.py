@@ -26,7 +26,9 @@ its last checkpoint. Ctrl-C or SIGTERM stops cleanly (exit 130 / 143) and prints
 Layout: ``plan.py`` (the grid: cells -> runs, and what each run needs), ``jobs.py`` (the runs handed to the one
 grid runner, ``posenc_lab.grid``, which starts and stops their processes and keeps grid.json; the progress
 lines; what to say after a stop), ``outdir.py`` (the output folder: its files, whose it is, its lock, the report's
-swap), ``main.py`` (the command). The analysis package starts no process itself.
+swap), ``main.py`` (the command: plan -> runner -> report). Planning and running know nothing of the analysis;
+``main.py`` alone calls it, to read the finished run folders and write the report (``posenc_lab_analysis.report``),
+as the layer above both (docs/ARCHITECTURE.md).
 """
 
 from .main import main

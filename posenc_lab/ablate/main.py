@@ -15,12 +15,12 @@ import lightning.pytorch
 import torch
 from omegaconf import OmegaConf
 
-from posenc_lab.compose import compose, grammar_problem
-from posenc_lab.errors import PosencLabError
-from posenc_lab.rundir import RunDir, RunDirError
+from posenc_lab_analysis.report import ReportSettings, build_report
+from posenc_lab_analysis.runs import load_run, sort_runs
 
-from ..report import ReportSettings, build_report
-from ..runs import load_run, sort_runs
+from ..compose import compose, grammar_problem
+from ..errors import PosencLabError
+from ..rundir import RunDir, RunDirError
 from .jobs import (
     Interrupted,
     Progress,
@@ -82,12 +82,12 @@ def _power_lines(cfg, specs) -> list[str]:
     families of the tokens the report's as-trained evaluation will score on its split (``dumps.scored_files``),
     the verdicts of conf/paper.yaml the report will judge on this grid (``power.judged``) and the measured
     components."""
-    from ..coverage import MEASURED
-    from ..dumps import scored_files
-    from ..power import judged, plan_lines
-    from ..runs import load_corpus_cached
-    from ..sections.verdicts import restricted
-    from ..verdicts import paper
+    from posenc_lab_analysis.coverage import MEASURED
+    from posenc_lab_analysis.dumps import scored_files
+    from posenc_lab_analysis.power import judged, plan_lines
+    from posenc_lab_analysis.runs import load_corpus_cached
+    from posenc_lab_analysis.sections.verdicts import restricted
+    from posenc_lab_analysis.verdicts import paper
 
     task_lines = _task_power_lines(cfg, specs)
     main_cells = [s for s in specs if not s.group]
@@ -119,7 +119,7 @@ def _power_lines(cfg, specs) -> list[str]:
 def _task_power_lines(cfg, specs) -> list[str]:
     """The task grid's (ablate.tasks) power statement: its claims (ablate.analysis.lengthgen.claims) on the test
     instances the report evaluates a length (data.corpus.eval_instances, at most max_instances)."""
-    from ..sections.lengthgen import plan_lines as lengthgen_plan_lines
+    from posenc_lab_analysis.sections.lengthgen import plan_lines as lengthgen_plan_lines
 
     tasks = [s for s in specs if s.group and s.group != "recall"]
     if not tasks:
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags = [x for x in argv if x.startswith("--")]
     overrides = [x for x in argv if not x.startswith("--")]
     if "--help" in flags or "-h" in argv:
-        print(sys.modules["posenc_lab_analysis.ablate"].__doc__)
+        print(sys.modules["posenc_lab.ablate"].__doc__)
         return 0
     if unknown := [f for f in flags if f not in FLAGS]:
         print(
@@ -248,7 +248,7 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
     )
     path = out.publish_report(new) / path.relative_to(new)
     if a.get("wandb_project"):
-        from ..wandb_upload import upload  # wandb loads only when asked for
+        from posenc_lab_analysis.wandb_upload import upload  # wandb loads only when asked for
 
         progress.stage = "wandb upload"
         upload(path.parent, [out.runs], project=str(a.wandb_project), group=f"ablate-{a.name}")

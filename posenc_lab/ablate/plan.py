@@ -16,19 +16,18 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from posenc_lab.build import build_datamodule
-from posenc_lab.checks import problems
-from posenc_lab.compose import compose, quote
-from posenc_lab.data import check_corpus_options
-from posenc_lab.data.lengthgen import TASKS
-from posenc_lab.defaults import group_options
-from posenc_lab.grid import Trial
-from posenc_lab.io import CorruptFileError
-from posenc_lab.positional import scheme_names
-from posenc_lab.rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
-from posenc_lab.softmax_scale import SOFTMAX_SCALES
-
+from ..build import build_datamodule
 from ..cellnames import WINDOW_KEY, CellPattern, HasCell, loss_label
+from ..checks import problems
+from ..compose import compose, quote
+from ..data import check_corpus_options
+from ..data.lengthgen import TASKS
+from ..defaults import group_options
+from ..grid import Trial
+from ..io import CorruptFileError
+from ..positional import scheme_names
+from ..rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
+from ..softmax_scale import SOFTMAX_SCALES
 
 
 @dataclass

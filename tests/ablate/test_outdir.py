@@ -1,4 +1,4 @@
-"""`posenc-lab ablate`'s output folder (analysis/ablate/outdir.py, times.py): a folder it did not make is refused in
+"""`posenc-lab ablate`'s output folder (posenc_lab/ablate/outdir.py, times.py): a folder it did not make is refused in
 one line before any compute and left as it was; the report folder is rewritten whole; grid.json keeps the
 seconds of every attempt of every run, through SIGTERM and a kill -9 of ablate itself."""
 
@@ -18,11 +18,11 @@ from pathlib import Path
 import lightning as L
 import pytest
 
+from posenc_lab import ablate
+from posenc_lab.ablate.outdir import AblationDir
 from posenc_lab.grid import Ledger
 from posenc_lab.processes import Pool, process_cpu_s
-from posenc_lab_analysis import ablate
-from posenc_lab_analysis.ablate.outdir import AblationDir
-from tests.analysis.ablate.test_ablate import SMALL_GRID, ablate_process
+from tests.ablate.test_ablate import SMALL_GRID, ablate_process
 
 ONE_RUN = [*SMALL_GRID, "ablate.recurrence=[true]"]  # xl_mem16_full_seed0 alone
 
@@ -78,7 +78,7 @@ def test_a_folder_ablate_did_not_make_is_refused_before_any_compute_and_left_as_
     def no_plan(*a, **k):
         raise AssertionError("ablate planned (loaded the corpus) before refusing the folder")
 
-    monkeypatch.setattr(importlib.import_module("posenc_lab_analysis.ablate.main"), "plan", no_plan)
+    monkeypatch.setattr(importlib.import_module("posenc_lab.ablate.main"), "plan", no_plan)
     assert ablate.main([*ONE_RUN, "ablate.seeds=[0]", f"ablate.out={u}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"posenc-lab ablate: error: ablate.out={u} ")
@@ -261,7 +261,7 @@ def test_ablate_times_keeps_every_run_through_sigterm_and_a_kill_9_of_ablate(tmp
         f"ablate.out={out}",
         "trainer.max_steps=80",
         "checkpoint_every=5",
-        "+callbacks.slow._target_=tests.analysis.ablate.test_outdir.SlowSteps",
+        "+callbacks.slow._target_=tests.ablate.test_outdir.SlowSteps",
         "+callbacks.slow.seconds=0.1",
         "--train-only",
     )

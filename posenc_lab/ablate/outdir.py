@@ -30,9 +30,9 @@ import os
 import shutil
 from pathlib import Path
 
-from posenc_lab.grid import LEDGER, LOGS, RUNS, Ledger, ledger_file, log_file, run_folder
-from posenc_lab.io import CorruptFileError, path_problem, read_json, write_json
-from posenc_lab.rundir import LOCK_FILE, RunDir, RunLock
+from ..grid import LEDGER, LOGS, RUNS, Ledger, ledger_file, log_file, run_folder
+from ..io import CorruptFileError, path_problem, read_json, write_json
+from ..rundir import LOCK_FILE, RunDir, RunLock
 
 KEY = "ablate.out"
 FORMAT = 1

@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc_lab.checkpoints import CheckpointError, read_checkpoint
-from posenc_lab.compose import quote
-from posenc_lab.errors import Interrupted, signal_name
-from posenc_lab.grid import Grid, Job, Launch, Ledger, train_argv
-from posenc_lab.rundir import RunDir
-
+from ..checkpoints import CheckpointError, read_checkpoint
+from ..compose import quote
+from ..errors import Interrupted, signal_name
+from ..grid import Grid, Job, Launch, Ledger, train_argv
+from ..rundir import RunDir
 from .outdir import AblationDir
 from .plan import RunSpec
 
