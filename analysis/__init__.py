@@ -1,6 +1,8 @@
-"""Analysis scripts of posenc-lab (RECL, extrapolation, attention spans, eval speed, report, ablate).
+"""The analysis of posenc-lab: it reads run folders and writes reports (RECL, extrapolation, attention spans, eval
+speed, the report, compare).
 
-They use posenc_lab's public functions and run directories; posenc_lab never imports analysis.
+It uses posenc_lab's public functions and run directories; posenc_lab's core never imports it, only the layer on
+top does (``posenc-lab ablate``'s command, the sweep table, the command line: docs/ARCHITECTURE.md).
 """
 
 from posenc_lab import keep_freed_memory, prefer_passive_openmp

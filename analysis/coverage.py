@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from posenc_lab.cellnames import CellName
 from posenc_lab.tables import markdown_table
 
-from .cellnames import CellName
 from .settings import conf_block
 from .stats import paired_difference
 from .variance import COMPONENTS_FILE

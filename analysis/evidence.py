@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cellnames import CellName
+from posenc_lab.cellnames import CellName
+
 from .dumps import TokenLosses, same_tokens, stack
 from .recall import beyond_segment
 from .runs import Run

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats as scipy_stats
 
-from .cellnames import CellName
+from posenc_lab.cellnames import CellName
+
 from .coverage import TOKENS_PER_PSEUDO, Components, Layout, Simulator
 from .stats import paired_difference
 from .verdicts import Evidence, judge

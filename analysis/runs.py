@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from posenc_lab.cellnames import WINDOW_KEY, HasCell, loss_label
 from posenc_lab.data import load_corpus
 from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.errors import PosencLabError
@@ -25,8 +26,6 @@ from posenc_lab.evaluate import load_model
 from posenc_lab.io import CorruptFileError
 from posenc_lab.positional import SCHEMES, scheme_names
 from posenc_lab.rundir import RunDir, RunDirError
-
-from .cellnames import WINDOW_KEY, HasCell, loss_label
 
 KIND_ORDER = ("absolute", "relative", "none")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cellnames import CellName
+from posenc_lab.cellnames import CellName
 
 COMPONENTS_FILE = Path(__file__).with_name("variance_components.json")  # what coverage.py and ablate --plan read
 

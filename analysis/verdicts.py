@@ -41,8 +41,8 @@ import numpy as np
 import yaml
 
 from posenc_lab import config_dir
+from posenc_lab.cellnames import CellName, CellPattern
 
-from .cellnames import CellName, CellPattern
 from .pooling import SeedPooling, seed_pooling
 from .stats import NOT_EVALUATED, Difference, holm, paired_difference
 

@@ -1,7 +1,7 @@
 """The one naming rule for cells: one formatter (``str(CellName)``) and one parser (``CellPattern.parse``) for run
 tables, the report, ``conf/paper.yaml``, ``ablate.extra_seed_cells``, plans, ``compare`` and the names of wandb runs
-(``tracking.py``). It lives in posenc_lab so that training names its runs by it too; the analysis imports it from
-here (``posenc_lab_analysis.cellnames`` is the same module's names).
+(``tracking.py``). It lives in posenc_lab so that training names its runs by it too; ablate's plan and the analysis
+import it from here.
 
 A *cell* is the runs equal but for their seed. Its name::
 
@@ -115,7 +115,7 @@ class CellName:
 class HasCell:
     """The cell of anything with ``scheme``, ``mem_len``, ``loss_frac``, ``group`` (None or '' for the main
     corpus) and ``seed`` (None if unknown): a run as the analysis reads it (``analysis.runs.Run``), a run an
-    ablation plans (``analysis.ablate.plan.RunSpec``). The one place that builds a cell's name from run settings."""
+    ablation plans (``ablate.plan.RunSpec``). The one place that builds a cell's name from run settings."""
 
     scheme: str
     mem_len: int

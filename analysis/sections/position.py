@@ -23,10 +23,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from posenc_lab.cellnames import CellName
 from posenc_lab.data.streams import segment_schedule
 from posenc_lab.errors import ConfigError
 
-from ..cellnames import CellName
 from ..dumps import TokenLosses, stack
 from ..plots import _save, palette
 from ..runs import Run

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from posenc_lab_analysis.cellnames import CellName
+from posenc_lab.cellnames import CellName
 from posenc_lab_analysis.pooling import seed_pooling
 from posenc_lab_analysis.stats import paired_difference
 from posenc_lab_analysis.verdicts import Evidence, judge, paper

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from posenc_lab_analysis.cellnames import CellName
+from posenc_lab.cellnames import CellName
 from posenc_lab_analysis.coverage import BEFORE, MEASURED, SPLIT, Simulator, designed
 from posenc_lab_analysis.power import (
     _coarse,

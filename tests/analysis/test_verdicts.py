@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from posenc_lab.cellnames import CellName, CellPattern
 from posenc_lab.positional import SCHEMES, schemes_of_kind
-from posenc_lab_analysis.cellnames import CellName, CellPattern
 from posenc_lab_analysis.evidence import restricted
 from posenc_lab_analysis.sections.verdicts import robustness
 from posenc_lab_analysis.verdicts import (

@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 
+from posenc_lab.cellnames import CellName
 from posenc_lab.errors import ConfigError
-from posenc_lab_analysis.cellnames import CellName
 from posenc_lab_analysis.sections.position import (
     CellPositions,
     Position,

@@ -1,4 +1,4 @@
-"""One naming rule for cells (analysis/cellnames.py): the names users see stay valid, one parser reads what one
+"""One naming rule for cells (posenc_lab/cellnames.py): the names users see stay valid, one parser reads what one
 formatter writes, and a cell trained with any recent-loss fraction can be named in conf/paper.yaml and in
 ablate.extra_seed_cells."""
 
@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from posenc_lab.ablate.plan import RunSpec, plan, seeds_by_cell
+from posenc_lab.cellnames import CellName, CellPattern, HasCell, scheme_label
 from posenc_lab.compose import compose
 from posenc_lab.positional import schemes_of_kind
-from posenc_lab_analysis.cellnames import CellName, CellPattern, HasCell, scheme_label
 from posenc_lab_analysis.runs import Run
 from posenc_lab_analysis.verdicts import REPRODUCED, Evidence, judge
 from tests.schemes import HYBRID, NOPE, ROPE, SHAW, SINUSOID, XL
@@ -174,7 +174,8 @@ def test_a_planned_run_and_the_run_it_trains_have_one_cell_name(tmp_path, group,
 def test_no_module_of_the_analysis_builds_a_cell_name_of_its_own():
     """The twins of analysis/runs.py and posenc_lab/ablate/plan.py are gone: the analysis builds no CellName from
     run settings (it parses names, and takes runs' cells from cellnames.HasCell)."""
-    analysis = Path(__file__).resolve().parents[2] / "analysis"
+    analysis = Path(__file__).resolve().parents[1] / "analysis"
+    assert (analysis / "runs.py").is_file()
     builders = sorted(str(p.relative_to(analysis)) for p in analysis.rglob("*.py") if "CellName(" in p.read_text())
     assert builders == []
 
