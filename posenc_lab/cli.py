@@ -56,7 +56,7 @@ def _compare() -> Callable:
     return main
 
 
-# name -> (its main(argv), imported when the command runs; one-line help)
+# name -> (what returns its main(argv), importing the command only when it runs; one-line help)
 COMMANDS: dict[str, tuple[Callable[[], Callable], str]] = {
     "ablate": (_ablate, "plan, train and report a preset's grid: posenc-lab ablate experiment=quick"),
     "sweep": (_sweep, "run a wandb sweep file without a server: posenc-lab sweep sweeps/bayes_xl.yaml --count 30"),

@@ -176,7 +176,9 @@ def test_one_run_folder_rule_for_ablate_and_sweep(tmp_path):
 def test_the_analysis_launches_nothing_and_only_the_top_layer_imports_it():
     """analysis/ reads run folders: no module of it starts a process of its own (the report's worker pool computes
     dumps in this process's children; it trains nothing); of posenc_lab, only the top layer (the grids' commands
-    and the command line: tests/test_imports.py's ``TOP``) imports the analysis, its core never does."""
+    and the command line: tests/test_imports.py's ``TOP``) imports the analysis, its core never does, and within it
+    only ablate's command (the report), the sweep's table (the estimator) and the command line (compare): ablate's
+    plan and its runs know nothing of the analysis."""
     from tests.test_imports import TOP
 
     for path in ANALYSIS.rglob("*.py"):
@@ -194,6 +196,7 @@ def test_the_analysis_launches_nothing_and_only_the_top_layer_imports_it():
         if any(m.startswith(("posenc_lab_analysis", "analysis")) for m in imported):
             importers.add(".".join(("posenc_lab", *path.relative_to(root).with_suffix("").parts)))
     assert importers and all(m.startswith(TOP) for m in importers), importers
+    assert importers == {"posenc_lab.ablate.main", "posenc_lab.sweeps.table", "posenc_lab.cli"}, importers
 
 
 # ---- the ledger (grid.json) ---------------------------------------------------------------------------------
