@@ -308,7 +308,7 @@ def test_continue_command_keeps_the_overrides_and_never_retrains(tmp_path):
 
 # ---- as a process -----------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 # the tiny preset cut to one scheme with and without memory: the machinery, in seconds per run
 SMALL_GRID = ["experiment=tiny", "ablate.schemes=[xl]", "ablate.half_loss.schemes=[]", "ablate.recall.schemes=[]"]
 
