@@ -16,8 +16,9 @@ The null of bin b: "the predictions carry nothing of their own item's value", i.
 over the bin's answers given the predictions (true past a cell's window: the probe draws each value
 independently). Under it every re-pairing v_pi(i) of the values is as likely as the true one, so the
 permutation test is exact whatever the model predicts, however skewed the values or the predictions, and
-however the predictions of one stream (one unit) depend on each other: a fixed 1 / n_values assumes what
-this estimates. The test: the p-value
+however the predictions of one stream (one unit) depend on each other (a prediction that copies another item's
+value, seen earlier in its window, only makes some re-pairings hit: conservative). A fixed 1 / n_values assumes
+what this estimates. The test: the p-value
 
     P_b = (1 + #{k : hits_b(pi_k) >= hits_b}) / (1 + K)                     (K random permutations pi_k)
 
