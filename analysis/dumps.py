@@ -35,6 +35,8 @@ from .runs import Run, RunError, grid_segment
 UNITS = "family"
 # the rules of what a scheme serves; in a controlled-context dump's meta, so that a dump of before is computed again
 SERVES = "episodes"
+# what an as-trained dump keeps beside the losses; in its meta, so that a dump of before is computed again
+KEEPS = "predicted,target"
 
 
 @dataclass
@@ -139,7 +141,9 @@ class ContextSettings:
 class TokenLosses:
     """One run's dump. loss, correct: [n_c, rows, n] (n_c = 1 as trained); documents, units, scored, distance:
     [rows, n]; contexts: [n_c] (as trained: the run's own attention length); not_served: c -> the reason.
-    ``units``: each target's family (``Corpus.families``), the clusters of the intervals."""
+    ``units``: each target's family (``Corpus.families``), the clusters of the intervals. As trained only:
+    ``predicted`` [1, rows, n] the argmax token, ``target`` [rows, n] the true one (the reach's permutation null
+    re-pairs them)."""
 
     loss: np.ndarray
     correct: np.ndarray
@@ -150,6 +154,8 @@ class TokenLosses:
     contexts: list[int]
     meta: dict
     not_served: dict[int, str] = field(default_factory=dict)
+    predicted: np.ndarray | None = None
+    target: np.ndarray | None = None
 
     def at(self, c: int | None = None) -> np.ndarray:
         """[tokens] losses of the scored tokens (row by row) at context c (None: the only one)."""
@@ -207,6 +213,7 @@ def _write(path: Path, d: TokenLosses) -> TokenLosses:
         contexts=np.array(d.contexts),
         meta=json.dumps(d.meta),
         not_served=json.dumps({str(k): v for k, v in d.not_served.items()}),
+        **{k: v for k, v in (("predicted", d.predicted), ("target", d.target)) if v is not None},
     )
     return d
 
@@ -228,6 +235,8 @@ def read_dump(path: Path) -> TokenLosses:
         z["contexts"].tolist(),
         json.loads(str(z["meta"])),
         not_served,
+        z["predicted"] if "predicted" in z else None,
+        z["target"] if "target" in z else None,
     )
 
 
@@ -265,7 +274,7 @@ def file_layout(documents: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, n
 
 def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> TokenLosses:
     """The run evaluated as trained on ``s.n_streams`` x ``s.n_tokens`` targets of ``split`` (module doc)."""
-    meta = {**_fingerprint(run), "kind": "as_trained", "split": split, "units": UNITS, **asdict(s)}
+    meta = {**_fingerprint(run), "kind": "as_trained", "split": split, "units": UNITS, "keeps": KEEPS, **asdict(s)}
     if (d := _reuse(path, meta, log)) is not None:
         return d
     data, side = run.split(split)
@@ -283,6 +292,8 @@ def as_trained(run: Run, s: AsTrained, split: str, path: Path, log=print) -> Tok
         distance=_side(side, "distance", targets, -1).astype(np.int64),
         contexts=[run.train_attention_length],
         meta=meta,
+        predicted=res.predicted.numpy().astype(np.int32)[None],
+        target=rows[:, 1:].astype(np.int32),
     )
     return _write(path, d)
 

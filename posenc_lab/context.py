@@ -41,6 +41,7 @@ class StreamResult:
     loss: Tensor  # nats
     correct: Tensor  # bool: argmax of the logits == target
     offset: Tensor  # long: stream offset (since the episode began) of the input token of each target
+    predicted: Tensor | None = None  # long: argmax of the logits (kept by ``stream_losses``)
 
 
 @contextmanager
@@ -119,8 +120,8 @@ def stream_losses(
     episode_len: int | None = None,
     start_offset: int = 0,
 ) -> StreamResult:
-    """Per-target loss, correctness and offset of ``tokens [B, N + 1]`` run as an ordered stream."""
-    losses, correct, offsets = [], [], []
+    """Per-target loss, correctness, offset and prediction of ``tokens [B, N + 1]`` run as an ordered stream."""
+    losses, correct, predicted, offsets = [], [], [], []
     tokens = _as_rows(tokens)
     for pos, offs, out in iter_stream(
         model,
@@ -133,10 +134,12 @@ def stream_losses(
     ):
         L = offs.numel()
         losses.append(out.token_loss.float().cpu())
-        correct.append(out.logits.argmax(-1).cpu() == tokens[:, pos + 1 : pos + L + 1])
+        predicted.append(out.logits.argmax(-1).cpu())
+        correct.append(predicted[-1] == tokens[:, pos + 1 : pos + L + 1])
         offsets.append(offs)
     B = tokens.shape[0]
-    return StreamResult(torch.cat(losses, 1), torch.cat(correct, 1), torch.cat(offsets).expand(B, -1).clone())
+    offset = torch.cat(offsets).expand(B, -1).clone()
+    return StreamResult(torch.cat(losses, 1), torch.cat(correct, 1), offset, torch.cat(predicted, 1))
 
 
 def context_losses(

@@ -69,15 +69,19 @@ def test_stream_losses_match_a_manual_segment_loop():
     model = make_model(XL, n_layer=2, mem_len=6)
     tokens = torch.randint(V, (2, 23))
     res = stream_losses(model, tokens, segment_len=6, mem_len=6)
-    mems, parts = None, []
+    mems, parts, guesses = None, [], []
     with torch.no_grad():
         for s in range(0, 22, 6):
             e = min(s + 6, 22)
             out = model(tokens[:, s:e], tokens[:, s + 1 : e + 1], mems=mems, offset=s)
             mems = out.mems
             parts.append(out.token_loss)
+            guesses.append(out.logits.argmax(-1))
     torch.testing.assert_close(res.loss, torch.cat(parts, 1))
     assert res.offset[0].tolist() == list(range(22))
+    # the prediction kept (what the reach's permutation null re-pairs) is the argmax, and `correct` reads it
+    assert torch.equal(res.predicted, torch.cat(guesses, 1))
+    assert torch.equal(res.correct, res.predicted == tokens[:, 1:])
 
 
 def test_episode_reset_restarts_offsets():
