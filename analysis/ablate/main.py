@@ -99,7 +99,7 @@ def _power_lines(cfg, specs) -> list[str]:
     shared = settings.shared
     tokens, family = scored_files(corpus, shared.trained, shared.split)
     verdicts_block = settings.blocks.get("verdicts")  # a preset that judges some verdicts alone (verdicts.only)
-    config, _ = restricted(paper(), *((verdicts_block.only, verdicts_block.as_controls) if verdicts_block else (None,)))
+    config, _ = restricted(paper(), verdicts_block.only if verdicts_block else None)
     n_seeds: dict = {}
     for s in specs:
         n_seeds[s.cell_name] = n_seeds.get(s.cell_name, 0) + 1

@@ -131,32 +131,20 @@ def robustness(
     )
 
 
-def restricted(config: dict, only: list[str] | None, as_controls: list[str] | None = None) -> tuple[dict, list[str]]:
-    """(conf/paper.yaml with only the verdicts ``only`` names, and those ``as_controls`` names moved to its controls;
-    the ids left out); ``only`` None: all of them. A preset made for one question judges that one alone: the others'
-    cells may be there (contrast cells), but a verdict it was not made for would join Holm's family and cost the
-    question its level. A preset built so that a claim must hold (a positive control of the measurement) judges it
-    as a control: out of Holm's family, a failure a defect of the run, not a finding about the paper."""
-    as_controls = list(as_controls or [])
-    if only is None and not as_controls:
+def restricted(config: dict, only: list[str] | None) -> tuple[dict, list[str]]:
+    """(conf/paper.yaml with only the verdicts ``only`` names, the ids it left out); ``only`` None: all of them.
+    A preset made for one question judges that one alone: the others' cells may be there (contrast cells), but a
+    verdict it was not made for would join Holm's family and cost the question its level."""
+    if only is None:
         return config, []
     ids = [v["id"] for v in config.get("verdicts") or []]
-    for key, named in (("only", only or []), ("as_controls", as_controls)):
-        if unknown := [x for x in named if x not in ids]:
-            raise ValueError(
-                f"ablate.analysis.verdicts.{key}: {', '.join(map(repr, unknown))} not a verdict of "
-                f"conf/paper.yaml; the verdicts are: {', '.join(ids)}"
-            )
-    if both := [x for x in only or [] if x in as_controls]:
+    if unknown := [x for x in only if x not in ids]:
         raise ValueError(
-            f"ablate.analysis.verdicts: {', '.join(map(repr, both))} both in `only` (a claim) and in `as_controls` "
-            "(a control); name each in one of them"
+            f"ablate.analysis.verdicts.only: {', '.join(map(repr, unknown))} not a verdict of "
+            f"conf/paper.yaml; the verdicts are: {', '.join(ids)}"
         )
-    kept = [v for v in config["verdicts"] if (only is None or v["id"] in only) and v["id"] not in as_controls]
-    moved = [v for v in config["verdicts"] if v["id"] in as_controls]
-    judged = {v["id"] for v in kept + moved}
-    out = {**config, "verdicts": kept, "controls": [*moved, *(config.get("controls") or [])]}
-    return out, [x for x in ids if x not in judged]
+    kept = [v for v in config["verdicts"] if v["id"] in only]
+    return {**config, "verdicts": kept}, [x for x in ids if x not in only]
 
 
 @dataclass
@@ -169,7 +157,6 @@ class Judged:
     power: dict[str, float]  # verdict id -> its detectable effect (nats, or accuracy; NaN: not judged)
     measured_power: dict[str, float]  # verdict id -> its power were the true differences the size measured
     left_out: list[str]  # verdicts of conf/paper.yaml this report does not judge (``only``)
-    as_controls: list[str]  # verdicts of conf/paper.yaml this report judges as controls (``as_controls``)
 
 
 TEXT = (
@@ -213,20 +200,16 @@ class Verdicts(Section):
     @dataclass
     class Settings:
         only: list[str] | None  # the ids of conf/paper.yaml's verdicts this report judges (None: every one)
-        as_controls: list[str]  # verdicts this report judges as controls (a preset built for them to hold)
 
         def __post_init__(self):  # checked before any training, against the file `posenc-lab ablate` reads
-            if self.only is not None and not self.only and not self.as_controls:
-                raise ValueError(
-                    "ablate.analysis.verdicts.only must name at least one verdict, or be null (all), unless "
-                    "as_controls names some (a preset that judges controls alone)"
-                )
-            restricted(paper(), self.only, self.as_controls)
+            if self.only is not None:
+                if not self.only:
+                    raise ValueError("ablate.analysis.verdicts.only must name at least one verdict, or be null (all)")
+                restricted(paper(), self.only)
 
     def measure(self, ctx) -> Judged:
         report, main = ctx.report, ctx.report.main
-        only, as_controls = (ctx.settings.only, ctx.settings.as_controls) if ctx.settings else (None, [])
-        config, left_out = restricted(report.paper, only, as_controls)
+        config, left_out = restricted(report.paper, ctx.settings.only if ctx.settings else None)
         judged, controls = judge(config, report.evidence, smoke=report.smoke)
         line = ""
         if main is not None and "as_trained" in report.evidence:  # again without the tokens that could be recited
@@ -240,7 +223,7 @@ class Verdicts(Section):
             if v.measure in report.evidence and not report.smoke:
                 units = report.evidence[v.measure].documents
                 power[v.id], measured[v.id] = detectable(v, units), power_at_measured(v, units)
-        return Judged(judged, controls, line, scale, unit_name, power, measured, left_out, list(as_controls))
+        return Judged(judged, controls, line, scale, unit_name, power, measured, left_out)
 
     def render(self, ctx, m: Judged) -> Part:
         corpora = ctx.report.corpora
@@ -248,16 +231,10 @@ class Verdicts(Section):
             [f"Verdicts on corpus `{corpora[0].name}`; the other corpora are descriptive."] if len(corpora) > 1 else []
         )
         if m.left_out:
-            claims = ", ".join(f"`{v.id}`" for v in m.verdicts) or "none of the paper's claims"
             notes.append(
-                f"This preset judges only {claims} (`ablate.analysis.verdicts.only`): Holm's family is that alone. "
-                f"Left out, not judged here: {', '.join(f'`{x}`' for x in m.left_out)}."
-            )
-        if m.as_controls:
-            notes.append(
-                f"Judged here as controls (`ablate.analysis.verdicts.as_controls`): "
-                f"{', '.join(f'`{x}`' for x in m.as_controls)}. This preset is built for them to hold (a positive "
-                "control of the measurement): a failure is a defect of the run, not a finding about the paper."
+                f"This preset judges only {', '.join(f'`{v.id}`' for v in m.verdicts)} "
+                f"(`ablate.analysis.verdicts.only`): Holm's family is that alone. Left out, not judged here: "
+                f"{', '.join(f'`{x}`' for x in m.left_out)}."
             )
         nan = float("nan")
         findings = [

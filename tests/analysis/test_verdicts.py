@@ -419,44 +419,13 @@ def test_a_verdict_list_naming_an_unknown_verdict_is_one_line_before_any_compute
     from posenc_lab_analysis.settings import conf_block
 
     block = conf_block()
-    block["verdicts"] = {**block["verdicts"], "only": ["memory_extends_xl_contexts"]}
+    block["verdicts"] = {"only": ["memory_extends_xl_contexts"]}
     with pytest.raises(
         ValueError,
         match=r"^ablate\.analysis\.verdicts\.only: 'memory_extends_xl_contexts' not a "
         r"verdict of conf/paper\.yaml; the verdicts are: memory_helps_xl, .*memory_extends_xl_context",
     ):
         ReportSettings.read(block)
-    block["verdicts"] = {**block["verdicts"], "only": []}
+    block["verdicts"] = {"only": []}
     with pytest.raises(ValueError, match=r"^ablate\.analysis\.verdicts\.only must name at least one verdict"):
         ReportSettings.read(block)
-    block["verdicts"] = {"only": None, "as_controls": ["memory_uses_context_past_spam"]}
-    with pytest.raises(ValueError, match=r"^ablate\.analysis\.verdicts\.as_controls: 'memory_uses_context_past_spam'"):
-        ReportSettings.read(block)
-    block["verdicts"] = {"only": ["memory_helps_xl"], "as_controls": ["memory_helps_xl"]}
-    with pytest.raises(ValueError, match=r"'memory_helps_xl' both in `only` \(a claim\) and in `as_controls`"):
-        ReportSettings.read(block)
-
-
-def test_a_verdict_judged_as_a_control_leaves_holms_family_and_reads_holds_or_a_defect():
-    """ablate.analysis.verdicts.as_controls (conf/experiment/positive_control.yaml): a claim of conf/paper.yaml that a
-    preset was built to make hold is judged as a control: out of Holm's family (the claims left keep their level),
-    uncorrected, and a failure is a defect of the run, never "contradicted"."""
-    from posenc_lab_analysis.sections.verdicts import restricted as verdicts_restricted
-
-    rng = np.random.default_rng(7)
-    ev = {"as_trained": evidence(rng, {f"{XL}:mem": 1.0, f"{SHAW}:mem": 1.2, f"{SINUSOID}:mem": 1.2})}
-    full = config(
-        v("a", [f"{XL}:mem - {SHAW}:mem"]),
-        v("b", [f"{SHAW}:mem - {XL}:mem"]),  # the wrong way round: as a claim, contradicted
-        controls=[v("c", [f"{XL}:mem - {SINUSOID}:mem"])],
-    )
-    moved, left_out = verdicts_restricted(full, None, ["b"])
-    assert [x["id"] for x in moved["verdicts"]] == ["a"] and [x["id"] for x in moved["controls"]] == ["b", "c"]
-    assert left_out == []
-    claims, controls = judge(moved, ev)
-    family, _ = judge(full, ev)
-    assert next(x for x in family if x.id == "b").status == CONTRADICTED
-    assert [x.id for x in claims] == ["a"] and claims[0].p_adjusted < family[0].p_adjusted  # a family of one
-    assert {c.id: c.status for c in controls} == {"b": DEFECT, "c": HOLDS}
-    alone, left_out = verdicts_restricted(full, [], ["a"])  # controls alone: no claim judged
-    assert alone["verdicts"] == [] and left_out == ["b"] and judge(alone, ev)[1][0].status == HOLDS
