@@ -26,7 +26,7 @@ import pandas as pd
 from posenc_lab.checkpoints import read_checkpoint
 from posenc_lab.evaluate import load_model
 from posenc_lab_analysis.perturbation import PerturbationSettings, long_range, perturbed, spec, use_table
-from posenc_lab_analysis.runs import load_run
+from posenc_lab_analysis.runs import RunError, load_run
 from posenc_lab_analysis.stats import mean_interval
 
 LN2 = float(np.log(2))
@@ -113,7 +113,11 @@ def main(argv=None) -> None:
         p.error(f"--level must be in (0, 1), got {args.level}")
     args.cache = args.cache or args.out.parent / "dumps"
     args.cache.mkdir(parents=True, exist_ok=True)
-    frames = [score(r, args) for r in args.runs]
+    try:
+        PerturbationSettings(args.rows, args.distances, args.ngram, args.batch_tokens)  # bad settings: one line
+        frames = [score(r, args) for r in args.runs]
+    except (ValueError, RunError) as e:
+        p.error(str(e))
     out = pd.concat(frames)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(args.out, index=False, float_format="%.5f")
