@@ -161,7 +161,13 @@ def test_length_reading_options_compile_without_graph_breaks_or_recompiles(varia
     test_every_scheme_compiles_without_graph_breaks_or_recompiles(name, options, model)
 
 
-@pytest.mark.parametrize("name", SCHEME_NAMES)
+# By default the mission's five and one scheme of each other way positions enter (each about 4 s); all with -m slow
+_COMPILE_DEFAULT = set(MISSION_FIRST) | {"rope", "alibi", "fire", "cope", "path", HYBRID}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in _COMPILE_DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in SCHEME_NAMES]
+)
 def test_every_scheme_compiles_without_graph_breaks_or_recompiles(name, options=None, model=None):
     torch._dynamo.reset()
     counters.clear()

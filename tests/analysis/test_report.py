@@ -185,6 +185,7 @@ def test_report_reads_a_multirun_folder(tiny, tmp_path):
     assert sorted(t6["cell"]) == ["xl:mem16", "xl:nomem"]
 
 
+@pytest.mark.slow  # the tiny grid's dumps twice more (one process, two workers): about 50 s on 2 CPU cores
 def test_dumps_computed_in_worker_processes_equal_those_of_one_process(tiny, tmp_path, capsys):
     """`--jobs 2` computes the runs' per-token dumps in two worker processes (one torch thread each): the same
     losses and settings, to the bit, as one process computing them all; the log says the workers did it."""
@@ -205,6 +206,7 @@ def test_dumps_computed_in_worker_processes_equal_those_of_one_process(tiny, tmp
     assert stop.value.code == 2 and "--jobs must be >= 1 (worker processes), got 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the tiny grid's whole report again at another level: about 40 s on 2 CPU cores
 def test_the_report_states_one_confidence_level_the_one_conf_gives(tiny, tmp_path):
     """`ablate.analysis.level=0.9`: every descriptive interval of the report is at 90% and says so; "95%" appears
     nowhere (report.md, the CSVs), and Table 6's intervals narrow from the default 95% by the t quantiles' ratio."""
@@ -384,6 +386,7 @@ def test_compare_two_runs_and_refuse_what_cannot_be_compared(tiny, tmp_path, cap
     assert "differ by more than their seed" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # two plans of the default grid, power simulated: about 15 s
 def test_the_plan_counts_only_the_verdicts_the_preset_judges(tmp_path, capsys):
     """With `ablate.analysis.verdicts.only` the report puts only those verdicts in Holm's family, and the plan's
     power line counts (and sets Holm's first step by) those alone, not every verdict of conf/paper.yaml."""

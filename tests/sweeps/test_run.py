@@ -355,6 +355,7 @@ def test_a_trial_runs_in_the_grid_run_folder_and_the_grid_records_it(here):
     assert trial["overrides"][:2] == ["posenc=xl", "model.mem_len=16"] and "model=tiny" in trial["overrides"]
 
 
+@pytest.mark.slow  # a trained grid of every data-dependent scheme: about 30 s on 2 CPU cores
 def test_a_grid_over_the_data_dependent_schemes_runs(here):
     """posenc=fox, stickbreaking and path in a sweep file, with no other edit: each trial trains its scheme with
     memory, two at a time; and a grid over p-RoPE's fraction and Llama 3.1's scaling composes point by point."""

@@ -312,7 +312,13 @@ def _snapshot(folder: Path) -> dict[str, bytes | None]:
 
 
 @pytest.mark.parametrize(
-    "bomb, command", [("aliases", "sweep-check"), ("aliases", "sweep"), ("merge keys", "sweep-check")]
+    "bomb, command",
+    # one case by default (each is a CLI process under a memory limit, about 10 s); the others with -m slow
+    [
+        ("aliases", "sweep-check"),
+        pytest.param("aliases", "sweep", marks=pytest.mark.slow),
+        pytest.param("merge keys", "sweep-check", marks=pytest.mark.slow),
+    ],
 )
 def test_a_sweep_file_that_expands_past_the_bound_is_one_line_before_it_expands(tmp_path, bomb, command):
     """Each command refuses the file in one line, naming where it expands and the bound, in well under the timeout
@@ -397,6 +403,7 @@ def test_a_value_that_needs_quotes_gets_trains_hint_and_the_value_it_gives_passe
     assert configs[0][1].logger.group == value
 
 
+@pytest.mark.slow  # sweep-check composes a 200,000-character value: about 11 s
 def test_a_200000_character_value_is_echoed_cut_with_its_length(tmp_path, capsys):
     """sweep-check and `posenc-lab sweep` echoed it twice (a 400 KB line); each echo is now its head and length."""
     from posenc_lab import sweeps
