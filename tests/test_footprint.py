@@ -64,11 +64,10 @@ def test_the_activations_bound_a_measured_training_step_within_an_order_of_magni
     """The peak resident memory a training step (forward, backward, AdamW) adds, in a fresh process, is below the
     estimate of its activations, and within a factor 10 of it."""
     # The peak is the child's own address space's (VmHWM): ru_maxrss keeps, across exec, the parent's peak, which
-    # is the whole test session's. A clean environment: a test before this one may have run the CLI in this
-    # process, which leaves keep_freed_memory's MALLOC_MMAP_MAX_=0 in os.environ (every transient block then stays
-    # in the peak).
-    keep = ("PATH", "HOME", "PYTHONPATH", "LANG")
-    env = {**{k: v for k, v in subprocess_env().items() if k in keep}, "OMP_NUM_THREADS": "1"}
+    # is the whole test session's. glibc's own malloc: a test before this one may have run the CLI in this process,
+    # whose keep_freed_memory() leaves MALLOC_MMAP_MAX_=0 in the environment (every transient block then stays in
+    # the peak).
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("MALLOC_")}
     run = subprocess.run([sys.executable, "-c", _MEASURE, scheme], env=env, capture_output=True, text=True, timeout=120)
     measured = int(run.stdout.split()[-1])
     cfg = ModelConfig(n_layer=2, d_model=64, n_head=8, d_inner=256, mem_len=256, posenc=scheme)
