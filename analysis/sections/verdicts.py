@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from posenc_lab.data.overlap import WINDOW
 
@@ -46,6 +47,23 @@ def power_at_measured(v: Verdict, units) -> float:
     alone = [" - " not in c.text for c in tested]
     bounds = [c.bound for c in tested]
     return verdict_power([c.difference for c in tested], alone, bounds, units, (1 - v.level) / 2, _pooled(v))
+
+
+def _why_far(v: Verdict, power: float) -> str:
+    """Why a detectable effect lies far past every interval: a cell with 2 seeds gives its seed part 1 df, where a
+    one-sided t at Holm's level is in the tens or hundreds, so in the simulated studies whose seed part dominates
+    nothing short of a huge effect is found (``pooling.py``). Empty where the figure is not of that kind."""
+    tested = [c.difference for c in v.comparisons if not c.note]
+    fewest = min((n for d in tested for n in (d.n_a, d.n_b) if n), default=0)
+    widest = max(((d.high - d.low) / 2 for d in tested), default=float("nan"))
+    if fewest != 2 or not power == power or not power > 5 * widest:
+        return ""
+    t_one = scipy_stats.t.ppf(1 - (1 - v.level) / 2, 1)
+    return (
+        f" (far past the intervals because a cell has 2 seeds: its seed part has 1 df, a one-sided t of "
+        f"{t_one:.0f} at this level, in the studies where it holds most of the variance; 3 seeds a cell would "
+        f"give it 2; read the power at the measured size)"
+    )
 
 
 def _row(v: Verdict, scale: float, unit_name: str, power: float = float("nan"), measured: float = float("nan")) -> dict:
@@ -102,6 +120,7 @@ def _sentence(
         + f"; one-sided p {p_text(v.p, _df(tested))}"
         + (f", Holm {p_text(v.p_adjusted, _df(tested))}" if not v.control else "")
         + (f"; detectable at {POWER:.0%} power: {power * k:.3g}" if power == power and not v.control else "")
+        + (_why_far(v, power) if not v.control else "")
         + (f"; power at the measured size: {measured:.2f}" if measured == measured and not v.control else "")
         + (f"; {v.note}" if v.control and v.note else "")
         + (f"; {v.expands}" if v.expands else "")

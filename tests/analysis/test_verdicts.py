@@ -429,3 +429,23 @@ def test_a_verdict_list_naming_an_unknown_verdict_is_one_line_before_any_compute
     block["verdicts"] = {"only": []}
     with pytest.raises(ValueError, match=r"^ablate\.analysis\.verdicts\.only must name at least one verdict"):
         ReportSettings.read(block)
+
+
+def test_a_detectable_effect_far_past_the_intervals_says_it_comes_from_two_seeds():
+    """With 2 seeds a cell the simulated studies whose seed part dominates have about 1 df, so the 80% point lies
+    far past the interval this study had; the sentence says why, so the figure is not read as the study's
+    resolution. The same study with 3 seeds a cell prints no such note."""
+    from posenc_lab_analysis.sections.verdicts import _sentence, detectable
+
+    texts = {}
+    for seeds in (2, 3):
+        rng = np.random.default_rng(3)
+        e = evidence(rng, {f"{XL}:mem": 0.0, f"{SHAW}:mem": 3.0}, seeds=seeds, seed_sd=0.001)
+        (verdict,), _ = judge(config(v("one", [f"{XL}:mem - {SHAW}:mem"])), {"as_trained": e})
+        found = detectable(verdict, DOCS)
+        d = verdict.comparisons[0].difference
+        texts[seeds] = (_sentence(verdict, 1.0, "nats", found), found, (d.high - d.low) / 2)
+    text, found, half = texts[2]
+    assert found > 5 * half and "a cell has 2 seeds: its seed part has 1 df" in text
+    text, found, half = texts[3]
+    assert "its seed part has 1 df" not in text
