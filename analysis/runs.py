@@ -121,9 +121,9 @@ class Run(HasCell):  # cell_name, cell, label: cellnames.HasCell (its group: "re
         return self.config["model"].get("random_positions")
 
     @property
-    def softmax_scale(self) -> str | None:
-        """model.softmax_scale=ssmax (scalable softmax): the cell <scheme>+ssmax."""
-        return self.config["model"].get("softmax_scale")
+    def model_options(self) -> dict:
+        """The model options, of which those that name a cell (``cellnames.MARKS``: <scheme>+ssmax, +sink, +gate)."""
+        return dict(self.config["model"])
 
     @property
     def posenc(self) -> dict | None:

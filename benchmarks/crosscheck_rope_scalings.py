@@ -21,6 +21,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from posenc_lab.positional import Dims, Positions, build_scheme
+from posenc_lab.positional.base import Softmax
 from posenc_lab.softmax_scale import SSMax
 
 BASE = 10000.0
@@ -154,7 +155,7 @@ def ssmax_rows() -> float:
             pos.visible = pos.visible & pos.valid[None, :]
             q, k = torch.randn(1, H, L, d_head), torch.randn(1, H, M + L, d_head)
             with torch.no_grad():
-                got = scheme.attention_probs(0, q, k, pos, logit_scale=mine(pos))
+                got = scheme.attention_probs(0, q, k, pos, softmax=Softmax(mine(pos)))
                 qr, kr = scheme.rotate(0, q, k, pos)
                 logits = qr @ kr.transpose(-1, -2) / math.sqrt(d_head)
                 want = torch.zeros_like(got)

@@ -13,7 +13,8 @@ grid's other cells train at L, a window of the same span as L + M: its run carri
 ``model.loss_recent_frac=0.5``), ``xl:mem32:recent0.3`` (any other fraction), ``recall/xl:mem16`` (a cell of
 the recall probe; a corpus name stands there when a report holds several language corpora), ``rope3+nope1:mem32``
 (a per-layer hybrid, by its pattern), ``rope+drop@800:mem32`` (rope dropped at step 800, DroPE), ``rope+ssmax:mem32``
-(rope with ``model.softmax_scale=ssmax``). A *pattern* names
+(rope with ``model.softmax_scale=ssmax``), ``rope+sink:mem32`` and ``rope+gate:mem32`` (``model.attention_sink``,
+``model.output_gate``: ``MARKS``). A *pattern* names
 cells the same way, with parts left open::
 
     <scheme> may be a kind of the registry (absolute, relative, none) or *        any scheme of that kind
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .positional import SCHEMES, schemes_of_kind
@@ -52,20 +54,36 @@ def loss_label(frac: float) -> str:
     return "full" if frac >= 1.0 else "half" if frac == 0.5 else f"recent{frac!r}"
 
 
+#: The model options that make a cell of their own, in the order a label shows them: the mark of each, the value
+#: that sets it, and what the entry ``S+<mark>`` of ``ablate.*.schemes`` overrides.
+MARKS = {
+    "ssmax": ("softmax_scale", "ssmax", "model.softmax_scale=ssmax"),
+    "sink": ("attention_sink", True, "model.attention_sink=true"),
+    "gate": ("output_gate", True, "model.output_gate=true"),
+}
+
+
+def model_marks(model: Mapping | None) -> list[str]:
+    """The marks (``MARKS``) of a run's model options (``model``: the ``model`` node, or any mapping of its keys)."""
+    model = model or {}
+    return [mark for mark, (key, on, _) in MARKS.items() if model.get(key) == on]
+
+
 def scheme_label(
-    scheme: str, random_positions: int | None = None, posenc: dict | None = None, softmax_scale: str | None = None
+    scheme: str, random_positions: int | None = None, posenc: dict | None = None, model: Mapping | None = None
 ) -> str:
     """The scheme part of a cell's name: the scheme; a per-layer hybrid by its pattern (``rope3+nope1``,
-    ``positional.hybrid.pattern_label``); ``+ssmax`` where it trains with ``model.softmax_scale=ssmax`` (scalable
-    softmax); ``+drop@K`` where it drops its encoding at step K (DroPE); ``+rand<P>`` where it trains with
+    ``positional.hybrid.pattern_label``); ``+ssmax``, ``+sink``, ``+gate`` where the model trains with scalable
+    softmax, a learned attention sink, an output gate (``MARKS``, read from ``model``, the run's model options);
+    ``+drop@K`` where it drops its encoding at step K (DroPE); ``+rand<P>`` where it trains with
     ``model.random_positions=P`` (Ruoss et al. 2023), so that each is a cell of its own, in that order
-    (``rope3+nope1+ssmax+drop@50+rand64``). posenc: the run's ``posenc`` node (its ``name`` wins over ``scheme``, a
-    preset's file name such as ``irope``)."""
+    (``rope3+nope1+ssmax+sink+drop@50+rand64``). posenc: the run's ``posenc`` node (its ``name`` wins over
+    ``scheme``, a preset's file name such as ``irope``)."""
     posenc = posenc or {}
     scheme = str(posenc.get("name", scheme))
     label = pattern_label(posenc.get("layers", IROPE), posenc.get("windows")) if scheme == Hybrid.name else scheme
-    if softmax_scale is not None:
-        label += f"+{softmax_scale}"
+    for mark in model_marks(model):
+        label += f"+{mark}"
     if posenc.get("drop_at_step") is not None:
         label += f"+drop@{posenc['drop_at_step']}"
     return label if random_positions is None else f"{label}+rand{random_positions}"
@@ -124,12 +142,12 @@ class HasCell:
     seed: int | None
     random_positions: int | None  # +model.random_positions=P: the cell <scheme>+rand<P> (``scheme_label``)
     posenc: dict | None  # the posenc node: a hybrid's layers, DroPE's step (``scheme_label``); None: the scheme alone
-    softmax_scale: str | None  # model.softmax_scale=ssmax: the cell <scheme>+ssmax (``scheme_label``)
+    model_options: dict | None  # the model options that name a cell (``MARKS``): <scheme>+ssmax, +sink, +gate
     window: int  # W > 0: a window cell (no memory, trained at segment W, ``WINDOW_KEY``), the cell <scheme>:win<W>
 
     @property
     def cell_name(self) -> CellName:
-        label = scheme_label(self.scheme, self.random_positions, self.posenc, self.softmax_scale)
+        label = scheme_label(self.scheme, self.random_positions, self.posenc, self.model_options)
         return CellName(label, self.mem_len, self.loss_frac, self.group or "", 0 if self.mem_len else self.window)
 
     @property

@@ -64,10 +64,11 @@ def scheme_parameters(cfg: ModelConfig) -> int:
 
 def model_parameters(cfg: ModelConfig) -> int:
     """The parameters of ``MemoryTransformer(cfg)`` but its scheme's: the embedding, each layer's LayerNorms,
-    projections, feed-forward and SSMax scales, the final LayerNorm and the output layer (tied or not, adaptive or
-    not)."""
+    projections, feed-forward, SSMax scales, sink logits and output gate, the final LayerNorm and the output layer
+    (tied or not, adaptive or not)."""
     V, D, F, H = cfg.vocab_size, cfg.d_model, cfg.d_inner, cfg.n_head
     layer = 4 * D + 4 * D * D + (D * F + F) + (F * D + D) + (H if cfg.softmax_scale == "ssmax" else 0)
+    layer += (H if cfg.attention_sink else 0) + (D * D if cfg.output_gate else 0)  # sink logits, the gate's W_g
     head = (0 if cfg.tie_weights else V * D) + (V if cfg.output_bias else 0)  # its own matrix unless tied, a bias
     head += len(cfg.adaptive_cutoffs or []) * (D + 1)  # an adaptive softmax's cluster row and bias a tail
     return V * D + cfg.n_layer * layer + (2 * D if cfg.pre_norm else 0) + head

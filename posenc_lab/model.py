@@ -29,7 +29,8 @@ from .adaptive_softmax import AdaptiveSoftmax
 from .errors import shown
 from .memory import Memory, Recurrence  # noqa: F401 (Recurrence: imported from here by callers)
 from .positional import ATTENTION_IMPLS, SCHEMES, Dims, PositionalScheme, Positions, build_scheme
-from .positional.base import PositionDropout
+from .positional.base import PLAIN, PositionDropout, Softmax
+from .sink_gate import AttentionSink, OutputGate, attention_sink_problem
 from .softmax_scale import SSMax, softmax_scale_problem
 
 FF_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
@@ -77,6 +78,10 @@ class ModelConfig:
     attention_impl: str = "auto"  # auto | fused | unfused: flex_attention for relative schemes (positional/fused.py)
     # null: the plain softmax; ssmax: each logit times s_h log n_i, n_i the keys query i sees (softmax_scale.py)
     softmax_scale: str | None = None
+    # a learned logit per head in the softmax's denominator, a key whose value is zero (sink_gate.py)
+    attention_sink: bool = False
+    # each head's output times sigmoid(x W_g), per channel, from the layer's input (Qiu et al. 2025; sink_gate.py)
+    output_gate: bool = False
 
     def __post_init__(self) -> None:
         if self.adaptive_cutoffs is not None and not isinstance(self.adaptive_cutoffs, list):
@@ -112,7 +117,7 @@ class ModelConfig:
         ):
             if getattr(self, name) not in valid:
                 out.append(f"model.{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
-        for name in ("pre_norm", "tie_weights", "same_length", "output_bias"):
+        for name in ("pre_norm", "tie_weights", "same_length", "output_bias", "output_gate"):
             if not isinstance(getattr(self, name), bool):
                 out.append(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         if self.same_length is True and self.mem_len == 0:
@@ -127,6 +132,7 @@ class ModelConfig:
                     f"{self.vocab_size}), got {self.adaptive_cutoffs!r} (null: a full softmax)"
                 )
         out.append(softmax_scale_problem(self.softmax_scale, self.posenc, self.posenc_kwargs))
+        out.append(attention_sink_problem(self.attention_sink, self.posenc, self.posenc_kwargs))
         if self.random_positions is not None:
             if (problem := int_problem("model.random_positions", self.random_positions, 1)) is not None:
                 out.append(problem)
@@ -207,6 +213,8 @@ class Block(nn.Module):
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.ssmax = SSMax(cfg.n_head) if cfg.softmax_scale == "ssmax" else None  # s_h of this layer
+        self.sink = AttentionSink(cfg.n_head) if cfg.attention_sink else None  # its sink's logit per head
+        self.gate = OutputGate(D) if cfg.output_gate else None
 
     def attention(self, x: Tensor, context: Tensor, scheme, layer: int, pos: Positions, probs_out, memory_kv=None):
         """x: [B, L, D] the segment, context: [B, N, D] = [memory ; segment] -> [B, L, D]; memory_kv: [B, M, 2 D]
@@ -220,12 +228,18 @@ class Block(nn.Module):
         else:  # [memory ; segment] along the keys, contiguous (the copy the schemes' GEMMs made of the strided view)
             kv = [t.view(B, -1, 2, H, D // H).permute(2, 0, 3, 1, 4) for t in (memory_kv, self.kv_proj(x))]
             k, v = (torch.cat([kv[0][i], kv[1][i]], dim=2) for i in (0, 1))
-        scale = {} if self.ssmax is None else {"logit_scale": self.ssmax(pos)}  # [H, L, 1] s_h log n_i
+        changed = {} if self.ssmax is None and self.sink is None else {"softmax": self.softmax(pos)}
         if probs_out is not None:
-            probs_out.append(scheme.attention_probs(layer, q, k, pos, context, **scale).detach())
+            probs_out.append(scheme.attention_probs(layer, q, k, pos, context, **changed).detach())
         dropout_p = self.attn_dropout if self.training else 0.0
-        out = scheme.attend(layer, q, k, v, pos, dropout_p, context, **scale)
-        return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
+        out = scheme.attend(layer, q, k, v, pos, dropout_p, context, **changed).transpose(1, 2).reshape(B, L, D)
+        return self.out_proj(out if self.gate is None else out * self.gate(x).to(out.dtype))
+
+    def softmax(self, pos: Positions) -> Softmax:
+        """This layer's changes to the scheme's softmax: SSMax's s_h log n_i [H, L, 1], the sink's logits [H]."""
+        if self.ssmax is None and self.sink is None:
+            return PLAIN
+        return Softmax(None if self.ssmax is None else self.ssmax(pos), None if self.sink is None else self.sink())
 
     def forward(self, x: Tensor, context: Tensor, scheme: PositionalScheme, layer: int, pos: Positions, probs_out=None):
         """x: [B, L, D] the segment, context: [B, M + L, D] = [memory ; x] -> [B, L, D]."""

@@ -19,7 +19,7 @@ start from (the paper's text reachable here does not state its initial value: be
 A scheme receives the scale as ``logit_scale`` [H, L, 1] in ``attend`` and ``attention_probs`` and applies it
 without a new [L, N] tensor where its logit is linear in a per-query vector (scale q, or q + u and q + v), else
 on the scores it already builds (CoPE: its gates read the unscaled logits). A scheme whose attention is no
-softmax declares ``softmax_scale_refused`` with its reason (stick-breaking), and ``ModelConfig`` refuses the
+softmax declares ``softmax_refused`` with its reason (stick-breaking), and ``ModelConfig`` refuses the
 option naming it.
 """
 
@@ -35,6 +35,20 @@ SOFTMAX_SCALES = ("ssmax",)
 SSMAX_INIT = 0.168
 
 
+def softmax_refusal(option: str, scheme: str, options: dict | None = None) -> str | None:
+    """Why a change to the softmax (``option``, as the user set it: ``model.softmax_scale=ssmax``,
+    ``model.attention_sink=true``) cannot serve ``posenc=scheme`` with its ``options``: the scheme's (or a hybrid
+    layer's) ``softmax_refused``, one line; None where it applies."""
+    options = options or {}
+    layers = options.get("layers") if scheme == "hybrid" and isinstance(options.get("layers"), list) else [scheme]
+    for name in dict.fromkeys(layers):
+        if name in SCHEMES and (refused := SCHEMES[name].softmax_refused):
+            key = option.partition("=")[0]
+            off = "null" if key == "model.softmax_scale" else "false"
+            return f"{option} does not apply to posenc={name}: {refused} (set {key}={off})"
+    return None
+
+
 def softmax_scale_problem(value, scheme: str, options: dict | None = None) -> str | None:
     """Why ``model.softmax_scale=value`` cannot serve ``posenc=scheme`` with its ``options`` (one line; "; " joins
     the model's problems), or None. A hybrid is refused where one of its layers' schemes is, and with windows: n_i
@@ -46,12 +60,8 @@ def softmax_scale_problem(value, scheme: str, options: dict | None = None) -> st
             f"model.softmax_scale must be null (the plain softmax) or one of {', '.join(SOFTMAX_SCALES)}, got {value!r}"
         )
     options = options or {}
-    layers = options.get("layers") if scheme == "hybrid" and isinstance(options.get("layers"), list) else [scheme]
-    for name in dict.fromkeys(layers):
-        if name in SCHEMES and (refused := SCHEMES[name].softmax_scale_refused):
-            return (
-                f"model.softmax_scale={value} does not apply to posenc={name}: {refused} (set model.softmax_scale=null)"
-            )
+    if (refused := softmax_refusal(f"model.softmax_scale={value}", scheme, options)) is not None:
+        return refused
     if scheme == "hybrid" and options.get("windows"):
         return (
             f"model.softmax_scale={value} does not apply to a hybrid with windows ({options['windows']}): log n_i "

@@ -43,7 +43,7 @@ def cell(cfg: DictConfig) -> CellName:
             str(cfg.posenc.name),
             OmegaConf.select(cfg, "model.random_positions", default=None),
             OmegaConf.to_container(cfg.posenc, resolve=True),
-            OmegaConf.select(cfg, "model.softmax_scale", default=None),
+            OmegaConf.to_container(cfg.model, resolve=True),
         ),
         int(cfg.model.mem_len),
         float(OmegaConf.select(cfg, "model.loss_recent_frac", default=1.0)),

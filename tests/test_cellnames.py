@@ -222,15 +222,19 @@ def test_a_preset_hybrid_is_planned_and_read_back_under_one_cell(tmp_path):
     assert {s.cell for s in plan(compose("ablate", dropped), dropped)} == {"rope+drop@100:mem32", "rope+drop@100:nomem"}
 
 
-def test_scalable_softmax_is_a_suffix_of_the_scheme_part():
-    """``model.softmax_scale=ssmax`` names its own cell: after a hybrid's pattern, before DroPE and random
-    positions; the plain names stay as they were."""
+def test_scalable_softmax_a_sink_and_a_gate_are_suffixes_of_the_scheme_part():
+    """``model.softmax_scale=ssmax``, ``model.attention_sink`` and ``model.output_gate`` each name their own cell: after
+    a hybrid's pattern, in that order, before DroPE and random positions; the plain names stay as they were."""
     irope = {"name": HYBRID, "layers": [ROPE, ROPE, ROPE, NOPE]}
-    assert scheme_label(SINUSOID, None, None, "ssmax") == f"{SINUSOID}+ssmax"
-    assert scheme_label(HYBRID, None, irope, "ssmax") == "rope3+nope1+ssmax"
-    assert scheme_label(ROPE, 64, {"name": ROPE, "drop_at_step": 50}, "ssmax") == "rope+ssmax+drop@50+rand64"
-    assert scheme_label(SINUSOID, None, None, None) == SINUSOID
+    ssmax, sink, gate = {"softmax_scale": "ssmax"}, {"attention_sink": True}, {"output_gate": True}
+    assert scheme_label(SINUSOID, None, None, ssmax) == f"{SINUSOID}+ssmax"
+    assert scheme_label(HYBRID, None, irope, ssmax) == "rope3+nope1+ssmax"
+    assert scheme_label(ROPE, 64, {"name": ROPE, "drop_at_step": 50}, ssmax) == "rope+ssmax+drop@50+rand64"
+    assert scheme_label(ROPE, None, None, {**gate, **sink, **ssmax}) == "rope+ssmax+sink+gate"
+    assert scheme_label(ROPE, None, None, {**gate, "attention_sink": False}) == "rope+gate"
+    assert scheme_label(SINUSOID, None, None, {"softmax_scale": None, "output_gate": False}) == SINUSOID
     assert CellName.parse("rope3+nope1+ssmax:mem32") == CellName("rope3+nope1+ssmax", 32)
+    assert CellName.parse("rope+sink+gate:mem32") == CellName("rope+sink+gate", 32)
 
 
 def test_a_scheme_and_its_ssmax_entry_are_two_cells_of_one_table(tmp_path):
@@ -272,5 +276,23 @@ def test_an_ssmax_override_names_every_cell_and_a_bad_entry_is_one_line():
     assert {s.cell for s in plan(compose("ablate", args), args)} == {f"{XL}+ssmax:mem16", f"{XL}+ssmax:nomem"}
     bad = ["experiment=tiny", f"ablate.schemes=[{XL}+ssmx]"]
     with pytest.raises(ValueError, match=r"^ablate: ablate.schemes names unknown scheme\(s\) \['xl\+ssmx'\]; valid: .*"
-                       r"each alone or with \+ssmax after it \(model.softmax_scale\)$"):  # fmt: skip
+                       r"each alone or with \+ssmax, \+sink, \+gate after it \(model.softmax_scale=ssmax, "
+                       r"model.attention_sink=true, model.output_gate=true\)$"):  # fmt: skip
         plan(compose("ablate", bad), bad)
+
+
+def test_sink_and_gate_entries_plan_cells_of_their_own_with_their_overrides():
+    """`ablate.schemes=[rope, rope+sink, rope+gate, rope+sink+gate]`: four cells, each run with the options its
+    marks name and no other; the runs' configs read back under the same cells (wandb's names too)."""
+    from posenc_lab.tracking import cell
+
+    args = ["experiment=tiny", f"ablate.schemes=[{ROPE},{ROPE}+sink,{ROPE}+gate,{ROPE}+sink+gate]"]
+    args += ["ablate.half_loss.schemes=[]", "ablate.recall.schemes=[]", "ablate.recurrence=[true]"]
+    planned = {s.cell: s for s in plan(compose("ablate", args), args)}
+    assert set(planned) == {f"{ROPE}{m}:mem16" for m in ("", "+sink", "+gate", "+sink+gate")}
+    both = planned[f"{ROPE}+sink+gate:mem16"].overrides
+    assert "model.attention_sink=true" in both and "model.output_gate=true" in both
+    assert "model.output_gate=true" not in planned[f"{ROPE}+sink:mem16"].overrides
+    assert not {"model.attention_sink=true", "model.output_gate=true"} & set(planned[f"{ROPE}:mem16"].overrides)
+    for name, spec in planned.items():
+        assert str(cell(compose("train", spec.overrides))).endswith(name), name

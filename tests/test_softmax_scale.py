@@ -14,6 +14,7 @@ import torch
 
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES
+from posenc_lab.positional.base import Softmax
 from posenc_lab.softmax_scale import SSMAX_INIT, SSMax
 from tests.models import make_model
 from tests.positional.test_fused import reference  # noqa: F401 - a fixture: flex_attention uncompiled on CPU
@@ -35,7 +36,7 @@ from tests.schemes import (
 )
 from tests.test_memory import _run_both
 
-SOFTMAX = tuple(name for name in SCHEME_NAMES if SCHEMES[name].softmax_scale_refused is None)
+SOFTMAX = tuple(name for name in SCHEME_NAMES if SCHEMES[name].softmax_refused is None)
 FUSED = (ALIBI, T5, KERPLE_LOG, KERPLE_POWER, SANDWICH, FIRE, FOX, XL, SHAW)  # the schemes with a flex path
 # (L, M, same_length): no memory, M < L, M > L, the same-length window
 CASES = [(5, 0, False), (5, 3, False), (4, 9, False), (5, 3, True)]
@@ -82,8 +83,8 @@ def check(name, L, M, same_length, impl):
     x = torch.randn(B, M + L, D)
     got_in, want_in = ([t.clone().requires_grad_() for t in (q, k, v, x, S)] for _ in range(2))
     gq, gk, gv, gx, gs = got_in
-    probs = scheme.attention_probs(layer, gq, gk, pos, gx, logit_scale=scale_of(gs, pos.visible))
-    out = scheme.attend(layer, gq, gk, gv, pos, 0.0, gx, logit_scale=scale_of(gs, pos.visible))
+    probs = scheme.attention_probs(layer, gq, gk, pos, gx, softmax=Softmax(scale_of(gs, pos.visible)))
+    out = scheme.attend(layer, gq, gk, gv, pos, 0.0, gx, softmax=Softmax(scale_of(gs, pos.visible)))
     wq, wk, wv, wx, ws = want_in
     plain = scheme.attention_probs(layer, wq, wk, pos, wx)
     want_probs = naive_ssmax(plain, scale_of(ws, pos.visible), pos.visible)
@@ -127,7 +128,7 @@ def test_the_whole_logit_is_scaled_the_bias_included():
             content[:, :, i, j] = (q[:, :, i] * k[:, :, j]).sum(-1) / math.sqrt(q.shape[-1])
             bias[:, i, j] = -scheme.slopes * float(pos.q[i] - pos.k[j])
     with torch.no_grad():
-        got = scheme.attention_probs(0, q, k, pos, logit_scale=scale)
+        got = scheme.attention_probs(0, q, k, pos, softmax=Softmax(scale))
     torch.testing.assert_close(got, masked_softmax(scale * (content + bias), pos.visible), atol=1e-6, rtol=1e-5)
     assert (got - masked_softmax(scale * content + bias, pos.visible)).abs().max() > 1e-3
 
@@ -210,9 +211,10 @@ def test_a_hybrid_takes_it_unless_a_layer_refuses_it_or_a_window_would_miscount_
 
 @pytest.mark.parametrize("name", SOFTMAX)
 def test_every_softmax_scheme_takes_the_scale_where_it_attends(name):
-    """A scheme added later must take ``logit_scale`` in both or declare ``softmax_scale_refused``."""
+    """A scheme added later must take ``softmax`` (the model's changes to it: SSMax's scale, a sink) in both or declare
+    ``softmax_refused``."""
     for method in (SCHEMES[name].attend, SCHEMES[name].attention_probs):
-        assert "logit_scale" in inspect.signature(method).parameters, (name, method.__name__)
+        assert "softmax" in inspect.signature(method).parameters, (name, method.__name__)
 
 
 def test_a_few_training_steps_through_the_entry_point(tmp_path):

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..build import build_datamodule
-from ..cellnames import WINDOW_KEY, CellPattern, HasCell, loss_label
+from ..cellnames import MARKS, WINDOW_KEY, CellPattern, HasCell, loss_label
 from ..checks import problems
 from ..compose import compose, quote
 from ..data import check_corpus_options
@@ -27,7 +28,6 @@ from ..grid import Trial
 from ..io import CorruptFileError
 from ..positional import scheme_names
 from ..rundir import RunDir, RunDirError, corpus_identity, differences, run_identity
-from ..softmax_scale import SOFTMAX_SCALES
 
 
 @dataclass
@@ -43,7 +43,7 @@ class RunSpec(HasCell):  # cell_name, cell, label: cellnames.HasCell
     seed: int = 0
     random_positions: int | None = None  # +model.random_positions=P (ablate.tasks.random_positions)
     posenc: dict | None = None  # its posenc node where it names the cell (a hybrid, DroPE): ``posenc_node``
-    softmax_scale: str | None = None  # model.softmax_scale (an entry S+ssmax, or an override): the cell S+ssmax
+    model_options: dict | None = None  # the model options that name the cell (cellnames.MARKS): S+ssmax, S+sink
     window: int = 0  # W > 0: trained without memory at segment W = L + M (ablate.same_span): the cell S:win<W>
 
     @property
@@ -71,22 +71,27 @@ def _int_list(value, key: str) -> list[int]:
 
 
 def scheme_entry(entry: str) -> tuple[str, list[str]]:
-    """(the scheme or preset of conf/posenc/, its overrides) of an entry of ``ablate.*.schemes``: ``S`` or
-    ``S+ssmax``, the scheme with ``model.softmax_scale=ssmax`` (its cell ``S+ssmax``, beside ``S`` in one grid)."""
-    for scale in SOFTMAX_SCALES:
-        if entry.endswith(f"+{scale}"):
-            return entry[: -len(scale) - 1], [f"model.softmax_scale={scale}"]
-    return entry, []
+    """(the scheme or preset of conf/posenc/, its overrides) of an entry of ``ablate.*.schemes``: ``S`` or ``S``
+    followed by marks (``cellnames.MARKS``), each a model option: ``S+ssmax`` (``model.softmax_scale=ssmax``),
+    ``S+sink`` (``model.attention_sink=true``), ``S+gate`` (``model.output_gate=true``), ``S+sink+gate``; each its
+    own cell beside ``S`` in one grid."""
+    overrides = []
+    while (mark := entry.rpartition("+")[2]) in MARKS and "+" in entry:
+        overrides.insert(0, MARKS[mark][2])
+        entry = entry.rpartition("+")[0]
+    return entry, overrides
 
 
-def _softmax_scale(cfg: DictConfig, overrides: Sequence[str]) -> str | None:
-    """model.softmax_scale of a run composed from ``cfg`` with ``overrides`` after it (the last one setting it)."""
-    value = OmegaConf.select(cfg, "model.softmax_scale", default=None)
+def _model_options(cfg: DictConfig, overrides: Sequence[str]) -> dict:
+    """The model options that name a cell (``cellnames.MARKS``) of a run composed from ``cfg`` with ``overrides``
+    after it (the last one setting each)."""
+    keys = {f"model.{key}": key for key, _, _ in MARKS.values()}
+    values = {key: OmegaConf.select(cfg, dotted, default=None) for dotted, key in keys.items()}
     for o in overrides:
-        key, _, text = o.lstrip("+~").partition("=")
-        if key == "model.softmax_scale":
-            value = None if text in ("", "null") else text
-    return value
+        dotted, _, text = o.lstrip("+~").partition("=")
+        if dotted in keys:
+            values[keys[dotted]] = yaml.safe_load(text) if text else None
+    return values
 
 
 def _resolve_in(cfg: DictConfig, text: str) -> str:
@@ -130,7 +135,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
         if bad:
             raise ValueError(
                 f"ablate: {key} names unknown scheme(s) {bad}; valid: {', '.join(valid)}, each alone or with "
-                f"{' or '.join(f'+{s}' for s in SOFTMAX_SCALES)} after it (model.softmax_scale)"
+                f"{', '.join(f'+{m}' for m in MARKS)} after it ({', '.join(o for *_, o in MARKS.values())})"
             )
     raw_overrides = OmegaConf.to_container(a.scheme_overrides, resolve=False) if a.get("scheme_overrides") else {}
     specs: list[RunSpec] = []
@@ -148,14 +153,14 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     ):
         M = mem if recurrent else 0
         W, window_overrides = window
-        entry, (scheme, scale) = scheme, scheme_entry(scheme)  # S+ssmax: S with model.softmax_scale=ssmax
+        entry, (scheme, marks) = scheme, scheme_entry(scheme)  # S+ssmax: S with model.softmax_scale=ssmax
         # the overrides of the scheme, then those of the entry (ablate.scheme_overrides: {S: [...], S+ssmax: [...]})
         own = [*(raw_overrides.get(scheme) or []), *((raw_overrides.get(entry) or []) if entry != scheme else [])]
-        per_scheme = [_resolve_in(group_cfg, o) for o in own] + scale
+        per_scheme = [_resolve_in(group_cfg, o) for o in own] + marks
         node = posenc_node(tuple(head), scheme, tuple(per_scheme))
-        ssmax = _softmax_scale(group_cfg, per_scheme)
+        model = _model_options(group_cfg, per_scheme)
         cell = RunSpec(
-            "", group, scheme, M, frac, [], random_positions=rand, posenc=node, softmax_scale=ssmax, window=W
+            "", group, scheme, M, frac, [], random_positions=rand, posenc=node, model_options=model, window=W
         ).cell_name
         for seed in dict.fromkeys([*seeds, *(extra_seeds if any(p.matches(cell) for p in extra) else [])]):
             overrides = [
@@ -170,7 +175,7 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
             ]
             memory = f"win{W}" if W else f"mem{M}"
             name = f"{f'{group}_' if group else ''}{cell.scheme}_{memory}_{loss_label(frac)}_seed{seed}"
-            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand, node, ssmax, W))
+            specs.append(RunSpec(name, group, scheme, M, frac, overrides, seed, rand, node, model, W))
 
     mem = int(cfg.model.mem_len)
     if mem < 1 and any(a.recurrence):

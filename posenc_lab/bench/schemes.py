@@ -3,8 +3,9 @@
     sinusoid,pope,wall,rope[scaling=dynamic;original_len=128;factor=4],sinusoid[softmax_scale=ssmax]
 
 Options are ``key=value`` separated by ``;``: the scheme's own (the keys of ``conf/posenc/<name>.yaml``, over whose
-values they go, checked by type as training checks them: ``registry.option_problem``) and ``softmax_scale``
-(``model.softmax_scale``). A value is read as YAML: ``[1.0,2.0]`` a list, ``{rope: 32}`` a mapping, ``null``.
+values they go, checked by type as training checks them: ``registry.option_problem``) and the model's
+``softmax_scale``, ``attention_sink`` and ``output_gate`` (``rope[attention_sink=true]``). A value is read as YAML:
+``[1.0,2.0]`` a list, ``{rope: 32}`` a mapping, ``null``.
 
 Each point's label (the ``scheme`` column of bench.csv and bench.md, and what ``--ratio-to`` names) follows the cell
 names of the report (``cellnames.scheme_label``): a hybrid by its pattern (``rope3+nope1``), ``+ssmax`` for scalable
@@ -18,13 +19,14 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from ..cellnames import scheme_label
+from ..cellnames import model_marks, scheme_label
 from ..positional import scheme_options
 from ..positional.registry import option_problem
+from ..sink_gate import attention_sink_problem
 from ..softmax_scale import softmax_scale_problem
 
 #: the model options a scheme entry may carry beside its own
-MODEL_OPTIONS = ("softmax_scale",)
+MODEL_OPTIONS = ("softmax_scale", "attention_sink", "output_gate")
 _PATTERN = ("layers", "windows")  # a hybrid's options its label shows as its pattern
 _CLOSE = {"[": "]", "{": "}"}
 
@@ -68,11 +70,10 @@ class SchemeSpec:
     def label(self) -> str:
         node = {"name": self.scheme, **{k: v for k, v in self.options.items() if k in _PATTERN}}
         rest = [f"{k}={_shown(v)}" for k, v in self.given if k not in _PATTERN and k not in MODEL_OPTIONS]
-        scale = self.model.get("softmax_scale")
         return (
             scheme_label(self.scheme, None, node)
             + (f"[{';'.join(rest)}]" if rest else "")
-            + (f"+{scale}" if scale is not None else "")
+            + "".join(f"+{mark}" for mark in model_marks(self.model))
         )
 
     @property
@@ -91,6 +92,8 @@ class SchemeSpec:
             if (problem := option_problem(self.scheme, key, value)) is not None:
                 return f"--schemes {self.text}: {problem}"
         if (problem := softmax_scale_problem(self.model.get("softmax_scale"), self.scheme, self.options)) is not None:
+            return f"--schemes {self.text}: {problem}"
+        if problem := attention_sink_problem(self.model.get("attention_sink", False), self.scheme, self.options):
             return f"--schemes {self.text}: {problem}"
         return None
 

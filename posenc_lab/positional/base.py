@@ -62,6 +62,40 @@ def mask_to_bias(visible: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))
 
 
+@dataclass(frozen=True)
+class Softmax:
+    """The model's changes to every scheme's softmax (model options, not a scheme's), one object handed to
+    ``attend`` and ``attention_probs``:
+
+        p_ij = exp(lambda_i z_ij) / (exp(s_h) + sum_j' exp(lambda_i z_ij'))        z_ij: the scheme's whole logit
+
+    ``scale`` lambda [H, L, 1] (SSMax's s_h log n_i, ``posenc_lab.softmax_scale``; None: 1) multiplies the whole
+    logit; a scheme applies it where it is cheapest (on q, where its logit is linear in q). ``sink`` s [H] (None: no
+    sink) is the logit of a key every query sees and whose value is zero (a learned attention sink, gpt-oss's
+    ``sinks``): a row's probabilities then sum to less than one, the rest going to no value. The sink's logit is
+    not scaled by lambda (it is a learned logit of the denominator, not a pair's score)."""
+
+    scale: Tensor | None = None
+    sink: Tensor | None = None
+
+    def probs(self, scores: Tensor) -> Tensor:
+        """[..., H, L, N] scores (``scale`` already applied, -inf where not visible) -> probabilities, the same
+        shape and dtype; with a sink, exp(z_ij - log(exp(s_h) + sum_j exp z_ij)), in fp32."""
+        if self.sink is None:
+            return torch.softmax(scores, dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
+        z = scores.float()
+        denominator = torch.logaddexp(z.logsumexp(-1, keepdim=True), self.sink.float()[:, None, None])
+        return (z - denominator).exp().to(scores.dtype)
+
+    def unscaled(self) -> Softmax:
+        """The same softmax once a scheme has applied ``scale`` itself (on q)."""
+        return Softmax(None, self.sink)
+
+
+#: No change: the plain softmax.
+PLAIN = Softmax()
+
+
 def sinusoid_table(positions: Tensor, dim: int) -> Tensor:
     """PE(p) in the concatenated ``[sin ; cos]`` layout, used by every sinusoidal scheme.
 
@@ -144,19 +178,26 @@ def sdpa_attention(
     pos: Positions,
     bias: ScoreBias | None,
     dropout_p: float,
-    logit_scale: Tensor | None = None,
+    softmax: Softmax = PLAIN,
 ):
     """softmax(lambda (q k^T / sqrt(d_h) + bias) + mask) v through SDPA; q: [B, H, L, d_h], k, v: [B, H, N, d_h];
-    logit_scale lambda: [H, L, 1] or None (1), scaling q and the bias (``softmax_scale.py``)."""
-    if logit_scale is not None:
-        q = q * logit_scale.to(q.dtype)  # lambda_i q_i . k_j: no [L, N] tensor
-    if bias is None:
+    ``softmax``: lambda [H, L, 1] scales q and the bias (``softmax_scale.py``); a sink s_h is one more key, q . 0 = 0
+    plus s_h in the mask, whose value is zero."""
+    scale = softmax.scale
+    if scale is not None:
+        q = q * scale.to(q.dtype)  # lambda_i q_i . k_j: no [L, N] tensor
+    if bias is None and softmax.sink is None:
         mask = pos.visible  # bool masks keep SDPA's fused kernels available
     else:
-        dense = bias.dense(pos).to(q.dtype)
-        if logit_scale is not None:
-            dense = dense * logit_scale.to(q.dtype)  # lambda_i b_ij, on the bias tensor SDPA reads anyway
-        mask = dense + mask_to_bias(pos.visible, q.dtype)
+        mask = mask_to_bias(pos.visible, q.dtype)
+        if bias is not None:
+            dense = bias.dense(pos).to(q.dtype)
+            mask = mask + (dense if scale is None else dense * scale.to(q.dtype))  # lambda_i b_ij
+    if softmax.sink is not None:
+        H, (L, N) = q.shape[1], pos.visible.shape
+        mask = mask.expand(torch.broadcast_shapes(mask.shape, (H, L, N)))
+        mask = torch.cat([mask, softmax.sink.to(q.dtype)[:, None, None].expand(*mask.shape[:-1], 1)], dim=-1)
+        k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))  # the sink's key and value: zeros
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
@@ -206,10 +247,10 @@ class PositionalScheme(nn.Module):
     #: Why this scheme cannot take the layers of a per-layer hybrid (``hybrid.py``); None: it can, unless it acts on
     #: the input embedding (``embed``), which the hybrid refuses for every scheme.
     hybrid_refused: str | None = None
-    #: Why ``model.softmax_scale`` (SSMax, ``posenc_lab.softmax_scale``) does not apply to this scheme (its attention
-    #: is no softmax); None: its ``attend`` and ``attention_probs`` take ``logit_scale``. ModelConfig refuses it
-    #: naming this reason.
-    softmax_scale_refused: str | None = None
+    #: Why the model's changes to the softmax (``Softmax``: ``model.softmax_scale``, ``model.attention_sink``) do not
+    #: apply to this scheme (its attention is no softmax); None: its ``attend`` and ``attention_probs`` take
+    #: ``softmax``. ModelConfig refuses each option naming this reason.
+    softmax_refused: str | None = None
     #: Parameters kept inside a range by projected gradient descent: name -> (low, high), high None for none.
     #: Read through ``constrained(name)``; ``project_parameters_`` clamps them all in place.
     projected: dict[str, tuple[float, float | None]] = {}
@@ -284,19 +325,19 @@ class PositionalScheme(nn.Module):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        """q: [B, H, L, d_h]; k, v: [B, H, N, d_h] -> [B, H, L, d_h]; logit_scale: [H, L, 1] (SSMax's s_h log n_i)
-        or None.
+        """q: [B, H, L, d_h]; k, v: [B, H, N, d_h] -> [B, H, L, d_h]; ``softmax``: the model's changes to the
+        softmax (SSMax's scale, a sink), ``Softmax``.
 
         softmax(lambda (rotate(q) rotate(k)^T / sqrt(d_h) + bias) + mask) v: through flex_attention where the fused
-        path runs (a bias, ``fused.use_fused``), else SDPA.
+        path runs (a bias and no sink, ``fused.use_fused``), else SDPA.
         """
         q, k = self.rotate(layer, q, k, pos, context)
         bias = self._bias(layer, pos, context)
-        if bias is not None and fused.use_fused(self, q, k, dropout_p):
-            return fused.attend_bias(q, k, v, pos, scaled_score_mod(bias.score_mod(pos, q), logit_scale))
-        return sdpa_attention(q, k, v, pos, bias, dropout_p, logit_scale)
+        if bias is not None and softmax.sink is None and fused.use_fused(self, q, k, dropout_p):
+            return fused.attend_bias(q, k, v, pos, scaled_score_mod(bias.score_mod(pos, q), softmax.scale))
+        return sdpa_attention(q, k, v, pos, bias, dropout_p, softmax)
 
     def attention_probs(
         self,
@@ -305,9 +346,10 @@ class PositionalScheme(nn.Module):
         k: Tensor,
         pos: Positions,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        """[B, H, L, N] attention probabilities, for analysis (where the model looks).
+        """[B, H, L, N] attention probabilities, for analysis (where the model looks); with a sink a row sums to
+        less than one.
 
         Attending over one-hot values returns the probabilities themselves, so every scheme whose
         output is ``probs @ v`` gets this for free (through SDPA, never flex); schemes that add to the values
@@ -317,7 +359,7 @@ class PositionalScheme(nn.Module):
         N = k.shape[2]
         one_hot = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
         q, k = self.rotate(layer, q, k, pos, context)
-        return sdpa_attention(q, k, one_hot, pos, self._bias(layer, pos, context), 0.0, logit_scale)
+        return sdpa_attention(q, k, one_hot, pos, self._bias(layer, pos, context), 0.0, softmax)
 
     @classmethod
     def random_positions_problem(cls, options: dict, n_layer: int) -> str | None:
@@ -336,7 +378,8 @@ class PositionalScheme(nn.Module):
 
 class ExplicitScores(PositionalScheme):
     """A scheme that writes its scores itself (``scores``: scaled, SSMax's ``logit_scale`` applied, masked): its
-    probabilities are their softmax and its output the values weighted by them (xl, cope)."""
+    probabilities are their softmax (``Softmax.probs``: a sink included) and its output the values weighted by them
+    (xl, cope)."""
 
     def scores(self, layer: int, q: Tensor, k: Tensor, pos: Positions, logit_scale: Tensor | None = None) -> Tensor:
         """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, N] the scores, -inf where not visible."""
@@ -349,9 +392,9 @@ class ExplicitScores(PositionalScheme):
         k: Tensor,
         pos: Positions,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        return torch.softmax(self.scores(layer, q, k, pos, logit_scale), dim=-1)  # bf16 in and out, fp32 inside
+        return softmax.probs(self.scores(layer, q, k, pos, softmax.scale))
 
     def attend(
         self,
@@ -362,7 +405,7 @@ class ExplicitScores(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        probs = self.attention_probs(layer, q, k, pos, logit_scale=logit_scale)
+        probs = self.attention_probs(layer, q, k, pos, softmax=softmax)
         return (F.dropout(probs, dropout_p) if dropout_p > 0 else probs) @ v

@@ -29,7 +29,7 @@ import functools
 
 from torch import Tensor
 
-from .base import PositionalScheme, Positions
+from .base import PLAIN, PositionalScheme, Positions
 
 
 def refusal(cls: type[PositionalScheme]) -> str | None:
@@ -70,17 +70,19 @@ class Droppable:
         """The positions a dropped layer attends with: its mask stays, a hybrid's window included."""
         return self.masked_positions(layer, pos)
 
-    # logit_scale: SSMax's s_h log n_i (model.softmax_scale), a model option that stays after the drop, passed on
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None, logit_scale=None) -> Tensor:
+    # softmax: the model's changes to the softmax (SSMax, a sink), model options that stay after the drop, passed on
+    def attend(self, layer, q, k, v, pos, dropout_p, context=None, softmax=PLAIN) -> Tensor:
         if self.dropped:  # the base attention over this class's rotate and score_bias: identity and none
             kept = self._kept(layer, pos)
-            return PositionalScheme.attend(self, layer, q, k, v, kept, dropout_p, context, logit_scale)
-        return super().attend(layer, q, k, v, pos, dropout_p, context, logit_scale=logit_scale)
+            return PositionalScheme.attend(self, layer, q, k, v, kept, dropout_p, context, softmax)
+        changed = {} if softmax is PLAIN else {"softmax": softmax}
+        return super().attend(layer, q, k, v, pos, dropout_p, context, **changed)
 
-    def attention_probs(self, layer, q, k, pos, context=None, logit_scale=None) -> Tensor:
+    def attention_probs(self, layer, q, k, pos, context=None, softmax=PLAIN) -> Tensor:
         if self.dropped:
-            return PositionalScheme.attention_probs(self, layer, q, k, self._kept(layer, pos), context, logit_scale)
-        return super().attention_probs(layer, q, k, pos, context, logit_scale=logit_scale)
+            return PositionalScheme.attention_probs(self, layer, q, k, self._kept(layer, pos), context, softmax)
+        changed = {} if softmax is PLAIN else {"softmax": softmax}
+        return super().attention_probs(layer, q, k, pos, context, **changed)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, drop_at_step={self.drop_at_step}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import Dims, PositionalScheme, Positions
+from .base import PLAIN, Dims, PositionalScheme, Positions
 from .registry import SCHEMES, build_scheme, register, scheme_class
 
 #: the hybrid of conf/posenc/hybrid.yaml: NoPE every fourth layer, RoPE in the others (Llama 4's iRoPE)
@@ -228,15 +228,15 @@ class Hybrid(PositionalScheme):
         part, rank, pos = self._layer(layer, pos)
         return part.score_bias(rank, pos, context)
 
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None, logit_scale=None) -> Tensor:
+    def attend(self, layer, q, k, v, pos, dropout_p, context=None, softmax=PLAIN) -> Tensor:
         part, rank, pos = self._layer(layer, pos)
-        scale = {} if logit_scale is None else {"logit_scale": logit_scale}  # SSMax: refused with windows (model.py)
-        return part.attend(rank, q, k, v, pos, dropout_p, context, **scale)
+        changed = {} if softmax is PLAIN else {"softmax": softmax}  # SSMax: refused with windows (model.py)
+        return part.attend(rank, q, k, v, pos, dropout_p, context, **changed)
 
-    def attention_probs(self, layer, q, k, pos, context=None, logit_scale=None) -> Tensor:
+    def attention_probs(self, layer, q, k, pos, context=None, softmax=PLAIN) -> Tensor:
         part, rank, pos = self._layer(layer, pos)
-        scale = {} if logit_scale is None else {"logit_scale": logit_scale}
-        return part.attention_probs(rank, q, k, pos, context, **scale)
+        changed = {} if softmax is PLAIN else {"softmax": softmax}
+        return part.attention_probs(rank, q, k, pos, context, **changed)
 
     def extra_repr(self) -> str:
         return f"layers={self.layers}" + (f", windows={self.windows}" if self.windows else "")

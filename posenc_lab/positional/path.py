@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dims, PositionalScheme, Positions, mask_to_bias
+from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax, mask_to_bias
 from .registry import register
 
 CHUNK = 64  # C: tokens per chunk (the authors' kernel's); the scores do not depend on it
@@ -176,12 +176,12 @@ class PaTH(PositionalScheme):
         k: Tensor,
         pos: Positions,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        q, w, beta = self._inputs(layer, q, context, pos, logit_scale)
+        q, w, beta = self._inputs(layer, q, context, pos, softmax.scale)
         with torch.autocast(q.device.type, enabled=False):
             scores = path_scores(q, k.float(), w, beta) + mask_to_bias(pos.visible, torch.float32)
-        return torch.softmax(scores, dim=-1).to(k.dtype)
+        return softmax.probs(scores).to(k.dtype)
 
     def attend(
         self,
@@ -192,13 +192,13 @@ class PaTH(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
         """Row by row of query chunks: each row's softmax over its keys up to its own chunk (later keys are never
         visible, so they are neither computed nor normalised), the mask added, one product with the matching keys'
         values."""
         L, N = q.shape[2], k.shape[2]
-        q, w, beta = self._inputs(layer, q, context, pos, logit_scale)
+        q, w, beta = self._inputs(layer, q, context, pos, softmax.scale)
         with torch.autocast(q.device.type, enabled=False):
             rows, front = path_rows(q, k.float(), w, beta)
             C = rows[0].shape[-2]
@@ -209,7 +209,7 @@ class PaTH(PositionalScheme):
             out = []
             for c, row in enumerate(rows):
                 row = row + mask_to_bias(visible[c * C : (c + 1) * C, : row.shape[-1]], row.dtype)
-                probs = torch.softmax(row, dim=-1)
+                probs = softmax.probs(row)
                 if dropout_p > 0:
                     probs = F.dropout(probs, dropout_p)
                 out.append(probs @ values[:, :, : row.shape[-1]])

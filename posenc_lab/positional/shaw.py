@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .base import Dims, PositionalScheme, Positions, mask_to_bias
+from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax, mask_to_bias
 from .registry import register
 
 
@@ -176,11 +176,11 @@ class Shaw(PositionalScheme):
         k: Tensor,
         pos: Positions,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        if logit_scale is not None:  # e_ij is linear in q_i: lambda_i e_ij = (lambda_i q_i) . (k_j + a^K)
-            q = q * logit_scale.to(q.dtype)
-        return torch.softmax(self.scores(layer, q, k, pos), dim=-1)  # bf16 in, bf16 out: fp32 inside the kernel
+        if softmax.scale is not None:  # e_ij is linear in q_i: lambda_i e_ij = (lambda_i q_i) . (k_j + a^K)
+            q = q * softmax.scale.to(q.dtype)
+        return softmax.probs(self.scores(layer, q, k, pos))
 
     def attend(
         self,
@@ -191,16 +191,16 @@ class Shaw(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        if logit_scale is not None:  # SSMax: e_ij is linear in q_i, so lambda_i q_i scales it on both paths
-            q = q * logit_scale.to(q.dtype)
-        if fused.use_fused(self, q, k, dropout_p, needs_lse=True):
+        if softmax.scale is not None:  # SSMax: e_ij is linear in q_i, so lambda_i q_i scales it on both paths
+            q = q * softmax.scale.to(q.dtype)
+        if softmax.sink is None and fused.use_fused(self, q, k, dropout_p, needs_lse=True):
             # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
             rows = self.a_key[layer].to(q.dtype)[self.K - torch.arange(self.K + 1, device=q.device)]
             qa = (q * q.shape[-1] ** -0.5) @ rows.T
             return fused.attend_shaw(q, k, v, pos, qa, self.a_value[layer])
-        probs = self.attention_probs(layer, q, k, pos)  # softmax(e)
+        probs = self.attention_probs(layer, q, k, pos, softmax=softmax.unscaled())  # softmax(e), a sink's share out
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)
         K, n = self.K, min(self.K, k.shape[2])  # near column t: distance n-1-t, row K-n+1+t
@@ -216,7 +216,8 @@ class Shaw(PositionalScheme):
         #     sum_b P_ib a^V_b = (sum_j p_ij) a^V_0 + sum_{d < n} p_{i, i-d} (a^V_{K-d} - a^V_0):
         # every key gets the far row a^V_0, the n nearest distances are corrected (diagonals of p).
         out = _NearValues.apply(probs, v, a_value[K + 1 - n : K + 1] - a_value[0])
-        row_sum = probs.sum(-1, keepdim=True) if dropout_p > 0 else 1.0  # softmax rows sum to 1
+        exact = dropout_p == 0 and softmax.sink is None  # rows sum to 1 (a sink or dropout leaves less)
+        row_sum = 1.0 if exact else probs.sum(-1, keepdim=True)
         return out + row_sum * a_value[0]
 
     def extra_repr(self) -> str:

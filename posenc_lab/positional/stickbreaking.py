@@ -92,7 +92,7 @@ class StickBreaking(PositionalScheme):
     positions_enter = "`A_ij = beta_ij prod (1 - beta_it)` over the nearer keys, `beta = sigmoid(q.k)`"
     with_memory = "the stick runs back through the memory"
     random_positions_refused = "it reads no position: the order of the keys alone decides which breaks the stick first"
-    softmax_scale_refused = (
+    softmax_refused = (
         "its attention is no softmax: each key takes sigmoid(z) of the stick the nearer keys left, and the stick left "
         "over goes to no key, so there is no normalisation over n keys to rescale"
     )

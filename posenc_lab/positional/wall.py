@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dims, PositionalScheme, Positions
+from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax
 from .registry import register
 
 #: a leaf pair's cost (elementwise over d_h, forward and backward) in matmul pairs, rough on CPU: it weighs a larger
@@ -226,10 +226,10 @@ class Wall(PositionalScheme):
         return _Scores.apply(q, k, P, c, n, hidden)[:, :, :L, : M + L]
 
     def probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None, logit_scale: Tensor | None
+        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None, softmax: Softmax
     ) -> Tensor:
         """[B, H, L, N] fp32: softmax_j(logit_ij), the one path of ``attend`` and ``attention_probs``."""
-        return torch.softmax(self.logits(layer, q, k, pos, context, logit_scale), dim=-1)
+        return softmax.probs(self.logits(layer, q, k, pos, context, softmax.scale))
 
     def attention_probs(
         self,
@@ -238,9 +238,9 @@ class Wall(PositionalScheme):
         k: Tensor,
         pos: Positions,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        return self.probs(layer, q, k, pos, context, logit_scale).to(q.dtype)
+        return self.probs(layer, q, k, pos, context, softmax).to(q.dtype)
 
     def attend(
         self,
@@ -251,9 +251,9 @@ class Wall(PositionalScheme):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
-        probs = self.probs(layer, q, k, pos, context, logit_scale)
+        probs = self.probs(layer, q, k, pos, context, softmax)
         return F.dropout(probs, dropout_p).to(v.dtype) @ v  # sum_j p_ij v_j, dropped in fp32
 
     def extra_repr(self) -> str:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from . import fused
-from .base import Dims, ExplicitScores, PositionDropout, Positions, mask_to_bias, sinusoid_table
+from .base import PLAIN, Dims, ExplicitScores, PositionDropout, Positions, Softmax, mask_to_bias, sinusoid_table
 from .registry import register
 
 
@@ -161,17 +161,18 @@ class XLRelative(ExplicitScores):
         pos: Positions,
         dropout_p: float,
         context: Tensor | None = None,
-        logit_scale: Tensor | None = None,
+        softmax: Softmax = PLAIN,
     ) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
-        # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path: fused.py.
-        if fused.use_fused(self, q, k, dropout_p):
+        # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path (no sink): fused.py.
+        if softmax.sink is None and fused.use_fused(self, q, k, dropout_p):
+            logit_scale = softmax.scale
             u, vb = self._uv(layer)
             row = q.shape[-1] ** -0.5 if logit_scale is None else logit_scale.to(q.dtype) * q.shape[-1] ** -0.5
             bd = ((q + vb.to(q.dtype)) * row) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
             q_u = q + u.to(q.dtype)
             return fused.attend_xl(q_u if logit_scale is None else q_u * logit_scale.to(q.dtype), k, v, pos, bd)
-        return super().attend(layer, q, k, v, pos, dropout_p, context, logit_scale)
+        return super().attend(layer, q, k, v, pos, dropout_p, context, softmax)
 
     def extra_repr(self) -> str:
         return f"clamp_len={self.clamp_len}, share_uv={self.share_uv}"

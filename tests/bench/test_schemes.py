@@ -39,7 +39,7 @@ def test_entries_parse_as_given_and_are_labelled_by_the_cell_rule():
     "entry, message",
     [
         (f"{ROPE}[scalng=dynamic]", rf"^--schemes {ROPE}\[scalng=dynamic\]: rope has no option 'scalng'; its options: "
-         r"base, partial, scaling, .*, softmax_scale$"),
+         r"base, partial, scaling, .*, softmax_scale, attention_sink, output_gate$"),
         (f"{ROPE}[factor=big]", rf"^--schemes {ROPE}\[factor=big\]: rope: posenc\.factor must be a number, got 'big'$"),
         (f"{SINUSOID}[softmax_scale=ssmx]", r"model\.softmax_scale must be null \(the plain softmax\) or one of ssmax"),
         (f"{STICKBREAKING}[softmax_scale=ssmax]", r"softmax_scale=ssmax does not apply to posenc=stickbreaking: "),

@@ -507,7 +507,7 @@ def test_shaw_attend_with_fp32_probabilities_and_bf16_values(monkeypatch):
     monkeypatch.setattr(
         scheme,
         "attention_probs",
-        lambda *a: fp32_probs(*(x.float() if torch.is_tensor(x) and x.is_floating_point() else x for x in a)),
+        lambda *a, **kw: fp32_probs(*(x.float() if torch.is_tensor(x) and x.is_floating_point() else x for x in a)),
     )
     v16 = v.bfloat16().requires_grad_()
     out = scheme.attend(1, q.bfloat16(), k.bfloat16(), v16, pos, 0.0)
