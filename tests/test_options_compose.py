@@ -59,6 +59,8 @@ OPTIONS = [
     Option("post_norm", {"model.pre_norm": "false"}, "model.pre_norm"),
     Option("dropout", {"model.dropout": "0.1", "model.attn_dropout": "0.1", "model.pos_dropout": "0.1"}, "dropout"),
     Option("ssmax", {"model.softmax_scale": "ssmax"}, "model.softmax_scale"),
+    Option("sink", {"model.attention_sink": "true"}, "model.attention_sink"),
+    Option("gate", {"model.output_gate": "true"}, "model.output_gate"),
     Option("drope_before", {"+posenc.drop_at_step": str(K)}, "posenc.drop_at_step", step=K - 1),
     Option("drope_after", {"+posenc.drop_at_step": str(K)}, "posenc.drop_at_step", step=K),
     Option("hybrid", {"posenc": HYBRID, "posenc.layers": f"[{{s}},{NOPE}]"}, "posenc.layers"),
