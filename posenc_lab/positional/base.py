@@ -254,6 +254,9 @@ class PositionalScheme(nn.Module):
     #: Parameters kept inside a range by projected gradient descent: name -> (low, high), high None for none.
     #: Read through ``constrained(name)``; ``project_parameters_`` clamps them all in place.
     projected: dict[str, tuple[float, float | None]] = {}
+    #: True where the scheme's own ``attend`` only changes how positions enter (rope's STRING at evaluation), so that
+    #: with its positions dropped (DroPE) what is left is plain attention.
+    own_attend_is_positions: bool = False
     #: True for a scheme made of other schemes, one per group of layers, held in its ``parts`` (name -> scheme): a
     #: hybrid. DroPE checks and drops each part (drope.py) without knowing the hybrid.
     composite: bool = False

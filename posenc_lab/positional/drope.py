@@ -39,7 +39,7 @@ def refusal(cls: type[PositionalScheme]) -> str | None:
         return None
     if cls.kind == "none":
         return "it has no positional encoding to drop"
-    if cls.attend is not PositionalScheme.attend:
+    if cls.attend is not PositionalScheme.attend and not cls.own_attend_is_positions:
         return (
             "it writes its own attention (attend): without its positions that is another attention, not plain "
             "attention with the encoding removed"

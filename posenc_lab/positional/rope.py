@@ -31,6 +31,19 @@ is this ramp. L_orig is the attention span the model trained with, M + L (the la
 null sizes it to the run, so a checkpoint carries it into evaluation (Llama 3.1's is 8192, its factor 8).
 YaRN's alpha, beta and temperature are the paper's values for LLaMA.
 
+``string_shift`` S turns on STRING at evaluation (An et al., ICLR 2025, "Why does the effective context length of
+LLMs fall short?"): a training-free shift of the position indices, so that far pairs reuse the distances training
+saw most often (the left-skewed frequency of relative positions). Each pair's distance d = i - j becomes
+
+    d'  = d              d < S        (the local window keeps its positions)
+    d'  = d - S + W      d >= S       (the far pairs shifted back by S - W: the S largest distances are dropped)
+
+with W = ``string_window`` < S a small local window (the paper: S = N / 3 of the training length N, W = 128 at
+N = 128K). The authors compute it as two flash-attention calls merged by their log-sum-exp (the neighbours with the
+original positions, the rest with the queries' positions shifted by W - S); here the logits are written out, the far
+pairs' with q rotated at i - S + W. Training ignores it (the scheme is plain rope while ``training``), so one
+checkpoint is compared with and without it; memory keys are far or near by their distance like any other key.
+
 dynamic and longrope read the span S of the segment being scored, the largest distance plus one,
 S = q_{L-1} - k_0 + 1: M + L, memory keys included (a query's keys reach M back), the analogue of Hugging Face's
 seq_len (the largest position + 1, which with a whole cache is also the largest distance + 1). S is read from the
@@ -43,9 +56,10 @@ short factors; both are computed on the device (a tensor S), so random positions
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Dims, PositionalScheme, Positions
+from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax, mask_to_bias
 from .registry import register
 
 SCALINGS = ("none", "linear", "ntk", "yarn", "llama3", "dynamic", "longrope")
@@ -103,6 +117,24 @@ def check_longrope(d_head: int, short: list | None, long: list | None, attention
         )
 
 
+def check_string(shift: int | None, window: int | None) -> None:
+    """One line naming the bad value unless STRING's shift S and window W are off together or 0 <= W < S."""
+    if shift is None and window is None:
+        return
+    if shift is None:
+        raise ValueError(f"rope: posenc.string_window={window!r} has no effect without posenc.string_shift (null: off)")
+    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 1:
+        raise ValueError(
+            f"rope: posenc.string_shift (STRING's S: distances from S on are shifted back by S - W; the paper: a third "
+            f"of the training length) must be an integer >= 1 or null (off), got {shift!r}"
+        )
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window < shift:
+        raise ValueError(
+            f"rope: posenc.string_window (STRING's local window W, the distance the first shifted pair takes) must be "
+            f"an integer in [0, string_shift={shift}), got {window!r}"
+        )
+
+
 def longrope_attention_factor(factor: float, original_len: int, given: float | None) -> float:
     """The factor on q and on k (so the scores times its square): ``given``, else Hugging Face's default
     sqrt(1 + ln(s) / ln(L_orig)) for s > 1, and 1 at s = 1 (and at L_orig = 1, where ln L_orig = 0)."""
@@ -120,9 +152,10 @@ class RoPE(PositionalScheme):
     family = "relative, rotary"
     positions_enter = (
         "`q_i`, `k_j` rotated; `partial: p` rotates the fastest pairs only (p-RoPE); `scaling: linear, ntk, "
-        "yarn, llama3, dynamic, longrope`"
+        "yarn, llama3, dynamic, longrope`; `string_shift`: STRING's shifted distances at evaluation"
     )
     with_memory = "memory at negative positions"
+    own_attend_is_positions = True  # its attend writes STRING's shifted distances out, nothing else
 
     def __init__(
         self,
@@ -138,8 +171,12 @@ class RoPE(PositionalScheme):
         short_factor: list[float] | None = None,
         long_factor: list[float] | None = None,
         attention_factor: float | None = None,
+        string_shift: int | None = None,
+        string_window: int | None = None,
     ):
         super().__init__(dims)
+        check_string(string_shift, string_window)
+        self.string_shift, self.string_window = string_shift, string_window
         if dims.d_head % 2:
             raise ValueError(f"rope: the head size d_model/n_head = {dims.d_head} is odd; rope needs an even head size")
         if not math.isfinite(base) or base <= 1:
@@ -229,7 +266,37 @@ class RoPE(PositionalScheme):
         # x * cos + rotate_half(x) * sin  is the 2-D rotation of each channel pair.
         return q * cos_q + rotate_half(q) * sin_q, k * cos_k + rotate_half(k) * sin_k
 
+    @property
+    def string_active(self) -> bool:
+        """STRING's shift applies: it is set and the model evaluates."""
+        return self.string_shift is not None and not self.training
+
+    def string_logits(self, q: Tensor, k: Tensor, pos: Positions, softmax: Softmax) -> Tensor:
+        """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, N] STRING's scaled logits, -inf where not visible: the
+        near pairs (d < S) q_i rotated at i, the far ones at i - S + W (the module docstring), SSMax's scale applied."""
+        theta, S, W = self.frequencies(pos), self.string_shift, self.string_window
+        cos_k, sin_k = self._cos_sin(pos.k, k.dtype, theta)
+        k = (k * cos_k + rotate_half(k) * sin_k).transpose(-1, -2) * q.shape[-1] ** -0.5
+        near, far = (self._cos_sin(pos.q - shift, q.dtype, theta) for shift in (0, S - W))
+        z_near, z_far = ((q * cos + rotate_half(q) * sin) @ k for cos, sin in (near, far))
+        z = torch.where(pos.distance >= S, z_far, z_near)
+        if softmax.scale is not None:
+            z = z * softmax.scale.to(z.dtype)
+        return z + mask_to_bias(pos.visible, z.dtype)
+
+    def attention_probs(self, layer, q, k, pos, context=None, softmax=PLAIN) -> Tensor:
+        if not self.string_active:
+            return super().attention_probs(layer, q, k, pos, context, softmax)
+        return softmax.unscaled().probs(self.string_logits(q, k, pos, softmax))
+
+    def attend(self, layer, q, k, v, pos, dropout_p, context=None, softmax=PLAIN) -> Tensor:
+        if not self.string_active:
+            return super().attend(layer, q, k, v, pos, dropout_p, context, softmax)
+        probs = softmax.unscaled().probs(self.string_logits(q, k, pos, softmax))
+        return (F.dropout(probs, dropout_p) if dropout_p > 0 else probs) @ v
+
     def extra_repr(self) -> str:
+        string = "" if self.string_shift is None else f", string_shift={self.string_shift}, window={self.string_window}"
         scaled = f", scaling={self.scaling!r}, factor={self.factor}" if self.scaling != "none" else ""
         partial = f", partial={self.partial}" if self.partial != 1 else ""
-        return f"base={self.base}{partial}{scaled}"
+        return f"base={self.base}{partial}{scaled}{string}"

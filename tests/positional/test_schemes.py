@@ -186,6 +186,8 @@ def test_documented_options_exist():
         "short_factor",
         "long_factor",
         "attention_factor",
+        "string_shift",
+        "string_window",
     }
 
 
