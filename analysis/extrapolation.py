@@ -9,6 +9,11 @@ Horizon axis (later than trained): the run as trained (L, M) over streams of ``h
 training episode T, never reset; the loss by stream offset, and its per-token difference to the same
 tokens evaluated with resets every T (``delta``): the text's own difficulty cancels.
 
+STRING (rope's ``string_shift``, training-free): every rope run is evaluated again along both window axes with
+STRING on, its shift S = ``string_shift_frac`` of the training span (M + L; L without memory) and its window
+``string_window``, on the same tokens (axes ``segment+string`` and ``memory+string``), so that one checkpoint is
+compared with and without it.
+
 A length a scheme cannot serve is a row with status "not applicable" and the scheme's own reason, never a
 crash and never a silent gap. Per-token values (with their documents) are kept for the intervals.
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -47,6 +53,8 @@ class ExtrapolationSettings:
     horizon_factor: int  # stream length / training episode length
     horizon_tokens: int  # stream length for runs trained without episodes
     horizon_bins: int
+    string_shift_frac: float | None  # STRING's S as a fraction of the training span (the paper: 1/3); None: off
+    string_window: int  # STRING's W (the paper's 128 is for 128K-token contexts)
 
 
 @dataclass
@@ -86,7 +94,40 @@ def _targets(run: Run, split: str, n_rows: int, row_len: int, first: int = 0):
     return rows, run.corpus().families(split)[targets], scored
 
 
-def segment_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -> list[dict]:
+def string_setting(run: Run, s: ExtrapolationSettings) -> tuple[int, int] | None:
+    """(S, W) of STRING for ``run`` (a rope run, and ``string_shift_frac`` set), or None."""
+    if s.string_shift_frac is None or run.config.get("posenc", {}).get("name") != "rope":
+        return None
+    span = run.segment_len + run.mem_len
+    shift = max(1, round(s.string_shift_frac * span))
+    return (shift, min(s.string_window, shift - 1))
+
+
+@contextmanager
+def string_on(model, shift: int, window: int):
+    """``model``'s rope evaluated with STRING's shift and window, restored after."""
+    scheme = model.scheme
+    before = scheme.string_shift, scheme.string_window
+    scheme.string_shift, scheme.string_window = shift, window
+    try:
+        yield model
+    finally:
+        scheme.string_shift, scheme.string_window = before
+
+
+def string_axes(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -> list[dict]:
+    """Both window axes again with STRING on (a rope run), each row marked with its S and W."""
+    setting = string_setting(run, s)
+    if setting is None:
+        return []
+    with string_on(run.model(), *setting):
+        rows = segment_axis(run, s, split, tokens, "segment+string") + memory_axis(
+            run, s, split, tokens, "memory+string"
+        )
+    return [{**row, "string_shift": setting[0], "string_window": setting[1]} for row in rows]
+
+
+def segment_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict, axis: str = "segment") -> list[dict]:
     L = run.segment_len
     lengths = [f * L for f in s.segment_factors]
     rows, docs, scored = _targets(run, split, s.n_rows, max(lengths))
@@ -95,14 +136,14 @@ def segment_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -
         try:  # each segment alone and its own episode: positions 0..L'-1 for every scheme
             loss = stream_losses(run.model(), rows, segment_len=Lp, mem_len=0, episode_len=Lp).loss.numpy()
         except ValueError as e:
-            out.append(_row(run, "segment", Lp, Lp / L, reason=str(e)))
+            out.append(_row(run, axis, Lp, Lp / L, reason=str(e)))
             continue
-        tokens[(run.name, "segment", Lp)] = (loss[scored], docs[scored])
-        out.append(_row(run, "segment", Lp, Lp / L, loss[scored].mean()))
+        tokens[(run.name, axis, Lp)] = (loss[scored], docs[scored])
+        out.append(_row(run, axis, Lp, Lp / L, loss[scored].mean()))
     return out
 
 
-def memory_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) -> list[dict]:
+def memory_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict, axis: str = "memory") -> list[dict]:
     L = run.segment_len
     M_ref = run.mem_len or L
     lengths = [f * M_ref for f in s.memory_factors]
@@ -115,11 +156,11 @@ def memory_axis(run: Run, s: ExtrapolationSettings, split: str, tokens: dict) ->
                 run.model(), rows, Mp, score_start=start, n_score=n_score, mode="memory", segment_len=L
             )
         except ValueError as e:
-            out.append(_row(run, "memory", Mp, Mp / M_ref, reason=str(e)))
+            out.append(_row(run, axis, Mp, Mp / M_ref, reason=str(e)))
             continue
         loss = res.loss.numpy()
-        tokens[(run.name, "memory", Mp)] = (loss[scored], docs[scored])
-        out.append(_row(run, "memory", Mp, Mp / M_ref, loss[scored].mean()))
+        tokens[(run.name, axis, Mp)] = (loss[scored], docs[scored])
+        out.append(_row(run, axis, Mp, Mp / M_ref, loss[scored].mean()))
     return out
 
 
@@ -167,7 +208,7 @@ def analyze(runs: list[Run], out: Path, s: ExtrapolationSettings, split: str, lo
     for i, run in enumerate(runs, 1):
         log(f"  extrapolation [{i}/{len(runs)}] {run.label}")
         rows += [*segment_axis(run, s, split, tokens), *memory_axis(run, s, split, tokens)]
-        rows += horizon_axis(run, s, split, tokens)
+        rows += horizon_axis(run, s, split, tokens) + string_axes(run, s, split, tokens)
     table = pd.DataFrame(rows)
     _, scale = figure_scale(runs[0].unit)
     table["metric"] = table["loss_nats"] * scale
@@ -195,6 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--segment-factors", type=_ints, default=d.segment_factors, help="L'/L, comma-separated")
     p.add_argument("--memory-factors", type=_ints, default=d.memory_factors, help="M'/M, comma-separated")
     p.add_argument("--horizon-factor", type=int, default=d.horizon_factor)
+    p.add_argument(
+        "--string-shift-frac",
+        type=lambda t: None if t == "none" else float(t),
+        default=d.string_shift_frac,
+        help="STRING on rope runs: S as a fraction of the training span ('none': off)",
+    )
+    p.add_argument("--string-window", type=int, default=d.string_window, help="STRING's window W")
     add_threads_argument(p)
     a = p.parse_args(argv)
     apply_threads(a.threads)
@@ -204,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         segment_factors=a.segment_factors,
         memory_factors=a.memory_factors,
         horizon_factor=a.horizon_factor,
+        string_shift_frac=a.string_shift_frac,
+        string_window=a.string_window,
     )
     try:
         res = analyze(find_runs(a.runs), a.out, s, a.split)

@@ -16,11 +16,18 @@ from .base import Figure, Part, Section, Table, register
 
 
 def _contrast(
-    res: ExtrapolationResult, group: list[Run], axis: str, la: int, lb: int | None, level: float
+    res: ExtrapolationResult,
+    group: list[Run],
+    axis: str,
+    la: int,
+    lb: int | None,
+    level: float,
+    axis_b: str | None = None,
 ) -> Difference:
-    """Loss at length la minus at lb over the same runs (lb None: against zero), its interval at ``level``."""
+    """Loss at length la minus at lb over the same runs (lb None: against zero; ``axis_b``: lb on that axis, the
+    same tokens), its interval at ``level``."""
     a = [res.tokens.get((r.name, axis, la)) for r in group]
-    b = [res.tokens.get((r.name, axis, lb)) for r in group] if lb is not None else None
+    b = [res.tokens.get((r.name, axis_b or axis, lb)) for r in group] if lb is not None else None
     if any(x is None for x in a) or (b is not None and any(x is None for x in b)):
         return NOT_EVALUATED
     xa = np.stack([x[0] for x in a]).astype(np.float64)
@@ -49,6 +56,12 @@ def summary(res: ExtrapolationResult, cells: dict[str, list[Run]], scale: float,
                 if longest > base
                 else "n/a (no longer length served)"
             )
+        for axis in ("segment", "memory"):  # STRING on minus off, the same checkpoint and tokens, at the longest length
+            on = ok[(ok["axis"] == f"{axis}+string") & ok["run"].isin(names)]
+            if len(on) and f"{axis}_longest" in row:
+                longest = row[f"{axis}_longest"]
+                diff = _contrast(res, group, f"{axis}+string", longest, longest, level, axis_b=axis)
+                row[f"string_{axis}_change"] = diff.scaled(scale).text(3)
         T = group[0].episode_len
         if T:
             row["past_episodes_change"] = _contrast(res, group, "horizon_past", T, None, level).scaled(scale).text(3)
@@ -86,8 +99,17 @@ class Extrapolation(Section):
             f"applicable length minus at the training length, {unit_name}, {ctx.shared.level:.0%} intervals (over "
             "seeds and the text's units, families or documents, where a cell has 2+ seeds, else the text alone; the "
             f"same runs at two lengths, seeds paired; `seeds`: how many of the cell's runs were evaluated). Test "
-            f"split, {s.n_rows} rows. Descriptive. Every evaluation, "
-            f"with the reason where a scheme cannot serve a length: `extrapolation/extrapolation.csv`."
+            f"split, {s.n_rows} rows. "
+            + (
+                f"STRING (rope's training-free shift of far distances, An et al. 2025): every rope run again with "
+                f"distances from S = {s.string_shift_frac:g} of its training span on shifted back to W = "
+                f"{s.string_window}; `string_*_change`: with minus without, the same checkpoint and tokens, at the "
+                f"longest length. "
+                if s.string_shift_frac is not None
+                else ""
+            )
+            + "Descriptive. Every evaluation, "
+            "with the reason where a scheme cannot serve a length: `extrapolation/extrapolation.csv`."
         )
         table = res.table.copy()
         table["value"] = table["loss_nats"] * scale
@@ -102,7 +124,9 @@ class Extrapolation(Section):
             ("segment", 0, "evaluation segment length L' (tokens)"),
             ("memory", 1, "attention length M' (tokens)"),
         ):
-            part = ok[ok["axis"] == axis].assign(mark=lambda d, k=mark_index: d["run"].map(lambda n: marks[n][k]))
+            part = ok[ok["axis"].isin([axis, f"{axis}+string"])]
+            part = part.assign(cell=part["cell"] + np.where(part["axis"] == axis, "", " +STRING"))
+            part = part.assign(mark=lambda d, k=mark_index: d["run"].map(lambda n: marks[n][k]))
             path = plots.small_multiples(
                 part,
                 x="length",
