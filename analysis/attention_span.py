@@ -38,7 +38,9 @@ class AttentionSettings:
 
 def attention_mass(run: Run, s: AttentionSettings, split: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(mass: run, layer, head, distance, mass; heads: run, layer, head, mean_distance, memory_share,
-    beyond_L_share) of one run."""
+    first_key_share, sink_share, beyond_L_share) of one run. first_key_share: the mass on the oldest key each query
+    sees (the memory's first slot; without memory the segment's first token), where a model without a sink piles
+    what it cannot place; sink_share: the mass a learned sink (``model.attention_sink``) takes, 1 - sum_j p_ij."""
     L, M = run.segment_len, run.mem_len
     warm = -(-M // L) * L  # whole segments until the memory holds M states
     data, _ = run.split(split)
@@ -48,6 +50,8 @@ def attention_mass(run: Run, s: AttentionSettings, split: str) -> tuple[pd.DataF
     D = M + L  # distances 0..M+L-1
     mass = torch.zeros(n_layer, H, D, dtype=torch.float64)
     memory_share = torch.zeros(n_layer, H, dtype=torch.float64)
+    first_key_share = torch.zeros(n_layer, H, dtype=torch.float64)
+    sink_share = torch.zeros(n_layer, H, dtype=torch.float64)
     n_seg = 0
     for start, _, out in iter_stream(model, rows, segment_len=L, mem_len=M, return_attention=True):
         if start < warm:
@@ -63,8 +67,12 @@ def attention_mass(run: Run, s: AttentionSettings, split: str) -> tuple[pd.DataF
             contrib = (p * valid).reshape(H, -1)
             mass[layer].scatter_add_(1, flat.expand(H, -1), contrib / Lq)
             memory_share[layer] += p[:, :, :m_cur].sum(-1).mean(-1)
+            first_key_share[layer] += p[:, :, 0].mean(-1)
+            sink_share[layer] += (1 - p.sum(-1)).clamp(min=0).mean(-1)
     mass /= max(n_seg, 1)
     memory_share /= max(n_seg, 1)
+    first_key_share /= max(n_seg, 1)
+    sink_share /= max(n_seg, 1)
     d = torch.arange(D, dtype=torch.float64)
     key = {**run.key, "label": run.label, "segment_len": L}
     mrows, hrows = [], []
@@ -79,6 +87,8 @@ def attention_mass(run: Run, s: AttentionSettings, split: str) -> tuple[pd.DataF
                     "head": h,
                     "mean_distance": float((mass[layer, h] * d).sum()),
                     "memory_share": float(memory_share[layer, h]),
+                    "first_key_share": float(first_key_share[layer, h]),
+                    "sink_share": float(sink_share[layer, h]),
                     "beyond_L_share": float(mass[layer, h, L:].sum()),
                 }
             )
@@ -109,6 +119,8 @@ def analyze(runs: list[Run], out: Path, s: AttentionSettings, split: str, log=pr
             mean_distance=("mean_distance", "mean"),
             max_head_distance=("mean_distance", "max"),
             memory_share=("memory_share", "mean"),
+            first_key_share=("first_key_share", "mean"),
+            sink_share=("sink_share", "mean"),
             beyond_L_share=("beyond_L_share", "mean"),
         )
         .reset_index()

@@ -341,3 +341,22 @@ def context_use(curves: pd.DataFrame, path: Path, marks: dict[str, float], ylabe
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7, frameon=False, bbox_to_anchor=(1.01, 1), loc="upper left")
     return _save(fig, path)
+
+
+def training_distances(freq: pd.DataFrame, path: Path) -> Path:
+    """The share of training's (query, key) pairs at each distance, one line per training setting (``freq``: cell,
+    distance, share; cells of one setting drawn once, named together): STRING's left-skewed frequency."""
+    if freq.empty:
+        return _empty(path, "no run")
+    shapes = {}
+    for cell, part in freq.groupby("cell", sort=False):
+        shapes.setdefault(tuple(part["share"].round(12)), (part, []))[1].append(cell)
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    for part, cells in shapes.values():
+        label = ", ".join(cells[:3]) + (f" and {len(cells) - 3} more" if len(cells) > 3 else "")
+        ax.plot(part["distance"], part["share"], marker=".", ms=3, label=label)
+    ax.set_xlabel("distance d = i - j (tokens)")
+    ax.set_ylabel("share of training pairs")
+    ax.legend(fontsize=7, frameon=False, bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.set_title("How often training scores each distance (the largest are the rarest)", fontsize=10)
+    return _save(fig, path)

@@ -21,7 +21,10 @@ class Attention(Section):
         text = (
             f"Attention probabilities of {s.n_segments} segments x {s.n_rows} streams of the test split after the "
             f"memory is full, as trained; mass by distance d = i - j averaged over queries (memory keys included). "
-            f"`memory_share`: mass on memory keys; `beyond_L_share`: mass at d >= L. One run per row (no interval: "
+            f"`memory_share`: mass on memory keys; `first_key_share`: mass on the oldest key a query sees (the "
+            f"memory's first slot, or the segment's first token), where attention without a sink piles what it cannot "
+            f"place (StreamingLLM's sink); `sink_share`: mass a learned sink takes (`+sink` cells; 0 elsewhere); "
+            f"`beyond_L_share`: mass at d >= L. One run per row (no interval: "
             f"a description of trained weights, not a comparison). Per head and distance: "
             f"`attention/attention_heads.csv`, `attention/attention_mass.csv`."
         )
@@ -29,7 +32,14 @@ class Attention(Section):
             "table_attention",
             res.summary,
             "attention span per run (mean over layers and heads)",
-            {"mean_distance": 2, "max_head_distance": 2, "memory_share": 4, "beyond_L_share": 4},
+            {
+                "mean_distance": 2,
+                "max_head_distance": 2,
+                "memory_share": 4,
+                "first_key_share": 4,
+                "sink_share": 4,
+                "beyond_L_share": 4,
+            },
         )
         figs = [
             Figure(path, f"attention mass by layer/head and distance ({loss} loss runs)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import plots
+from .. import distances, plots
 from ..dumps import seed_losses
 from ..effective_context import EffectiveContext, analyze, gain_tokens
 from ..power import POWER
@@ -112,6 +112,15 @@ def table(res: EffectiveContext, g, shown: list[int], scale: float) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
+def _training_setting(run) -> tuple[int, int, int | None, int | None]:
+    """(L, M, T, the same-length window or None) a run trained with."""
+    model = run.config["model"]
+    window = None
+    if model.get("same_length"):
+        window = run.mem_len + (model.get("same_length_keys", "mem_len+1") == "mem_len+1")
+    return run.segment_len, run.mem_len, run.episode_len, window
+
+
 @register
 class EffectiveContextSection(Section):
     name = "effective_context"
@@ -182,6 +191,9 @@ class EffectiveContextSection(Section):
             low=lambda d: d["low"] * g.scale,
             high=lambda d: d["high"] * g.scale,
         )
+        settings = {c: _training_setting(runs[0]) for c, runs in g.cells.items()}
+        freq = distances.frequency_table(settings)
+        trained = distances.summary(freq, {c: v[0] for c, v in settings.items()})
         marks = {"L": L} if M == 0 else {"L": L, "L + M": L + M}
         figure = plots.context_curves(
             curves, ctx.file("context_curves.png"), marks, f"loss - own best ({g.figure})", level
@@ -197,7 +209,22 @@ class EffectiveContextSection(Section):
                 ),
                 Table("context_curves", res.curves, "own-baseline curves at every c (nats)", show=False),
                 Table("effective_context_seeds", res.seeds, "effective context of every seed", show=False),
+                Table(
+                    "table_training_distances",
+                    trained,
+                    "how often training scored each distance (STRING's diagnosis, An et al. 2025): the share of "
+                    "training's (query, key) pairs at distance >= L, and the largest distance's frequency against "
+                    "distance 0's (analysis/distances.py)",
+                    {"share_at_or_past_L": 3, "largest_vs_0": 3},
+                ),
+                Table("training_distances", freq, "training pairs at every distance", show=False),
             ],
-            [Figure(figure, f"loss at context c minus the model's own best ({g.figure}), one line per cell")],
+            [
+                Figure(figure, f"loss at context c minus the model's own best ({g.figure}), one line per cell"),
+                Figure(
+                    plots.training_distances(freq, ctx.file("training_distances.png")),
+                    "the share of training's (query, key) pairs at each distance",
+                ),
+            ],
             findings,
         )

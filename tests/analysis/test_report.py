@@ -31,7 +31,10 @@ SHOWN = {
     "table6": (["table_ablation"], []),
     "position": (["table_position_summary"], ["position/loss_by_position.png"]),
     "context_use": (["table_context_use"], ["context_use.png"]),
-    "effective_context": (["table_effective_context"], ["context_curves.png"]),
+    "effective_context": (
+        ["table_effective_context", "table_training_distances"],
+        ["context_curves.png", "training_distances.png"],
+    ),
     "recl": (["table_recl"], ["recl_gain_curves.png"]),
     "extrapolation": (
         ["table_extrapolation", "table_not_applicable"],
