@@ -121,7 +121,9 @@ def plan(cfg: DictConfig, user: Sequence[str]) -> list[RunSpec]:
     extra = [CellPattern.parse(c, "ablate.extra_seed_cells") for c in extra_cells]
     no_memory = a.get("no_memory_schemes")
     valid = tuple(sorted({*scheme_names(), *group_options("posenc")}))  # a preset of conf/posenc/ too (irope)
-    schemes = list(scheme_names()) if a.schemes == "all" else list(a.schemes)  # "all": every registered scheme
+    # "all", alone or as an entry of the list: every registered scheme there (the zoo: [all, rope+sink, ...])
+    entries = ["all"] if a.schemes == "all" else list(a.schemes)
+    schemes = list(dict.fromkeys(n for e in entries for n in (scheme_names() if e == "all" else [e])))
     named = {
         "ablate.schemes": schemes,
         "ablate.no_memory_schemes": list(no_memory or []),

@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="comma-separated scheme names, or 'all' (default); a scheme with options in brackets, ';' between "
         "them: 'rope[scaling=dynamic;original_len=128;factor=4],sinusoid[softmax_scale=ssmax]' (its own options and "
-        "softmax_scale; each point named by its label, e.g. sinusoid+ssmax: bench/schemes.py)",
+        "the model's softmax_scale, attention_sink, output_gate; each point named by its label, e.g. sinusoid+ssmax, "
+        "rope+sink: bench/schemes.py)",
     )
     p.add_argument("--precisions", default="fp32", help=f"comma-separated, from {','.join(PRECISIONS)}")
     p.add_argument("--memory", default="both", choices=["both", "on", "off"], help="with memory, without, or both")

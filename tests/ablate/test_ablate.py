@@ -153,8 +153,9 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     own = isinstance(claims.get("schemes"), set) or "task_schemes" in claims or preset not in CLAIMS  # its own cells
     if not cfg.ablate.smoke and not own:
         assert schemes >= set(schemes_of_kind("absolute")) and len(schemes & set(schemes_of_kind("relative"))) >= 2
-    if preset == "zoo":  # every registered scheme, with memory only (conf/experiment/zoo.yaml)
+    if preset == "zoo":  # every registered scheme, with memory only, and a sink and a gate on rope and xl
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
+        assert {"rope+sink:mem32", "rope+gate:mem32", "xl+sink:mem32", "xl+gate:mem32"} <= {s.cell for s in main}
     elif preset != "lengthgen_finding":  # the finding's cells: without memory only, as published
         assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
     ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis))  # the analysis block is valid
