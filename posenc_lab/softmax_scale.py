@@ -16,7 +16,8 @@ input; scaling q . k alone would change what a bias means relative to the conten
 queries of the paper's 1024-token causal context; the value Axolotl's and other public SSMax implementations
 start from (the paper's text reachable here does not state its initial value: benchmarks/crosscheck_rope_scalings.py).
 
-A scheme receives the scale as ``logit_scale`` [H, L, 1] in ``attend`` and ``attention_probs`` and applies it
+A scheme receives the scale as ``softmax.scale`` [H, L, 1] (``positional.base.Softmax``, the model's changes to
+the softmax, a sink's logits beside it) in ``attend`` and ``attention_probs`` and applies it
 without a new [L, N] tensor where its logit is linear in a per-query vector (scale q, or q + u and q + v), else
 on the scores it already builds (CoPE: its gates read the unscaled logits). A scheme whose attention is no
 softmax declares ``softmax_refused`` with its reason (stick-breaking), and ``ModelConfig`` refuses the
