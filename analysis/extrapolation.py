@@ -34,11 +34,13 @@ import pandas as pd
 
 from posenc_lab.context import context_losses, stream_losses, stream_rows
 from posenc_lab.metrics import figure_scale
+from posenc_lab.positional import SCHEMES, scheme_options
 from posenc_lab.tables import write_csv
 
 from .runs import Run, RunError, add_threads_argument, apply_threads, find_runs
 from .settings import conf_block, structured
 
+STRING_OPTION = "string_shift"  # the scheme option that turns STRING on (rope's)
 NA_STATUS = "not applicable"  # (not "n/a": pandas reads that back as a missing value)
 
 
@@ -95,8 +97,9 @@ def _targets(run: Run, split: str, n_rows: int, row_len: int, first: int = 0):
 
 
 def string_setting(run: Run, s: ExtrapolationSettings) -> tuple[int, int] | None:
-    """(S, W) of STRING for ``run`` (a rope run, and ``string_shift_frac`` set), or None."""
-    if s.string_shift_frac is None or run.config.get("posenc", {}).get("name") != "rope":
+    """(S, W) of STRING for ``run`` (its scheme takes ``string_shift``, and ``string_shift_frac`` is set), or None."""
+    name = run.config.get("posenc", {}).get("name")
+    if s.string_shift_frac is None or name not in SCHEMES or STRING_OPTION not in scheme_options(name):
         return None
     span = run.segment_len + run.mem_len
     shift = max(1, round(s.string_shift_frac * span))
@@ -240,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--string-shift-frac",
         type=lambda t: None if t == "none" else float(t),
         default=d.string_shift_frac,
-        help="STRING on rope runs: S as a fraction of the training span ('none': off)",
+        help="STRING on the runs whose scheme takes it: S as a fraction of the training span ('none': off)",
     )
     p.add_argument("--string-window", type=int, default=d.string_window, help="STRING's window W")
     add_threads_argument(p)

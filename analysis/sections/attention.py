@@ -23,7 +23,7 @@ class Attention(Section):
             f"memory is full, as trained; mass by distance d = i - j averaged over queries (memory keys included). "
             f"`memory_share`: mass on memory keys; `first_key_share`: mass on the oldest key a query sees (the "
             f"memory's first slot, or the segment's first token), where attention without a sink piles what it cannot "
-            f"place (StreamingLLM's sink); `sink_share`: mass a learned sink takes (`+sink` cells; 0 elsewhere); "
+            f"place (StreamingLLM's sink); `sink_share`: mass a trained sink takes (`+sink` cells; 0 elsewhere); "
             f"`beyond_L_share`: mass at d >= L. One run per row (no interval: "
             f"a description of trained weights, not a comparison). Per head and distance: "
             f"`attention/attention_heads.csv`, `attention/attention_mass.csv`."

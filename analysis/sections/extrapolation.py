@@ -101,7 +101,8 @@ class Extrapolation(Section):
             f"same runs at two lengths, seeds paired; `seeds`: how many of the cell's runs were evaluated). Test "
             f"split, {s.n_rows} rows. "
             + (
-                f"STRING (rope's training-free shift of far distances, An et al. 2025): every rope run again with "
+                f"STRING (a training-free shift of far distances, An et al. 2025): every run whose scheme takes it "
+                f"(`posenc.string_shift`) again with "
                 f"distances from S = {s.string_shift_frac:g} of its training span on shifted back to W = "
                 f"{s.string_window}; `string_*_change`: with minus without, the same checkpoint and tokens, at the "
                 f"longest length. "
