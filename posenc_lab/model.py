@@ -228,7 +228,8 @@ class Block(nn.Module):
         else:  # [memory ; segment] along the keys, contiguous (the copy the schemes' GEMMs made of the strided view)
             kv = [t.view(B, -1, 2, H, D // H).permute(2, 0, 3, 1, 4) for t in (memory_kv, self.kv_proj(x))]
             k, v = (torch.cat([kv[0][i], kv[1][i]], dim=2) for i in (0, 1))
-        changed = {} if self.ssmax is None and self.sink is None else {"softmax": self.softmax(pos)}
+        softmax = self.softmax(pos)
+        changed = {} if softmax is PLAIN else {"softmax": softmax}  # a scheme that refuses it never gets it
         if probs_out is not None:
             probs_out.append(scheme.attention_probs(layer, q, k, pos, context, **changed).detach())
         dropout_p = self.attn_dropout if self.training else 0.0

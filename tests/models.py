@@ -43,3 +43,14 @@ def make_model(
             for p in (model.scheme if randomize == "scheme" else model).parameters():
                 p.normal_(0.0, 0.5)
     return model.eval()
+
+
+def memory_and_window(model: MemoryTransformer, stream: torch.Tensor, segment_len: int):
+    """(the last segment's output, read segment by segment with memory; one pass over the whole ``stream`` without
+    memory). stream: [B, M + L] tokens, so that a one-layer model's last segment with its M memory keys sees
+    exactly what the window pass gives its last L queries: their logits must agree."""
+    L, mems = segment_len, None
+    for t in range(stream.shape[1] // L):
+        out = model(stream[:, t * L : (t + 1) * L], mems=mems, offset=t * L)
+        mems = out.mems
+    return out, model(stream, mem_len=0)

@@ -13,7 +13,7 @@ import torch
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES
 from posenc_lab.positional.base import PLAIN, Softmax, mask_to_bias
-from tests.models import make_model
+from tests.models import make_model, memory_and_window
 from tests.positional.test_schemes import B, D, make_positions, make_scheme, qkv
 from tests.schemes import ALIBI, COPE, FOX, HYBRID, PATH, ROPE, SHAW, STICKBREAKING, XL
 from tests.test_memory import _run_both
@@ -110,11 +110,8 @@ def test_with_memory_equals_one_long_pass(name, options):
     a gradient and change the logits."""
     L, M = 4, 8
     model = make_model(name, n_layer=1, mem_len=M, randomize="all", **options)
-    stream, mems = torch.randint(0, 23, (B, 3 * L)), None
-    for t in range(3):
-        out = model(stream[:, t * L : (t + 1) * L], mems=mems, offset=t * L)
-        mems = out.mems
-    window = model(stream, mem_len=0)
+    stream = torch.randint(0, 23, (B, 3 * L))
+    out, window = memory_and_window(model, stream, L)
     torch.testing.assert_close(out.logits, window.logits[:, -L:], atol=1e-5, rtol=1e-4)
     window.logits.square().mean().backward()
     new = [p for n, p in model.named_parameters() if ".sink." in n or ".gate." in n]

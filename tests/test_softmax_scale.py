@@ -16,7 +16,7 @@ from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES
 from posenc_lab.positional.base import Softmax
 from posenc_lab.softmax_scale import SSMAX_INIT, SSMax
-from tests.models import make_model
+from tests.models import make_model, memory_and_window
 from tests.positional.test_fused import reference  # noqa: F401 - a fixture: flex_attention uncompiled on CPU
 from tests.positional.test_schemes import B, D, H, make_positions, make_scheme, masked_softmax, qkv
 from tests.schemes import (
@@ -162,11 +162,8 @@ def test_with_memory_equals_one_long_pass(name):
     the window (each query sees M + i + 1 keys in both); s reaches a gradient; and the scale changes the logits."""
     L, M = 4, 8
     model = make_model(name, n_layer=1, mem_len=M, randomize="all", softmax_scale="ssmax")
-    stream, mems = torch.randint(0, 23, (B, 3 * L)), None
-    for t in range(3):
-        out = model(stream[:, t * L : (t + 1) * L], mems=mems, offset=t * L)
-        mems = out.mems
-    window = model(stream, mem_len=0)
+    stream = torch.randint(0, 23, (B, 3 * L))
+    out, window = memory_and_window(model, stream, L)
     torch.testing.assert_close(out.logits, window.logits[:, -L:], atol=1e-5, rtol=1e-4)
     window.logits.square().mean().backward()
     assert model.blocks[0].ssmax.s.grad.abs().min() > 0

@@ -9,7 +9,7 @@ import torch
 
 from posenc_lab.positional.base import Softmax
 from posenc_lab.positional.rope import rotate_half
-from tests.models import make_model
+from tests.models import make_model, memory_and_window
 from tests.positional.test_schemes import B, make_positions, make_scheme, qkv
 from tests.schemes import ROPE
 
@@ -123,11 +123,8 @@ def test_training_is_plain_rope_and_one_checkpoint_is_evaluated_with_and_without
     string = make_model(
         ROPE, n_layer=1, mem_len=8, randomize="all", posenc_kwargs={"string_shift": S, "string_window": W}
     )
-    L, mems = 4, None  # one layer: its memory holds exactly the tokens a window pass would see
-    for t in range(4):
-        out = string(x[:, t * L : (t + 1) * L], mems=mems, offset=t * L)
-        mems = out.mems
-    window = string(x[:, 4:], mem_len=0)  # the last segment's 8 memory keys and its own 4: the last 12 tokens
+    L = 4  # one layer: its memory holds exactly the tokens a window pass would see
+    out, window = memory_and_window(string, x[:, 4:], L)  # 12 tokens: the last segment's 8 memory keys and its 4
     torch.testing.assert_close(out.logits, window.logits[:, -L:], atol=1e-5, rtol=1e-4)
 
 
