@@ -1,8 +1,18 @@
-"""posenc-lab's xl against the original Transformer-XL code (kimiyoung/transformer-xl), side by side in one process
-on the same text: training tokens/s of each, by interleaved rounds, and their ratio.
+"""posenc-lab's xl against the original Transformer-XL code (kimiyoung/transformer-xl) on the same text: training
+tokens/s of each, each in a process of its own, by interleaved rounds, and their ratio.
 
     git clone https://github.com/kimiyoung/transformer-xl /tmp/txl      # the reference: never part of this repository
     python benchmarks/txl_side_by_side.py --reference /tmp/txl --rounds 5
+
+Two comparisons, every round (in alternating order):
+
+- **each under its own defaults** (the fair one: as a user runs each program): ours as ``posenc-lab train`` runs,
+  after the command's own settings (``prefer_passive_openmp``, ``keep_freed_memory``, ``flush_denormals``, set in
+  its process before torch loads); the reference in this script's own environment, untouched.
+- **the same settings** (labelled so): the reference under posenc-lab's settings too. It measures the settings as
+  much as the code: the reference's step is much slower under them (docs/PERFORMANCE.md).
+
+Each child process prints its environment (threads, OpenMP wait policy, the malloc setting) beside its figure.
 
 Ours: a training step of ``posenc-lab train posenc=xl model=small`` (4 x 128, segment 128, memory 128, batch 16,
 fp32, data=pystdlib), ``Trainer.fit`` as the command runs it (``posenc_lab/bench/overhead.py``: data loading,
@@ -15,7 +25,7 @@ run as it is: its attention masks are made boolean (``masked_fill`` refuses ``.b
 softmax module no longer parses the CUDA version at import (None in a CPU build). ``--reference`` takes a checkout
 or a bare git repository (read at HEAD).
 
-Each figure is the mean over ``--steps`` steps after ``--warmup``; the ratio (ours over the reference, tokens/s) is
+Each figure is the mean over ``--steps`` steps after ``--warmup``; a ratio (ours over the reference, tokens/s) is
 each round's own, and the summary gives its median with the lowest and highest round.
 """
 
@@ -23,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,18 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from posenc_lab import flush_denormals, keep_freed_memory, prefer_passive_openmp  # noqa: E402
-
-prefer_passive_openmp()  # as posenc-lab sets them for its commands, before torch loads: both sides run under them
-keep_freed_memory()
-
-import torch  # noqa: E402
-
-from posenc_lab.bench.overhead import overrides, time_fit  # noqa: E402
-from posenc_lab.bench.probes import environment_line  # noqa: E402
-from posenc_lab.build import build_datamodule  # noqa: E402
-from posenc_lab.compose import compose, override_problem  # noqa: E402
-from posenc_lab.tables import text_row, text_table  # noqa: E402
+#: what a child process prints its figures after (one JSON line)
+RESULT = "txl_side_by_side result: "
+#: the environment variables a CPU timing depends on, printed for each child
+SETTINGS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
 
 #: the reference's files this runs, and the fixes each needs (old text -> new text)
 FILES = {
@@ -95,6 +99,10 @@ def load_reference(path: Path, into: Path):
 
 def time_reference(cfg, model_cls, iterator_cls, warmup: int, steps: int, seed: int = 0):
     """Seconds per step (wall, process CPU) of the reference's training step at ``cfg``'s sizes (module doc)."""
+    import torch
+
+    from posenc_lab.build import build_datamodule
+
     torch.manual_seed(seed)
     m, data = cfg.model, build_datamodule(cfg.data)
     L_, B, M = int(cfg.data.segment_len), int(cfg.data.batch_size), int(m.mem_len)
@@ -128,15 +136,64 @@ def time_reference(cfg, model_cls, iterator_cls, warmup: int, steps: int, seed: 
     return (w1 - w0) / steps, (c1 - c0) / steps
 
 
+def child(side: str, settings: str, reference: Path, warmup: int, steps: int, extra: list[str]) -> None:
+    """One side's figure in this process: ``posenc-lab``'s settings applied first where ``settings`` says (always
+    for ours, as the command applies them), then torch loaded; prints RESULT and a JSON line."""
+    from posenc_lab import flush_denormals, keep_freed_memory, prefer_passive_openmp
+
+    if side == "ours" or settings == "posenc-lab":
+        prefer_passive_openmp()  # before torch loads, as cli.py does
+        keep_freed_memory()
+        flush_denormals()
+    import torch
+
+    from posenc_lab.bench.overhead import overrides, time_fit
+    from posenc_lab.compose import compose
+
+    with tempfile.TemporaryDirectory(prefix="txl_side_") as tmp:
+        cfg = compose("train", overrides("small", warmup, steps, str(Path(tmp) / "run"), extra))
+        if side == "ours":
+            wall, cpu = time_fit(cfg, warmup, steps)[:2]
+        else:
+            wall, cpu = time_reference(cfg, *load_reference(reference, Path(tmp)), warmup, steps)
+    env = {k: os.environ.get(k, "unset") for k in SETTINGS}
+    tokens = int(cfg.data.batch_size) * int(cfg.data.segment_len)
+    print(RESULT + json.dumps({"wall_s": wall, "cpu_s": cpu, "tokens": tokens, "threads": torch.get_num_threads(),
+                               "posenc_lab_settings": side == "ours" or settings == "posenc-lab", **env}),
+          flush=True)  # fmt: skip
+
+
+def run_child(side: str, settings: str, args, extra: list[str]) -> dict:
+    """Start ``child`` in a process of its own, in this process's environment (nothing of posenc-lab's set in it)."""
+    command = [sys.executable, __file__, "--child", side, "--settings", settings, "--reference", str(args.reference),
+               "--warmup", str(args.warmup), "--steps", str(args.steps), *extra]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"txl_side_by_side: the {side} process failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT) :])
+
+
+#: (side, settings) of each child of a round: ours runs under its own settings only
+CHILDREN = (("ours", "own"), ("reference", "own"), ("reference", "posenc-lab"))
+
+
 def main(argv: list[str] | None = None) -> int:
-    flush_denormals()
     p = argparse.ArgumentParser(prog="txl_side_by_side", description=__doc__.split("\n\n")[0])
     p.add_argument("--reference", type=Path, required=True, help="kimiyoung/transformer-xl: a checkout or its .git")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="timed steps a round (a multiple of log_every_n_steps)")
+    p.add_argument("--child", choices=["ours", "reference"], help=argparse.SUPPRESS)
+    p.add_argument("--settings", choices=["own", "posenc-lab"], default="own", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="Hydra overrides of ours (default: posenc=xl model=small)")
     args = p.parse_args(argv)
+    extra = ["posenc=xl", "trainer.accelerator=cpu", *args.overrides]
+    if args.child:
+        child(args.child, args.settings, args.reference, args.warmup, args.steps, extra)
+        return 0
+    from posenc_lab.compose import override_problem  # no torch in this process: the children load it
+
     if problem := reference_problem(args.reference):
         print(f"txl_side_by_side: {problem}", file=sys.stderr)
         return 2
@@ -146,39 +203,42 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"txl_side_by_side: {'; '.join(bad)}", file=sys.stderr)
         return 2
-    print(environment_line())
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    mine = "  ".join(f"{k}={os.environ.get(k, 'unset')}" for k in SETTINGS)
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}  {os.cpu_count()} CPUs  load avg {load}  this process: {mine}")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="txl_reference_") as tmp:
-        model_cls, iterator_cls = load_reference(args.reference, Path(tmp))
-        for n in range(args.rounds):
-            run_dir = str(Path(tmp) / f"run{n}")
-            extra = ["posenc=xl", "trainer.accelerator=cpu", *args.overrides]
-            cfg = compose("train", overrides("small", args.warmup, args.steps, run_dir, extra))
-            tokens = int(cfg.data.batch_size) * int(cfg.data.segment_len)
-            times = {}
-            for side in ("ours", "reference") if n % 2 == 0 else ("reference", "ours"):
-                if side == "ours":
-                    times[side] = time_fit(cfg, args.warmup, args.steps)[:2]
-                else:
-                    times[side] = time_reference(cfg, model_cls, iterator_cls, args.warmup, args.steps)
-            (ours, ours_cpu), (ref, ref_cpu) = times["ours"], times["reference"]
-            row = {
-                "round": n + 1,
-                "ours_ms": ours * 1e3,
-                "reference_ms": ref * 1e3,
-                "ours_tok_s": tokens / ours,
-                "reference_tok_s": tokens / ref,
-                "ratio": ref / ours,
-                "ratio_cpu": ref_cpu / ours_cpu,
-            }
-            rows.append(row)
-            print(text_row(row), flush=True)
+    for n in range(args.rounds):
+        figures = {}
+        for side, settings in CHILDREN if n % 2 == 0 else CHILDREN[::-1]:
+            figures[side, settings] = got = run_child(side, settings, args, args.overrides)
+            env = "  ".join(f"{k}={got[k]}" for k in ("threads", *SETTINGS[1:3]))
+            print(f"round {n + 1}  {side:9s} {settings:10s} settings  {got['wall_s'] * 1e3:7.1f} ms a step "
+                  f"({got['tokens'] / got['wall_s']:,.0f} tokens/s)  {env}", flush=True)  # fmt: skip
+        ours = figures["ours", "own"]
+        rows.append({
+            "round": n + 1,
+            "ours_ms": ours["wall_s"] * 1e3,
+            "reference_own_ms": figures["reference", "own"]["wall_s"] * 1e3,
+            "reference_same_ms": figures["reference", "posenc-lab"]["wall_s"] * 1e3,
+            "ratio_own": figures["reference", "own"]["wall_s"] / ours["wall_s"],
+            "ratio_own_cpu": figures["reference", "own"]["cpu_s"] / ours["cpu_s"],
+            "ratio_same": figures["reference", "posenc-lab"]["wall_s"] / ours["wall_s"],
+            "ratio_same_cpu": figures["reference", "posenc-lab"]["cpu_s"] / ours["cpu_s"],
+        })  # fmt: skip
+    from posenc_lab.tables import text_table
+
     print()
     print(text_table(rows))
-    for key in ("ratio", "ratio_cpu"):
+    labels = {
+        "ratio_own": "each under its own defaults (the fair comparison)",
+        "ratio_own_cpu": "each under its own defaults, by process CPU time",
+        "ratio_same": "both under posenc-lab's settings (not the reference's own)",
+        "ratio_same_cpu": "both under posenc-lab's settings, by process CPU time",
+    }
+    for key, label in labels.items():
         values = [r[key] for r in rows]
         print(f"{key}: median {statistics.median(values):.2f}x, rounds {min(values):.2f}-{max(values):.2f}x "
-              f"(ours over the reference, tokens/s{'' if key == 'ratio' else ' by process CPU time'})")  # fmt: skip
+              f"(ours over the reference, tokens/s; {label})")  # fmt: skip
     return 0
 
 

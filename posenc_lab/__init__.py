@@ -44,7 +44,8 @@ _TRIM_THRESHOLD_MAX = 2**31 - 1
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the system.
     Returns True where it applied (Linux with glibc), False where it did not or the user chose otherwise
-    (``MALLOC_MMAP_MAX_`` set to anything but 0, or ``glibc.malloc.mmap_max`` in ``GLIBC_TUNABLES``).
+    (``POSENC_LAB_KEEP_FREED_MEMORY=0``, ``MALLOC_MMAP_MAX_`` set to anything but 0, or ``glibc.malloc.mmap_max`` in
+    ``GLIBC_TUNABLES``).
 
     glibc serves every block over 32 MiB with a fresh mmap and unmaps it on free, so each such tensor
     is faulted in again, page by page, on every step: a [B, H, L, N] score tensor of xl or shaw at
@@ -54,10 +55,16 @@ def keep_freed_memory() -> bool:
     now (``mallopt``; blocks larger than a thread arena's 64 MiB heap, requested off the main thread,
     are still mapped) and, through the environment, to the processes it starts (Hydra apps, DDP
     ranks, ablation jobs, data-loader workers). The cost: the resident memory stays near the run's
-    peak instead of falling back between steps. Opt out with ``MALLOC_MMAP_MAX_=65536`` (glibc's default).
+    peak instead of falling back between steps. Opt out with ``POSENC_LAB_KEEP_FREED_MEMORY=0``: malloc is then
+    left as glibc sets it. (``MALLOC_MMAP_MAX_=65536`` is not glibc's default: setting any malloc parameter turns off
+    glibc's moving mmap threshold, so every block over 128 KiB is mapped afresh; measured, 2.4x slower steps at
+    ``tiny``, benchmarks/openmp_settings.py.)
     """
     user_tunables = "glibc.malloc.mmap_max" in os.environ.get("GLIBC_TUNABLES", "")
-    if os.environ.get("MALLOC_MMAP_MAX_", "0") != "0" or user_tunables or not sys.platform.startswith("linux"):
+    opted_out = os.environ.get("POSENC_LAB_KEEP_FREED_MEMORY", "1") == "0"
+    if opted_out or os.environ.get("MALLOC_MMAP_MAX_", "0") != "0" or user_tunables:
+        return False
+    if not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the libc this process runs on

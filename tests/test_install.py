@@ -121,10 +121,13 @@ def test_the_command_line_keeps_freed_memory_instead_of_faulting_it_in_again(whe
         return int(faults), setting
 
     kept_faults, kept_setting = run()
-    # glibc's default, as the user can ask for it: every 64 MiB block is a fresh mmap, 16k pages to fault in
+    # the user's own malloc setting is kept: every 64 MiB block is a fresh mmap, 16k pages to fault in
     default_faults, default_setting = run(MALLOC_MMAP_MAX_="65536")
+    # the opt-out leaves malloc as glibc sets it (over its 32 MiB ceiling every block is mapped afresh)
+    untouched_faults, untouched_setting = run(POSENC_LAB_KEEP_FREED_MEMORY="0")
     assert (kept_setting, default_setting) == ("0", "65536")  # exported for the processes it starts; user's kept
-    assert default_faults > 5 * 16384 * 0.9
+    assert untouched_setting == "None"  # nothing set, nothing exported
+    assert default_faults > 5 * 16384 * 0.9 and untouched_faults > 5 * 16384 * 0.9
     assert kept_faults < 5 * 16384 * 0.1
 
 
