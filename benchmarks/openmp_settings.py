@@ -1,4 +1,5 @@
-"""posenc-lab's process settings measured: OpenMP's wait policy (passive: idle threads sleep; active: they spin) and
+"""posenc-lab's process settings measured: OpenMP's wait policy (passive: idle threads sleep; active: they spin;
+unset: libgomp's own, a bounded spin, then sleep) and
 glibc's malloc setting (freed memory kept, posenc-lab's default; or malloc as glibc sets it,
 ``POSENC_LAB_KEEP_FREED_MEMORY=0``), for a
 training step of ``posenc-lab train`` at each model size, as two jobs run it:
@@ -9,10 +10,12 @@ training step of ``posenc-lab train`` at each model size, as two jobs run it:
 
     python benchmarks/openmp_settings.py --sizes tiny small base --rounds 2
 
-Each run is a process of its own started with the setting in its environment (``prefer_passive_openmp`` and
-``keep_freed_memory`` keep a value the user set), timed as ``posenc-lab bench overhead`` times ``fit``
+Each run is a process of its own started with the setting in its environment (as ``posenc-lab`` keeps a value the
+user set), timed as ``posenc-lab bench overhead`` times ``fit``
 (``posenc_lab/bench/overhead.py``). Settings are interleaved within a round and their order reversed in odd
-rounds; each ratio is paired within its round. Extra arguments are Hydra overrides (default scheme: xl).
+rounds; each ratio is paired within its round. One factor at a time from posenc-lab's settings (PASSIVE, freed memory
+kept): the wait policy unset and ACTIVE with the memory kept, and malloc as glibc sets it under PASSIVE. Extra
+arguments are Hydra overrides (default scheme: xl).
 """
 
 from __future__ import annotations
@@ -32,18 +35,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 RESULT = "openmp_settings result: "
-POLICIES = ("PASSIVE", "ACTIVE")
 #: POSENC_LAB_KEEP_FREED_MEMORY: freed memory kept (posenc-lab's default) / malloc as glibc sets it
 MALLOC = {"kept": "1", "glibc": "0"}
 #: timed steps after 3 warm-up steps, by size: about 10 s of steps alone
 STEPS = {"tiny": 50, "small": 20, "base": 4}
 
 
+#: (OMP_WAIT_POLICY, malloc) of each measurement: posenc-lab's first, then one factor changed at a time
+SETTINGS = [("PASSIVE", "kept"), ("unset", "kept"), ("ACTIVE", "kept"), ("PASSIVE", "glibc")]
+
+
 def child(size: str, steps: int, extra: list[str]) -> None:
     """One run's figure in this process (the settings came in its environment); prints RESULT and a JSON line."""
-    from posenc_lab import flush_denormals, keep_freed_memory, prefer_passive_openmp
+    from posenc_lab import flush_denormals, keep_freed_memory
 
-    prefer_passive_openmp()  # as cli.py: a value in the environment is kept
+    # the wait policy came in the environment, or stays unset (libgomp's own, which cli.py never leaves: its
+    # prefer_passive_openmp() sets PASSIVE where nothing is set)
     keep_freed_memory()
     flush_denormals()
     import torch
@@ -59,6 +66,8 @@ def child(size: str, steps: int, extra: list[str]) -> None:
 
 def start(size: str, steps: int, policy: str, malloc: str, threads: int | None, extra: list[str]):
     env = {**os.environ, "OMP_WAIT_POLICY": policy, "POSENC_LAB_KEEP_FREED_MEMORY": MALLOC[malloc]}
+    if policy == "unset":
+        del env["OMP_WAIT_POLICY"]
     for name in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"):  # as a fresh shell: only the setting decides
         env.pop(name, None)
     if threads:
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", choices=list(STEPS), default=list(STEPS))
     p.add_argument("--jobs", nargs="+", choices=["alone", "two"], default=["alone", "two"])
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--first-round", type=int, default=1, help="the first round's number (even: reversed order)")
     p.add_argument("--child", choices=list(STEPS), help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="Hydra overrides of posenc-lab train (default: posenc=xl)")
@@ -102,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}  {os.cpu_count()} CPUs  load avg {load}  overrides: {extra}")
-    settings = list(itertools.product(POLICIES, MALLOC))
+    settings = SETTINGS
     rows = []
-    for n in range(args.rounds):
+    for n in range(args.first_round - 1, args.first_round - 1 + args.rounds):
         for size, job in itertools.product(args.sizes, args.jobs):
             ms = {}
             for policy, malloc in settings if n % 2 == 0 else settings[::-1]:
@@ -127,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         .round(3)
     )  # fmt: skip
     print()
-    print("ms a step (median over rounds) and its ratio to posenc-lab's settings (PASSIVE, malloc kept) paired by")
+    print("ms a step (median over rounds) and its ratio to posenc-lab's settings (PASSIVE, memory kept) paired by")
     print("round: below 1 is faster than posenc-lab's settings")
     print(summary.to_string())
     return 0
