@@ -1,8 +1,7 @@
 """posenc-lab's process settings measured: OpenMP's wait policy (passive: idle threads sleep; active: they spin;
-unset: libgomp's own, a bounded spin, then sleep) and
-glibc's malloc setting (freed memory kept, posenc-lab's default; or malloc as glibc sets it,
-``POSENC_LAB_KEEP_FREED_MEMORY=0``), for a
-training step of ``posenc-lab train`` at each model size, as two jobs run it:
+unset: libgomp's own, a bounded spin, then sleep) and glibc's malloc setting (freed memory kept, posenc-lab's
+default; or malloc as glibc sets it, ``POSENC_LAB_KEEP_FREED_MEMORY=0``), for a training step of ``posenc-lab
+train`` at each model size, as two jobs run it:
 
 - **alone**: one run with torch's default threads (every core), as ``posenc-lab train`` runs on an idle machine;
 - **two at a time**: two runs at once with one thread each, as ``posenc-lab ablate`` runs its grid on 2 cores
@@ -112,12 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}  {os.cpu_count()} CPUs  load avg {load}  overrides: {extra}")
-    settings = SETTINGS
     rows = []
     for n in range(args.first_round - 1, args.first_round - 1 + args.rounds):
         for size, job in itertools.product(args.sizes, args.jobs):
             ms = {}
-            for policy, malloc in settings if n % 2 == 0 else settings[::-1]:
+            for policy, malloc in SETTINGS if n % 2 == 0 else SETTINGS[::-1]:
                 ms[policy, malloc] = measure(size, job, policy, malloc, extra) * 1e3
                 print(f"round {n + 1}  {size:5s} {job:5s}  OMP_WAIT_POLICY={policy:7s} malloc {malloc:5s}  "
                       f"{ms[policy, malloc]:8.1f} ms a step", flush=True)  # fmt: skip

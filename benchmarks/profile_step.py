@@ -1,7 +1,7 @@
 """Where a training step's time goes, against the machine's matmul peak: the bare step of ``posenc-lab train``
-(forward with memory, backward, clipping, AdamW; ``posenc_lab/bench/overhead.py``'s ``bare`` loop) under
-``torch.profiler``, its ops' self CPU time grouped by kind, and the step's achieved GFLOP/s beside the fp32 matmul
-peak the bench measures on the same machine.
+(forward with memory, backward, clipping, the run's AdamW and schedule: ``posenc_lab/bench/overhead.py``'s
+``time_bare``), timed, then run again under ``torch.profiler``: its ops' self CPU time grouped by kind, and the
+step's achieved GFLOP/s beside the fp32 matmul peak the bench measures on the same machine.
 
     python benchmarks/profile_step.py                      # posenc=xl model=small (4 x 128, L = M = 128, batch 16)
     python benchmarks/profile_step.py --steps 10 posenc=sinusoid model=base
@@ -15,11 +15,8 @@ The profiler times each op by the clock, so shares move by a few points with the
 from __future__ import annotations
 
 import argparse
-import atexit
-import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,50 +51,26 @@ def kind_of(name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="profile_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=5, help="profiled steps")
+    p.add_argument("--steps", type=int, default=5, help="timed steps, then the same steps profiled")
     p.add_argument("--top", type=int, default=15, help="ops listed by self CPU time")
     p.add_argument("--reference-ms", type=float, default=None, help="another program's step at these sizes, in ms")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of posenc-lab train (default: posenc=xl model=small)")
     args = p.parse_args(argv)
     from posenc_lab.bench.flops import model_flops_per_token
-    from posenc_lab.bench.overhead import _build, overrides
+    from posenc_lab.bench.overhead import _build, overrides, time_bare
     from posenc_lab.bench.probes import environment_line, matmul_peak_flops
     from posenc_lab.compose import compose
-    from posenc_lab.memory import Recurrence
 
     print(environment_line())
-    tmp = tempfile.mkdtemp(prefix="profile_step_")  # the run folder the config names (nothing is written there)
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     extra = ["posenc=xl", "model=small", "trainer.accelerator=cpu", *args.overrides]
     preset = next((o.split("=", 1)[1] for o in reversed(extra) if o.startswith("model=")), "small")
-    cfg = compose("train", overrides(preset, args.warmup, args.steps, str(Path(tmp) / "run"), extra))
-    datamodule, lit = _build(cfg)
-    datamodule.setup("fit")
-    stream = iter(datamodule.streams["train"])
-    batches = [next(stream) for _ in range(args.warmup + args.steps)]
-    model = lit.model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    clip = cfg.trainer.get("gradient_clip_val")
-    memory = Recurrence()
-
-    def step(batch):
-        kw = {"reset": batch["reset"], "offset": batch["offset"], "loss_mask": batch["loss_mask"]}
-        out = memory.step(model, batch["tokens"], batch["targets"], **kw)
-        out.loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for batch in batches[: args.warmup]:
-        step(batch)
-    w0, c0 = time.perf_counter(), time.process_time()
-    for batch in batches[args.warmup :]:
-        step(batch)
-    wall, cpu = (time.perf_counter() - w0) / args.steps, (time.process_time() - c0) / args.steps
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for batch in batches[args.warmup :]:
-            step(batch)
+    cpu_device = torch.device("cpu")
+    with tempfile.TemporaryDirectory(prefix="profile_step_") as tmp:  # the run folder the config names
+        cfg = compose("train", overrides(preset, args.warmup, args.steps, str(Path(tmp) / "run"), extra))
+        wall, cpu, _ = time_bare(cfg, args.warmup, args.steps, cpu_device)  # timed without the profiler
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        time_bare(cfg, args.warmup, args.steps, cpu_device, window=prof)  # the same steps again, profiled
+        model = _build(cfg)[1].model  # its FLOPs
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
     by_kind: dict[str, float] = {}

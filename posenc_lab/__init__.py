@@ -62,9 +62,8 @@ def keep_freed_memory() -> bool:
     """
     user_tunables = "glibc.malloc.mmap_max" in os.environ.get("GLIBC_TUNABLES", "")
     opted_out = os.environ.get("POSENC_LAB_KEEP_FREED_MEMORY", "1") == "0"
-    if opted_out or os.environ.get("MALLOC_MMAP_MAX_", "0") != "0" or user_tunables:
-        return False
-    if not sys.platform.startswith("linux"):
+    user_set = os.environ.get("MALLOC_MMAP_MAX_", "0") != "0" or user_tunables
+    if opted_out or user_set or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the libc this process runs on

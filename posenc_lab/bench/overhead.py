@@ -132,8 +132,9 @@ def time_fit(cfg, warmup: int, steps: int, keep_losses: bool = False, profiler: 
     return (w1 - w0) / steps, (c1 - c0) / steps, clock
 
 
-def time_bare(cfg, warmup: int, steps: int, device: torch.device, keep_losses: bool = False):
-    """Seconds per step (wall, process CPU) of the bare loop (module doc) over the window, and its losses."""
+def time_bare(cfg, warmup: int, steps: int, device: torch.device, keep_losses: bool = False, window=None):
+    """Seconds per step (wall, process CPU) of the bare loop (module doc) over the window, and its losses.
+    ``window``: a context manager entered around the timed steps only (e.g. ``torch.profiler.profile``)."""
     datamodule, lit = _build(cfg)
     datamodule.setup("fit")
     stream = iter(datamodule.streams["train"])
@@ -145,11 +146,9 @@ def time_bare(cfg, warmup: int, steps: int, device: torch.device, keep_losses: b
     configured = optimizer.configure(model, lit.optim, as_fit, plan)
     opt, sched = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
     params = [p for p in model.parameters() if p.requires_grad]
-    memory, losses, marks = Recurrence(), [], []
-    for i, batch in enumerate(batches):
-        if i == warmup:
-            _sync(device)
-            marks.append((time.perf_counter(), time.process_time()))
+    memory, losses = Recurrence(), []
+
+    def step(batch: dict) -> None:
         kw = {"reset": batch["reset"], "offset": batch["offset"], "loss_mask": batch["loss_mask"]}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
             out = memory.step(model, batch["tokens"], batch["targets"], **kw)
@@ -161,8 +160,16 @@ def time_bare(cfg, warmup: int, steps: int, device: torch.device, keep_losses: b
         opt.zero_grad(set_to_none=True)
         if keep_losses:
             losses.append(out.loss.detach())
+
+    for batch in batches[:warmup]:
+        step(batch)
     _sync(device)
-    (w0, c0), (w1, c1) = marks[0], (time.perf_counter(), time.process_time())
+    w0, c0 = time.perf_counter(), time.process_time()
+    with window if window is not None else contextlib.nullcontext():
+        for batch in batches[warmup:]:
+            step(batch)
+        _sync(device)
+    w1, c1 = time.perf_counter(), time.process_time()
     return (w1 - w0) / steps, (c1 - c0) / steps, losses
 
 
