@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from posenc_lab.positional import Dims, Positions, build_scheme
+from posenc_lab.positional import AttentionInputs, Dims, Positions, build_scheme
 
 torch.manual_seed(0)
 B, H, DH = 2, 4, 32
@@ -36,7 +36,7 @@ def ours(scheme, q, k, v, L, M, same_length):
     if same_length:
         visible &= kpos[None, :] >= torch.arange(L)[:, None] - M
     pos = Positions(q=torch.arange(L), k=kpos, offset=torch.zeros(B, dtype=torch.long), visible=visible)
-    return scheme.attend(0, q[:, :, M:], k, v, pos, 0.0)
+    return scheme.attend(AttentionInputs(0, q[:, :, M:], k, pos, v=v))
 
 
 def theirs(polar, q, k, v, M, same_length):

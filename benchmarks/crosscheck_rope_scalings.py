@@ -20,7 +20,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from posenc_lab.positional import Dims, Positions, build_scheme
+from posenc_lab.positional import AttentionInputs, Dims, Positions, build_scheme
 from posenc_lab.positional.base import Softmax
 from posenc_lab.softmax_scale import SSMax
 
@@ -125,7 +125,7 @@ def attention_with_memory() -> float:
             q, k, v = torch.randn(1, 1, L, d_head), torch.randn(1, 1, M + L, d_head), torch.randn(1, 1, M + L, d_head)
             pos = positions(L, M)
             with torch.no_grad():
-                got = scheme.attend(0, q, k, v, pos, 0.0)
+                got = scheme.attend(AttentionInputs(0, q, k, pos, v=v))
                 cos, sin = rotary(v, torch.arange(M + L)[None])  # [1, M + L, d_h], the attention factor inside
                 qr, _ = apply_rotary_pos_emb(q, q, cos[:, M:], sin[:, M:])
                 _, kr = apply_rotary_pos_emb(k, k, cos, sin)
@@ -155,7 +155,7 @@ def ssmax_rows() -> float:
             pos.visible = pos.visible & pos.valid[None, :]
             q, k = torch.randn(1, H, L, d_head), torch.randn(1, H, M + L, d_head)
             with torch.no_grad():
-                got = scheme.attention_probs(0, q, k, pos, softmax=Softmax(mine(pos)))
+                got = scheme.attention_probs(AttentionInputs(0, q, k, pos, softmax=Softmax(mine(pos))))
                 qr, kr = scheme.rotate(0, q, k, pos)
                 logits = qr @ kr.transpose(-1, -2) / math.sqrt(d_head)
                 want = torch.zeros_like(got)

@@ -25,6 +25,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.positional import AttentionInputs
 from posenc_lab.positional.base import Softmax, mask_to_bias
 
 torch.manual_seed(0)
@@ -45,7 +46,8 @@ def gpt_oss_sinks() -> float:
         sinks = torch.randn(H)
         ours_in = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
         theirs_in = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
-        ours = scheme.attend(1, *ours_in[:3], pos, 0.0, softmax=Softmax(sink=ours_in[3]))
+        oq, ok, ov, os_ = ours_in
+        ours = scheme.attend(AttentionInputs(1, oq, ok, pos, v=ov, softmax=Softmax(sink=os_)))
         tq, tk, tv, ts = theirs_in
         if name == "xl":  # its logits: scores(); the rest beyond q . k goes in the mask
             logits = scheme.scores(1, tq, tk, pos)

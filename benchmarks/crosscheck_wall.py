@@ -26,7 +26,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from posenc_lab.positional import Dims, Positions, build_scheme
+from posenc_lab.positional import AttentionInputs, Dims, Positions, build_scheme
 
 MIRROR = "/work/.mirror/fla-org+flash-linear-attention/repo"
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,7 +78,7 @@ def ours(scheme, q, k, v, x, L, M, same_length):
     if same_length:
         visible &= kpos[None, :] >= torch.arange(L)[:, None] - M
     pos = Positions(q=torch.arange(L), k=kpos, offset=torch.zeros(B, dtype=torch.long), visible=visible)
-    return scheme.attend(0, q[:, :, M:], k, v, pos, 0.0, x)
+    return scheme.attend(AttentionInputs(0, q[:, :, M:], k, pos, v=v, context=x))
 
 
 def theirs(scheme, q, k, v, x, M, same_length):

@@ -29,7 +29,7 @@ from .adaptive_softmax import AdaptiveSoftmax
 from .errors import shown
 from .memory import Memory, Recurrence  # noqa: F401 (Recurrence: imported from here by callers)
 from .positional import ATTENTION_IMPLS, SCHEMES, Dims, PositionalScheme, Positions, build_scheme
-from .positional.base import PLAIN, PositionDropout, Softmax
+from .positional.base import PLAIN, AttentionInputs, PositionDropout, Softmax
 from .sink_gate import AttentionSink, OutputGate, attention_sink_problem
 from .softmax_scale import SSMax, softmax_scale_problem
 
@@ -228,12 +228,11 @@ class Block(nn.Module):
         else:  # [memory ; segment] along the keys, contiguous (the copy the schemes' GEMMs made of the strided view)
             kv = [t.view(B, -1, 2, H, D // H).permute(2, 0, 3, 1, 4) for t in (memory_kv, self.kv_proj(x))]
             k, v = (torch.cat([kv[0][i], kv[1][i]], dim=2) for i in (0, 1))
-        softmax = self.softmax(pos)
-        changed = {} if softmax is PLAIN else {"softmax": softmax}  # a scheme that refuses it never gets it
-        if probs_out is not None:
-            probs_out.append(scheme.attention_probs(layer, q, k, pos, context, **changed).detach())
         dropout_p = self.attn_dropout if self.training else 0.0
-        out = scheme.attend(layer, q, k, v, pos, dropout_p, context, **changed).transpose(1, 2).reshape(B, L, D)
+        a = AttentionInputs(layer, q, k, pos, v=v, context=context, dropout_p=dropout_p, softmax=self.softmax(pos))
+        if probs_out is not None:
+            probs_out.append(scheme.attention_probs(a).detach())
+        out = scheme.attend(a).transpose(1, 2).reshape(B, L, D)
         return self.out_proj(out if self.gate is None else out * self.gate(x).to(out.dtype))
 
     def softmax(self, pos: Positions) -> Softmax:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posenc_lab.model import ModelConfig
-from posenc_lab.positional import SCHEME_NAMES, SCHEMES
+from posenc_lab.positional import SCHEME_NAMES, SCHEMES, AttentionInputs
 from posenc_lab.positional.base import PLAIN, Softmax, mask_to_bias
 from tests.models import make_model, memory_and_window
 from tests.positional.test_schemes import B, D, make_positions, make_scheme, qkv
@@ -37,8 +37,8 @@ def attend_with(name, L, M, same_length, *sinks):
     for softmax in [PLAIN, *(Softmax(sink=s) for s in sinks)]:
         out.append(
             (
-                scheme.attention_probs(1, q, k, pos, x, softmax=softmax),
-                scheme.attend(1, q, k, v, pos, 0.0, x, softmax=softmax),
+                scheme.attention_probs(AttentionInputs(1, q, k, pos, context=x, softmax=softmax)),
+                scheme.attend(AttentionInputs(1, q, k, pos, v=v, context=x, softmax=softmax)),
             )
         )
     return out
@@ -87,8 +87,8 @@ def test_the_sink_equals_gpt_oss_formula_forward_and_backward(name, L, M, same_l
     inputs = [*qkv(L, M), SINK]
     got_in, want_in = ([t.clone().requires_grad_() for t in inputs] for _ in range(2))
     gq, gk, gv, gs = got_in
-    probs = scheme.attention_probs(1, gq, gk, pos, softmax=Softmax(sink=gs))
-    out = scheme.attend(1, gq, gk, gv, pos, 0.0, softmax=Softmax(sink=gs))
+    probs = scheme.attention_probs(AttentionInputs(1, gq, gk, pos, softmax=Softmax(sink=gs)))
+    out = scheme.attend(AttentionInputs(1, gq, gk, pos, v=gv, softmax=Softmax(sink=gs)))
     wq, wk, wv, ws = want_in
     want_probs = gpt_oss_probs(logits(name, scheme, wq, wk, pos), ws)
     want_out = naive_output(name, scheme, want_probs, wv, pos, 1)

@@ -10,7 +10,7 @@ plus ``conf/posenc/<name>.yaml``: every module here is imported, so registering 
 import importlib
 import pkgutil
 
-from .base import Dims, PositionalScheme, Positions, sinusoid_table
+from .base import AttentionInputs, Dims, PositionalScheme, Positions, sinusoid_table
 from .fused import IMPLS as ATTENTION_IMPLS
 from .registry import SCHEMES, build_scheme, register, scheme_class, scheme_options, sized_options
 
@@ -38,6 +38,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ATTENTION_IMPLS",
+    "AttentionInputs",
     "Dims",
     "Positions",
     "PositionalScheme",

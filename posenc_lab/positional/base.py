@@ -23,7 +23,7 @@ gate or transform is the one it had as a segment position.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -90,8 +90,8 @@ class _SinkSoftmax(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class Softmax:
-    """The model's changes to every scheme's softmax (model options, not a scheme's), one object handed to
-    ``attend`` and ``attention_probs``:
+    """The model's changes to every scheme's softmax (model options, not a scheme's), one object that ``attend``
+    and ``attention_probs`` read (``AttentionInputs.softmax``):
 
         p_ij = exp(lambda_i z_ij) / (exp(s_h) + sum_j' exp(lambda_i z_ij'))        z_ij: the scheme's whole logit
 
@@ -118,6 +118,36 @@ class Softmax:
 
 #: No change: the plain softmax.
 PLAIN = Softmax()
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """What one layer's attention hands its scheme, the one argument of ``attend`` and ``attention_probs``; a scheme
+    reads what it needs and ignores the rest:
+
+        layer      the layer's index (a scheme's per-layer parameters)
+        q          [B, H, L, d_h] the segment's queries
+        k, v       [B, H, N, d_h] the keys and values of [memory ; segment] (v: None for ``attention_probs``)
+        pos        the segment's ``Positions`` (query and key positions, the visibility mask)
+        context    [B, N, D] the layer's input over the keys, [memory ; segment], which k and v are projected from:
+                   data-dependent schemes (FoX's gates, PaTH's transforms) project it with their own parameters
+        dropout_p  dropout on the attention probabilities (0 in evaluation)
+        softmax    the model's changes to the softmax (``Softmax``: SSMax's scale, a sink); PLAIN for a scheme that
+                   refuses them (``softmax_refused``), since ModelConfig refuses the options first
+    """
+
+    layer: int
+    q: Tensor
+    k: Tensor
+    pos: Positions
+    v: Tensor | None = None
+    context: Tensor | None = None
+    dropout_p: float = 0.0
+    softmax: Softmax = PLAIN
+
+    def but(self, **changes) -> AttentionInputs:
+        """A copy with ``changes`` (``dataclasses.replace``): what a scheme hands on, e.g. other positions."""
+        return replace(self, **changes)
 
 
 def sinusoid_table(positions: Tensor, dim: int) -> Tensor:
@@ -343,50 +373,28 @@ class PositionalScheme(nn.Module):
         bias = self.score_bias(layer, pos, context)
         return PairBias(bias) if isinstance(bias, Tensor) else bias
 
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
-        """q: [B, H, L, d_h]; k, v: [B, H, N, d_h] -> [B, H, L, d_h]; ``softmax``: the model's changes to the
-        softmax (SSMax's scale, a sink), ``Softmax``.
+    def attend(self, a: AttentionInputs) -> Tensor:
+        """[B, H, L, d_h]: softmax(lambda (rotate(q) rotate(k)^T / sqrt(d_h) + bias) + mask) v, through flex_attention
+        where the fused path runs (a bias and no sink, ``fused.use_fused``), else SDPA."""
+        q, k = self.rotate(a.layer, a.q, a.k, a.pos, a.context)
+        bias = self._bias(a.layer, a.pos, a.context)
+        if bias is not None and a.softmax.sink is None and fused.use_fused(self, q, k, a.dropout_p):
+            return fused.attend_bias(q, k, a.v, a.pos, scaled_score_mod(bias.score_mod(a.pos, q), a.softmax.scale))
+        return sdpa_attention(q, k, a.v, a.pos, bias, a.dropout_p, a.softmax)
 
-        softmax(lambda (rotate(q) rotate(k)^T / sqrt(d_h) + bias) + mask) v: through flex_attention where the fused
-        path runs (a bias and no sink, ``fused.use_fused``), else SDPA.
-        """
-        q, k = self.rotate(layer, q, k, pos, context)
-        bias = self._bias(layer, pos, context)
-        if bias is not None and softmax.sink is None and fused.use_fused(self, q, k, dropout_p):
-            return fused.attend_bias(q, k, v, pos, scaled_score_mod(bias.score_mod(pos, q), softmax.scale))
-        return sdpa_attention(q, k, v, pos, bias, dropout_p, softmax)
-
-    def attention_probs(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        pos: Positions,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
         """[B, H, L, N] attention probabilities, for analysis (where the model looks); with a sink a row sums to
-        less than one.
+        less than one. ``a.v`` and ``a.dropout_p`` are not read.
 
         Attending over one-hot values returns the probabilities themselves, so every scheme whose
         output is ``probs @ v`` gets this for free (through SDPA, never flex); schemes that add to the values
         override it.
         """
-        B, H, _, _ = q.shape
-        N = k.shape[2]
-        one_hot = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
-        q, k = self.rotate(layer, q, k, pos, context)
-        return sdpa_attention(q, k, one_hot, pos, self._bias(layer, pos, context), 0.0, softmax)
+        B, H, _, _ = a.q.shape
+        N = a.k.shape[2]
+        one_hot = torch.eye(N, dtype=a.q.dtype, device=a.q.device).expand(B, H, N, N)
+        q, k = self.rotate(a.layer, a.q, a.k, a.pos, a.context)
+        return sdpa_attention(q, k, one_hot, a.pos, self._bias(a.layer, a.pos, a.context), 0.0, a.softmax)
 
     @classmethod
     def random_positions_problem(cls, options: dict, n_layer: int) -> str | None:
@@ -412,27 +420,9 @@ class ExplicitScores(PositionalScheme):
         """q: [B, H, L, d_h], k: [B, H, N, d_h] -> [B, H, L, N] the scores, -inf where not visible."""
         raise NotImplementedError
 
-    def attention_probs(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        pos: Positions,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
-        return softmax.probs(self.scores(layer, q, k, pos, softmax.scale))
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
+        return a.softmax.probs(self.scores(a.layer, a.q, a.k, a.pos, a.softmax.scale))
 
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
-        probs = self.attention_probs(layer, q, k, pos, softmax=softmax)
-        return (F.dropout(probs, dropout_p) if dropout_p > 0 else probs) @ v
+    def attend(self, a: AttentionInputs) -> Tensor:
+        probs = self.attention_probs(a)
+        return (F.dropout(probs, a.dropout_p) if a.dropout_p > 0 else probs) @ a.v

@@ -29,7 +29,7 @@ import functools
 
 from torch import Tensor
 
-from .base import PLAIN, PositionalScheme, Positions
+from .base import AttentionInputs, PositionalScheme, Positions
 
 
 def refusal(cls: type[PositionalScheme]) -> str | None:
@@ -71,18 +71,15 @@ class Droppable:
         return self.masked_positions(layer, pos)
 
     # softmax: the model's changes to the softmax (SSMax, a sink), model options that stay after the drop, passed on
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None, softmax=PLAIN) -> Tensor:
+    def attend(self, a: AttentionInputs) -> Tensor:
         if self.dropped:  # the base attention over this class's rotate and score_bias: identity and none
-            kept = self._kept(layer, pos)
-            return PositionalScheme.attend(self, layer, q, k, v, kept, dropout_p, context, softmax)
-        changed = {} if softmax is PLAIN else {"softmax": softmax}
-        return super().attend(layer, q, k, v, pos, dropout_p, context, **changed)
+            return PositionalScheme.attend(self, a.but(pos=self._kept(a.layer, a.pos)))
+        return super().attend(a)
 
-    def attention_probs(self, layer, q, k, pos, context=None, softmax=PLAIN) -> Tensor:
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
         if self.dropped:
-            return PositionalScheme.attention_probs(self, layer, q, k, self._kept(layer, pos), context, softmax)
-        changed = {} if softmax is PLAIN else {"softmax": softmax}
-        return super().attention_probs(layer, q, k, pos, context, **changed)
+            return PositionalScheme.attention_probs(self, a.but(pos=self._kept(a.layer, a.pos)))
+        return super().attention_probs(a)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, drop_at_step={self.drop_at_step}"

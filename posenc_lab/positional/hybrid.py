@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import PLAIN, Dims, PositionalScheme, Positions
+from .base import AttentionInputs, Dims, PositionalScheme, Positions
 from .registry import SCHEMES, build_scheme, register, scheme_class
 
 #: the hybrid of conf/posenc/hybrid.yaml: NoPE every fourth layer, RoPE in the others (Llama 4's iRoPE)
@@ -228,15 +228,13 @@ class Hybrid(PositionalScheme):
         part, rank, pos = self._layer(layer, pos)
         return part.score_bias(rank, pos, context)
 
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None, softmax=PLAIN) -> Tensor:
-        part, rank, pos = self._layer(layer, pos)
-        changed = {} if softmax is PLAIN else {"softmax": softmax}  # SSMax: refused with windows (model.py)
-        return part.attend(rank, q, k, v, pos, dropout_p, context, **changed)
+    def attend(self, a: AttentionInputs) -> Tensor:
+        part, rank, pos = self._layer(a.layer, a.pos)
+        return part.attend(a.but(layer=rank, pos=pos))  # SSMax: refused with windows (model.py)
 
-    def attention_probs(self, layer, q, k, pos, context=None, softmax=PLAIN) -> Tensor:
-        part, rank, pos = self._layer(layer, pos)
-        changed = {} if softmax is PLAIN else {"softmax": softmax}
-        return part.attention_probs(rank, q, k, pos, context, **changed)
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
+        part, rank, pos = self._layer(a.layer, a.pos)
+        return part.attention_probs(a.but(layer=rank, pos=pos))
 
     def extra_repr(self) -> str:
         return f"layers={self.layers}" + (f", windows={self.windows}" if self.windows else "")

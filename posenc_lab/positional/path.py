@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax, mask_to_bias
+from .base import AttentionInputs, Dims, PositionalScheme, mask_to_bias
 from .registry import register
 
 CHUNK = 64  # C: tokens per chunk (the authors' kernel's); the scores do not depend on it
@@ -158,47 +158,28 @@ class PaTH(PositionalScheme):
         beta = 2 * torch.sigmoid(self.beta[layer](context).float()).transpose(1, 2)
         return w, beta
 
-    def _inputs(
-        self, layer: int, q: Tensor, context: Tensor | None, pos: Positions, logit_scale: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """(lambda q / sqrt(d_h), w, beta) in fp32 (a triangular solve per chunk: no bf16 kernel); logit_scale lambda
-        [H, L, 1] (SSMax) or None (1): s_ij is linear in q_i, so lambda_i q_i scales the row's scores."""
-        if context is None:
+    def _inputs(self, a: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """(lambda q / sqrt(d_h), w, beta) in fp32 (a triangular solve per chunk: no bf16 kernel); SSMax's lambda
+        [H, L, 1] (``a.softmax.scale``, None: 1): s_ij is linear in q_i, so lambda_i q_i scales the row's scores."""
+        if a.context is None:
             raise ValueError("path: the transforms come from the layer's input; attend needs context=[B, N, D]")
-        w, beta = self.transforms(layer, context, pos.valid)
-        q = (q * q.shape[-1] ** -0.5).float()
+        w, beta = self.transforms(a.layer, a.context, a.pos.valid)
+        q, logit_scale = (a.q * a.q.shape[-1] ** -0.5).float(), a.softmax.scale
         return (q if logit_scale is None else q * logit_scale.float()), w, beta
 
-    def attention_probs(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        pos: Positions,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
-        q, w, beta = self._inputs(layer, q, context, pos, softmax.scale)
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
+        q, w, beta = self._inputs(a)
         with torch.autocast(q.device.type, enabled=False):
-            scores = path_scores(q, k.float(), w, beta) + mask_to_bias(pos.visible, torch.float32)
-        return softmax.probs(scores).to(k.dtype)
+            scores = path_scores(q, a.k.float(), w, beta) + mask_to_bias(a.pos.visible, torch.float32)
+        return a.softmax.probs(scores).to(a.k.dtype)
 
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
+    def attend(self, a: AttentionInputs) -> Tensor:
         """Row by row of query chunks: each row's softmax over its keys up to its own chunk (later keys are never
         visible, so they are neither computed nor normalised), the mask added, one product with the matching keys'
         values."""
-        L, N = q.shape[2], k.shape[2]
-        q, w, beta = self._inputs(layer, q, context, pos, softmax.scale)
+        k, v, pos, softmax, dropout_p = a.k, a.v, a.pos, a.softmax, a.dropout_p
+        L, N = a.q.shape[2], k.shape[2]
+        q, w, beta = self._inputs(a)
         with torch.autocast(q.device.type, enabled=False):
             rows, front = path_rows(q, k.float(), w, beta)
             C = rows[0].shape[-2]

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax, mask_to_bias
+from .base import AttentionInputs, Dims, PositionalScheme, Positions, Softmax, mask_to_bias
 from .registry import register
 
 SCALINGS = ("none", "linear", "ntk", "yarn", "llama3", "dynamic", "longrope")
@@ -284,16 +284,16 @@ class RoPE(PositionalScheme):
             z = z * softmax.scale.to(z.dtype)
         return z + mask_to_bias(pos.visible, z.dtype)
 
-    def attention_probs(self, layer, q, k, pos, context=None, softmax=PLAIN) -> Tensor:
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
         if not self.string_active:
-            return super().attention_probs(layer, q, k, pos, context, softmax)
-        return softmax.unscaled().probs(self.string_logits(q, k, pos, softmax))
+            return super().attention_probs(a)
+        return a.softmax.unscaled().probs(self.string_logits(a.q, a.k, a.pos, a.softmax))
 
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None, softmax=PLAIN) -> Tensor:
+    def attend(self, a: AttentionInputs) -> Tensor:
         if not self.string_active:
-            return super().attend(layer, q, k, v, pos, dropout_p, context, softmax)
-        probs = softmax.unscaled().probs(self.string_logits(q, k, pos, softmax))
-        return (F.dropout(probs, dropout_p) if dropout_p > 0 else probs) @ v
+            return super().attend(a)
+        probs = self.attention_probs(a)
+        return (F.dropout(probs, a.dropout_p) if a.dropout_p > 0 else probs) @ a.v
 
     def extra_repr(self) -> str:
         string = "" if self.string_shift is None else f", string_shift={self.string_shift}, window={self.string_window}"

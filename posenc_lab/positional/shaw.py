@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax, mask_to_bias
+from .base import AttentionInputs, Dims, PositionalScheme, Positions, mask_to_bias
 from .registry import register
 
 
@@ -169,40 +169,24 @@ class Shaw(PositionalScheme):
         e = q @ (k + a_key[0]).transpose(-1, -2)
         return _AddNearScores.apply(e, near, mask_to_bias(pos.visible, q.dtype))
 
-    def attention_probs(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        pos: Positions,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
+        q, softmax = a.q, a.softmax
         if softmax.scale is not None:  # e_ij is linear in q_i: lambda_i e_ij = (lambda_i q_i) . (k_j + a^K)
             q = q * softmax.scale.to(q.dtype)
-        return softmax.probs(self.scores(layer, q, k, pos))
+        return softmax.probs(self.scores(a.layer, q, a.k, a.pos))
 
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
+    def attend(self, a: AttentionInputs) -> Tensor:
+        layer, q, k, v, pos, softmax = a.layer, a.q, a.k, a.v, a.pos, a.softmax
         if softmax.scale is not None:  # SSMax: e_ij is linear in q_i, so lambda_i q_i scales it on both paths
             q = q * softmax.scale.to(q.dtype)
-        if softmax.sink is None and fused.use_fused(self, q, k, dropout_p, needs_lse=True):
+        if softmax.sink is None and fused.use_fused(self, q, k, a.dropout_p, needs_lse=True):
             # qa column d: q_i . a^K_{K-d} / sqrt(d_h)
             rows = self.a_key[layer].to(q.dtype)[self.K - torch.arange(self.K + 1, device=q.device)]
             qa = (q * q.shape[-1] ** -0.5) @ rows.T
             return fused.attend_shaw(q, k, v, pos, qa, self.a_value[layer])
-        probs = self.attention_probs(layer, q, k, pos, softmax=softmax.unscaled())  # softmax(e), a sink's share out
-        if dropout_p > 0:
-            probs = F.dropout(probs, dropout_p)
+        probs = self.attention_probs(a.but(q=q, softmax=softmax.unscaled()))  # softmax(e), a sink's share out
+        if a.dropout_p > 0:
+            probs = F.dropout(probs, a.dropout_p)
         K, n = self.K, min(self.K, k.shape[2])  # near column t: distance n-1-t, row K-n+1+t
         # CUDA autocast keeps the softmax in fp32; the product with v runs in v's dtype anyway, and the
         # hand-written backward needs all three in one dtype
@@ -216,7 +200,7 @@ class Shaw(PositionalScheme):
         #     sum_b P_ib a^V_b = (sum_j p_ij) a^V_0 + sum_{d < n} p_{i, i-d} (a^V_{K-d} - a^V_0):
         # every key gets the far row a^V_0, the n nearest distances are corrected (diagonals of p).
         out = _NearValues.apply(probs, v, a_value[K + 1 - n : K + 1] - a_value[0])
-        exact = dropout_p == 0 and softmax.sink is None  # rows sum to 1 (a sink or dropout leaves less)
+        exact = a.dropout_p == 0 and softmax.sink is None  # rows sum to 1 (a sink or dropout leaves less)
         row_sum = 1.0 if exact else probs.sum(-1, keepdim=True)
         return out + row_sum * a_value[0]
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dims, PositionalScheme, Positions
+from .base import AttentionInputs, Dims, PositionalScheme, Positions
 from .registry import register
 
 #: exp's argument is clamped here: exp(-87) = 1.6e-38, the smallest normal float, so a weight changes by less than
@@ -122,28 +122,19 @@ class StickBreaking(PositionalScheme):
         weights = (log_beta + nearer).clamp(min=LOG_FLOOR).exp().masked_fill(~takes, 0.0)
         return weights, log_keep.sum(-1).exp()
 
-    def attention_probs(
-        self, layer: int, q: Tensor, k: Tensor, pos: Positions, context: Tensor | None = None
-    ) -> Tensor:
+    # a.softmax is always PLAIN here: ModelConfig refuses SSMax and a sink for this scheme (softmax_refused)
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
         """[B, H, L, N] the weights A_ij (each row sums to 1 - r_i: the stick left over is on no key)."""
-        return self.breaks(q, k, pos)[0].flip(-1).to(q.dtype)
+        return self.breaks(a.q, a.k, a.pos)[0].flip(-1).to(a.q.dtype)
 
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-    ) -> Tensor:
-        if dropout_p == 0:
+    def attend(self, a: AttentionInputs) -> Tensor:
+        q, k, v, remainder = a.q, a.k, a.v, self.remainder[a.layer]
+        if a.dropout_p == 0:
             q = q * q.shape[-1] ** -0.5
-            return _BrokenStick.apply(q, k.flip(2), v.flip(2), self.remainder[layer], self.takes(pos))
-        weights, left = self.breaks(q, k, pos)
-        out = F.dropout(weights, dropout_p).to(v.dtype) @ v.flip(2)  # sum_j A_ij v_j, A dropped out
-        return out + left[..., None].to(v.dtype) * self.remainder[layer][None, :, None].to(v.dtype)  # + r_i b_h
+            return _BrokenStick.apply(q, k.flip(2), v.flip(2), remainder, self.takes(a.pos))
+        weights, left = self.breaks(q, k, a.pos)
+        out = F.dropout(weights, a.dropout_p).to(v.dtype) @ v.flip(2)  # sum_j A_ij v_j, A dropped out
+        return out + left[..., None].to(v.dtype) * remainder[None, :, None].to(v.dtype)  # + r_i b_h
 
     def extra_repr(self) -> str:
         return f"attend_current={self.attend_current}"

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import PLAIN, Dims, PositionalScheme, Positions, Softmax
+from .base import AttentionInputs, Dims, PositionalScheme, Positions, Softmax
 from .registry import register
 
 #: a leaf pair's cost (elementwise over d_h, forward and backward) in matmul pairs, rough on CPU: it weighs a larger
@@ -231,30 +231,12 @@ class Wall(PositionalScheme):
         """[B, H, L, N] fp32: softmax_j(logit_ij), the one path of ``attend`` and ``attention_probs``."""
         return softmax.probs(self.logits(layer, q, k, pos, context, softmax.scale))
 
-    def attention_probs(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        pos: Positions,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
-        return self.probs(layer, q, k, pos, context, softmax).to(q.dtype)
+    def attention_probs(self, a: AttentionInputs) -> Tensor:
+        return self.probs(a.layer, a.q, a.k, a.pos, a.context, a.softmax).to(a.q.dtype)
 
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
-        probs = self.probs(layer, q, k, pos, context, softmax)
-        return F.dropout(probs, dropout_p).to(v.dtype) @ v  # sum_j p_ij v_j, dropped in fp32
+    def attend(self, a: AttentionInputs) -> Tensor:
+        probs = self.probs(a.layer, a.q, a.k, a.pos, a.context, a.softmax)
+        return F.dropout(probs, a.dropout_p).to(a.v.dtype) @ a.v  # sum_j p_ij v_j, dropped in fp32
 
     def extra_repr(self) -> str:
         return f"gate_bias={self.gate_bias}, leaf={self.leaf}"

@@ -26,7 +26,15 @@ import torch
 from torch import Tensor, nn
 
 from . import fused
-from .base import PLAIN, Dims, ExplicitScores, PositionDropout, Positions, Softmax, mask_to_bias, sinusoid_table
+from .base import (
+    AttentionInputs,
+    Dims,
+    ExplicitScores,
+    PositionDropout,
+    Positions,
+    mask_to_bias,
+    sinusoid_table,
+)
 from .registry import register
 
 
@@ -152,27 +160,18 @@ class XLRelative(ExplicitScores):
         # the mask as an additive -inf: its backward is the identity (a masked_fill's costs a pass)
         return a.add_(mask_to_bias(pos.visible, q.dtype)).view(B, H, L, N)
 
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        pos: Positions,
-        dropout_p: float,
-        context: Tensor | None = None,
-        softmax: Softmax = PLAIN,
-    ) -> Tensor:
+    def attend(self, a: AttentionInputs) -> Tensor:
         # (b)+(d) needs a gradient, which SDPA's fused kernels do not give for an additive mask, so the
         # softmax attention is written out: softmax(A / sqrt(d_h)) v. The fused path (no sink): fused.py.
-        if softmax.sink is None and fused.use_fused(self, q, k, dropout_p):
-            logit_scale = softmax.scale
-            u, vb = self._uv(layer)
+        q, logit_scale = a.q, a.softmax.scale
+        if a.softmax.sink is None and fused.use_fused(self, q, a.k, a.dropout_p):
+            u, vb = self._uv(a.layer)
             row = q.shape[-1] ** -0.5 if logit_scale is None else logit_scale.to(q.dtype) * q.shape[-1] ** -0.5
-            bd = ((q + vb.to(q.dtype)) * row) @ self.position_vectors(layer, pos, q.dtype).transpose(-1, -2)
+            bd = ((q + vb.to(q.dtype)) * row) @ self.position_vectors(a.layer, a.pos, q.dtype).transpose(-1, -2)
             q_u = q + u.to(q.dtype)
-            return fused.attend_xl(q_u if logit_scale is None else q_u * logit_scale.to(q.dtype), k, v, pos, bd)
-        return super().attend(layer, q, k, v, pos, dropout_p, context, softmax)
+            q_u = q_u if logit_scale is None else q_u * logit_scale.to(q.dtype)
+            return fused.attend_xl(q_u, a.k, a.v, a.pos, bd)
+        return super().attend(a)
 
     def extra_repr(self) -> str:
         return f"clamp_len={self.clamp_len}, share_uv={self.share_uv}"

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from posenc_lab.positional import AttentionInputs
 from tests.positional.test_fused import grads
 from tests.positional.test_schemes import DH, B, H, inputs, make_scheme, masked_softmax, pe, qkv, rope_rotate
 from tests.schemes import COPE, FIRE, FOX, KERPLE_LOG, KERPLE_POWER, PATH, SANDWICH, STICKBREAKING, XPOS
@@ -182,7 +183,7 @@ def assert_equals_naive(name, scheme, q, k, v, pos, x=None, layer=1):
     per-pair reference."""
     given = [q, k, v] + ([x] if x is not None else [])
     inputs_ = [*given, *scheme.parameters()]
-    out = scheme.attend(layer, q, k, v, pos, 0.0, *([x] if x is not None else []))
+    out = scheme.attend(AttentionInputs(layer, q, k, pos, v=v, context=x))
     want = naive_attend(name, scheme, layer, q, k, v, pos, x)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     names = ["q", "k", "v"] + (["context"] if x is not None else []) + [*dict(scheme.named_parameters())]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc_lab.positional import fused
+from posenc_lab.positional import AttentionInputs, fused
 from tests.positional.naive import (
     _seed,  # noqa: F401 - an autouse fixture
     assert_equals_naive,
@@ -41,7 +41,10 @@ def test_fox_compiled_cpu_forward_equals_naive():
     pos = make_positions(5, 9, same_length=True)
     with torch.no_grad():
         torch.testing.assert_close(
-            scheme.attend(1, q, k, v, pos, 0.0, x), naive_fox(scheme, 1, q, k, v, pos, x), atol=1e-5, rtol=1e-5
+            scheme.attend(AttentionInputs(1, q, k, pos, v=v, context=x)),
+            naive_fox(scheme, 1, q, k, v, pos, x),
+            atol=1e-5,
+            rtol=1e-5,
         )
 
 
@@ -51,7 +54,7 @@ def test_fox_takes_the_fused_path_on_cuda_and_sdpa_on_cpu(monkeypatch):
     assert scheme.fused_from_keys == 0 and fused.use_fused(scheme, on_cuda, torch.empty(1, 1, 64, 1), 0.0)
     monkeypatch.setattr(fused, "_flex", lambda: pytest.fail("flex_attention called on CPU"))
     q, k, v, x = new_inputs(5, 3)
-    scheme.attend(1, q, k, v, make_positions(5, 3), 0.0, x).sum().backward()
+    scheme.attend(AttentionInputs(1, q, k, make_positions(5, 3), v=v, context=x)).sum().backward()
     assert scheme.gate[1].weight.grad.abs().sum() > 0
 
 
@@ -76,7 +79,7 @@ def test_fox_oldest_key_gate_is_never_used_and_a_closed_gate_cuts_the_past():
         torch.testing.assert_close(scheme.score_bias(0, pos, y).dense(pos), bias)
         scheme.gate[0].bias.fill_(-1e4)  # f ~ 0 everywhere: only the diagonal survives
         q, k, v = qkv(4, 4)
-        probs = scheme.attention_probs(0, q, k, pos, x)
+        probs = scheme.attention_probs(AttentionInputs(0, q, k, pos, context=x))
     own = torch.arange(4)[:, None] + 4 == torch.arange(8)[None, :]
     torch.testing.assert_close(probs[..., own], torch.ones(B, H, 4))
 
@@ -90,4 +93,4 @@ def test_documented_options_exist():
 def test_without_the_layer_input_it_says_what_it_needs():
     q, k, v = qkv(5, 3)
     with pytest.raises(ValueError, match=rf"{FOX}: .*layer's input.*context"):
-        make_scheme(FOX).attend(0, q, k, v, make_positions(5, 3), 0.0)
+        make_scheme(FOX).attend(AttentionInputs(0, q, k, make_positions(5, 3), v=v))

@@ -19,7 +19,7 @@ import torch.nn.attention.flex_attention as torch_flex
 
 from posenc_lab import bench
 from posenc_lab.model import MemoryTransformer, ModelConfig
-from posenc_lab.positional import fused
+from posenc_lab.positional import AttentionInputs, fused
 from tests.positional.test_schemes import (
     MASKS,
     make_positions,
@@ -67,7 +67,7 @@ def assert_attend_equals_naive(name, scheme, q, k, v, pos, leaves):
     """scheme.attend against the per-pair loops: the output, and the gradient of q, k, v's ``leaves`` (what
     q, k, v were made from) and of every scheme parameter."""
     inputs = [*leaves, *scheme.parameters()]
-    out = scheme.attend(1, q, k, v, pos, 0.0)
+    out = scheme.attend(AttentionInputs(1, q, k, pos, v=v))
     want = naive_attend(name, scheme, 1, q, k, v, pos)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     names = ["q", "k", "v", *dict(scheme.named_parameters())]
@@ -113,7 +113,7 @@ def test_fused_positional_tables_get_a_gradient(reference):
         scheme = make_scheme(name).train()
         scheme.attention_impl = "fused"
         q, k, v = qkv(L, M)
-        (g,) = grads(scheme.attend(1, q, k, v, pos, 0.0), [getattr(scheme, param)])
+        (g,) = grads(scheme.attend(AttentionInputs(1, q, k, pos, v=v)), [getattr(scheme, param)])
         assert g is not None and g.abs().sum() > 0, (name, param)
 
 
@@ -124,11 +124,11 @@ def test_auto_keeps_the_unfused_path_on_cpu(monkeypatch, name):
     scheme, pos = make_scheme(name).train(), make_positions(5, 3)
     q, k, v = (x.requires_grad_() for x in qkv(5, 3))
     assert scheme.attention_impl == "auto"
-    out = scheme.attend(1, q, k, v, pos, 0.0)
+    out = scheme.attend(AttentionInputs(1, q, k, pos, v=v))
     out.sum().backward()
     assert q.grad is not None
     with torch.no_grad():
-        torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), out)
+        torch.testing.assert_close(scheme.attend(AttentionInputs(1, q, k, pos, v=v)), out)
 
 
 @pytest.mark.parametrize("name", FUSED)
@@ -163,7 +163,7 @@ def test_forced_fused_names_why_it_cannot_run(grad, name, dropout, match):
     scheme.attention_impl = "fused"
     q, k, v = qkv(5, 3)
     with torch.set_grad_enabled(grad), pytest.raises(RuntimeError, match=f"attention_impl=fused.*{match}"):
-        scheme.attend(1, q.requires_grad_(grad), k, v, pos, dropout)
+        scheme.attend(AttentionInputs(1, q.requires_grad_(grad), k, pos, v=v, dropout_p=dropout))
 
 
 def test_model_rejects_an_unknown_attention_impl():
@@ -213,7 +213,10 @@ def test_compiled_cpu_forward_equals_naive(name):
     pos, (q, k, v) = make_positions(L, M, same_length=True), qkv(L, M)
     with torch.no_grad():
         torch.testing.assert_close(
-            scheme.attend(1, q, k, v, pos, 0.0), naive_attend(name, scheme, 1, q, k, v, pos), atol=1e-5, rtol=1e-5
+            scheme.attend(AttentionInputs(1, q, k, pos, v=v)),
+            naive_attend(name, scheme, 1, q, k, v, pos),
+            atol=1e-5,
+            rtol=1e-5,
         )
 
 
@@ -322,4 +325,4 @@ def test_bias_schemes_auto_rule_is_alibis_or_t5s(name, monkeypatch):
     assert fused.use_fused(scheme, on_cuda, torch.empty(1, 1, 64, 1), 0.0) is (name != SANDWICH)
     monkeypatch.setattr(fused, "_flex", lambda: pytest.fail("flex_attention called on CPU"))
     q, k, v = qkv(5, 3)
-    scheme.attend(1, q.requires_grad_(), k, v, make_positions(5, 3), 0.0).sum().backward()
+    scheme.attend(AttentionInputs(1, q.requires_grad_(), k, make_positions(5, 3), v=v)).sum().backward()

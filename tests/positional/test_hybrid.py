@@ -11,7 +11,15 @@ import torch
 
 from posenc_lab.checks import problems
 from posenc_lab.model import MemoryTransformer, ModelConfig
-from posenc_lab.positional import SCHEME_NAMES, SCHEMES, Dims, PositionalScheme, build_scheme, schemes_of_kind
+from posenc_lab.positional import (
+    SCHEME_NAMES,
+    SCHEMES,
+    AttentionInputs,
+    Dims,
+    PositionalScheme,
+    build_scheme,
+    schemes_of_kind,
+)
 from posenc_lab.positional.hybrid import Hybrid, layer_refusal, pattern_label, primitive
 from tests.helpers_train import compose_config
 from tests.models import make_model
@@ -37,11 +45,11 @@ class LayerByLayer(PositionalScheme):
         super().__init__(schemes[0].dims)
         self.schemes = torch.nn.ModuleList(schemes)
 
-    def attend(self, layer, q, k, v, pos, dropout_p, context=None):
-        return self.schemes[layer].attend(0, q, k, v, pos, dropout_p, context)
+    def attend(self, a: AttentionInputs):
+        return self.schemes[a.layer].attend(a.but(layer=0))
 
-    def attention_probs(self, layer, q, k, pos, context=None):
-        return self.schemes[layer].attention_probs(0, q, k, pos, context)
+    def attention_probs(self, a: AttentionInputs):
+        return self.schemes[a.layer].attention_probs(a.but(layer=0))
 
 
 def alone(part: PositionalScheme, rank: int, name: str) -> PositionalScheme:

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from posenc_lab.positional import AttentionInputs
 from posenc_lab.positional.path import path_scores
 from tests.positional.naive import (
     _seed,  # noqa: F401 - an autouse fixture
@@ -99,4 +100,4 @@ def test_without_the_layer_input_it_says_what_it_needs():
 
     q, k, v = qkv(5, 3)
     with pytest.raises(ValueError, match=rf"{PATH}: .*layer's input.*context"):
-        make_scheme(PATH).attend(0, q, k, v, make_positions(5, 3), 0.0)
+        make_scheme(PATH).attend(AttentionInputs(0, q, k, make_positions(5, 3), v=v))

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc_lab.positional import scheme_options
+from posenc_lab.positional import AttentionInputs, scheme_options
 from tests.positional.test_fused import grads
 from tests.positional.test_schemes import DH, MASKS, B, H, make_positions, make_scheme, masked_softmax, qkv
 from tests.schemes import POPE
@@ -39,7 +39,7 @@ def naive_pope(scheme, q, k, v, pos):
 def assert_equals_naive(scheme, q, k, v, pos):
     """Output, and the gradients of q, k, v and the phase, against the per-pair reference."""
     inputs = [q, k, v, scheme.phase]
-    out = scheme.attend(1, q, k, v, pos, 0.0)
+    out = scheme.attend(AttentionInputs(1, q, k, pos, v=v))
     want = naive_pope(scheme, q, k, v, pos)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     for got, ref, what in zip(grads(out, inputs), grads(want, inputs), ["q", "k", "v", "phase"]):
@@ -67,7 +67,9 @@ def test_another_base_and_the_attention_probabilities():
     q, k, v = qkv(4, 5)
     with torch.no_grad():
         eye = torch.eye(9).expand(B, H, 9, 9)
-        torch.testing.assert_close(scheme.attention_probs(0, q, k, pos), naive_pope(scheme, q, k, eye, pos))
+        torch.testing.assert_close(
+            scheme.attention_probs(AttentionInputs(0, q, k, pos)), naive_pope(scheme, q, k, eye, pos)
+        )
     assert_equals_naive(scheme, *(x.requires_grad_() for x in (q, k, v)), pos)
 
 
@@ -77,8 +79,10 @@ def test_memory_equals_one_long_pass(L, M):
     scheme = new_scheme().eval()
     q_all, k, v = qkv(M + L, 0)
     with torch.no_grad():
-        long = scheme.attend(0, q_all, k, v, make_positions(M + L, 0), 0.0)[:, :, M:]
-        torch.testing.assert_close(scheme.attend(0, q_all[:, :, M:], k, v, make_positions(L, M), 0.0), long)
+        long = scheme.attend(AttentionInputs(0, q_all, k, make_positions(M + L, 0), v=v))[:, :, M:]
+        torch.testing.assert_close(
+            scheme.attend(AttentionInputs(0, q_all[:, :, M:], k, make_positions(L, M), v=v)), long
+        )
 
 
 def test_d_h_frequencies_and_the_score_is_the_content_magnitudes_at_distance_zero():
@@ -104,7 +108,7 @@ def test_the_phase_is_projected_into_its_range_and_keeps_learning_on_the_boundar
         scheme.phase.fill_(0.7)
         scheme.phase[0] = -9.0
     q, k, v = qkv(5, 3)
-    out = scheme.attend(0, q, k, v, make_positions(5, 3), 0.0)
+    out = scheme.attend(AttentionInputs(0, q, k, make_positions(5, 3), v=v))
     assert (scheme.phase[0] == -2 * math.pi).all() and (scheme.phase[1:] == 0).all()
     (g,) = grads(out, [scheme.phase])
     assert g[1:].abs().min() > 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posenc_lab.model import MemoryTransformer, ModelConfig
-from posenc_lab.positional import SCHEME_NAMES, SCHEMES, Positions, sized_options
+from posenc_lab.positional import SCHEME_NAMES, SCHEMES, AttentionInputs, Positions, sized_options
 from tests.positional import naive, test_fused, test_pope
 from tests.positional.test_fused import grads, reference  # noqa: F401 (a fixture)
 from tests.positional.test_schemes import B, D, make_positions, make_scheme, pe, qkv
@@ -184,7 +184,8 @@ def test_shaws_forced_fused_path_refuses_gaps(reference):  # noqa: F811
     scheme = make_scheme(SHAW)
     scheme.attention_impl = "fused"
     with pytest.raises(RuntimeError, match="consecutive positions.*random_positions"):
-        scheme.attend(1, *qkv(4, 6), gap_positions(4, 6), 0.0)
+        q, k, v = qkv(4, 6)
+        scheme.attend(AttentionInputs(1, q, k, gap_positions(4, 6), v=v))
 
 
 @pytest.mark.parametrize("name", TAKES)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc_lab.positional import AttentionInputs
 from tests.positional.naive import (
     BIAS,
     DATA_DEPENDENT,
@@ -59,4 +60,4 @@ def test_compiled_cpu_forward_equals_naive(name):
     pos, (q, k, v) = make_positions(L, M, same_length=True), qkv(L, M)
     with torch.no_grad():
         want = naive_attend(name, scheme, 1, q, k, v, pos)
-        torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scheme.attend(AttentionInputs(1, q, k, pos, v=v)), want, atol=1e-5, rtol=1e-5)

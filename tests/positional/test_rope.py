@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from posenc_lab.positional import Dims, build_scheme, scheme_class, sized_options
+from posenc_lab.positional import AttentionInputs, Dims, build_scheme, scheme_class, sized_options
 from tests.positional.test_schemes import DH, D, H, make_positions, masked_softmax, qkv
 from tests.schemes import ROPE
 
@@ -90,7 +90,7 @@ def test_scaled_rotation_equals_the_formula(scaling, factor, partial, M):
     theta = naive_theta(scaling, factor, L_orig, partial=partial)
     temperature = (0.1 * math.log(factor) + 1) ** 2 if scaling == "yarn" else 1.0
     got_in, want_in = ([t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2))
-    got = scheme.attend(0, *got_in, pos, 0.0)
+    got = scheme.attend(AttentionInputs(0, got_in[0], got_in[1], pos, v=got_in[2]))
     scores = rotate(want_in[0], pos.q, theta) @ rotate(want_in[1], pos.k, theta).transpose(-1, -2) / math.sqrt(DH)
     want = masked_softmax(scores * temperature, pos.visible) @ want_in[2]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -104,7 +104,7 @@ def attend_with_grads(scheme, pos, q, k, v, theta, temperature):
     """The scheme's attention and the formula's (rotation by ``theta``, scores times ``temperature``), with the
     gradients of q, k, v under one random weighting, for comparison."""
     got_in, want_in = ([t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2))
-    got = scheme.attend(0, *got_in, pos, 0.0)
+    got = scheme.attend(AttentionInputs(0, got_in[0], got_in[1], pos, v=got_in[2]))
     scores = rotate(want_in[0], pos.q, theta) @ rotate(want_in[1], pos.k, theta).transpose(-1, -2) / math.sqrt(DH)
     want = masked_softmax(scores * temperature, pos.visible) @ want_in[2]
     weights = torch.randn_like(got)
@@ -132,7 +132,7 @@ def test_dynamic_and_longrope_equal_hugging_faces_formulas(scaling, factor, part
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     if M + L > L_orig and factor > 1:  # the scaling acts: not RoPE's attention
-        assert (got - rope().attend(0, q, k, v, pos, 0.0)).abs().max() > 1e-3
+        assert (got - rope().attend(AttentionInputs(0, q, k, pos, v=v))).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
@@ -147,7 +147,7 @@ def test_the_span_is_the_static_memorys_slots_not_its_valid_ones(scaling):
     pos.visible = pos.visible & pos.valid[None, :]
     attention = math.sqrt(1 + math.log(4.0) / math.log(8)) if scaling == "longrope" else 1.0
     with torch.no_grad():
-        got = scheme.attend(0, q, k, v, pos, 0.0)
+        got = scheme.attend(AttentionInputs(0, q, k, pos, v=v))
         for span, equal in ((M + L, True), (valid_slots + L, False)):
             theta = naive_theta(scaling, 4.0, 8, span=span)
             scores = rotate(q, pos.q, theta) @ rotate(k, pos.k, theta).transpose(-1, -2) / math.sqrt(DH)
@@ -193,11 +193,12 @@ def test_linear_scaling_is_positions_divided_by_the_factor_and_yarn_at_one_is_no
     divided.q, divided.k = pos.q / 4, pos.k / 4
     with torch.no_grad():
         torch.testing.assert_close(
-            rope(scaling="linear", factor=4.0).attend(0, q, k, v, pos, 0.0), rope().attend(0, q, k, v, divided, 0.0)
+            rope(scaling="linear", factor=4.0).attend(AttentionInputs(0, q, k, pos, v=v)),
+            rope().attend(AttentionInputs(0, q, k, divided, v=v)),
         )
         torch.testing.assert_close(
-            rope(scaling="yarn", factor=1.0, original_len=64).attend(0, q, k, v, pos, 0.0),
-            rope().attend(0, q, k, v, pos, 0.0),
+            rope(scaling="yarn", factor=1.0, original_len=64).attend(AttentionInputs(0, q, k, pos, v=v)),
+            rope().attend(AttentionInputs(0, q, k, pos, v=v)),
         )
 
 
@@ -230,8 +231,8 @@ def test_partial_rotation_leaves_the_low_frequencies_unrotated():
 
     pos, (q, k, v) = make_positions(5, 7), qkv(5, 7)
     with torch.no_grad():
-        nope = build_scheme(NOPE, Dims(1, D, H)).attend(0, q, k, v, pos, 0.0)
-        torch.testing.assert_close(rope(partial=0.0).attend(0, q, k, v, pos, 0.0), nope)
+        nope = build_scheme(NOPE, Dims(1, D, H)).attend(AttentionInputs(0, q, k, pos, v=v))
+        torch.testing.assert_close(rope(partial=0.0).attend(AttentionInputs(0, q, k, pos, v=v)), nope)
 
 
 def test_yarn_keeps_the_fast_channels_and_interpolates_the_slow_ones():

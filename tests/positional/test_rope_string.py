@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc_lab.positional import AttentionInputs
 from posenc_lab.positional.base import Softmax
 from posenc_lab.positional.rope import rotate_half
 from tests.models import make_model, memory_and_window
@@ -72,7 +73,9 @@ def test_every_pair_is_scored_at_its_shifted_distance(L, M, same_length):
     scheme, pos = string_scheme(), make_positions(L, M, same_length)
     q, k, _ = qkv(L, M)
     z = equation_logits(scheme, q, k, pos)
-    torch.testing.assert_close(scheme.attention_probs(0, q, k, pos), torch.softmax(z, -1), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        scheme.attention_probs(AttentionInputs(0, q, k, pos)), torch.softmax(z, -1), atol=1e-5, rtol=1e-4
+    )
 
 
 @pytest.mark.parametrize("L, M, same_length", CASES)
@@ -80,7 +83,7 @@ def test_equals_the_authors_two_attentions_merged_forward_and_backward(L, M, sam
     scheme, pos = string_scheme(), make_positions(L, M, same_length)
     inputs = qkv(L, M)
     got_in, want_in = ([t.clone().requires_grad_() for t in inputs] for _ in range(2))
-    got = scheme.attend(0, *got_in, pos, 0.0)
+    got = scheme.attend(AttentionInputs(0, got_in[0], got_in[1], pos, v=got_in[2]))
     want = authors_attention(scheme, *want_in, pos)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     w = torch.randn_like(got)
@@ -90,7 +93,7 @@ def test_equals_the_authors_two_attentions_merged_forward_and_backward(L, M, sam
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"gradient of {which}")
     plain = make_scheme(ROPE).eval()
     if pos.distance[pos.visible].max() >= S:  # not vacuous: far pairs exist, and they move
-        assert (plain.attend(0, *want_in, pos, 0.0) - got).abs().max() > 1e-3
+        assert (plain.attend(AttentionInputs(0, want_in[0], want_in[1], pos, v=want_in[2])) - got).abs().max() > 1e-3
 
 
 def test_a_sink_and_the_scale_compose_with_it():
@@ -100,7 +103,7 @@ def test_a_sink_and_the_scale_compose_with_it():
     scale, sink = torch.rand(q.shape[1], 8, 1) + 0.5, torch.randn(q.shape[1])
     z = equation_logits(scheme, q, k, pos) * scale
     want = torch.exp(z - torch.logaddexp(z.logsumexp(-1, keepdim=True), sink[:, None, None]))
-    got = scheme.attention_probs(0, q, k, pos, softmax=Softmax(scale, sink))
+    got = scheme.attention_probs(AttentionInputs(0, q, k, pos, softmax=Softmax(scale, sink)))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 

@@ -19,6 +19,7 @@ import posenc_lab.positional as positional
 from posenc_lab.positional import (
     SCHEME_NAMES,
     SCHEMES,
+    AttentionInputs,
     Dims,
     Positions,
     build_scheme,
@@ -308,8 +309,10 @@ def test_xl_relative_shift_equals_naive_per_pair(L, M, same_length, clamp_len, s
         bd = relative_shift(scheme.position_scores(layer, q, pos)) / math.sqrt(DH)
         vis = pos.visible.expand(B, H, L, M + L)
         torch.testing.assert_close(bd[vis], naive_bd[vis], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(scheme.attend(layer, q, k, v, pos, 0.0), out, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(scheme.attention_probs(layer, q, k, pos), probs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scheme.attend(AttentionInputs(layer, q, k, pos, v=v)), out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            scheme.attention_probs(AttentionInputs(layer, q, k, pos)), probs, atol=1e-5, rtol=1e-5
+        )
 
 
 def test_xl_relative_shift_layout():
@@ -330,7 +333,10 @@ def test_xl_clamp_len_changes_far_scores_only():
     free, clamped = make_scheme(XL), make_scheme(XL, clamp_len=3)
     clamped.load_state_dict(free.state_dict())
     with torch.no_grad():
-        a, b = free.attention_probs(0, q, k, pos), clamped.attention_probs(0, q, k, pos)
+        a, b = (
+            free.attention_probs(AttentionInputs(0, q, k, pos)),
+            clamped.attention_probs(AttentionInputs(0, q, k, pos)),
+        )
     assert not torch.allclose(a, b)
     assert make_scheme(XL).distances(pos).max() == M + L - 1
     assert clamped.distances(pos).max() == 3
@@ -364,20 +370,20 @@ def test_shaw_buckets_equal_naive_per_pair_with_clipping(L, M, same_length, K):
     q, k, v = qkv(L, M)
     with torch.no_grad():
         probs, out = naive_shaw(scheme, 1, q, k, v, pos)
-        torch.testing.assert_close(scheme.attention_probs(1, q, k, pos), probs, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(scheme.attend(1, q, k, v, pos, 0.0), out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scheme.attention_probs(AttentionInputs(1, q, k, pos)), probs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scheme.attend(AttentionInputs(1, q, k, pos, v=v)), out, atol=1e-5, rtol=1e-5)
 
 
 def test_shaw_value_term_matters_and_only_k_plus_one_rows_are_used():
     scheme, (L, M) = make_scheme(SHAW, K=2), (5, 5)
     pos, (q, k, v) = make_positions(L, M), qkv(L, M)
     with torch.no_grad():
-        base = scheme.attend(0, q, k, v, pos, 0.0)
+        base = scheme.attend(AttentionInputs(0, q, k, pos, v=v))
         scheme.a_value[0, 3:] += 10.0  # rows for j - i > 0: future keys only, never visible
         scheme.a_key[0, 3:] += 10.0
-        assert torch.equal(scheme.attend(0, q, k, v, pos, 0.0), base)
+        assert torch.equal(scheme.attend(AttentionInputs(0, q, k, pos, v=v)), base)
         scheme.a_value[0, 0] += 1.0  # the row every distance >= K collapses onto
-        assert not torch.allclose(scheme.attend(0, q, k, v, pos, 0.0), base)
+        assert not torch.allclose(scheme.attend(AttentionInputs(0, q, k, pos, v=v)), base)
 
 
 def rope_rotate(x, positions, base=10000.0):
@@ -420,8 +426,8 @@ def test_sdpa_schemes_equal_naive_scores(name, L, M):
     q, k, v = qkv(L, M)
     with torch.no_grad():
         probs = masked_softmax(naive_scores(name, scheme, q, k, pos), pos.visible)
-        torch.testing.assert_close(scheme.attention_probs(0, q, k, pos), probs, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(scheme.attend(0, q, k, v, pos, 0.0), probs @ v, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scheme.attention_probs(AttentionInputs(0, q, k, pos)), probs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scheme.attend(AttentionInputs(0, q, k, pos, v=v)), probs @ v, atol=1e-5, rtol=1e-5)
 
 
 def test_t5_buckets():
@@ -451,14 +457,14 @@ def test_relative_schemes_are_shift_invariant(name, L, M, shift):
     with torch.no_grad():
         for layer in (0, 1):
             torch.testing.assert_close(
-                scheme.attention_probs(layer, q, k, pos.shifted(shift), x),
-                scheme.attention_probs(layer, q, k, pos, x),
+                scheme.attention_probs(AttentionInputs(layer, q, k, pos.shifted(shift), context=x)),
+                scheme.attention_probs(AttentionInputs(layer, q, k, pos, context=x)),
                 atol=1e-5,
                 rtol=1e-5,
             )
             torch.testing.assert_close(
-                scheme.attend(layer, q, k, v, pos.shifted(shift), 0.0, x),
-                scheme.attend(layer, q, k, v, pos, 0.0, x),
+                scheme.attend(AttentionInputs(layer, q, k, pos.shifted(shift), v=v, context=x)),
+                scheme.attend(AttentionInputs(layer, q, k, pos, v=v, context=x)),
                 atol=1e-5,
                 rtol=1e-5,
             )
@@ -470,8 +476,8 @@ def test_relative_schemes_do_use_distance(name):
     L, M = 5, 3
     pos, (q, k, v), x = make_positions(L, M), qkv(L, M), inputs(L, M)
     with torch.no_grad():
-        plain = make_scheme(NOPE).attend(0, q, k, v, pos, 0.0, x)
-        assert not torch.allclose(make_scheme(name).attend(0, q, k, v, pos, 0.0, x), plain)
+        plain = make_scheme(NOPE).attend(AttentionInputs(0, q, k, pos, v=v, context=x))
+        assert not torch.allclose(make_scheme(name).attend(AttentionInputs(0, q, k, pos, v=v, context=x)), plain)
 
 
 @pytest.mark.parametrize("name", ABSOLUTE)
@@ -486,7 +492,7 @@ def test_attention_probs_are_a_distribution_over_visible_keys(name, same_length)
     L, M = 5, 4
     scheme, pos, (q, k, _) = make_scheme(name), make_positions(L, M, same_length), qkv(L, M)
     with torch.no_grad():
-        probs = scheme.attention_probs(0, q, k, pos, inputs(L, M))
+        probs = scheme.attention_probs(AttentionInputs(0, q, k, pos, context=inputs(L, M)))
     assert probs.shape == (B, H, L, M + L)
     assert (probs[..., ~pos.visible] == 0).all()
     if name == STICKBREAKING:  # weights summing to 1 - the stick left over; a query's own key has none
@@ -512,7 +518,7 @@ def test_shaw_attend_with_fp32_probabilities_and_bf16_values(monkeypatch):
         lambda *a, **kw: fp32_probs(*(x.float() if torch.is_tensor(x) and x.is_floating_point() else x for x in a)),
     )
     v16 = v.bfloat16().requires_grad_()
-    out = scheme.attend(1, q.bfloat16(), k.bfloat16(), v16, pos, 0.0)
+    out = scheme.attend(AttentionInputs(1, q.bfloat16(), k.bfloat16(), pos, v=v16))
     out.float().sum().backward()
     torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.05)
     assert v16.grad is not None and v16.grad.dtype == torch.bfloat16 and scheme.a_value.grad is not None
@@ -532,7 +538,7 @@ def test_translation_invariance_holds_unless_declared(name):
     q[:, :, 2 + t] = q[:, :, 2]  # query 2 and query 5 alike, and their keys at distances 0 and 2 alike
     k[:, :, 2 + t], k[:, :, t] = k[:, :, 2], k[:, :, 0]
     with torch.no_grad():
-        logp = scheme.attention_probs(0, q, k, pos, inputs(L, M)).log()
+        logp = scheme.attention_probs(AttentionInputs(0, q, k, pos, context=inputs(L, M))).log()
     early, late = logp[..., 2, 2] - logp[..., 2, 0], logp[..., 2 + t, 2 + t] - logp[..., 2 + t, t]
     if SCHEMES[name].not_translation_invariant is None:
         torch.testing.assert_close(late, early, atol=1e-5, rtol=1e-5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc_lab.positional import AttentionInputs
 from tests.positional.naive import _seed  # noqa: F401 - an autouse fixture
 from tests.positional.test_schemes import DH, B, H, make_positions, make_scheme, qkv
 from tests.schemes import STICKBREAKING
@@ -20,10 +21,10 @@ def test_stickbreaking_nearest_key_breaks_first_and_the_rest_is_left(attend_curr
     q = torch.ones(B, H, L, DH)
     k = torch.full_like(k, -50.0)  # beta ~ 0 everywhere
     with torch.no_grad():
-        out = scheme.attend(0, q, k, v, pos, 0.0)
+        out = scheme.attend(AttentionInputs(0, q, k, pos, v=v))
         torch.testing.assert_close(out, scheme.remainder[0][None, :, None].expand_as(out))
         k[:, :, M + L - 2] = 50.0  # the last query's nearest other key: beta ~ 1
-        probs = scheme.attention_probs(0, q, k, pos)
+        probs = scheme.attention_probs(AttentionInputs(0, q, k, pos))
     row = probs[:, :, -1]
     own = M + L - 1
     assert torch.allclose(row[..., M + L - 2], torch.ones(B, H), atol=1e-6)

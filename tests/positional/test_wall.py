@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc_lab.positional import SCHEMES, Positions, scheme_options
+from posenc_lab.positional import SCHEMES, AttentionInputs, Positions, scheme_options
 from posenc_lab.positional.wall import split
 from tests.positional.test_fused import grads
 from tests.positional.test_schemes import DH, MASKS, B, H, inputs, make_positions, make_scheme, masked_softmax, qkv
@@ -43,7 +43,7 @@ def naive_wall(scheme, layer, q, k, v, pos, x):
 def assert_equals_naive(scheme, q, k, v, pos, x, layer=1, atol=1e-5):
     """Output, and the gradients of q, k, v, the layer input and the gate's weight and bias."""
     inputs_ = [q, k, v, x, *scheme.gate[layer].parameters()]
-    out = scheme.attend(layer, q, k, v, pos, 0.0, x)
+    out = scheme.attend(AttentionInputs(layer, q, k, pos, v=v, context=x))
     want = naive_wall(scheme, layer, q, k, v, pos, x)
     torch.testing.assert_close(out, want, atol=atol, rtol=1e-5)
     for got, ref, what in zip(grads(out, inputs_), grads(want, inputs_), ["q", "k", "v", "context", "W", "b"]):
@@ -109,7 +109,7 @@ def test_gates_closed_hard_stay_exact_where_one_reference_would_overflow():
     assert (P[..., 0, :] - P[..., -1, :]).min() > 2 * 88  # beyond one reference's reach
     assert_equals_naive(scheme, q, k, v, pos, x, atol=1e-4)  # P near -320: fp32 cumulative sums, as FoX's
     with torch.no_grad():
-        probs = scheme.attention_probs(1, q, k, pos, x)
+        probs = scheme.attention_probs(AttentionInputs(1, q, k, pos, context=x))
     assert torch.isfinite(probs).all()
     behind = probs[..., -1, : M + 5]  # the last query's keys before the closed gate at key column 11 (position 5)
     torch.testing.assert_close(behind, behind[..., :1].expand_as(behind))
@@ -123,11 +123,15 @@ def test_memory_equals_one_long_pass(L, M):
     q_all, k, v = qkv(M + L, 0)
     x = inputs(M + L, 0)
     with torch.no_grad():
-        long = scheme.attend(0, q_all, k, v, make_positions(M + L, 0), 0.0, x)[:, :, M:]
-        torch.testing.assert_close(scheme.attend(0, q_all[:, :, M:], k, v, make_positions(L, M), 0.0, x), long)
+        long = scheme.attend(AttentionInputs(0, q_all, k, make_positions(M + L, 0), v=v, context=x))[:, :, M:]
+        torch.testing.assert_close(
+            scheme.attend(AttentionInputs(0, q_all[:, :, M:], k, make_positions(L, M), v=v, context=x)), long
+        )
         y = x.clone()
         y[:, 0] += 5.0
-        torch.testing.assert_close(scheme.attend(0, q_all[:, :, M:], k, v, make_positions(L, M), 0.0, y), long)
+        torch.testing.assert_close(
+            scheme.attend(AttentionInputs(0, q_all[:, :, M:], k, make_positions(L, M), v=v, context=y)), long
+        )
 
 
 def test_empty_memory_slots_have_no_gate_and_no_share():
@@ -144,8 +148,12 @@ def test_empty_memory_slots_have_no_gate_and_no_share():
         junk = [t.clone() for t in (k, v, x)]
         for t in junk:
             t[:, ..., :empty, :] = 1e3  # the invalid slots: far out, as a reset's stale states
-        got = scheme.attend(1, q, junk[0], junk[1], full, 0.0, junk[2])
-        want = scheme.attend(1, q, k[:, :, empty:], v[:, :, empty:], make_positions(L, M - empty), 0.0, x[:, empty:])
+        got = scheme.attend(AttentionInputs(1, q, junk[0], full, v=junk[1], context=junk[2]))
+        want = scheme.attend(
+            AttentionInputs(
+                1, q, k[:, :, empty:], make_positions(L, M - empty), v=v[:, :, empty:], context=x[:, empty:]
+            )
+        )
     torch.testing.assert_close(got, want)
 
 
@@ -183,7 +191,8 @@ def test_bad_options_are_one_line(options, match):
 
 def test_without_the_layer_input_it_says_what_it_needs():
     with pytest.raises(ValueError, match=r"^wall: the forget gates come from the layer's input; attend needs context"):
-        make_scheme(WALL).attend(0, *qkv(5, 3), make_positions(5, 3), 0.0)
+        q, k, v = qkv(5, 3)
+        make_scheme(WALL).attend(AttentionInputs(0, q, k, make_positions(5, 3), v=v))
 
 
 def test_extra_flops_count_the_gate_projection():

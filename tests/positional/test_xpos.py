@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc_lab.positional import AttentionInputs
 from tests.positional.naive import _seed  # noqa: F401 - an autouse fixture
 from tests.positional.test_schemes import make_positions, make_scheme, qkv
 from tests.schemes import XPOS
@@ -16,7 +17,10 @@ def test_xpos_stays_finite_and_exact_far_from_the_start():
     0.29^{-195}, past fp32) the scores equal those at 0."""
     scheme, pos, (q, k, v) = make_scheme(XPOS), make_positions(5, 4), qkv(5, 4)
     with torch.no_grad():
-        near, far = scheme.attend(0, q, k, v, pos, 0.0), scheme.attend(0, q, k, v, pos.shifted(100_000), 0.0)
+        near, far = (
+            scheme.attend(AttentionInputs(0, q, k, pos, v=v)),
+            scheme.attend(AttentionInputs(0, q, k, pos.shifted(100_000), v=v)),
+        )
     assert torch.isfinite(far).all()
     torch.testing.assert_close(far, near, atol=1e-4, rtol=1e-4)
 
@@ -29,7 +33,9 @@ def test_xpos_decays_with_the_distance_and_is_rope_without_it():
     pos, (q, k, v) = make_positions(5, 4), qkv(5, 4)
     rope, flat = make_scheme(ROPE), make_scheme(XPOS, gamma=1e9)
     with torch.no_grad():
-        torch.testing.assert_close(flat.attend(0, q, k, v, pos, 0.0), rope.attend(0, q, k, v, pos, 0.0))
+        torch.testing.assert_close(
+            flat.attend(AttentionInputs(0, q, k, pos, v=v)), rope.attend(AttentionInputs(0, q, k, pos, v=v))
+        )
     zeta = make_scheme(XPOS).log_zeta.exp()
     assert zeta.min() == pytest.approx(0.4 / 1.4) and zeta.max() < 1
 
