@@ -8,7 +8,7 @@ CLI (Hydra, conf/eval.yaml):
 writes ``<name>.json`` (the figures and settings) and, with ``dump_losses=true``, ``.npz`` of per-token
 arrays [n_streams, T] (see ``evaluate_checkpoint``), atomically, into a folder of the run and checkpoint
 (``output_dir``): ``<run dir>/eval/<checkpoint>/``, or with ``out_dir=DIR`` the same in the run's mirror in DIR
-by the one run-folder rule (``grid.run_folder``): ``DIR/runs/<run folder>-<hash of its path>/eval/<checkpoint>/``.
+by the one run-folder rule (``rundir.run_folder``): ``DIR/runs/<run folder>-<hash of its path>/eval/<checkpoint>/``.
 The name carries every setting that changes the figures (``output_name``: ``test_step6_L256_M512_same_Tnone_B16_all``;
 a GPU or another precision is named too), so evaluations never overwrite each other, and no option value can name
 another folder. out_dir is checked before anything is computed.
@@ -52,14 +52,13 @@ from .compose import grammar_problem, override_problem
 from .data import CORPORA, path_options
 from .errors import ConfigError, OverrideError, PosencLabError, reported
 from .footprint import Shape, fit_problem
-from .grid import run_folder
 from .io import inside, path_problem, safe_name, save_npz, write_json
 from .lit import load_lit
 from .memory_line import eval_advice
 from .metrics import FIGURES, TokenDump
 from .model import MemoryTransformer, ModelConfig
 from .positional import build_scheme
-from .rundir import RunDir, corpus_identity
+from .rundir import RunDir, corpus_identity, run_folder
 
 CONF_DIR = config_dir()
 
@@ -346,7 +345,7 @@ def output_name(result: dict[str, Any]) -> str:
 def output_dir(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike | None) -> Path:
     """The folder of the outputs of evaluating ``ckpt_path``: ``<run folder>/eval/<checkpoint>`` (``RunDir.eval_dir``),
     the run folder being the run's own or, with ``out_dir``, its mirror there by the one run-folder rule:
-    ``grid.run_folder(out_dir, <run folder's name>-<hash of its absolute path>)`` (two runs may share a folder
+    ``rundir.run_folder(out_dir, <run folder's name>-<hash of its absolute path>)`` (two runs may share a folder
     name), that is ``<out_dir>/runs/<run>-<hash>/eval/<checkpoint>``. <checkpoint>: the file name without .ckpt
     (last, good, good.prev, step0000500)."""
     run, name = RunDir.of_checkpoint(ckpt_path), Path(ckpt_path).name.removesuffix(".ckpt")

@@ -1,10 +1,10 @@
 """The one grid runner: trials (``Trial``, a name and the overrides of its `posenc-lab train`), each in the run
-folder that ``run_folder`` names, each its own process, up to ``jobs`` at once (``processes.Pool``), until none is
-left or a stop signal comes; and the grid's one state file (``Ledger``, ``<out>/grid.json``): every trial, its
+folder that ``rundir.run_folder`` names, each its own process, up to ``jobs`` at once (``processes.Pool``), until
+none is left or a stop signal comes; and the grid's one state file (``Ledger``, ``<out>/grid.json``): every trial, its
 overrides, status and wall and CPU seconds, and what the command that runs the grid keeps beside them.
 
     <out>/grid.json          the state (``ledger_file``)
-    <out>/runs/<trial>/      each trial's run folder (``run_folder``: also train's, train -m's and eval's rule)
+    <out>/runs/<trial>/      each trial's run folder (``rundir.run_folder``: also train's, train -m's and eval's rule)
     <out>/logs/<trial>.log   each trial's output
 
 It serves ``posenc-lab ablate`` (``posenc_lab.ablate`` plans the cells into trials, hands them here and
@@ -37,7 +37,6 @@ from .processes import Job, Pool
 __all__ = [
     "LEDGER",
     "LOGS",
-    "RUNS",
     "Grid",
     "Job",
     "Launch",
@@ -45,47 +44,24 @@ __all__ = [
     "Trial",
     "ledger_file",
     "log_file",
-    "run_folder",
-    "run_name",
     "train_argv",
 ]
 
-RUNS = "runs"  # a grid's run folders: <out>/runs/<trial>/
 LOGS = "logs"  # its trials' output: <out>/logs/<trial>.log
 
 
 @dataclass(frozen=True)
 class Trial:
     """One training of a grid: ``name`` (unique in the grid: its run folder's name) and the overrides of its
-    `posenc-lab train` command line (``run_dir=`` is added by whoever starts it, from ``run_folder``)."""
+    `posenc-lab train` command line (``run_dir=`` is added by whoever starts it, from ``rundir.run_folder``)."""
 
     name: str
     overrides: tuple[str, ...]
 
 
-def run_folder(out: str | Path, name: str) -> Path:
-    """The run folder of trial ``name`` of the grid in ``out``: ``<out>/runs/<name>/``, the one rule of run folders
-    that no one named. ``posenc-lab ablate``: out ``ablate.out``, name the cell and seed; ``posenc-lab sweep``: out
-    ``--out``, name the trial id (unless the sweep file names a folder); ``posenc-lab train`` with no ``run_dir``:
-    out the working directory, name ``run_name`` (conf/train.yaml's ``hydra.run.dir`` writes this rule for Hydra),
-    and each job of ``train -m`` with none the same (``hydra.sweep.dir``/``subdir``); ``posenc-lab eval
-    out_dir=DIR``: the run's mirror in DIR (``evaluate.output_dir``). A folder the user names (``run_dir=``,
-    ``hydra.run.dir=``, ``hydra.sweep.dir=``, a sweep file's) is used as named."""
-    return Path(out).resolve() / RUNS / name
-
-
 def log_file(out: str | Path, name: str) -> Path:
     """The log of trial ``name`` of the grid in ``out``: its process's output (``Launch.log``)."""
     return Path(out).resolve() / LOGS / f"{name}.log"
-
-
-def run_name(posenc: str, data: str, when: datetime.datetime, job: int | None = None) -> str:
-    """The name of a `posenc-lab train` run started at ``when`` that no one named: ``<date>/<time>_<scheme>_<data>``;
-    job ``job`` of a multirun (``train -m``): ``multirun/<date>/<time>/<job>_<scheme>_<data>``."""
-    day, clock = when.strftime("%Y-%m-%d"), when.strftime("%H-%M-%S")
-    if job is None:
-        return f"{day}/{clock}_{posenc}_{data}"
-    return f"multirun/{day}/{clock}/{job}_{posenc}_{data}"
 
 
 def train_argv(trial: Trial, run_dir: Path) -> list[str]:
@@ -219,7 +195,7 @@ FINISHED = ("trained", "resumed")  # the status of an attempt that ended well
 
 
 def ledger_file(out: str | Path) -> Path:
-    """The state file of the grid in ``out``: the one rule, as ``run_folder`` is for its trials' folders."""
+    """The state file of the grid in ``out``: the one rule, as ``rundir.run_folder`` is for its trials' folders."""
     return Path(out).resolve() / LEDGER
 
 

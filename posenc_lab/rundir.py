@@ -1,4 +1,6 @@
-"""A run directory belongs to one run.
+"""A run directory belongs to one run; this module names it (``named_run_dir``: the user's ``run_dir``, else the one
+rule of folders no one named, ``run_folder``, which train, train -m, eval's mirrors, ablate and sweep share) and
+keeps it.
 
 ``run.json`` in a run directory records the run's identity: everything that decides the
 trajectory of the weights or the meaning of its figures,
@@ -34,6 +36,9 @@ from typing import Any
 
 import numpy as np
 import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
 from .checkpoints import read_checkpoint
 from .data import CORPORA, SPLITS, path_options
@@ -58,6 +63,57 @@ MODEL_NOT_IDENTITY = ("attention_impl",)
 OPTIM_NOT_IDENTITY = ("total_steps",)
 # trainer settings that change the updates (devices may change: the global batch stays the same)
 TRAINER_IDENTITY = ("gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches", "precision")
+
+
+# ---- the one run-folder rule: train, train -m, eval's mirrors, ablate and sweep ------------------------------
+
+RUNS = "runs"  # run folders no one named: <out>/runs/<name>/
+
+
+def run_folder(out: str | Path, name: str) -> Path:
+    """The run folder of trial ``name`` of the grid in ``out``: ``<out>/runs/<name>/``, the one rule of run folders
+    that no one named. ``posenc-lab ablate``: out ``ablate.out``, name the cell and seed; ``posenc-lab sweep``: out
+    ``--out``, name the trial id (unless the sweep file names a folder); ``posenc-lab train`` with no ``run_dir``:
+    out the working directory, name ``run_name`` (conf/train.yaml's ``hydra.run.dir`` writes this rule for Hydra),
+    and each job of ``train -m`` with none the same (``hydra.sweep.dir``/``subdir``); ``posenc-lab eval
+    out_dir=DIR``: the run's mirror in DIR (``evaluate.output_dir``). A folder the user names (``run_dir=``,
+    ``hydra.run.dir=``, ``hydra.sweep.dir=``, a sweep file's) is used as named."""
+    return Path(out).resolve() / RUNS / name
+
+
+def run_name(posenc: str, data: str, when: datetime.datetime, job: int | None = None) -> str:
+    """The name of a `posenc-lab train` run started at ``when`` that no one named: ``<date>/<time>_<scheme>_<data>``;
+    job ``job`` of a multirun (``train -m``): ``multirun/<date>/<time>/<job>_<scheme>_<data>``."""
+    day, clock = when.strftime("%Y-%m-%d"), when.strftime("%H-%M-%S")
+    if job is None:
+        return f"{day}/{clock}_{posenc}_{data}"
+    return f"multirun/{day}/{clock}/{job}_{posenc}_{data}"
+
+
+def in_multirun() -> bool:
+    """Whether this process runs a job of `posenc-lab train -m` (Hydra's multirun)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def named_run_dir(cfg: DictConfig) -> Path:
+    """The run folder of `posenc-lab train` with ``cfg``: run_dir; unset: Hydra's output directory (without Hydra:
+    the same rule's, ``run_folder(".", run_name(...))``). In a multirun always the job's own output directory (under
+    run_dir when set, see hydra.sweep in train.yaml). ``train`` names it once, first, and writes it into
+    ``cfg.run_dir``, so every later call returns the same folder. RunDirError if it cannot be a folder (a file, a
+    dangling link, a name too long)."""
+    if in_multirun():
+        return Path(HydraConfig.get().runtime.output_dir).resolve()
+    run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
+    if run_dir is None:
+        run_dir = (
+            HydraConfig.get().runtime.output_dir
+            if HydraConfig.initialized()
+            else run_folder(".", run_name(cfg.posenc.name, cfg.data.name, datetime.datetime.now()))
+        )
+    problem = path_problem(run_dir, "run_dir")
+    if problem:  # before resolve(), which fails on a loop of links
+        raise RunDirError(problem)
+    return Path(run_dir).resolve()
 
 
 def corpus_identity(corpus) -> dict[str, Any]:

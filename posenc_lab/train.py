@@ -30,7 +30,6 @@ the same run_dir is not "another run". Memory running out is one line naming the
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import logging
 import math
@@ -47,7 +46,6 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -60,39 +58,28 @@ from .datamodule import SegmentDataModule
 from .distributed import lost_process
 from .errors import ConfigError, Interrupted, OverrideError, reported, stop_at_once
 from .footprint import train_problem
-from .grid import run_folder, run_name
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .memory_line import train_advice
 from .model import ModelConfig
 from .precision import check_precision
 from .resume import check_folders, check_resumable, checkpoint_state, resume_path
-from .rundir import Results, RunDir, RunDirError, absolute_paths, corpus_identity, run_identity
+from .rundir import (
+    Results,
+    RunDir,
+    RunDirError,
+    absolute_paths,
+    corpus_identity,
+    in_multirun,
+    named_run_dir,
+    run_identity,
+)
 from .slurm import in_slurm_job, requeue, stop_signals, submitit_signal
 
 log = logging.getLogger("posenc_lab.train")
 # The run directory already holds config.yaml and .hydra/ when the CSV log starts: not a problem.
 warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
 CONF_DIR = config_dir()
-
-
-def _run_dir(cfg: DictConfig) -> Path:
-    """run_dir; unset: Hydra's output directory (without Hydra: the same rule's, ``grid.run_folder``). In a sweep
-    always the job's own output directory (under run_dir when set, see hydra.sweep in train.yaml).
-    RunDirError if it cannot be a folder (a file, a dangling link, a name too long)."""
-    if _in_multirun():
-        return Path(HydraConfig.get().runtime.output_dir).resolve()
-    run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
-    if run_dir is None:
-        run_dir = (
-            HydraConfig.get().runtime.output_dir
-            if HydraConfig.initialized()
-            else run_folder(".", run_name(cfg.posenc.name, cfg.data.name, datetime.datetime.now()))
-        )
-    problem = path_problem(run_dir, "run_dir")
-    if problem:  # before resolve(), which fails on a loop of links
-        raise RunDirError(problem)
-    return Path(run_dir).resolve()
 
 
 def _own_log() -> tuple[str, ...]:
@@ -125,15 +112,11 @@ def _write_run_start(cfg: DictConfig, composed: DictConfig, run: RunDir) -> None
 _DDP_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _in_multirun() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def _prepare_ddp_relaunch(run_dir: Path) -> None:
     """Lightning's DDP launcher re-runs ``sys.argv`` for ranks > 0 with hydra.run.dir set to Hydra's
     run dir. Inside a multirun job that would start the whole sweep again in every rank: hand it this
     job's own overrides and run directory instead."""
-    if _in_multirun():
+    if in_multirun():
         hc = HydraConfig.get()
         sys.argv = [sys.argv[0], *[o for o in hc.overrides.task if not o.startswith("run_dir=")], f"run_dir={run_dir}"]
         with read_write(hc), open_dict(hc):
@@ -156,7 +139,7 @@ def _end_local_ddp(env_before: set[str]) -> None:
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train as configured, evaluate on val and test, write results.json; return the results."""
     composed = cfg.copy()  # as Hydra composed it, for .hydra/config.yaml
-    run_dir = _run_dir(cfg)
+    run_dir = named_run_dir(cfg)
     with open_dict(cfg):
         cfg.run_dir = str(run_dir)
 
@@ -290,7 +273,7 @@ def _fit_and_evaluate(
         results.health = trainer.checkpoint_callback.final_health(trainer, lit, (results.val or {}).get("loss"))
         if trainer.is_global_zero and not results.health["ok"]:
             log.warning(_unhealthy(results.health))
-    if _in_multirun() and trainer.world_size > 1:
+    if in_multirun() and trainer.world_size > 1:
         _end_local_ddp(env_before)
     if trainer.is_global_zero:
         run.write_results(results)
@@ -340,9 +323,9 @@ _RUN_DIR_EXISTED: bool | None = None  # set by main(), before Hydra creates the 
 def _drop_if_never_started(cfg: DictConfig) -> None:
     """After a refused start: remove the run directory Hydra created for this command, if it holds
     nothing but this command's log (so a refused new run_dir leaves nothing behind)."""
-    if _RUN_DIR_EXISTED or _in_multirun():
+    if _RUN_DIR_EXISTED or in_multirun():
         return
-    run_dir, own = _run_dir(cfg), _own_log()
+    run_dir, own = named_run_dir(cfg), _own_log()
     if not run_dir.is_dir() or any(p.name not in own for p in run_dir.iterdir()):
         return
     for p in run_dir.iterdir():
@@ -355,7 +338,7 @@ def _drop_if_never_started(cfg: DictConfig) -> None:
 
 def _interrupted(e: Interrupted, cfg: DictConfig) -> Interrupted:
     """The stop, with what was kept and how to continue (one line)."""
-    run = RunDir(_run_dir(cfg))
+    run = RunDir(named_run_dir(cfg))
     if e.quiet or rank_zero_only.rank != 0:
         return Interrupted(e.signum, str(e), quiet=True)
     kept = "" if e.saved else f"; newest checkpoint: {run.newest_checkpoint() or 'none yet'}"
@@ -420,7 +403,7 @@ def _check_jobs(overrides: list[str]) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     submitit = submitit_signal()
     requeue_by_submitit = signal.getsignal(submitit) if submitit else None  # before stop_at_once replaces it
-    with reported("train", lambda: train_advice(cfg, _run_dir(cfg))), stop_at_once(stop_signals()):
+    with reported("train", lambda: train_advice(cfg, named_run_dir(cfg))), stop_at_once(stop_signals()):
         try:
             train(cfg)
         except Exception as e:

@@ -154,7 +154,7 @@ def test_evals_of_two_runs_or_two_checkpoints_into_one_out_dir_never_overwrite_e
     a, b = runs[0][0], runs[0][1]
     for ckpt in (a / "checkpoints" / "last.ckpt", a / "checkpoints" / "good.ckpt", b / "checkpoints" / "last.ckpt"):
         evaluate_cli(ckpt, f"out_dir={tmp_path}")
-    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())  # the runs' mirrors (grid.run_folder)
+    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())  # the runs' mirrors (rundir.run_folder)
     assert len(folders) == 2 and all(f.startswith("run-") for f in folders)  # a folder per run, same folder name
     of_a = output_dir(a / "checkpoints" / "last.ckpt", tmp_path).parent
     in_a = sorted(str(p.relative_to(of_a)) for p in of_a.rglob("*.json"))

@@ -22,9 +22,10 @@ import posenc_lab
 from posenc_lab.ablate.outdir import AblationDir
 from posenc_lab.ablate.plan import RunSpec
 from posenc_lab.compose import Composer
-from posenc_lab.grid import Grid, Launch, Ledger, Trial, ledger_file, run_folder, run_name, train_argv
+from posenc_lab.grid import Grid, Launch, Ledger, Trial, ledger_file, train_argv
 from posenc_lab.io import CorruptFileError
 from posenc_lab.processes import Pool
+from posenc_lab.rundir import run_folder, run_name
 from tests.helpers_train import subprocess_env, tiny
 from tests.schemes import ROPE, XL
 
@@ -170,7 +171,7 @@ def test_one_run_folder_rule_for_ablate_and_sweep(tmp_path):
     assert argv[:3] == [sys.executable, "-m", "posenc_lab.train"] and argv[-1].startswith("run_dir=")
     assert str(tmp_path.resolve() / "runs" / "r") in argv[-1]
     source = (Path(posenc_lab.__file__).parent / "sweeps" / "run.py").read_text()
-    assert "grid.run_folder(out, tid)" in source and '"trials"' not in source  # sweep's default: the same rule
+    assert "run_folder(out, tid)" in source and '"trials"' not in source  # sweep's default: the same rule
 
 
 def test_the_analysis_launches_nothing_and_only_the_top_layer_imports_it():

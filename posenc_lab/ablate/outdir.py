@@ -30,9 +30,9 @@ import os
 import shutil
 from pathlib import Path
 
-from ..grid import LEDGER, LOGS, RUNS, Ledger, ledger_file, log_file, run_folder
+from ..grid import LEDGER, LOGS, Ledger, ledger_file, log_file
 from ..io import CorruptFileError, path_problem, read_json, write_json
-from ..rundir import LOCK_FILE, RunDir, RunLock
+from ..rundir import LOCK_FILE, RUNS, RunDir, RunLock, run_folder
 
 KEY = "ablate.out"
 FORMAT = 1

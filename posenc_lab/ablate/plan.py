@@ -2,7 +2,7 @@
 
 Every run is composed exactly as
 ``posenc-lab train experiment=NAME <your overrides> posenc=S model.mem_len=M model.loss_recent_frac=F seed=S``
-into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/`` (``posenc_lab.grid.run_folder``); its cell is the
+into ``<ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/`` (``posenc_lab.rundir.run_folder``); its cell is the
 ``cellnames.CellName`` of those settings (``cellnames.HasCell``). The runs go to the grid runner as trials.
 """
 

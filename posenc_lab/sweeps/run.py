@@ -6,7 +6,7 @@
 
 The loop: the engine (engine.py) proposes the next trial from the trials so far and their metrics; the trial
 runs as the sweep file's command (command.py) in a process of its own, ``--jobs`` at a time (the one grid runner,
-``posenc_lab.grid``; a trial's run folder is ``grid.run_folder`` unless the sweep file names one), in the
+``posenc_lab.grid``; a trial's run folder is ``rundir.run_folder`` unless the sweep file names one), in the
 environment wandb's agent gives (WANDB_SWEEP_ID, WANDB_RUN_ID; wandb offline); its SweepTrial callback
 (trial.py) writes the metric at every validation, which feeds hyperband (``early_terminate``) while it runs;
 a trial the engine stops ends at its next validation. When a trial ends its metric is read back from its run
@@ -38,7 +38,7 @@ from .. import grid
 from ..compose import Composer
 from ..errors import RunDirError, bounded, signal_name, stop_at_once
 from ..io import CorruptFileError
-from ..rundir import RunDir
+from ..rundir import RunDir, run_folder
 from ..runlock import RunLock
 from . import command, engine
 from .check import check_sweep, validate_config, validate_launcher
@@ -117,7 +117,7 @@ class Runner:
             env["CUDA_VISIBLE_DEVICES"] = self.devices[self.grid.free_slot() % len(self.devices)]
         if trial["run_dir"] is None:
             fixed = resolve_run_dir(overrides, env, out)
-            trial["run_dir"] = str(fixed or grid.run_folder(out, tid))
+            trial["run_dir"] = str(fixed or run_folder(out, tid))
         run_dir = Path(trial["run_dir"])
         trial["log"] = str(grid.log_file(out, tid))
         # an interrupted trial continues from its checkpoint (train.py's resume=auto)

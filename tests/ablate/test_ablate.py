@@ -27,9 +27,9 @@ from posenc_lab.build import build_datamodule, model_config
 from posenc_lab.checks import problems as config_problems
 from posenc_lab.compose import compose
 from posenc_lab.data import check_corpus_options, load_corpus
-from posenc_lab.grid import run_folder
 from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind
+from posenc_lab.rundir import run_folder
 from posenc_lab_analysis.report import ReportSettings
 from tests.schemes import (
     ALIBI,

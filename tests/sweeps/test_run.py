@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc_lab.grid import log_file, run_folder
+from posenc_lab.grid import log_file
+from posenc_lab.rundir import run_folder
 from posenc_lab.runlock import RunLock
 from posenc_lab.sweeps import engine, load_sweep
 from posenc_lab.sweeps.check import check_sweep
@@ -340,7 +341,7 @@ def test_a_grid_sweep_records_a_failing_trial_and_a_rerun_continues(here, capsys
 
 
 def test_a_trial_runs_in_the_grid_run_folder_and_the_grid_records_it(here):
-    """A sweep file that names no folder: the trial's run folder is grid.run_folder(--out, its id), and its entry
+    """A sweep file that names no folder: the trial's run folder is rundir.run_folder(--out, its id), and its entry
     in grid.json holds what the grid records of every trial (overrides, status, seconds) beside the sweep's."""
     spec = yaml.safe_load((REPO / "sweeps" / "ablation_recall.yaml").read_text())
     command = [c for c in spec["command"] if not c.startswith("hydra.run.dir=")]
