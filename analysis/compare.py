@@ -35,7 +35,6 @@ from posenc_lab.compose import compose, derived_keys
 from posenc_lab.footprint import Shape, fit_problem
 from posenc_lab.io import path_problem
 from posenc_lab.metrics import figure, figure_name, figure_scale
-from posenc_lab.model import ModelConfig
 from posenc_lab.rundir import RunDir, differences
 
 from .dumps import AsTrained, as_trained, same_tokens, stack
@@ -187,7 +186,7 @@ def size_problem(runs: list[Run], settings: AsTrained) -> str | None:
     for r in runs:
         vocab = ((RunDir(r.path).identity() or {}).get("corpus") or {}).get("vocab_size")
         try:
-            cfg = ModelConfig(**model_config(OmegaConf.create(r.config), int(vocab or 256)))
+            cfg = model_config(OmegaConf.create(r.config), int(vocab or 256))
         except (TypeError, ValueError, KeyError):
             continue  # a run that cannot be read so is named when it is loaded
         shape = Shape(settings.n_streams, min(r.segment_len, settings.n_tokens + 1), r.mem_len)

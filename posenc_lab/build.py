@@ -6,7 +6,6 @@ entry point imports another.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import hydra
 import lightning as L
@@ -17,13 +16,15 @@ from .checkpoints import AtomicCheckpointIO
 from .datamodule import SegmentDataModule
 from .errors import ConfigError
 from .lit import LitLM
+from .model import ModelConfig
 from .positional import sized_options
 from .rundir import RunDir
 
 
-def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
-    """ModelConfig fields from the ``model`` and ``posenc`` nodes (the scheme's options are everything in
-    ``posenc`` but its name; options left null are sized to the run's lengths by the scheme)."""
+def model_config(cfg: DictConfig, vocab_size: int) -> ModelConfig:
+    """The model's typed config from the ``model`` and ``posenc`` nodes (the scheme's options are everything in
+    ``posenc`` but its name; options left null are sized to the run's lengths by the scheme). ValueError naming
+    every invalid field (``ModelConfig.problems``)."""
     posenc = OmegaConf.to_container(cfg.posenc, resolve=True)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     name = posenc.pop("name")
@@ -34,7 +35,7 @@ def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
         mem_len=model.get("mem_len", 0),
         max_offset=OmegaConf.select(cfg, "data.episode_len", default=None) or 0,
     )
-    return {**model, "vocab_size": vocab_size, "posenc": name, "posenc_kwargs": posenc}
+    return ModelConfig(**model, vocab_size=vocab_size, posenc=name, posenc_kwargs=posenc)
 
 
 def build_datamodule(data_cfg: DictConfig | dict) -> SegmentDataModule:

@@ -206,7 +206,7 @@ def _model_problems(cfg: DictConfig) -> list[str]:
         # the vocabulary is the corpus's (not loaded here): any size leaves room for the adaptive cutoffs
         cutoffs = model.get("adaptive_cutoffs") or [255]
         vocab = max(256, int(cutoffs[-1]) + 1) if _is_int(cutoffs[-1]) else 256
-        mc = ModelConfig(**model_config(cfg, vocab))
+        mc = model_config(cfg, vocab)
     except (TypeError, ValueError) as e:
         return [p if p.startswith("model.") else f"model/posenc: {p}" for p in str(e).split("; ")]
     if problem := train_problem(cfg, mc):  # before the scheme is built: a size that cannot fit builds nothing

@@ -26,6 +26,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import lightning as L
@@ -105,7 +106,7 @@ class LitLM(L.LightningModule):
 
     def __init__(
         self,
-        model: dict[str, Any],
+        model: ModelConfig | dict[str, Any],
         optim: dict[str, Any] | None = None,
         unit: str = "byte",
         seed: int = 0,
@@ -113,8 +114,11 @@ class LitLM(L.LightningModule):
         config: dict[str, Any] | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters()
-        self.model = MemoryTransformer(ModelConfig(**model))
+        model = model if isinstance(model, ModelConfig) else ModelConfig(**model)
+        # the checkpoint keeps plain values (load_lit hands them back; torch.load reads no pickled class)
+        hparams = dict(optim=optim, unit=unit, seed=seed, distance_buckets=distance_buckets, config=config)
+        self.save_hyperparameters({"model": asdict(model), **hparams})
+        self.model = MemoryTransformer(model)
         self.optim = {**optim_defaults(), **(optim or {})}
         self.unit, self.metric = unit, figure_name(unit)
         buckets = default_buckets() if distance_buckets is None else distance_buckets

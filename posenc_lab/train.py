@@ -61,7 +61,6 @@ from .footprint import train_problem
 from .io import path_problem, remove_partial, write_text
 from .lit import LitLM
 from .memory_line import train_advice
-from .model import ModelConfig
 from .precision import check_precision
 from .resume import check_folders, check_resumable, checkpoint_state, resume_path
 from .rundir import (
@@ -153,7 +152,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build_datamodule(cfg.data)
     check_splits(datamodule)
-    if problem := train_problem(cfg, ModelConfig(**model_config(cfg, datamodule.vocab_size))):  # its vocabulary now
+    if problem := train_problem(cfg, model_config(cfg, datamodule.vocab_size)):  # its vocabulary now
         raise ConfigError(problem)
     lit = build_lit(cfg, datamodule)
     lit.check_data(datamodule, ("train", "val"))

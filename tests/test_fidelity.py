@@ -341,7 +341,7 @@ def test_adaptive_softmax_is_tied_and_bad_cutoffs_are_refused():
 def preset_model(preset: str, vocab_size: int, posenc: str = "xl") -> MemoryTransformer:
     cfg = compose_config("train", [f"model={preset}", f"posenc={posenc}"])
     with torch.device("meta"):
-        return MemoryTransformer(ModelConfig(**model_config(cfg, vocab_size)))
+        return MemoryTransformer(model_config(cfg, vocab_size))
 
 
 def test_wt103_base_has_the_published_parameter_count():

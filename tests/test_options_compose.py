@@ -25,7 +25,7 @@ import torch
 from posenc_lab.build import model_config
 from posenc_lab.checks import problems
 from posenc_lab.compose import Composer
-from posenc_lab.model import MemoryTransformer, ModelConfig
+from posenc_lab.model import MemoryTransformer
 from posenc_lab.positional import SCHEME_NAMES
 from tests.helpers_train import CONF_DIR
 from tests.schemes import FOX, HYBRID, NOPE, ROPE
@@ -128,7 +128,7 @@ def check_case(composer: Composer, scheme: str, pair: tuple[str, str]) -> None:
             assert "\n" not in line and any(o.key in line for o in options), (scheme, pair, found)
         return
     torch.manual_seed(0)
-    model = MemoryTransformer(ModelConfig(**model_config(cfg, V)))
+    model = MemoryTransformer(model_config(cfg, V))
     model.validate_lengths(L, model.mem_len)
     loss = run(model, any(o.static_memory for o in options), max(o.step for o in options))
     assert math.isfinite(loss.item()), (scheme, pair, loss)

@@ -27,7 +27,6 @@ from posenc_lab.build import build_datamodule, model_config
 from posenc_lab.checks import problems as config_problems
 from posenc_lab.compose import compose
 from posenc_lab.data import check_corpus_options, load_corpus
-from posenc_lab.model import ModelConfig
 from posenc_lab.positional import SCHEME_NAMES, SCHEMES, build_scheme, schemes_of_kind
 from posenc_lab.rundir import run_folder
 from posenc_lab_analysis.report import ReportSettings
@@ -165,7 +164,7 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
         assert run.model.loss_recent_frac == spec.loss_frac
         # the run's scheme is built with its options sized to the run, and serves the training lengths
         cutoffs = run.model.get("adaptive_cutoffs")  # wt103_table6: WikiText-103's 267,735 words
-        mc = ModelConfig(**model_config(run, vocab_size=267_735 if cutoffs else 256))
+        mc = model_config(run, vocab_size=267_735 if cutoffs else 256)
         build_scheme(mc.posenc, mc.dims, **mc.posenc_kwargs).validate(
             run.data.segment_len, mc.mem_len, run.data.episode_len or 0
         )

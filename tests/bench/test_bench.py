@@ -122,7 +122,7 @@ def test_schemes_are_benchmarked_with_the_options_training_takes(name):
     from tests.helpers_train import compose_config
 
     cfg = compose_config("train", [f"posenc={name}", "model=tiny", "data.segment_len=24", "model.mem_len=40"])
-    trained = model_config(cfg, 256)["posenc_kwargs"]
+    trained = model_config(cfg, 256).posenc_kwargs
     bc = bench.BenchConfig.preset("tiny", segment_len=24, mem_len=40)
     assert bc.model_config(name).posenc_kwargs == trained
 
