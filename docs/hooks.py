@@ -5,8 +5,9 @@
 - Every relative link of every page is written as the site sees it: a link to one of those pages, or from them
   into docs/, to its page; a link to a file of the repository that the site does not hold (a module, a test, a
   yaml) to its path in code. A link to a file that does not exist stays a link, so `mkdocs build --strict` fails.
-- docs/SCHEMES.md's table of every scheme is rendered from the registry (``scheme_table``), so a new scheme
-  joins it with no edit of a page; conf/experiment/README.md's table of presets from their yamls (``preset_table``).
+- docs/SCHEMES.md's table of every scheme is rendered from the registry (``scheme_table``), and a snippet to paste
+  for each (``scheme_snippets``: its command line and its Python), so a new scheme joins both with no edit of a
+  page; conf/experiment/README.md's table of presets from their yamls (``preset_table``).
 - The Results page is the report of the newest default ablation, ``benchmarks/results/default/default_report.md``,
   with the figures and tables kept beside it; a link of that report to a file that was not kept becomes its text.
   Every other record under benchmarks/ stays out of the site (a link to it shows its repository path).
@@ -134,6 +135,60 @@ def scheme_table() -> str:
     return "\n".join(rows)
 
 
+SCHEME_SNIPPETS = "<!-- a snippet for each scheme: rendered here from conf/posenc/ by docs/hooks.py -->"
+SNIPPET_LENGTHS = {"segment_len": 64, "mem_len": 32}  # the run the Python snippets size their options to
+
+
+def scheme_snippet(name: str, composer) -> tuple[str, str]:
+    """Scheme ``name`` of conf/posenc/ ready to paste: the command line that trains it with memory, and the Python
+    that builds it with every option of its yaml written out (those left null sized as a run of
+    ``SNIPPET_LENGTHS`` sizes them; still null: the scheme's default, left out)."""
+    from omegaconf import OmegaConf
+
+    from posenc_lab.positional import sized_options
+
+    options = OmegaConf.to_container(composer.compose([f"posenc={name}"]).posenc, resolve=True)
+    scheme = options.pop("name")
+    options = {k: v for k, v in sized_options(scheme, options, **SNIPPET_LENGTHS).items() if v is not None}
+    lengths = SNIPPET_LENGTHS
+    command = (
+        f"posenc-lab train posenc={name} data.segment_len={lengths['segment_len']} model.mem_len={lengths['mem_len']}"
+    )
+    kwargs = "{" + ", ".join(f"{_python(k)}: {_python(v)}" for k, v in options.items()) + "}"
+    if len(kwargs) > 60:  # one option a line
+        kwargs = "{\n" + "".join(f"        {_python(k)}: {_python(v)},\n" for k, v in options.items()) + "    }"
+    python = (
+        "from posenc_lab.model import MemoryTransformer, ModelConfig\n\n"
+        f"config = ModelConfig(\n    posenc={_python(scheme)},\n    posenc_kwargs={kwargs},\n"
+        f"    mem_len={lengths['mem_len']},\n)\n"
+        f"model = MemoryTransformer(config)  # forward(tokens): tokens [B, L], L <= {lengths['segment_len']}"
+    )
+    return command, python
+
+
+def _python(value) -> str:
+    """A yaml value as a Python literal in the house's style (double quotes)."""
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_python(k)}: {_python(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_python(v) for v in value) + "]"
+    return repr(value)
+
+
+def scheme_snippets() -> str:
+    """A command line and a Python snippet for every scheme of conf/posenc/ (``scheme_snippet``)."""
+    from posenc_lab.compose import Composer
+
+    parts = []
+    with Composer() as composer:
+        for path in sorted((ROOT / "conf" / "posenc").glob("*.yaml")):
+            command, python = scheme_snippet(path.stem, composer)
+            parts.append(f"**`{path.stem}`**\n\n```bash\n{command}\n```\n\n```python\n{python}\n```")
+    return "\n\n".join(parts)
+
+
 PRESET_TABLE = "<!-- the table of presets: rendered here from conf/experiment/ by docs/hooks.py -->"
 
 
@@ -153,6 +208,8 @@ def preset_table() -> str:
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if SCHEME_TABLE in markdown:
         markdown = markdown.replace(SCHEME_TABLE, scheme_table())
+    if SCHEME_SNIPPETS in markdown:
+        markdown = markdown.replace(SCHEME_SNIPPETS, scheme_snippets())
     if PRESET_TABLE in markdown:
         markdown = markdown.replace(PRESET_TABLE, preset_table())
     return rewrite(markdown, repo_path(page.file.src_uri))

@@ -176,6 +176,40 @@ def test_the_scheme_table_is_rendered_from_the_registry_with_every_scheme_and_pr
     assert hooks.SCHEME_TABLE in page and "## Every scheme" in page
 
 
+def test_every_schemes_snippet_builds_the_model_its_command_trains():
+    """The site's snippet of each scheme of conf/posenc/: its Python builds a model that runs a segment with memory,
+    and its command line composes a valid config whose model is that same model (scheme, options, memory)."""
+    import torch
+
+    from posenc_lab.build import model_config
+    from posenc_lab.checks import problems
+    from posenc_lab.compose import Composer
+
+    hooks = _hooks()
+    names = sorted(p.stem for p in (ROOT / "conf" / "posenc").glob("*.yaml"))
+    with Composer() as composer:
+        for name in names:
+            command, python = hooks.scheme_snippet(name, composer)
+            built: dict = {}
+            exec(python, built)  # as a user pastes it
+            config, model = built["config"], built["model"]
+            L = hooks.SNIPPET_LENGTHS["segment_len"]
+            tokens = torch.randint(0, config.vocab_size, (2, L))
+            first = model(tokens, tokens)
+            second = model(tokens, tokens, mems=first.mems)
+            assert torch.isfinite(second.loss) and second.mems[0].shape[1] == config.mem_len, name
+            words = command.split()
+            assert words[:3] == ["posenc-lab", "train", f"posenc={name}"], command
+            cfg = composer.compose(words[2:])
+            assert problems(cfg, "train") == [], (name, problems(cfg, "train"))
+            trained = model_config(cfg, config.vocab_size)
+            assert (trained.posenc, trained.mem_len) == (config.posenc, config.mem_len), name
+            left_out = {k for k, v in trained.posenc_kwargs.items() if v is None}  # the scheme's own default
+            assert {k: v for k, v in trained.posenc_kwargs.items() if k not in left_out} == config.posenc_kwargs, name
+    page = (ROOT / "docs" / "SCHEMES.md").read_text()
+    assert hooks.SCHEME_SNIPPETS in page and f"**`{names[0]}`**" in hooks.scheme_snippets()
+
+
 def test_the_preset_table_is_rendered_from_conf_experiment():
     hooks = _hooks()
     table = hooks.preset_table()
