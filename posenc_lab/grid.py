@@ -215,11 +215,13 @@ class Ledger:
     sum). A run reused finished adds nothing. A run trained anew (``drop``, or a finished run whose folder was
     deleted by hand) starts a new sum. The caller's own keys of an entry (``posenc-lab sweep``'s: the trial's
     parameters, its objective value, the engine's proposal state) are kept as they are, and so are the file's
-    ``sections`` (the sweep's: its id, seed, file and overrides). The file is rewritten atomically each time;
-    only the process that holds the grid folder's lock writes it.
+    ``sections``, one per command, which also says whose grid the folder is: ``sweep`` (posenc-lab sweep's: its id,
+    seed, file and overrides; ``sweeps/state.py``) or ``ablate`` (posenc-lab ablate's mark: made_by, format,
+    created, adopted; ``ablate/outdir.py``). The file is rewritten atomically each time; only the process that
+    holds the grid folder's lock writes it.
 
     A damaged file is started afresh in one line (``log``), or with ``remedy`` refused (CorruptFileError naming
-    it and the remedy): a sweep's state cannot be guessed again."""
+    it and the remedy): a sweep's state cannot be guessed again, nor can whose folder it is (ablate's mark)."""
 
     def __init__(self, path: Path, log=print, remedy: str | None = None):
         self.path = Path(path)

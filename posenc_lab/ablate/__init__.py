@@ -6,11 +6,12 @@ the optional recall grid it asks for), each cell once per seed, then runs every 
     <ablate.out>/runs/<scheme>_mem<M>_<loss>_seed<S>/   one `posenc-lab train` run directory each
     <ablate.out>/report/report.md                        the report, its CSVs and PNGs (rewritten whole each time)
     <ablate.out>/grid.json                               the grid's state: every run, its overrides, status, and
-                                                         wall and CPU seconds summed over its attempts
+                                                         wall and CPU seconds summed over its attempts, and the
+                                                         folder's mark (its section "ablate")
 
-``ablate.out`` is a new or empty folder, or one an earlier `posenc-lab ablate` made (marked by its
-``.ablate.json``), which it continues; a folder of other files is refused in one line before anything is loaded
-(``outdir.py``).
+``ablate.out`` is a new or empty folder, or one an earlier `posenc-lab ablate` made (marked in its grid.json, or
+by an earlier version's ``.ablate.json``, which is moved into grid.json), which it continues; a folder of other
+files, or another grid's (a `posenc-lab sweep`'s), is refused in one line before anything is loaded (``outdir.py``).
 
 Config: conf/ablate.yaml (which composes conf/train.yaml) and a preset from conf/experiment/ (`ablation` by
 default, `quick` as a smoke run of a few minutes, `zoo` for every registered scheme, `wt103_table6` for the

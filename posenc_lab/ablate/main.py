@@ -20,6 +20,7 @@ from posenc_lab_analysis.runs import load_run, sort_runs
 
 from ..compose import compose, grammar_problem
 from ..errors import PosencLabError
+from ..io import CorruptFileError
 from ..rundir import RunDir, RunDirError
 from .jobs import (
     Interrupted,
@@ -173,7 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(out.lock())  # one ablate at a time writes the folder
-            out.claim()
         except RunDirError as e:
             print(f"posenc-lab ablate: error: {e}", file=sys.stderr)
             return 2
@@ -202,7 +202,11 @@ def _run(cfg, specs, statuses, overrides, out: AblationDir, jobs: int, train_onl
         f"ablate {a.name}: {len(specs)} runs -> {out.runs}; report -> {out.report} ({jobs} at a time, "
         f"{a.get('threads') or 'all'} torch thread(s) each)"
     )
-    ledger = out.ledger(log)
+    try:  # the folder's first write, under its lock: the mark, in grid.json (outdir.py)
+        ledger = out.claim(log)
+    except CorruptFileError as e:  # grid.json damaged since ``foreign`` read it: whose folder it is is unknown
+        print(f"posenc-lab ablate: error: {e}", file=sys.stderr)
+        return 2
     if a.retrain:
         for spec in specs:
             shutil.rmtree(out.run(spec.name), ignore_errors=True)

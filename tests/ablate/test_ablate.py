@@ -455,7 +455,8 @@ def _parent(proc: Path) -> int | None:
 
 def test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work(tmp_path, capsys):
     """An ablate.out with `(` and `$(` in it trains (run_dir= is quoted for Hydra); a damaged results.json or
-    config.yaml of a finished run, and a damaged grid.json (the grid's state), are named in one line with what to do."""
+    config.yaml of a finished run, and a damaged grid.json (the grid's state and the folder's mark), are named in one
+    line with what to do."""
     out = tmp_path / "a (b) $(c)"
     args = [*SMALL_GRID, "ablate.recurrence=[true]", "trainer.max_steps=2", f"ablate.out='{out}'", "--train-only"]
     assert ablate.main(args) == 0
@@ -466,10 +467,15 @@ def test_damaged_files_of_a_finished_grid_are_named_and_odd_paths_work(tmp_path,
     entry = json.loads((out / "grid.json").read_text())["trials"][spec.name]
     assert run == run_folder(out, spec.name) and entry["run_dir"] == str(run_folder(out, spec.name))
     assert entry["overrides"] == list(spec.trial.overrides) and entry["status"] == "trained" and entry["cpu_s"] > 0
+    assert json.loads((out / "grid.json").read_text())["ablate"]["made_by"] == "posenc-lab ablate"  # its mark
     (out / "grid.json").write_text('{"xl_mem16')
     capsys.readouterr()
-    assert ablate.main(args) == 0
-    assert f"{out / 'grid.json'} is corrupt" in capsys.readouterr().out
+    assert ablate.main(args) == 2  # the mark is in it: whose folder it is cannot be read (test_outdir.py)
+    err = capsys.readouterr().err
+    assert f"{out / 'grid.json'} is corrupt" in err and f"delete {out / 'grid.json'} and rerun" in err
+    assert len(err.strip().splitlines()) == 1
+    (out / "grid.json").unlink()  # what it says: the run is recognised and reused
+    assert ablate.main(args) == 0 and f"{spec.name}: reused" in capsys.readouterr().out
     good = (run / "results.json").read_text()
     (run / "results.json").write_text('{"val": {"loss": 1.')
     assert ablate.main(args) == 2

@@ -1,6 +1,8 @@
-"""`posenc-lab ablate`'s output folder (posenc_lab/ablate/outdir.py, times.py): a folder it did not make is refused in
-one line before any compute and left as it was; the report folder is rewritten whole; grid.json keeps the
-seconds of every attempt of every run, through SIGTERM and a kill -9 of ablate itself."""
+"""`posenc-lab ablate`'s output folder (posenc_lab/ablate/outdir.py): a folder it did not make (another grid's too)
+is refused in one line before any compute and left as it was; its one state file, grid.json, holds the mark, and an
+earlier version's files (.ablate.json, ablate_times.json) are moved into it once; a damaged grid.json is refused
+with what to do; the report folder is rewritten whole; grid.json keeps the seconds of every attempt of every run,
+through SIGTERM and a kill -9 of ablate itself."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 from posenc_lab import ablate
 from posenc_lab.ablate.outdir import AblationDir
 from posenc_lab.grid import Ledger
+from posenc_lab.io import CorruptFileError
 from posenc_lab.processes import Pool, process_cpu_s
 from tests.ablate.test_ablate import SMALL_GRID, ablate_process
 
@@ -53,8 +56,34 @@ def marked_with_extra(u: Path) -> None:
     (u / "notes.txt").write_text("mine\n")
 
 
+def a_run(folder: Path) -> None:
+    """A run directory (its record, run.json) in ``folder``."""
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text('{"identity": {}}')
+
+
+def sweep_folder(u: Path) -> None:
+    """A `posenc-lab sweep`'s folder in the middle of its sweep: the grid's names only (grid.json with the sweep's
+    section, runs/ of run directories, logs/), which a folder of an ablate from before the mark also has."""
+    ledger = Ledger(u / "grid.json")
+    ledger.sections["sweep"] = {"sweep_id": "abcd1234", "seed": 7}
+    ledger.recorded["abcd1234"] = {"id": "abcd1234", "state": "finished", "status": "trained"}
+    ledger.write()
+    a_run(u / "runs" / "abcd1234")
+    (u / "logs").mkdir()
+    (u / "logs" / "abcd1234.log").write_text("trained\n")
+
+
 LAYOUTS = {
-    "the issue's folder": (issue_folder, "did not make (no .ablate.json; it holds ablate_times.json, logs, report)"),
+    "the issue's folder": (
+        issue_folder,
+        "did not make (no grid.json with its mark; it holds ablate_times.json, logs, report)",
+    ),
+    "a sweep's folder": (
+        sweep_folder,
+        "did not make (its grid.json is another grid's, with no posenc-lab ablate mark (its sections: sweep); it "
+        "holds grid.json, logs, runs)",
+    ),
     "a report folder alone": (
         lambda u: (u / "report").mkdir() or (u / "report" / "report.md").write_text("MINE"),
         "report",
@@ -95,30 +124,75 @@ def test_a_new_or_empty_folder_and_one_ablate_made_are_taken(tmp_path):
     assert AblationDir(tmp_path).foreign() is None
     out = AblationDir(tmp_path)
     out.claim()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "grid.json"]  # the mark is its first write
+    mark = json.loads(out.times.read_text())["ablate"]
+    assert mark["made_by"] == "posenc-lab ablate" and "created" in mark and "adopted" not in mark
     for name in ("runs", "logs", "report"):
         (tmp_path / name).mkdir()
-    (tmp_path / "ablate_times.json").write_text("{}")
+    (tmp_path / "ablate_times.json").write_text("{}")  # an earlier version's, left beside grid.json by a kill
     (tmp_path / ".ablate_times.json.abc.tmp.json").write_text("{")  # a write cut by a kill
-    (tmp_path / "grid.json").write_text("{}")  # its state now (an earlier version's ablate_times.json beside it)
     (tmp_path / ".grid.json.def.tmp.json").write_text("{")
+    (tmp_path / "..ablate.json.ghi.tmp.json").write_text("{")  # an earlier version's mark, cut by a kill
     assert out.foreign() is None
-    assert json.loads(out.mark.read_text())["made_by"] == "posenc-lab ablate"
 
 
 def test_a_folder_of_an_ablate_from_before_the_mark_is_recognised_and_marked(tmp_path):
-    """Its names only, and a runs/ of run directories (run.json): continued, and marked as adopted."""
+    """Its names only, and a runs/ of run directories (run.json): continued, and marked as adopted, in grid.json
+    with the entries of its ablate_times.json."""
     run = tmp_path / "runs" / "xl_mem16_full_seed0"
     run.mkdir(parents=True)
     (tmp_path / "logs").mkdir()
-    (tmp_path / "ablate_times.json").write_text("{}")
+    (tmp_path / "ablate_times.json").write_text('{"xl_mem16_full_seed0": {"status": "trained", "wall_s": 5.0}}')
     out = AblationDir(tmp_path)
     assert "did not make" in out.foreign()  # a runs/ folder that holds no run is not an ablation's
     (run / "run.json").write_text('{"identity": {}}')
     assert out.foreign() is None
-    out.claim()
-    assert json.loads(out.mark.read_text())["adopted"] is True
+    said = []
+    assert list(out.claim(said.append).recorded) == ["xl_mem16_full_seed0"]
+    state = json.loads(out.times.read_text())
+    assert state["ablate"]["adopted"] is True and state["trials"]["xl_mem16_full_seed0"]["wall_s"] == 5.0
+    assert said == [f"{tmp_path / 'ablate_times.json'} (an earlier version's) is now {out.times}"]
     (tmp_path / "runs" / "mine").mkdir()  # a marked folder is not judged by its runs/ any more (train judges them)
     assert out.foreign() is None
+
+
+def earlier_version(folder: Path, times: str) -> dict:
+    """An ablate folder of the version that kept its mark in .ablate.json, its ledger in ``times``
+    (grid.json, or ablate_times.json before it): one finished run. The mark."""
+    a_run(folder / "runs" / "xl_mem16_full_seed0")
+    (folder / "logs").mkdir()
+    entry = {"status": "trained", "wall_s": 5.0, "cpu_s": 4.0, "attempts": 1, "updated": "2026-01-01T00:00:00"}
+    data = {"format": 2, "trials": {"xl_mem16_full_seed0": entry}} if times == "grid.json" else {"r": entry}
+    (folder / times).write_text(json.dumps(data))
+    mark = {"made_by": "posenc-lab ablate", "format": 1, "created": "2026-01-01T00:00:00"}
+    (folder / ".ablate.json").write_text(json.dumps(mark))
+    return mark
+
+
+@pytest.mark.parametrize("times", ["grid.json", "ablate_times.json"])
+def test_an_earlier_versions_mark_is_moved_into_grid_json_once(times, tmp_path):
+    """A folder of the version with .ablate.json is still ablate's: continued, its mark the section of grid.json
+    (its content as it was) beside its runs' entries, .ablate.json removed, each move said in one line; the mark
+    stays through the grid runner's writes and the next invocation, which says nothing."""
+    mark = earlier_version(tmp_path, times)
+    entries = json.loads((tmp_path / times).read_text())
+    entries = entries.get("trials", entries)
+    out = AblationDir(tmp_path)
+    assert out.foreign() is None
+    said = []
+    ledger = out.claim(said.append)
+    moved = f"{tmp_path / '.ablate.json'} (an earlier version's mark) is now the 'ablate' section of {out.times}"
+    migrated = [f"{tmp_path / 'ablate_times.json'} (an earlier version's) is now {out.times}"]
+    assert said == (migrated if times == "ablate_times.json" else []) + [moved]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.json", "logs", "runs"]
+    assert json.loads(out.times.read_text()) == {"format": 2, "trials": entries, "ablate": mark}
+    ledger.start("r2", tmp_path / "runs" / "r2")  # the grid runner writes the ledger: the mark stays
+    ledger.end("r2", 1.0, 1.0, "trained")
+    assert json.loads(out.times.read_text())["ablate"] == mark
+    assert out.foreign() is None  # the next invocation: the mark is read from grid.json
+    state, before = out.times.read_text(), list(said)
+    assert out.claim(said.append).recorded == ledger.recorded
+    assert said == before and out.times.read_text() == state  # once
 
 
 def test_the_report_is_rewritten_whole_and_keeps_its_dumps(tmp_path, capsys):
@@ -138,7 +212,8 @@ def test_the_report_is_rewritten_whole_and_keeps_its_dumps(tmp_path, capsys):
     capsys.readouterr()
     assert ablate.main(args) == 0
     assert set(tree(report)) == written and dump.stat().st_ino == inode
-    assert sorted(p.name for p in out.iterdir()) == [".ablate.json", "grid.json", "logs", "report", "runs"]
+    assert sorted(p.name for p in out.iterdir()) == ["grid.json", "logs", "report", "runs"]  # one state file
+    assert json.loads((out / "grid.json").read_text())["ablate"]["made_by"] == "posenc-lab ablate"
 
 
 def test_an_interrupted_report_leaves_the_last_one_and_its_newer_dumps_are_kept(tmp_path):
@@ -207,21 +282,103 @@ def test_a_stopped_attempt_is_recorded_and_the_next_attempts_add_up(tmp_path):
 
 def test_an_earlier_versions_ablate_times_json_becomes_grid_json_once(tmp_path):
     """An ablate folder of an earlier version, its ledger in ablate_times.json: it is still the folder ablate made,
-    and its entries become grid.json (format 2) the first time the ledger is opened, said in one line."""
-    (tmp_path / "runs" / "r").mkdir(parents=True)
-    (tmp_path / "runs" / "r" / "run.json").write_text('{"identity": {}}')
+    and its entries become grid.json (format 2), with the mark, when ablate takes the folder, said in one line."""
+    a_run(tmp_path / "runs" / "r")
     entries = {"r": {"status": "trained", "wall_s": 5.0, "cpu_s": 4.0, "attempts": 1, "updated": "2026-01-01"}}
     (tmp_path / "ablate_times.json").write_text(json.dumps(entries))
     out = AblationDir(tmp_path)
     assert out.foreign() is None
     said = []
-    ledger = out.ledger(said.append)
+    ledger = out.claim(said.append)
     assert ledger.recorded == entries and said == [
         f"{tmp_path / 'ablate_times.json'} (an earlier version's) is now {out.times}"
     ]
     assert not (tmp_path / "ablate_times.json").exists() and out.times == tmp_path / "grid.json"
-    assert json.loads(out.times.read_text()) == {"format": 2, "trials": entries}
-    assert out.ledger(said.append).recorded == entries and len(said) == 1  # once
+    state = json.loads(out.times.read_text())
+    assert state["trials"] == entries and state["format"] == 2 and state["ablate"]["adopted"] is True
+    assert out.claim(said.append).recorded == entries and len(said) == 1  # once
+
+
+def test_a_damaged_grid_json_is_refused_with_what_to_do_and_left_as_it_was(tmp_path, capsys, monkeypatch):
+    """grid.json holds the mark: damaged, it cannot say whose folder it is, and run directories beside a grid.json
+    may be a sweep's (whose state would be lost for good). Refused before any compute in one line naming the file
+    and what to do, the folder left as it was; what it says works: without grid.json the folder is recognised by
+    its runs, marked as adopted, its run kept."""
+    u = tmp_path / "U"
+    a_run(u / "runs" / "xl_mem16_full_seed0")
+    (u / "logs").mkdir()
+    (u / "grid.json").write_text('{"format": 2, "trials": {"xl_mem16')
+    before = tree(u)
+
+    def no_plan(*a, **k):
+        raise AssertionError("ablate planned (loaded the corpus) before refusing the folder")
+
+    monkeypatch.setattr(importlib.import_module("posenc_lab.ablate.main"), "plan", no_plan)
+    assert ablate.main([*ONE_RUN, "ablate.seeds=[0]", f"ablate.out={u}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"posenc-lab ablate: error: ablate.out={u}: ")
+    assert f"{u / 'grid.json'} is corrupt or truncated (JSONDecodeError" in err
+    assert f"if posenc-lab ablate made the folder, delete {u / 'grid.json'} and rerun" in err
+    with pytest.raises(CorruptFileError, match="grid.json is corrupt"):  # under the lock too, were it damaged since
+        AblationDir(u).claim()
+    assert tree(u) == before
+    (u / "grid.json").unlink()
+    out = AblationDir(u)
+    assert out.foreign() is None
+    out.claim()
+    assert json.loads(out.times.read_text())["ablate"]["adopted"] is True
+    assert (u / "runs" / "xl_mem16_full_seed0" / "run.json").is_file()
+
+
+def test_a_damaged_grid_json_with_no_run_is_refused_and_one_an_earlier_mark_vouches_for_is_continued(tmp_path):
+    """With no run to continue, a damaged grid.json's folder is refused, saying so. An earlier version's
+    .ablate.json still says the folder is ablate's: it is continued, the ledger started afresh in one line (the
+    runs' seconds are all it held) and the mark moved into it."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "grid.json").write_text('{"format": 2, "trials": {"xl_mem16')
+    out = AblationDir(tmp_path)
+    assert "it holds no run to continue: use a new or empty folder" in out.foreign()
+    mark = {"made_by": "posenc-lab ablate", "format": 1, "created": "2026-01-01T00:00:00"}
+    (tmp_path / ".ablate.json").write_text(json.dumps(mark))
+    assert out.foreign() is None
+    said = []
+    assert out.claim(said.append).recorded == {}
+    assert len(said) == 2 and said[0].startswith(f"{out.times} is corrupt") and "starting it afresh" in said[0]
+    assert "(an earlier version's mark) is now the 'ablate' section" in said[1]
+    assert json.loads(out.times.read_text()) == {"format": 2, "trials": {}, "ablate": mark}
+    assert not (tmp_path / ".ablate.json").exists()
+
+
+def test_a_folder_of_the_version_with_ablate_json_is_continued_by_the_same_command(tmp_path, capsys):
+    """The command end to end: a trained folder turned into the earlier version's (the mark in .ablate.json, not in
+    grid.json) is continued, its run reused, and the mark moved into grid.json, said in one line of its log."""
+    out = tmp_path / "out"
+    args = [*ONE_RUN, "trainer.max_steps=2", f"ablate.out={out}", "--train-only"]
+    assert ablate.main(args) == 0
+    state = json.loads((out / "grid.json").read_text())
+    mark = state.pop("ablate")
+    (out / "grid.json").write_text(json.dumps(state))
+    (out / ".ablate.json").write_text(json.dumps(mark))
+    capsys.readouterr()
+    assert ablate.main(args) == 0
+    said = capsys.readouterr().out
+    moved = f"{out / '.ablate.json'} (an earlier version's mark) is now the 'ablate' section of {out / 'grid.json'}"
+    assert re.search(rf"^\[ *[\d.]+s\] {re.escape(moved)}$", said, re.M) and "xl_mem16_full_seed0: reused" in said
+    assert json.loads((out / "grid.json").read_text()) == {**state, "ablate": mark}
+    assert sorted(p.name for p in out.iterdir()) == ["grid.json", "logs", "runs"]
+
+
+def test_an_earlier_mark_left_beside_its_section_by_a_kill_is_removed(tmp_path):
+    """A kill between grid.json's write and the removal of .ablate.json: the next invocation removes it and keeps
+    the section as it is."""
+    mark = earlier_version(tmp_path, "grid.json")
+    out = AblationDir(tmp_path)
+    out.claim(lambda msg: None)
+    state = out.times.read_text()
+    (tmp_path / ".ablate.json").write_text(json.dumps({**mark, "created": "another time"}))
+    assert out.foreign() is None
+    out.claim(lambda msg: None)
+    assert not (tmp_path / ".ablate.json").exists() and out.times.read_text() == state
 
 
 class SlowSteps(L.Callback):

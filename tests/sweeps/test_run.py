@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from posenc_lab.ablate.outdir import AblationDir
 from posenc_lab.grid import log_file
 from posenc_lab.rundir import run_folder
 from posenc_lab.runlock import RunLock
@@ -275,7 +276,7 @@ def test_an_earlier_versions_sweep_json_is_read_and_becomes_grid_json_once(here,
 def test_a_sweep_refuses_the_state_of_another_grid(here, capsys):
     out = here / "out"
     out.mkdir()
-    (out / "grid.json").write_text('{"format": 2, "trials": {}}')  # an ablation's, say
+    AblationDir(out).claim()  # an ablation's: its grid.json, with its mark
     assert main([str(REPO / "sweeps" / "ablation_recall.yaml"), "--out", str(out), *tiny()]) == 2
     err = capsys.readouterr().err.strip()
     why = "is not a posenc-lab sweep's state (another grid's); use another --out"
