@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoints import read_checkpoint
 from .data import CORPORA, SPLITS, path_options
+from .data.drawn import DrawnSide, DrawnSplit
 from .errors import RunDirError
 from .io import CorruptFileError, path_problem, read_json, write_json, write_text
 from .runlock import LOCK_FILE, RunLock, lock_not_a_file
@@ -117,7 +118,8 @@ def named_run_dir(cfg: DictConfig) -> Path:
 
 
 def corpus_identity(corpus) -> dict[str, Any]:
-    """{name, unit, vocab_size, n_tokens per split, sha256 of every token (and side) array}."""
+    """{name, unit, vocab_size, n_tokens per split, sha256 of every token (and side) array; of a split drawn on the
+    fly, of what decides its draws (``DrawnSplit.identity``)}."""
     digest = hashlib.sha256()
     arrays = {_HASHED_NAMES.get(s, s): corpus.split(s) for s in SPLITS}
     arrays.update(
@@ -128,6 +130,10 @@ def corpus_identity(corpus) -> dict[str, Any]:
         }
     )
     for name, array in arrays.items():
+        if isinstance(array, DrawnSplit | DrawnSide):  # drawn on the fly: what decides its draws stands for it
+            drawn = array if isinstance(array, DrawnSplit) else array.split
+            digest.update(f"{name}:drawn:{drawn.digest()}".encode())
+            continue
         array = np.ascontiguousarray(array)
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
         for start in range(0, array.size, 1 << 24):  # 16M items at a time: a memmap is never copied whole

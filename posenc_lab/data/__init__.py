@@ -6,10 +6,11 @@
     loader = torch.utils.data.DataLoader(train, batch_size=None)
 
 Layout: ``registry.py`` (Corpus, the registry), ``cache.py`` (prepared arrays), ``download.py``,
-``overlap.py`` (verbatim overlap between splits), ``families.py`` (the split by family of a folder of files, for
-pystdlib and textdir), ``splits.py`` (the split names), ``streams.py`` (the ordered iterator), and one module per
-corpus family, each registering its loaders: every module of this package is imported, so a new corpus is one
-module (a folder of your own files needs none: ``data=textdir data.corpus.path=DIR``).
+``drawn.py`` (a split drawn on the fly), ``overlap.py`` (verbatim overlap between splits), ``families.py`` (the
+split by family of a folder of files, for pystdlib and textdir), ``splits.py`` (the split names), ``streams.py``
+(the ordered iterator), and one module per corpus family, each registering its loaders: every module of this
+package is imported, so a new corpus is one module (a folder of your own files needs none: ``data=textdir
+data.corpus.path=DIR``).
 """
 
 import importlib

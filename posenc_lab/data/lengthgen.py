@@ -12,10 +12,14 @@ too; ``distance`` holds n at each of them (-1 elsewhere), so the trainer's ``acc
 
 Splits, each from the data's own seed (``data.corpus.seed``, with the task's name and the split), so every run
 sees the same data: ``train`` is instances of lengths drawn uniformly from min_len..n_train, concatenated to
-``train_tokens`` tokens; ``val`` and ``test`` hold ``eval_instances`` instances at each length n_train, 2 n_train,
-4 n_train, ... max_factor n_train, in that order, none of whose inputs occurs in training or in the other
-evaluation split. The streams read them in order (``streams.py``): an instance longer than a segment is read
-through the memory.
+``train_tokens`` tokens, read again on every pass of a long run; or, with ``fresh: true``, drawn on the fly
+(``FreshDraw``, a ``DrawnSplit``): every chunk of ``FRESH_CHUNK`` tokens from a generator seeded by the chunk's
+index, so no instance is read twice by design (each pass over the streams reads new chunks; ``train_tokens`` is
+then the positions of one pass, which an absolute encoding sees), a resumed run reads what it would have, and no
+training input is one of val's or test's (those are held out of the draws). ``val`` and ``test`` hold
+``eval_instances`` instances at each length n_train, 2 n_train, 4 n_train, ... max_factor n_train, in that order,
+none of whose inputs occurs in training or in the other evaluation split. The streams read them in order
+(``streams.py``): an instance longer than a segment is read through the memory.
 
 Layout: packed end to end (``align_to_segment: 0``, the default), or aligned (``align_to_segment: L``, set to
 ``data.segment_len``): every instance starts at a multiple of L tokens, the rest of its last block of L filled
@@ -36,12 +40,16 @@ from pathlib import Path
 import numpy as np
 
 from .cache import cached, key_dir
+from .drawn import DrawnSplit
 from .registry import Corpus, register_corpus
 from .splits import SPLITS
 
 QUERY, END, PAD = "=", ".", "_"
 #: how often drawing fresh evaluation instances may come up short before the options are called too small
 _DRAWS = 64
+#: the tokens of a chunk of fresh training instances (``fresh: true``): at least this many, whole segments aligned
+FRESH_CHUNK = 4096
+_FRESH_STREAM = 3  # the generator of the fresh chunks: after those of the training array (0), val (1) and test (2)
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,83 @@ def _evaluation(task: Task, rng, o: dict, seen: dict[int, set], split: str):
     return _layout(task, parts, lengths, o)
 
 
+class FreshDraw:
+    """Chunk c of a task's fresh training split (``DrawnSplit``'s ``draw``): instances of lengths uniform in
+    min_len..n_train from a generator seeded by (the data's seed, the task, c), skipping any whose input is held out
+    (val's and test's inputs, by length), laid out as the options say (``_layout``) into exactly ``chunk_tokens``:
+    packed, the chunk's last instance is cut at its end (the answer tokens before the cut are still right targets);
+    aligned, the chunk ends in pad tokens where the next instance would not fit."""
+
+    def __init__(self, task: Task, options: dict, held_out: dict[int, set[bytes]]):
+        self.task, self.options, self.held_out = task.name, dict(options), held_out
+        o, align = self.options, self.options["align_to_segment"]
+        self.sizes = {n: self._size(task, n) for n in range(o["min_len"], o["n_train"] + 1)}
+        tokens = max(FRESH_CHUNK, 2 * max(self.sizes.values()))
+        self.chunk_tokens = -(-tokens // align) * align if align else tokens
+
+    def _size(self, task: Task, n: int) -> int:
+        return task.instances(np.random.default_rng(0), n, 1, self.options["n_symbols"])[1].shape[1]
+
+    def __call__(self, c: int) -> dict[str, np.ndarray]:
+        task, o, K = TASKS[self.task], self.options, self.chunk_tokens
+        align, S = o["align_to_segment"], o["n_symbols"]
+        rng = np.random.default_rng([o["seed"], zlib.crc32(task.name.encode()), _FRESH_STREAM, c])
+        lengths = rng.integers(o["min_len"], o["n_train"] + 1, 2 * (K // min(self.sizes.values())) + 8)
+        drawn = {}
+        for n in np.unique(lengths):
+            inputs, rows = task.instances(rng, int(n), int((lengths == n).sum()), S)
+            held = self.held_out.get(int(n), ())
+            drawn[n] = iter(rows if not held else rows[[key not in held for key in _keys(inputs)]])
+        parts, kept, total = [], [], 0
+        for n in lengths:  # in the drawn order; a held-out draw is skipped
+            row = next(drawn[n], None)
+            if row is None:
+                continue
+            span = -(-len(row) // align) * align if align else len(row)
+            if align and total + span > K:
+                break
+            parts.append(row)
+            kept.append(n)
+            total += span
+            if total >= K:
+                break
+        if not align and total < K:  # only if nearly every input is held out: the options say so first
+            raise ValueError(f"{task.name} corpus: a fresh chunk drew {total} of its {K} tokens")
+        tokens, mask, distance = _layout(task, parts, kept, o)
+        if len(tokens) < K:  # aligned: pads to the chunk's end, never scored
+            extra = K - len(tokens)
+            tokens = np.concatenate([tokens, np.full(extra, len(task.vocab(S)), dtype=tokens.dtype)])
+            mask, distance = np.pad(mask, (0, extra)), np.pad(distance, (0, extra), constant_values=-1)
+        return {"tokens": tokens[:K], "loss_mask": mask[:K], "distance": distance[:K]}
+
+    def identity(self) -> dict:
+        return {"version": 1, "task": self.task, **self.options, "chunk_tokens": self.chunk_tokens}
+
+
+def _fresh(task: Task, options: dict) -> Corpus:
+    """The corpus of ``task`` with fresh training instances (``options["fresh"]``): val and test drawn as always
+    (apart from each other), held out of the training draws; nothing cached (the draws take milliseconds)."""
+    base, seen, arrays = [options["seed"], zlib.crc32(task.name.encode())], {}, {}
+    for i, split in enumerate(SPLITS[1:], 1):
+        tokens, mask, distance = _evaluation(task, np.random.default_rng([*base, i]), options, seen, split)
+        arrays[split] = (tokens, {"loss_mask": mask, "distance": distance})
+    draw = FreshDraw(task, options, seen)
+    train = DrawnSplit(draw, draw.chunk_tokens, options["train_tokens"], draw.identity())
+    side = {"train": {k: train.side(k) for k in ("loss_mask", "distance")}} | {s: a[1] for s, a in arrays.items()}
+    align = options["align_to_segment"]
+    return Corpus(
+        task.name,
+        train,
+        arrays["val"][0],
+        arrays["test"][0],
+        vocab_size=len(task.vocab(options["n_symbols"])) + (1 if align else 0),
+        itos=task.vocab(options["n_symbols"]) + ([PAD] if align else []),
+        side=side,
+        document_separator=len(task.vocab(options["n_symbols"])) - 1,
+        align=align,
+    )
+
+
 def load_task(task: Task, root: Path, options: dict) -> Corpus:
     """The corpus of ``task`` with these options (module docstring), prepared once and cached."""
     if problems := _option_problems(options):
@@ -176,6 +261,9 @@ def load_task(task: Task, root: Path, options: dict) -> Corpus:
             f"n_train, or lower eval_instances"
         )
 
+    options = dict(options)
+    if options.pop("fresh", False):
+        return _fresh(task, {**options, "fresh": True})
     align = options["align_to_segment"]
 
     def build():
@@ -230,13 +318,17 @@ def register_task(
             train_tokens: int = 300_000,
             eval_instances: int = 128,
             align_to_segment: int = 0,
+            fresh: bool = False,
         ) -> Corpus:
             """Task ``name``: the data's own seed; training lengths min_len..n_train; ``n_symbols`` the alphabet;
             test lengths n_train .. max_factor n_train (doubling); ``train_tokens`` of training instances;
             ``eval_instances`` per test length in val and test; ``align_to_segment``: 0 packed, else every instance
-            starts a segment of this length (data.segment_len; module doc)."""
+            starts a segment of this length (data.segment_len; module doc); ``fresh``: training instances drawn on
+            the fly, never read twice (``train_tokens``: then the positions of one pass; module doc)."""
             options = dict(seed=seed, n_train=n_train, min_len=min_len, n_symbols=n_symbols, max_factor=max_factor)
             options.update(train_tokens=train_tokens, eval_instances=eval_instances, align_to_segment=align_to_segment)
+            if fresh:  # the cache key of a corpus of before the option is kept: the option only where it is set
+                options["fresh"] = True
             return load_task(task, root, options)
 
         load.__name__ = f"load_{name}"

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .drawn import DrawnSplit
+
 # Variable lengths are drawn per block of steps from an RNG seeded by (seed, block), so the
 # length of step t depends only on (seed, t): resuming at any step replays the same lengths.
 _BLOCK = 4096
@@ -99,7 +101,8 @@ def aligned_problem(align: int, segment: int, episode, var_len) -> str | None:
 class SegmentStream(IterableDataset):
     """Yield the segments of `n_streams` parallel streams in order (see the module docstring).
 
-    data:          1-D integer token array [N] (a memmap stays a memmap, also when pickled)
+    data:          1-D integer token array [N] (a memmap stays a memmap, also when pickled), or a ``DrawnSplit`` of
+                   N positions a pass (drawn.py), whose every pass of a cycling stream reads new tokens
     segment_len:   L, tokens per segment (the mean with var_len)
     n_streams:     global batch B; with world_size > 1 this rank yields B / world_size of them
     loss_mask, distance: optional side arrays [N] (bool, int) sliced at the target positions
@@ -142,7 +145,7 @@ class SegmentStream(IterableDataset):
         world_size: int = 1,
         start_batch: int = 0,
     ):
-        data = data if isinstance(data, np.ndarray) else np.asarray(data)
+        data = data if isinstance(data, (np.ndarray, DrawnSplit)) else np.asarray(data)
         if data.ndim != 1 or not np.issubdtype(data.dtype, np.integer):
             raise ValueError(f"data must be a 1-D integer token array, got shape {data.shape} dtype {data.dtype}")
         for name, side in (("loss_mask", loss_mask), ("distance", distance)):
@@ -225,6 +228,13 @@ class SegmentStream(IterableDataset):
         """Yield (pos, length, offset, reset) per step (``segment_schedule`` over this stream's lengths)."""
         return segment_schedule(self.stream_len, self._drawn_lengths(), self.episode_len, cycle=self.cycle)
 
+    def _laps(self):
+        """(lap, pos, length, offset, reset) per step: ``lap``, the passes over the streams before the step."""
+        lap, last = 0, -1
+        for pos, length, offset, reset in self.schedule():
+            lap, last = lap + (pos < last), pos
+            yield lap, pos, length, offset, reset
+
     def __len__(self) -> int:
         """Batches one iteration yields (one pass minus start_batch); cycling streams have none."""
         if self._n_steps is None:
@@ -238,11 +248,13 @@ class SegmentStream(IterableDataset):
         worker = get_worker_info()
         if worker is not None:
             first, stride = first + worker.id, worker.num_workers
-        for pos, length, offset, reset in itertools.islice(self.schedule(), first, None, stride):
-            yield self._batch(pos, length, offset, reset)
+        for lap, pos, length, offset, reset in itertools.islice(self._laps(), first, None, stride):
+            yield self._batch(pos, length, offset, reset, lap)
 
-    def _batch(self, pos: int, length: int, offset: int, reset: bool) -> dict:
+    def _batch(self, pos: int, length: int, offset: int, reset: bool, lap: int = 0) -> dict:
         idx = self._stream_starts[:, None] + pos + np.arange(length + 1)  # [B, length + 1]
+        if isinstance(self.data, DrawnSplit):  # a pass over drawn tokens reads its own: never a token read before
+            idx = idx + lap * self.data.pass_stride
         window = torch.from_numpy(self.data[idx].astype(np.int64))
         target_idx = idx[:, 1:]
         B = self.batch_size

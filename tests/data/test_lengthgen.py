@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from posenc_lab.checks import problems
 from posenc_lab.data import CORPORA, CORPUS_UNITS, load_corpus
@@ -216,3 +217,86 @@ def test_a_bad_alignment_is_one_line_before_any_work(overrides, message, tmp_pat
     assert len(found) == 1 and message in found[0] and "\n" not in found[0], found
     with pytest.raises(ValueError, match=re.escape("data.segment_len=32 equal to it")):  # a stream made directly
         load_corpus("reverse", root=tmp_path, align_to_segment=16, **SMALL).stream("train", 32, 2)
+
+
+# ---- fresh instances: drawn on the fly, never read twice by design --------------------------------------------
+
+
+def fresh(align: int = 0, **options):
+    """A fresh reverse corpus of 4 symbols (nothing is cached: the root is never read)."""
+    return load_corpus(
+        "reverse", root="unused", **dict(SMALL, n_symbols=4, fresh=True, align_to_segment=align, **options)
+    )
+
+
+def chunk_instances(corpus, tokens, mask, whole: bool = False) -> list[tuple[list[int], list[int], np.ndarray]]:
+    """(input, answer, scored) of every instance of a stretch of tokens (pads dropped); ``whole``: the stretch begins
+    with an instance, else its first one is left out (it may have begun before)."""
+    keep = tokens < len(corpus.itos) - (1 if corpus.align else 0)
+    view = type("View", (), {"itos": corpus.itos[: len(corpus.itos) - (1 if corpus.align else 0)]})  # the pad out
+    view.split = lambda split: tokens[keep]
+    view.side = {"x": {"loss_mask": mask[keep]}}
+    return split_instances(view, "x")[0 if whole else 1 :]
+
+
+@pytest.mark.parametrize("align", [0, 8])
+def test_fresh_instances_are_right_held_out_and_cover_the_training_lengths(align):
+    c = fresh(align)
+    chunk = c.train.chunk_tokens
+    assert len(c.train) == SMALL["train_tokens"] and (align == 0 or chunk % align == 0)
+    stretch = np.arange(5 * chunk, 7 * chunk)  # two chunks far along the split, past one pass
+    tokens, mask = c.train[stretch], c.side["train"]["loss_mask"][stretch]
+    instances = chunk_instances(c, tokens, mask)
+    assert len(instances) > 200
+    held = set()
+    for split in ("val", "test"):
+        inputs = chunk_instances(c, c.split(split), c.side[split]["loss_mask"], whole=True)
+        held |= {tuple(x) for x, _, _ in inputs}
+    assert len(held) == 2 * 4 * SMALL["eval_instances"]  # four test lengths, val apart from test
+    for x, y, scored in instances:
+        assert y == x[::-1] and scored.tolist() == [False] * (len(x) + 1) + [True] * len(y) + [False]
+        assert tuple(x) not in held  # no training input is one of val's or test's
+    assert {len(x) for x, _, _ in instances} == set(range(1, SMALL["n_train"] + 1))
+    if align:  # every instance starts at a multiple of the segment: the chunk holds whole segments
+        starts = np.flatnonzero((tokens < 4) & np.concatenate([[True], np.isin(tokens[:-1], [5, 6])]))
+        assert (starts % align == 0).all()
+
+
+def test_fresh_draws_depend_on_the_position_alone_and_differ_by_seed():
+    a, b = fresh(), fresh()
+    far, near = np.arange(10**9, 10**9 + 50), np.arange(0, 50)
+    first = a.train[far]  # a far chunk drawn first, then the near one, in another corpus object the other way round
+    assert np.array_equal(b.train[near], a.train[near]) and np.array_equal(b.train[far], first)
+    assert not np.array_equal(fresh(seed=1).train[near], a.train[near])
+    assert not np.array_equal(a.train[near], a.train[near + a.train.pass_stride])  # the next pass: other tokens
+
+
+def test_a_cycling_stream_reads_new_instances_every_pass_and_resumes_exactly():
+    c = fresh(train_tokens=2000)
+    stream = c.stream("train", 16, 4, cycle=True)
+    S = stream.stream_len  # 499 positions a stream a pass: 31 segments of 16 and one of 3
+    steps_a_pass = -(-S // 16)
+    batches = [b for _, b in zip(range(3 * steps_a_pass), stream)]
+    first, second = batches[0], batches[steps_a_pass]
+    assert second["reset"] and int(second["offset"][0]) == 0  # positions wrap as over an array...
+    assert not np.array_equal(first["tokens"], second["tokens"])  # ... but the tokens are new
+    row = np.concatenate([b["tokens"][0].numpy() for b in batches[: 2 * steps_a_pass]])
+    stride = c.train.pass_stride  # the second pass starts a chunk (its alignment kept)
+    assert stride >= 2000 and stride % c.train.chunk_tokens == 0
+    assert np.array_equal(row, c.train[np.concatenate([np.arange(S), stride + np.arange(S)])])
+    resumed = c.stream("train", 16, 4, cycle=True, start_batch=steps_a_pass + 5)
+    for b, want in zip(resumed, batches[steps_a_pass + 5 :]):
+        assert all(torch.equal(b[k], want[k]) for k in want)
+
+
+def test_fresh_corpus_identity_is_its_draws_and_it_trains(tmp_path):
+    from posenc_lab.rundir import corpus_identity
+    from posenc_lab.train import train
+
+    a, b = corpus_identity(fresh()), corpus_identity(fresh(seed=1))
+    assert a == corpus_identity(fresh()) and a["sha256"] != b["sha256"] and a["n_tokens"]["train"] == 3000
+    assert a["sha256"] != corpus_identity(fresh(align=8))["sha256"]
+    corpus = ["data.corpus.eval_instances=8", "data.corpus.n_train=4", "data.corpus.fresh=true"]
+    results = train(compose_config("train", tiny(tmp_path / "run", tmp_path / "cache", *corpus, steps=2, data="copy")))
+    assert results["data"] == "copy" and 0 <= results["test"]["acc"] <= 1
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("train.npy"))  # nothing cached
