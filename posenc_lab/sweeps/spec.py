@@ -8,7 +8,10 @@ Hydra overrides, it has no ``program``, and its overrides set values and the run
 class for Hydra to build or another Hydra setting (``override_problem``). ``wandb agent`` runs anything else.
 
 ``load_sweep(path)`` parses a file and checks its structure (no Hydra yet), or raises ``SweepError`` listing
-every problem; ``check.py`` then checks every trial against the real config.
+every problem; ``check.py`` then checks every trial against the real config. wandb's own sweep schema (the
+``sweeps`` package's: the fields and types of ``method``, ``metric`` and each parameter, min < max, the
+probabilities) judges the structure; posenc-lab adds what its runs need: a metric, no nested parameters, values
+that reach Hydra as written, the command above, and bounds on what a file may expand to.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,30 +29,18 @@ from typing import Any
 import yaml
 
 from ..errors import PosencLabError, shown
+from .engine import plain
+
+with warnings.catch_warnings():  # sweeps 0.2 declares pydantic v1-style models: v2 warns on import, harmlessly
+    warnings.simplefilter("ignore")
+    from sweeps.config import schema as wandb_schema
+    from sweeps.config.schema import check_for_deprecated_distributions, validate_categorical_prob, validate_min_max
+    from sweeps.params import PARAM_DEPRECATION_MAP, HyperParameter
 
 ENTRY_MODULE = "posenc_lab.train"
+# The methods wandb's engine proposes trials for; its schema also takes custom, where a controller of one's own
+# proposes them.
 METHODS = ("grid", "random", "bayes")
-SPEC_KEYS = {"value", "values", "distribution", "min", "max", "mu", "sigma", "q", "probabilities", "a", "b"}
-DISTRIBUTIONS = {
-    "constant",
-    "categorical",
-    "categorical_w_probabilities",
-    "int_uniform",
-    "uniform",
-    "log_uniform",
-    "log_uniform_values",
-    "q_uniform",
-    "q_log_uniform",
-    "q_log_uniform_values",
-    "inv_log_uniform",
-    "inv_log_uniform_values",
-    "normal",
-    "q_normal",
-    "log_normal",
-    "q_log_normal",
-    "beta",
-    "q_beta",
-}
 ARGS_MACRO = "${args_no_hyphens}"
 OTHER_ARGS_MACROS = (
     "${args}",
@@ -113,33 +106,127 @@ def format_override(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
-def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) -> list[Any]:
+def _leaves(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The alternatives a schema allows: itself, or those of each branch of its anyOf."""
+    return [leaf for branch in schema["anyOf"] for leaf in _leaves(branch)] if "anyOf" in schema else [schema]
+
+
+# The forms a parameter may take in wandb's schema, as (definition name, schema), in the schema's order: each form
+# of a distribution, with the fields it allows. wandb's nested form (parameters: inside a parameter) has no
+# distribution and is not here: posenc-lab refuses it before the schema (the agent would pass a dict).
+_SCHEMA = wandb_schema.dereferenced_sweep_config_jsonschema
+_FORMS = [
+    (name, leaf)
+    for name in (
+        ref["$ref"].split("/")[-1] for ref in wandb_schema.sweep_config_jsonschema["definitions"]["parameter"]["anyOf"]
+    )
+    for leaf in _leaves(_SCHEMA["definitions"][name])
+    if "distribution" in leaf["properties"]
+]
+# The distributions named on an unknown one: the schema's, less those wandb's checks refuse as deprecated (min and
+# max as natural logs)
+_DISTRIBUTIONS = sorted(
+    {
+        d
+        for name, form in _FORMS
+        if name not in PARAM_DEPRECATION_MAP
+        for d in form["properties"]["distribution"]["enum"]
+    }
+)
+# The forms that need no distribution, as the fields each needs: {values}, {values, probabilities}, {min, max}, {value}
+_PLAIN_FORMS = ", ".join(
+    dict.fromkeys(
+        "{" + ", ".join(form["required"]) + "}" for _, form in _FORMS if "distribution" not in form["required"]
+    )
+)
+
+
+def _schema_problems(spec: dict[str, Any]) -> tuple[list[str], set[Any]]:
+    """What wandb's sweep schema refuses in the file's method, metric and parameters (its jsonschema, with the
+    validator ``sweeps.config.schema_violations_from_proposed_config`` uses), each problem named by where it is;
+    and the names of the parameters it refuses (their values are not checked further). A refused parameter is
+    worded by ``_explain``: wandb's one line for it repeats the whole mapping. ``_parameter_values`` makes wandb's
+    other checks of a parameter."""
+    config = {k: spec[k] for k in ("method", "metric", "parameters") if k in spec}
+    problems, refused = [], set()
+    for error in wandb_schema.validator.iter_errors(config):
+        path = list(error.absolute_path)
+        if path[:1] == ["parameters"] and len(path) > 1:
+            name, pspec = path[1], config["parameters"][path[1]]
+            refused.add(name)
+            if not (isinstance(pspec, dict) and "parameters" in pspec):  # nested: refused with its own reason
+                problems += [f"parameter {shown(name)}: {p}" for p in _explain(pspec)]
+        elif "propertyNames" in error.absolute_schema_path:
+            name = error.instance
+            refused.add(name)
+            hint = (
+                "; Hydra's +key, ~key and group/option overrides go in the command (fixed), not in parameters"
+                if name[:1] in ("+", "~") or "/" in name
+                else ""
+            )
+            problems.append(f"parameter {shown(name)}: {error.message} (wandb's rule for a parameter's name){hint}")
+        else:
+            where = ".".join(map(str, path))
+            problems.append(f"{where}: {error.message}" if where else error.message)
+    return problems, refused
+
+
+def _explain(spec: Any) -> list[str]:
+    """Why ``spec`` is none of wandb's parameter forms, from the schema: an unknown distribution with the known
+    ones; otherwise what the form it comes closest to (the fewest fields it does not have, then the fewest
+    violations) refuses, field by field."""
+    keys = set(spec) if isinstance(spec, dict) else set()
+    if "distribution" in keys:
+        dist = spec["distribution"]
+        forms = [form for _, form in _FORMS if dist in form["properties"]["distribution"]["enum"]]
+        if not forms:
+            return [f"unknown distribution {shown(dist)}; wandb's distributions: {', '.join(_DISTRIBUTIONS)}"]
+    else:
+        forms = [form for _, form in _FORMS if set(form["required"]) <= keys]
+        if not forms:
+            return [
+                f"{shown(spec)} is none of wandb's parameter forms: {_PLAIN_FORMS}, or a distribution "
+                f"({', '.join(_DISTRIBUTIONS)}) with its fields"
+            ]
+
+    def fit(form: dict[str, Any]) -> tuple[tuple[int, int], list, dict[str, Any]]:
+        errors = list(wandb_schema.validator.evolve(schema=form).iter_errors(spec))
+        return (len(keys - set(form["properties"])), len(errors)), errors, form
+
+    _, errors, form = min((fit(form) for form in forms), key=lambda f: f[0])
+    lines: dict[tuple[str, str], str] = {}
+    for error in errors:
+        where = ".".join(map(str, error.relative_path))
+        text = f"{where}: {error.message}" if where else error.message
+        if error.validator == "additionalProperties":
+            kind = form["properties"]["distribution"]["enum"][0]
+            text += f"; {kind} takes {', '.join(form['properties'])}"
+        # one line for a field's type and its format ("integer" is both): they say the same
+        lines.setdefault((where, "type" if error.validator == "format" else error.validator), text)
+    return list(lines.values())
+
+
+def _parameter_values(name: str, spec: dict[str, Any], method: str, problems: list[str]) -> list[Any]:
+    """The values of a parameter that wandb's jsonschema takes, to check against the config: each of its values;
+    the ends of a range, min and max as written; the median of a distribution without ends, as wandb's engine
+    computes it (mu of a normal, e^mu of a log-normal). Problems: wandb's checks that its jsonschema cannot make
+    (min < max, the probabilities, a deprecated distribution), more than MAX_VALUES values, a grid's range."""
     where = f"parameter {shown(name)}"
-    if not isinstance(spec, dict):
-        problems.append(
-            f"{where}: expected a mapping such as {{values: [...]}} or {{min: .., max: ..}}, got {shown(spec)}"
-        )
+    violations = []
+    for check in (validate_min_max, validate_categorical_prob, check_for_deprecated_distributions):
+        try:
+            check(name, spec)
+        except ValueError as e:  # wandb's message starts with the name, which the problem line gives first
+            violations.append(re.sub(rf"^(Parameter )?{re.escape(name)}:? ", "", str(e.args[0])))
+    if violations:
+        problems += [f"{where}: {v}" for v in dict.fromkeys(violations)]
         return []
-    if "parameters" in spec:
-        problems.append(
-            f"{where}: nested parameters are not supported (the agent would pass a dict); "
-            f"write each leaf as a dotted key, e.g. {name}.lr"
-        )
-        return []
-    unknown = sorted(set(spec) - SPEC_KEYS)
-    if unknown:
-        problems.append(f"{where}: unknown field(s) {shown(unknown)}; valid: {sorted(SPEC_KEYS)}")
-    dist = spec.get("distribution")
-    if dist is not None and dist not in DISTRIBUTIONS:
-        problems.append(f"{where}: unknown distribution {shown(dist)}; valid: {sorted(DISTRIBUTIONS)}")
-        return []
-    if "value" in spec:
-        return [spec["value"]]
-    if "values" in spec:
-        values = spec["values"]
-        if not isinstance(values, list) or not values:
-            problems.append(f"{where}: values must be a non-empty list, got {shown(values)}")
-            return []
+    param = HyperParameter(name, spec)  # wandb's reading: the form the schema matched, its defaults filled in
+    config = param.config
+    if param.type == HyperParameter.CONSTANT:
+        return [config["value"]]
+    if "values" in config:
+        values = config["values"]
         if len(values) > MAX_VALUES:
             problems.append(f"{where}: {len(values)} values, more than the {MAX_VALUES} a parameter may have; split it")
             return []
@@ -147,26 +234,10 @@ def _parameter_values(name: str, spec: Any, method: str, problems: list[str]) ->
     if method == "grid":
         problems.append(f"{where}: method grid needs a list of values (or one value), not a distribution")
         return []
-    if "min" in spec and "max" in spec:
-        lo, hi = spec["min"], spec["max"]
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)) or lo > hi:
-            problems.append(f"{where}: min and max must be numbers with min <= max, got {shown(lo)}, {shown(hi)}")
-            return []
-        if dist in ("log_uniform", "q_log_uniform", "inv_log_uniform"):  # bounds are natural logs
-            lo, hi = math.exp(lo), math.exp(hi)
-            if dist == "inv_log_uniform":
-                lo, hi = 1 / hi, 1 / lo
-        if dist == "int_uniform" or (dist is None and isinstance(lo, int) and isinstance(hi, int)):
-            if not (isinstance(lo, int) and isinstance(hi, int)):
-                problems.append(f"{where}: int_uniform needs integer min and max, got {shown(lo)}, {shown(hi)}")
-                return []
-            return sorted({lo, hi})
-        return sorted({float(lo), float(hi)})
-    if "mu" in spec:  # normal-type distributions: check the centre only
-        mu = spec["mu"]
-        return [math.exp(mu) if dist in ("log_normal", "q_log_normal") else mu]
-    problems.append(f"{where}: give value, values, or min and max (with a distribution)")
-    return []
+    if "min" in config:  # as written: wandb's ppf at 0 gives exp(log(min)) for a log range, min - 1 for int_uniform
+        ends = [config["min"], config["max"]]
+        return ends if param.type == HyperParameter.INT_UNIFORM else [float(x) for x in ends]
+    return [plain(param.ppf(0.5))]  # a normal's range has no ends: its median
 
 
 def overrides_start(command: list[str]) -> int | None:
@@ -320,28 +391,35 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     """Parse and structurally check a sweep file (no Hydra yet); raise SweepError on problems."""
     path = Path(path)
     spec = read_yaml(path)
-    problems: list[str] = []
     if not isinstance(spec, dict):
         raise SweepError(f"{path}: a sweep file is a mapping (method, metric, parameters, command)")
+    problems, refused = _schema_problems(spec)
     method = spec.get("method")
-    if method not in METHODS:
-        problems.append(f"method: {shown(method)} is not one of {list(METHODS)}")
-    metric = spec.get("metric")
-    if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
-        problems.append("metric: needs a name (a key the training logs, e.g. val/bpb) and a goal")
-        metric = {}
-    elif metric.get("goal", "minimize") not in ("minimize", "maximize"):
-        problems.append(f"metric.goal: {shown(metric.get('goal'))} is not minimize or maximize")
+    if method in _SCHEMA["properties"]["method"]["enum"] and method not in METHODS:
+        problems.append(
+            f"method: {shown(method)} leaves proposing trials to a controller of your own; posenc-lab sweep runs "
+            f"wandb's engine, whose methods are {', '.join(METHODS)}"
+        )
+    if "metric" not in spec:  # wandb's schema makes it optional: posenc-lab sweep reads each trial's metric
+        problems.append("metric: missing; give its name (a key the training logs, e.g. val/bpb) and goal")
+    metric = spec["metric"] if isinstance(spec.get("metric"), dict) else {}
     params_spec = spec.get("parameters")
     parameters: dict[str, list[Any]] = {}
-    if not isinstance(params_spec, dict) or not params_spec:
-        problems.append("parameters: needs at least one parameter")
-    else:
+    if isinstance(params_spec, dict):
         for name, pspec in params_spec.items():
-            if not isinstance(name, str) or not name or name.startswith("-"):
+            if not isinstance(name, str):  # YAML reads 1: or true: as a number or a bool; the schema checks text
                 problems.append(f"parameter {shown(name)}: names a Hydra override key (e.g. model.mem_len or posenc)")
                 continue
-            values = _parameter_values(name, pspec, method, problems)
+            if isinstance(pspec, dict) and "parameters" in pspec:
+                problems.append(
+                    f"parameter {shown(name)}: nested parameters are not supported (the agent would pass a dict); "
+                    f"write each leaf as a dotted key, e.g. {name}.lr"
+                )
+                values = []
+            elif name in refused:
+                values = []
+            else:
+                values = _parameter_values(name, pspec, method, problems)
             for v in values:
                 if v is None:
                     problems.append(
@@ -369,10 +447,9 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     sweep = Sweep(path=path, spec=spec, method=method, metric=metric, parameters=parameters, before=before, after=after)
     fixed_keys = {override_key(o): o for o in sweep.fixed}
     for name in parameters:
-        key = name.lstrip("+~")
-        if key in fixed_keys:
+        if name in fixed_keys:
             problems.append(
-                f"parameter {shown(name)} is also fixed in the command ({shown(fixed_keys[key])}); one of them would "
+                f"parameter {shown(name)} is also fixed in the command ({shown(fixed_keys[name])}); one of them would "
                 f"silently win: remove it from the command"
             )
     n = math.prod(len(v) for v in parameters.values()) if parameters else 0

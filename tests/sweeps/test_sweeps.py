@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,15 @@ from posenc_lab.sweeps import (
     validate_launcher,
 )
 from posenc_lab.sweeps.command import command_prefix
+from posenc_lab.sweeps.engine import engine_config
 from posenc_lab.sweeps.spec import TRAIN_COMMANDS
 from tests.schemes import SHAW, SINUSOID, XL
 from tests.sweeps.helpers import REPO, SWEEPS, sweep_env, sweep_file, wandb_run_summary
+
+with warnings.catch_warnings():  # sweeps 0.2 declares pydantic v1-style models: v2 warns on import, harmlessly
+    warnings.simplefilter("ignore")
+    from sweeps.config import schema as wandb_schema
+    from sweeps.config import schema_violations_from_proposed_config
 
 # A few-second training run: small recall corpus, short segments, few steps (later overrides win).
 TINY = [
@@ -136,9 +143,15 @@ def test_bad_key_is_rejected(tmp_path):
 
 
 def test_an_added_key_that_nothing_reads_is_rejected(tmp_path):
-    """+KEY only where its owner checks it (compose.ADDABLE), as on the command line: +optim.lrr would train unread."""
-    path = sweep_file(tmp_path, "ablation.yaml", parameters={"+optim.lrr": {"values": [0.1]}})
-    with pytest.raises(SweepError, match=r"'optim\.lrr' does not exist: optim has no 'lrr' \(did you mean 'optim\.lr'"):
+    """+KEY in the command only where its owner checks it (compose.ADDABLE), as on the command line: +optim.lrr
+    would train unread. (A parameter's name cannot start with +: wandb's schema refuses it.)"""
+    command = yaml.safe_load((REPO / "sweeps" / "ablation.yaml").read_text())["command"]
+    path = sweep_file(tmp_path, "ablation.yaml", command=[*command, "+optim.lrr=0.1"])
+    with pytest.raises(
+        SweepError,
+        match=r"command override '\+optim\.lrr=0\.1': config key 'optim\.lrr' does not exist: optim has no 'lrr' "
+        r"\(did you mean 'optim\.lr'",
+    ):
         check_sweep(path)
 
 
@@ -175,10 +188,7 @@ def test_bad_group_option_is_rejected(tmp_path):
         ({"model.mem_len": {"values": [32, "long"]}}, "model.mem_len must be an integer >= 0, got 'long'"),
         ({"posenc.K": {"values": [4, None]}}, 'write the string "null" instead'),
         ({"model.dropout": {"values": [0.1, 1.5]}}, "model.dropout must be in [0, 1), got 1.5"),
-        (
-            {"optim.lr": {"distribution": "log_uniform_values", "min": -1.0, "max": 1.0e-3}},
-            "optim.lr must be a number > 0",
-        ),
+        ({"optim.lr": {"distribution": "uniform", "min": -1.0, "max": 1.0e-3}}, "optim.lr must be a number > 0"),
         (
             {"trainer.precision": {"values": ["32-true", "bf17-mixed"]}},  # the valid ones come from Lightning
             "trainer.precision='bf17-mixed' is not a Lightning precision; valid: ",
@@ -215,6 +225,179 @@ def test_metric_and_command_are_checked(tmp_path):
         load_sweep(path)
 
 
+# One bad thing a case in a bayes sweep file, and the one line it gets. wandb's sweep schema (the `sweeps` package)
+# judges the fields and types of method, metric and each parameter; posenc-lab adds what its runs need.
+SCHEMA_CASES = {
+    # a distribution's field of the wrong type: the hand-written checks passed it (the agent would pass mu as text)
+    "field type": (
+        {"parameters": {"model.dropout": {"distribution": "normal", "mu": "0.1"}}},
+        "parameter 'model.dropout': mu: '0.1' is not of type 'number'",
+    ),
+    "field of another form": (
+        {"parameters": {"model.dropout": {"min": 0.0, "max": 0.3, "step": 0.1}}},
+        "parameter 'model.dropout': Additional properties are not allowed ('step' was unexpected); uniform takes min, "
+        "max, distribution",
+    ),
+    "integer bounds": (
+        {"parameters": {"optim.warmup_steps": {"distribution": "int_uniform", "min": 0, "max": 10.5}}},
+        "parameter 'optim.warmup_steps': max: 10.5 is not of type 'integer'",
+    ),
+    "min not below max": (
+        {"parameters": {"model.dropout": {"min": 0.1, "max": 0.1}}},
+        "parameter 'model.dropout': min 0.1 is not less than max 0.1",
+    ),
+    "log range from 0": (
+        {"parameters": {"optim.lr": {"distribution": "log_uniform_values", "min": 0.0, "max": 1.0e-3}}},
+        "parameter 'optim.lr': min: 0.0 is less than or equal to the minimum of 0.0",
+    ),
+    "deprecated distribution": (
+        {"parameters": {"optim.lr": {"distribution": "log_uniform", "min": -9.0, "max": -6.0}}},
+        "parameter 'optim.lr': uses log_uniform, where min/max specify base-e exponents. Use log_uniform_values to "
+        "specify limit values.",
+    ),
+    "probabilities": (
+        {"parameters": {"posenc.clamp_len": {"values": [16, 32], "probabilities": [0.5, 0.6]}}},
+        "parameter 'posenc.clamp_len': Probabilities [0.5, 0.6] do not sum to 1",
+    ),
+    "no values": (
+        {"parameters": {"posenc.clamp_len": {"values": []}}},
+        "parameter 'posenc.clamp_len': values: [] should be non-empty",
+    ),
+    "no form": (
+        {"parameters": {"model.dropout": {"mu": 0.1}}},
+        "parameter 'model.dropout': {'mu': 0.1} is none of wandb's parameter forms: {values}, {values, probabilities}, "
+        "{min, max}, {value}, or a distribution (beta, categorical, ",
+    ),
+    "+ in a name": (
+        {"parameters": {"+optim.lrr": {"values": [0.1]}}},
+        "parameter '+optim.lrr': '+optim.lrr' does not match '^^[A-Za-z_][A-Za-z0-9_.-]*$' (wandb's rule for a "
+        "parameter's name); Hydra's +key, ~key and group/option overrides go in the command (fixed), not in parameters",
+    ),
+    "method": ({"method": "bayesian"}, "method: 'bayesian' is not one of ['bayes', 'random', 'grid', 'custom']"),
+    "metric goal": (
+        {"metric": {"name": "val/bpb", "goal": "lower"}},
+        "metric.goal: 'lower' is not one of ['minimize', 'maximize']",
+    ),
+    "metric field": (
+        {"metric": {"name": "val/bpb", "goal": "minimize", "mode": "min"}},
+        "metric: Additional properties are not allowed ('mode' was unexpected)",
+    ),
+    # posenc-lab's own, beyond the schema
+    "custom method": (
+        {"method": "custom"},
+        "method: 'custom' leaves proposing trials to a controller of your own; posenc-lab sweep runs wandb's engine, "
+        "whose methods are grid, random, bayes",
+    ),
+    "nested": (
+        {"parameters": {"optim": {"parameters": {"lr": {"values": [0.1]}}}}},
+        "parameter 'optim': nested parameters are not supported (the agent would pass a dict); write each leaf as a "
+        "dotted key, e.g. optim.lr",
+    ),
+    "null": (
+        {"parameters": {"posenc.clamp_len": {"value": None}}},
+        "parameter 'posenc.clamp_len': a YAML null reaches Hydra as the text 'None' (wandb writes "
+        'posenc.clamp_len=None); write the string "null" instead',
+    ),
+    "grid range": (
+        {"method": "grid"},
+        "parameter 'optim.lr': method grid needs a list of values (or one value), not a distribution",
+    ),
+}
+
+
+@pytest.mark.parametrize("changes, line", SCHEMA_CASES.values(), ids=SCHEMA_CASES)
+def test_a_bad_structure_is_named_by_wandbs_schema_or_posenc_labs_own_rule(tmp_path, changes, line):
+    path = sweep_file(tmp_path, "bayes_xl.yaml", **changes)
+    with pytest.raises(SweepError) as e:
+        load_sweep(path)
+    lines = [x[4:] for x in str(e.value).splitlines() if x.startswith("  - ")]
+    assert any(x.startswith(line) for x in lines), lines
+    if changes.get("method") != "grid":  # one bad thing, one line (the grid case has three ranges)
+        assert len(lines) == 1, lines
+
+
+def test_an_unknown_distribution_is_named_with_the_schemas_own():
+    """The distributions listed are those of wandb's schema, less the ones its checks refuse as deprecated."""
+    from posenc_lab.sweeps.spec import _explain
+
+    (line,) = _explain({"distribution": "loguniform", "min": 1.0e-4, "max": 1.0e-2})
+    head, names = line.split("; wandb's distributions: ")
+    assert head == "unknown distribution 'loguniform'"
+    names = names.split(", ")
+    schema = Path(wandb_schema.sweep_config_jsonschema_fname).read_text()
+    in_schema = set(re.findall(r'"distribution": \{\s*"enum": \[\s*"(\w+)"', schema))
+    assert len(in_schema) == 18 and set(names) == in_schema - {"log_uniform", "inv_log_uniform", "q_log_uniform"}
+    assert names == sorted(names) and "log_uniform_values" in names and "beta" in names
+
+
+# Parameters as a sweep file may write them, good and bad (none that posenc-lab refuses on its own).
+PARAMETER_FORMS = [
+    {"values": [0.1, 0.2]},
+    {"values": [0.1, 0.2], "probabilities": [0.25, 0.75]},
+    {"values": [0.1, 0.2], "probabilities": [0.5]},
+    {"value": 0.1},
+    {"value": 0.1, "values": [0.2]},
+    {"min": 0, "max": 1},
+    {"min": 0.0, "max": 0.3},
+    {"min": 0.3, "max": 0.0},
+    {"min": True, "max": False},
+    {"distribution": "uniform", "min": 0, "max": 1},
+    {"distribution": "int_uniform", "min": 0.0, "max": 1.0},
+    {"distribution": "q_uniform", "min": 0.0, "max": 0.3, "q": 0.1},
+    {"distribution": "q_uniform", "min": 0.0, "max": 0.3, "q": 0},
+    {"distribution": "log_uniform_values", "min": 1.0e-4, "max": 1.0e-2},
+    {"distribution": "log_uniform", "min": -9.0, "max": -4.0},
+    {"distribution": "normal"},
+    {"distribution": "normal", "mu": 0.1, "sigma": -1},
+    {"distribution": "normal", "min": 0.0, "max": 0.3},
+    {"distribution": "log_normal", "mu": -3},
+    {"distribution": "beta", "a": 2, "b": 5},
+    {"distribution": "beta", "a": "2"},
+    {"distribution": "gamma", "a": 2},
+    {"mu": 0.1},
+    {},
+]
+
+
+@pytest.mark.parametrize("form", PARAMETER_FORMS, ids=lambda f: json.dumps(f))
+def test_load_sweep_refuses_a_parameter_exactly_when_wandbs_own_check_does(tmp_path, form):
+    """schema_violations_from_proposed_config is wandb's verdict on a sweep config (what its engine checks before
+    it proposes); load_sweep agrees with it on each parameter."""
+    spec = yaml.safe_load((REPO / "sweeps" / "bayes_xl.yaml").read_text())
+    spec["parameters"] = {"model.dropout": form}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wandb_refuses = bool(schema_violations_from_proposed_config(engine_config(spec)))
+    path = sweep_file(tmp_path, "bayes_xl.yaml", parameters=spec["parameters"])
+    try:
+        load_sweep(path)
+    except SweepError as e:
+        assert wandb_refuses, str(e)
+    else:
+        assert not wandb_refuses
+
+
+def test_the_values_checked_are_each_forms_own(tmp_path):
+    """A list: each value; a range: its ends as written (integers for int_uniform); a distribution without ends:
+    its median as wandb's engine computes it, with the schema's defaults (mu 0)."""
+    forms = {
+        "a.values": ({"values": [16, "null"]}, [16, "null"]),
+        "a.value": ({"value": 3}, [3]),
+        "a.ints": ({"min": 0, "max": 1000}, [0, 1000]),
+        "a.reals": ({"min": 0, "max": 0.3}, [0.0, 0.3]),
+        "a.log": ({"distribution": "log_uniform_values", "min": 1.0e-4, "max": 3.0e-3}, [1.0e-4, 3.0e-3]),
+        "a.normal": ({"distribution": "normal", "mu": 0.1, "sigma": 0.01}, [0.1]),
+        "a.standard": ({"distribution": "normal"}, [0.0]),
+        "a.lognormal": ({"distribution": "log_normal", "mu": -3}, [math.exp(-3)]),
+        "a.beta": ({"distribution": "beta", "a": 3, "b": 3}, [pytest.approx(0.5)]),
+    }
+    path = sweep_file(tmp_path, "bayes_xl.yaml", parameters={k: form for k, (form, _) in forms.items()})
+    sweep = load_sweep(path)
+    assert sweep.parameters == {k: values for k, (_, values) in forms.items()}
+    assert [type(v) for v in sweep.parameters["a.ints"] + sweep.parameters["a.reals"]] == [int, int, float, float]
+    assert all(type(v) is float for v in sweep.parameters["a.lognormal"] + sweep.parameters["a.beta"])
+
+
 # The probe's way in: a command that runs a program of its own, then the trainer.
 MARKER_COMMAND = ["bash", "-c", 'touch MARKER; exec "$0" "$@"', "posenc-lab", "train", "${args_no_hyphens}"]
 RECALL_COMMAND = yaml.safe_load((REPO / "sweeps" / "ablation_recall.yaml").read_text())["command"]
@@ -234,7 +417,7 @@ RECALL_FIXED = RECALL_COMMAND[RECALL_COMMAND.index("${args_no_hyphens}") + 1 :]
         ({"command": RECALL_COMMAND + ["+callbacks.x=${oc.decode:'{a: 1}'}"]}, "(oc.decode)"),
         ({"command": RECALL_COMMAND + ["hydra.job.env_set.LD_PRELOAD=/tmp/x.so"]}, "hydra.job.env_set"),
         ({"command": RECALL_COMMAND + ["--config-dir=/tmp"]}, "'--config-dir=/tmp' is a flag"),
-        ({"parameters": {"+callbacks.y._target_": {"values": ["subprocess.Popen"]}}}, "parameter '+callbacks.y"),
+        ({"parameters": {"callbacks.y._target_": {"values": ["subprocess.Popen"]}}}, "parameter 'callbacks.y._target"),
     ],
     ids=["marker", "another posenc-lab", "python -c", "program macro", "program", "target", "decode", "hydra",
          "flag", "target parameter"],
