@@ -44,10 +44,13 @@ class Scored:
         return self.correct.all(1)
 
 
-def evaluate(run: Run, split: str, max_instances: int | None = None) -> dict[int, Scored]:
-    """Test length n -> the run's hits on the first ``max_instances`` instances of that length (module doc)."""
+def evaluate(run: Run, split: str, max_instances: int | None = None, lengths=None) -> dict[int, Scored]:
+    """Test length n -> the run's hits on the first ``max_instances`` instances of that length (module doc);
+    ``lengths``: the lengths to evaluate (None: every test length of the split)."""
     model, out, corpus = run.model(), {}, run.corpus()
     for n, (rows, scored) in task_instances(corpus, split).items():
+        if lengths is not None and n not in lengths:
+            continue
         rows, scored = rows[:max_instances], scored[:max_instances]
         if not run.recurrence and corpus.align:
             rows, scored = widened(rows, scored, run.segment_len, corpus.vocab_size - 1)
@@ -180,6 +183,75 @@ def tidy(measured: list[CellLength], level: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def competence(runs: list[Run], named: set[str], max_instances: int | None, log=print) -> dict[str, float]:
+    """The competence gate's measure of each cell in ``named`` (``<task>/<cell>``): exact match per instance on the
+    validation split at the training length n_train (in distribution), the mean over the cell's seeds."""
+    out: dict[str, float] = {}
+    by_task: dict[str, list[Run]] = {}
+    for r in runs:
+        by_task.setdefault(r.corpus_name, []).append(r)
+    for task_runs in by_task.values():
+        for cell, group in cells(task_runs).items():
+            if cell not in named:
+                continue
+            log(f"  lengthgen: {cell} in distribution (val)")
+            shortest = min(task_instances(group[0].corpus(), "val"))
+            scored = [evaluate(r, "val", max_instances, lengths={shortest})[shortest] for r in group]
+            out[cell] = (
+                float(np.mean([s.exact.mean() for s in scored]))
+                if all(s.correct is not None for s in scored)
+                else float("nan")
+            )
+    return out
+
+
+def estimands(measured: list[CellLength], level: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The papers' own summaries of a cell, past the training length (factors > 1):
+
+    - Ruoss et al. 2023 (Table 1): the accuracy per answer token averaged over the test lengths, each length weighing
+      the same (their ``np.mean(accuracies[N+1:])``), per seed; here the mean over seeds with its interval
+      (instances the units) and, as their table reports, the best seed. Their test lengths are every length past
+      training; here the doubling lengths the split holds.
+    - Kazemnejad et al. 2023 (Fig. 3): exact match by length bucket (the table's seq columns), and each cell's rank
+      within its task by its exact match averaged over the buckets past training (1: best; ties share the mean rank),
+      then the mean rank over the tasks (their figure's summary).
+
+    (per task and cell, per cell name over tasks)."""
+    rows = []
+    by_cell: dict[tuple[str, str], list[CellLength]] = {}
+    for m in measured:
+        if m.factor > 1:
+            by_cell.setdefault((m.task, m.cell), []).append(m)
+    for (task, cell), ms in by_cell.items():
+        row = {"task": task, "cell": cell.split("/", 1)[-1], "lengths": len(ms)}
+        if any(m.exact is None for m in ms):
+            row.update(
+                ruoss=float("nan"), ruoss_low=float("nan"), ruoss_high=float("nan"), ruoss_best_seed=float("nan")
+            )
+            row["kazemnejad_exact"] = float("nan")
+            rows.append(row)
+            continue
+        # per instance, its share of right answer tokens; every length holds as many instances: equal weights
+        per_instance = np.concatenate([m.correct.reshape(*m.exact.shape, m.answer_len).mean(2) for m in ms], axis=1)
+        d = mean_interval(per_instance, np.arange(per_instance.shape[1]), level=level)
+        row.update(ruoss=d.estimate, ruoss_low=max(d.low, 0.0), ruoss_high=min(d.high, 1.0))
+        row["ruoss_best_seed"] = float(per_instance.mean(1).max())
+        row["kazemnejad_exact"] = float(np.mean([m.exact.mean() for m in ms]))
+        rows.append(row)
+    per_cell = pd.DataFrame(rows)
+    if per_cell.empty:
+        return per_cell, pd.DataFrame(columns=["cell", "tasks", "mean_rank"])
+    per_cell["rank_in_task"] = per_cell.groupby("task")["kazemnejad_exact"].rank(ascending=False, method="average")
+    ranks = (
+        per_cell.dropna(subset=["rank_in_task"])
+        .groupby("cell", sort=False)["rank_in_task"]
+        .agg(tasks="count", mean_rank="mean")
+        .reset_index()
+        .sort_values("mean_rank", kind="stable")
+    )
+    return per_cell, ranks
+
+
 METRICS = ("sequence", "token")
 
 
@@ -205,17 +277,38 @@ class Claim:
         return m.exact.astype(float), np.arange(m.exact.shape[1])
 
 
-def judge(claims: list[Claim], measured: list[CellLength], level: float, alpha: float) -> pd.DataFrame:
+def judge(
+    claims: list[Claim],
+    measured: list[CellLength],
+    level: float,
+    alpha: float,
+    learned: dict[str, float] | None = None,
+    gate: float | None = None,
+) -> pd.DataFrame:
     """Per claim: the difference in its metric's accuracy (better - than) with its interval, its one-sided p, Holm's
     adjusted p over the claims, and the verdict: reproduced (above 0 at alpha), contradicted (below 0 at alpha),
-    inconclusive, or not judged (a cell missing, not served, or with one seed)."""
+    inconclusive, or not judged (a cell missing, not served, or with one seed; or, with a competence ``gate``, a
+    cell whose in-distribution exact match on validation, ``learned[<task>/<cell>]`` (``competence``), is below it:
+    a model that did not learn the task is not judged on generalizing it)."""
     at = {(m.task, m.cell, m.factor): m for m in measured}
     rows, ps, diffs = [], [], []
     for c in claims:
         a, b = at.get((c.task, f"{c.task}/{c.better}", c.factor)), at.get((c.task, f"{c.task}/{c.than}", c.factor))
         missing = [name for name, x in ((c.better, a), (c.than, b)) if x is None or x.exact is None]
+        unlearned = (
+            [
+                f"{name} {learned.get(f'{c.task}/{name}', float('nan')):.2f}"
+                for name in (c.better, c.than)
+                if gate is not None and not learned.get(f"{c.task}/{name}", float("nan")) >= gate
+            ]
+            if gate is not None and learned is not None
+            else []
+        )
         if missing:
             d, why = NOT_EVALUATED, f"not judged: {', '.join(missing)} not measured at {c.factor}x"
+        elif unlearned:
+            d = NOT_EVALUATED
+            why = f"not judged: did not learn ({', '.join(unlearned)} exact match in distribution, below {gate:g})"
         else:
             (hits_a, units), (hits_b, _) = c.values(a), c.values(b)
             d = paired_difference(hits_a, hits_b, units, level=level)

@@ -18,7 +18,7 @@ from posenc_lab import config_dir
 from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.tables import write_csv
 
-from ..lengthgen import METRICS, Claim, judge, measure, tidy
+from ..lengthgen import METRICS, Claim, competence, estimands, judge, measure, tidy
 from ..plots import _save, palette
 from .base import REPORT, Figure, Part, Section, Table, register
 
@@ -26,7 +26,8 @@ CLAIM_KEYS = {"id", "task", "better", "than", "factor", "claim", "source"}
 
 
 def read_claims(name: str) -> tuple[list[Claim], float]:
-    """The claims of ``conf/<name>`` and its alpha; ValueError in one line naming the file and the bad entry."""
+    """The claims of ``conf/<name>`` and its alpha; ValueError in one line naming the file and the bad entry
+    (its competence gate too, ``read_gate``)."""
     path = Path(config_dir()) / name
     where = f"ablate.analysis.lengthgen.claims={name}"
     if not path.is_file():
@@ -51,7 +52,18 @@ def read_claims(name: str) -> tuple[list[Claim], float]:
             raise ValueError(f"{where}: claim {c['id']}: factor must be a power of 2 (a test length), got {f!r}")
         source = " ".join(str(c["source"]).split())
         claims.append(Claim(c["id"], c["task"], c["better"], c["than"], f, source, c["claim"], metric))
+    read_gate(name)
     return claims, float(alpha)
+
+
+def read_gate(name: str) -> float | None:
+    """The competence gate of ``conf/<name>`` (``competence``): the exact match per instance on validation at the
+    training length that both cells of a claim must reach to be judged; None: no gate."""
+    doc = yaml.safe_load((Path(config_dir()) / name).read_text()) or {}
+    gate = doc.get("competence")
+    if gate is not None and (isinstance(gate, bool) or not isinstance(gate, (int, float)) or not 0 < gate <= 1):
+        raise ValueError(f"ablate.analysis.lengthgen.claims={name}: competence must be in (0, 1] or null, got {gate!r}")
+    return None if gate is None else float(gate)
 
 
 def plan_lines(cell_seeds: dict[str, int], claims_file: str, instances: int) -> list[str]:
@@ -105,6 +117,18 @@ def summary(t: pd.DataFrame) -> pd.DataFrame:
         row["not_served"] = f"from length {gone['length'].min()}: {gone['not_served'].iloc[0]}" if len(gone) else ""
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _shown(estimands: pd.DataFrame) -> pd.DataFrame:
+    """The estimands with Ruoss's average and its interval in one column."""
+    if estimands.empty:
+        return estimands
+    out = estimands.copy()
+    out["ruoss"] = [
+        "n/a" if not np.isfinite(a) else f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
+        for a, lo, hi in zip(out["ruoss"], out["ruoss_low"], out["ruoss_high"])
+    ]
+    return out.drop(columns=["ruoss_low", "ruoss_high"])
 
 
 def _interval(r, kind: str) -> str:
@@ -161,6 +185,8 @@ def figure(t: pd.DataFrame, path: Path) -> Path:
 class LengthgenMeasured:
     table: pd.DataFrame  # one row per task, cell and test length
     verdicts: pd.DataFrame
+    estimands: pd.DataFrame  # one row per task and cell: Ruoss's and Kazemnejad's summaries past n_train
+    ranks: pd.DataFrame  # one row per cell: its mean rank over the tasks (Kazemnejad's)
 
 
 @register
@@ -179,9 +205,14 @@ class Lengthgen(Section):
         measured = measure(runs, ctx.shared.split, ctx.settings.max_instances, ctx.log)
         table = tidy(measured, level)
         claims, alpha = read_claims(ctx.settings.claims)
-        verdicts = judge(claims, measured, level, alpha)
+        gate = read_gate(ctx.settings.claims)
+        named = {f"{c.task}/{cell}" for c in claims for cell in (c.better, c.than)}
+        learned = competence(runs, named, ctx.settings.max_instances, ctx.log) if gate is not None else None
+        verdicts = judge(claims, measured, level, alpha, learned, gate)
+        per_cell, ranks = estimands(measured, level)
         write_csv(table, ctx.file("lengthgen/lengthgen_accuracy.csv"))
-        return LengthgenMeasured(table, verdicts)
+        write_csv(per_cell, ctx.file("lengthgen/lengthgen_estimands.csv"))
+        return LengthgenMeasured(table, verdicts, per_cell, ranks)
 
     def render(self, ctx, m: LengthgenMeasured | None) -> Part | None:
         if m is None:  # no task run (e.g. the default ablation): the section is not shown
@@ -202,6 +233,20 @@ class Lengthgen(Section):
             "the accuracy (`metric`: exact match per instance, or per answer token) of `better` minus `than` on the "
             "same instances, Holm over both directions of every claim; each claim's interval at the level of the "
             "Holm step that decided it (named beside it)."
+            + (
+                f" A claim is judged only where both of its cells learned the task: exact match per instance on the "
+                f"validation split at n_train (in distribution) of at least {gate:g}, the mean over the cell's seeds "
+                f"(`competence` in {ctx.settings.claims}, fixed with the claims); otherwise it says `did not learn`."
+                if (gate := read_gate(ctx.settings.claims)) is not None
+                else ""
+            )
+            + " The papers' own summaries past n_train (`table_lengthgen_estimands`): Ruoss et al. 2023 (Table 1) "
+            "average the accuracy per answer token over the test lengths, each length weighing the same, and report "
+            "the best seed: `ruoss` is that average, the mean over seeds with its interval, `ruoss_best_seed` their "
+            "statistic (their lengths: every one past training; here the doubling ones). Kazemnejad et al. 2023 "
+            "(Fig. 3) score exact match by length bucket (the `seq_*` columns above) and rank the encodings: "
+            "`kazemnejad_exact` is the exact match averaged over the buckets past n_train, `rank_in_task` the "
+            "cell's rank by it (1: best), and `table_lengthgen_ranks` the mean rank over the tasks."
         )
         notes = ["smoke run: the numbers mean nothing and no verdict is drawn"] if ctx.report.smoke else []
         verdicts = m.verdicts.copy()
@@ -213,6 +258,8 @@ class Lengthgen(Section):
         tables = [
             Table("table_lengthgen", summary(m.table), "exact-match accuracy by test length (x n_train)"),
             Table("table_lengthgen_verdicts", verdicts, f"the verdicts of {ctx.settings.claims}"),
+            Table("table_lengthgen_estimands", _shown(m.estimands), "the papers' summaries past n_train, per cell"),
+            Table("table_lengthgen_ranks", m.ranks, "mean rank over the tasks (Kazemnejad et al. 2023's summary)"),
             Table("table_lengthgen_lengths", m.table, "every task, cell and length", show=False),
         ]
         return Part(

@@ -123,6 +123,93 @@ def test_a_token_claim_is_judged_on_answer_tokens_with_instances_as_units():
     assert v.loc["sequence", "verdict"] != "reproduced"
 
 
+def test_a_claim_whose_cells_did_not_learn_is_not_judged_and_leaves_the_holm_family():
+    """The competence gate: a claim is judged only where both cells reached the gate's exact match in distribution
+    (validation, n_train); the others say which cell did not learn and how far it got, and Holm runs over the rest."""
+    base = hits(0.3, seed=1)
+    measured = [
+        cell("nope:nomem", base | hits(0.5, seed=2, flips=0)),
+        cell("sinusoid:nomem", base),
+        cell("alibi:nomem", base | hits(0.3, seed=4, flips=0)),
+        cell("rope:nomem", base),
+    ]
+    claims = [
+        Claim("gated", "copy", "nope:nomem", "sinusoid:nomem", 2, "src", "c"),
+        Claim("kept", "copy", "alibi:nomem", "rope:nomem", 2, "src", "c"),
+    ]
+    learned = {"copy/nope:nomem": 0.97, "copy/sinusoid:nomem": 0.05, "copy/alibi:nomem": 0.95, "copy/rope:nomem": 0.9}
+    v = judge(claims, measured, 0.95, 0.05, learned, gate=0.9).set_index("claim")
+    assert v.loc["gated", "verdict"] == "not judged"
+    assert (
+        v.loc["gated", "note"]
+        == "not judged: did not learn (sinusoid:nomem 0.05 exact match in distribution, below 0.9)"
+    )
+    alone = judge(claims[1:], measured, 0.95, 0.05).set_index("claim")
+    assert v.loc["kept", "verdict"] == alone.loc["kept", "verdict"] == "reproduced"
+    assert v.loc["kept", "p_holm"] == alone.loc["kept", "p_holm"]  # the gated claim is out of the family
+    ungated = judge(claims, measured, 0.95, 0.05).set_index("claim")
+    assert ungated.loc["gated", "verdict"] == "reproduced"  # the gate alone withheld it
+    missing = judge(claims, measured, 0.95, 0.05, {}, gate=0.9).set_index("claim")  # not measured: not judged
+    assert missing.loc["kept", "note"].startswith("not judged: did not learn (alibi:nomem nan")
+
+
+def test_the_papers_estimands_weigh_every_length_alike_and_rank_the_cells():
+    """Ruoss's average per answer token over the lengths past training (each length alike, though longer ones hold
+    more answer tokens) and its best seed; Kazemnejad's exact match over the buckets, the rank in each task, the
+    mean rank over the tasks."""
+    from posenc_lab_analysis.lengthgen import estimands
+
+    def measured(task, name, rates, seeds_apart=0.0):
+        out = []
+        for factor, (rate, answer) in zip((1, 2, 4), rates):
+            k = 40
+            tokens = np.zeros((2, k, answer), dtype=bool)
+            right = int(round(rate * answer))
+            tokens[:, :, :right] = True
+            tokens[1, : int(seeds_apart * k), :] = True  # the second seed gets some instances wholly right
+            exact = tokens.all(2)
+            c = CellLength(
+                task, f"{task}/{name}", name.split(":")[0], 0, 8 * factor, factor, exact, tokens.reshape(2, -1), answer
+            )
+            out.append(c)
+        return out
+
+    # copy: a at 1/2 of 4 tokens (2x) and 3/4 of 8 (4x): Ruoss 0.625 (pooled over tokens it would be 8/12 = 0.667)
+    cells = measured("copy", "a:nomem", [(1.0, 2), (0.5, 4), (0.75, 8)], seeds_apart=0.5)
+    cells += measured("copy", "b:nomem", [(1.0, 2), (1.0, 4), (1.0, 8)])
+    cells += measured("reverse", "a:nomem", [(1.0, 2), (1.0, 4), (1.0, 8)])
+    cells += measured("reverse", "b:nomem", [(1.0, 2), (0.0, 4), (0.0, 8)])
+    per_cell, ranks = estimands(cells, 0.95)
+    row = per_cell.set_index(["task", "cell"]).loc[("copy", "a:nomem")]
+    first = 0.625
+    second = (0.5 * (1 + 0.5) + 0.5 * (1 + 0.75)) / 2  # half its instances wholly right at each length
+    assert row["ruoss"] == pytest.approx((first + second) / 2) and row["ruoss_best_seed"] == pytest.approx(second)
+    assert row["ruoss_low"] <= row["ruoss"] <= row["ruoss_high"] and row["lengths"] == 2
+    assert row["kazemnejad_exact"] == pytest.approx(0.25)  # the second seed's half, at both lengths
+    assert per_cell.set_index(["task", "cell"])["rank_in_task"].to_dict() == {
+        ("copy", "a:nomem"): 2.0,
+        ("copy", "b:nomem"): 1.0,
+        ("reverse", "a:nomem"): 1.0,
+        ("reverse", "b:nomem"): 2.0,
+    }
+    assert ranks.set_index("cell")["mean_rank"].to_dict() == {"a:nomem": 1.5, "b:nomem": 1.5}
+    assert set(ranks["tasks"]) == {2}
+
+
+def test_a_bad_competence_gate_is_one_line(tmp_path, monkeypatch):
+    from posenc_lab_analysis.sections.lengthgen import read_gate
+
+    assert read_gate("lengthgen_paper.yaml") == 0.9
+    bad = tmp_path / "conf"
+    bad.mkdir()
+    (bad / "c.yaml").write_text("competence: 1.5\nclaims: []\n")
+    monkeypatch.setattr("posenc_lab_analysis.sections.lengthgen.config_dir", lambda: str(bad))
+    with pytest.raises(
+        ValueError, match=r"^ablate.analysis.lengthgen.claims=c.yaml: competence must be in \(0, 1\] or null, got 1.5$"
+    ):
+        read_claims("c.yaml")
+
+
 def test_claims_and_settings_are_checked_before_any_work(tmp_path, monkeypatch):
     claims, alpha = read_claims("lengthgen_paper.yaml")
     assert alpha == 0.05 and {c.task for c in claims} == {"copy", "addition", "reverse", "duplicate_string"}
