@@ -282,13 +282,13 @@ def judge(
     measured: list[CellLength],
     level: float,
     alpha: float,
-    learned: dict[str, float] | None = None,
+    in_distribution: dict[str, float] | None = None,
     gate: float | None = None,
 ) -> pd.DataFrame:
     """Per claim: the difference in its metric's accuracy (better - than) with its interval, its one-sided p, Holm's
     adjusted p over the claims, and the verdict: reproduced (above 0 at alpha), contradicted (below 0 at alpha),
     inconclusive, or not judged (a cell missing, not served, or with one seed; or, with a competence ``gate``, a
-    cell whose in-distribution exact match on validation, ``learned[<task>/<cell>]`` (``competence``), is below it:
+    cell whose exact match on validation at n_train, ``in_distribution[<task>/<cell>]`` (``competence``), is below it:
     a model that did not learn the task is not judged on generalizing it)."""
     at = {(m.task, m.cell, m.factor): m for m in measured}
     rows, ps, diffs = [], [], []
@@ -297,11 +297,11 @@ def judge(
         missing = [name for name, x in ((c.better, a), (c.than, b)) if x is None or x.exact is None]
         unlearned = (
             [
-                f"{name} {learned.get(f'{c.task}/{name}', float('nan')):.2f}"
+                f"{name} {in_distribution.get(f'{c.task}/{name}', float('nan')):.2f}"
                 for name in (c.better, c.than)
-                if gate is not None and not learned.get(f"{c.task}/{name}", float("nan")) >= gate
+                if gate is not None and not in_distribution.get(f"{c.task}/{name}", float("nan")) >= gate
             ]
-            if gate is not None and learned is not None
+            if gate is not None and in_distribution is not None
             else []
         )
         if missing:

@@ -207,8 +207,8 @@ class Lengthgen(Section):
         claims, alpha = read_claims(ctx.settings.claims)
         gate = read_gate(ctx.settings.claims)
         named = {f"{c.task}/{cell}" for c in claims for cell in (c.better, c.than)}
-        learned = competence(runs, named, ctx.settings.max_instances, ctx.log) if gate is not None else None
-        verdicts = judge(claims, measured, level, alpha, learned, gate)
+        in_distribution = competence(runs, named, ctx.settings.max_instances, ctx.log) if gate is not None else None
+        verdicts = judge(claims, measured, level, alpha, in_distribution, gate)
         per_cell, ranks = estimands(measured, level)
         write_csv(table, ctx.file("lengthgen/lengthgen_accuracy.csv"))
         write_csv(per_cell, ctx.file("lengthgen/lengthgen_estimands.csv"))
@@ -234,7 +234,7 @@ class Lengthgen(Section):
             "same instances, Holm over both directions of every claim; each claim's interval at the level of the "
             "Holm step that decided it (named beside it)."
             + (
-                f" A claim is judged only where both of its cells learned the task: exact match per instance on the "
+                f" A claim is judged only where both of its cells reach the gate: exact match per instance on the "
                 f"validation split at n_train (in distribution) of at least {gate:g}, the mean over the cell's seeds "
                 f"(`competence` in {ctx.settings.claims}, fixed with the claims); otherwise it says `did not learn`."
                 if (gate := read_gate(ctx.settings.claims)) is not None
