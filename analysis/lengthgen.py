@@ -253,25 +253,37 @@ def estimands(measured: list[CellLength], level: float) -> tuple[pd.DataFrame, p
 
 
 METRICS = ("sequence", "token")
+#: a claim's ``factor`` that reads every test length past training, each weighing the same (Ruoss et al.'s average)
+PAST = "past"
 
 
 @dataclass(frozen=True)
 class Claim:
     """A verdict fixed in advance (``conf/lengthgen_paper.yaml``): ``better`` has the higher accuracy than
-    ``than`` on ``task`` at ``factor`` x n_train; ``metric``: exact match per instance (``sequence``) or accuracy
-    per answer token (``token``, as Ruoss et al. 2023 score), the instances the units either way."""
+    ``than`` on ``task`` at ``factor`` x n_train, or with ``factor`` ``PAST`` over every test length past training,
+    each length weighing the same (Ruoss et al. 2023's average); ``metric``: exact match per instance
+    (``sequence``) or accuracy per answer token (``token``, as Ruoss et al. score), the instances the units either
+    way (over several lengths, an instance's accuracy per token is its share of right answer tokens)."""
 
     name: str
     task: str
     better: str
     than: str
-    factor: int
+    factor: int | str
     source: str
     claim: str
     metric: str = "sequence"
 
-    def values(self, m: CellLength) -> tuple[np.ndarray, np.ndarray]:
-        """(hits [seeds, scored], units [scored]) of a measured cell under this claim's metric."""
+    def values(self, m: CellLength | list[CellLength]) -> tuple[np.ndarray, np.ndarray]:
+        """(hits [seeds, scored], units [scored]) of a measured cell under this claim's metric; of several lengths
+        (``PAST``): per instance, its exact match or its share of right answer tokens, the lengths side by side."""
+        if isinstance(m, list):
+            per = [
+                x.exact if self.metric == "sequence" else x.correct.reshape(*x.exact.shape, x.answer_len).mean(2)
+                for x in m
+            ]
+            hits = np.concatenate(per, axis=1).astype(float)
+            return hits, np.arange(hits.shape[1])
         if self.metric == "token":
             return m.correct.astype(float), np.repeat(np.arange(m.exact.shape[1]), m.answer_len)
         return m.exact.astype(float), np.arange(m.exact.shape[1])
@@ -291,10 +303,20 @@ def judge(
     cell whose exact match on validation at n_train, ``in_distribution[<task>/<cell>]`` (``competence``), is below it:
     a model that did not learn the task is not judged on generalizing it)."""
     at = {(m.task, m.cell, m.factor): m for m in measured}
+    for m in measured:  # every length past training, for a claim of factor PAST
+        if m.factor > 1:
+            at.setdefault((m.task, m.cell, PAST), []).append(m)
     rows, ps, diffs = [], [], []
     for c in claims:
         a, b = at.get((c.task, f"{c.task}/{c.better}", c.factor)), at.get((c.task, f"{c.task}/{c.than}", c.factor))
-        missing = [name for name, x in ((c.better, a), (c.than, b)) if x is None or x.exact is None]
+        past = {m.factor for x in (a, b) if isinstance(x, list) for m in x}  # PAST: both cells at every such length
+        missing = [
+            name
+            for name, x in ((c.better, a), (c.than, b))
+            if x is None
+            or any(m.exact is None for m in (x if isinstance(x, list) else [x]))
+            or (isinstance(x, list) and {m.factor for m in x} != past)
+        ]
         unlearned = (
             [
                 f"{name} {in_distribution.get(f'{c.task}/{name}', float('nan')):.2f}"
@@ -305,7 +327,8 @@ def judge(
             else []
         )
         if missing:
-            d, why = NOT_EVALUATED, f"not judged: {', '.join(missing)} not measured at {c.factor}x"
+            where = "every length past n_train" if c.factor == PAST else f"{c.factor}x"
+            d, why = NOT_EVALUATED, f"not judged: {', '.join(missing)} not measured at {where}"
         elif unlearned:
             d = NOT_EVALUATED
             why = f"not judged: did not learn ({', '.join(unlearned)} exact match in distribution, below {gate:g})"

@@ -18,7 +18,7 @@ from posenc_lab import config_dir
 from posenc_lab.data.lengthgen import TASKS
 from posenc_lab.tables import write_csv
 
-from ..lengthgen import METRICS, Claim, competence, estimands, judge, measure, tidy
+from ..lengthgen import METRICS, PAST, Claim, competence, estimands, judge, measure, tidy
 from ..plots import _save, palette
 from .base import REPORT, Figure, Part, Section, Table, register
 
@@ -48,8 +48,11 @@ def read_claims(name: str) -> tuple[list[Claim], float]:
         if c["task"] not in TASKS:
             raise ValueError(f"{where}: claim {c['id']}: task {c['task']!r} is not a task; the tasks: {sorted(TASKS)}")
         f = c["factor"]
-        if isinstance(f, bool) or not isinstance(f, int) or f < 1 or f & (f - 1):
-            raise ValueError(f"{where}: claim {c['id']}: factor must be a power of 2 (a test length), got {f!r}")
+        if f != PAST and (isinstance(f, bool) or not isinstance(f, int) or f < 1 or f & (f - 1)):
+            raise ValueError(
+                f"{where}: claim {c['id']}: factor must be a power of 2 (a test length) or {PAST!r} (every test "
+                f"length past training, each alike: Ruoss et al.'s average), got {f!r}"
+            )
         source = " ".join(str(c["source"]).split())
         claims.append(Claim(c["id"], c["task"], c["better"], c["than"], f, source, c["claim"], metric))
     read_gate(name)
@@ -117,6 +120,10 @@ def summary(t: pd.DataFrame) -> pd.DataFrame:
         row["not_served"] = f"from length {gone['length'].min()}: {gone['not_served'].iloc[0]}" if len(gone) else ""
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _factor(factor) -> str:
+    return "every length past n_train" if factor == PAST else f"{factor}x"
 
 
 def _shown(estimands: pd.DataFrame) -> pd.DataFrame:
@@ -252,7 +259,9 @@ class Lengthgen(Section):
         verdicts = m.verdicts.copy()
         if ctx.report.smoke:
             verdicts["verdict"] = "not judged (smoke run)"
-        findings = [f"{r['claim']} ({r['task']}, {r['factor']}x): {r['verdict']}" for _, r in verdicts.iterrows()]
+        findings = [
+            f"{r['claim']} ({r['task']}, {_factor(r['factor'])}): {r['verdict']}" for _, r in verdicts.iterrows()
+        ]
         for cell, g in m.table[m.table["not_served"] != ""].groupby("cell", sort=False):
             findings.append(f"not served: {cell} from length {g['length'].min()}: {g['not_served'].iloc[0]}")
         tables = [

@@ -196,6 +196,48 @@ def test_the_papers_estimands_weigh_every_length_alike_and_rank_the_cells():
     assert set(ranks["tasks"]) == {2}
 
 
+def test_a_claim_past_training_pairs_every_longer_length_each_alike():
+    """factor: past (Ruoss et al.'s average): the difference of the instances' shares of right answer tokens over
+    2x and 4x side by side (not 1x), paired on the instances; 4x's longer answers weigh no more than 2x's."""
+    from posenc_lab_analysis.lengthgen import PAST
+    from posenc_lab_analysis.stats import paired_difference
+
+    def lengths(name, rates):
+        out = []
+        for factor, rate in zip((1, 2, 4), rates):
+            answer = 4 * factor
+            tokens = np.zeros((2, 50, answer), dtype=bool)
+            tokens[:, :, : int(rate * answer)] = True
+            tokens[1, :5] = True  # the seeds differ a little
+            out.append(
+                CellLength(
+                    "reverse",
+                    f"reverse/{name}",
+                    name,
+                    0,
+                    8 * factor,
+                    factor,
+                    tokens.all(2),
+                    tokens.reshape(2, -1),
+                    answer,
+                )
+            )
+        return out
+
+    measured = lengths("a:nomem", [1.0, 0.5, 0.25]) + lengths("b:nomem", [1.0, 0.25, 0.25])
+    claim = Claim("avg", "reverse", "a:nomem", "b:nomem", PAST, "src", "c", metric="token")
+    v = judge([claim], measured, 0.95, 0.05).iloc[0]
+    share = lambda c: c.correct.reshape(2, 50, c.answer_len).mean(2)  # noqa: E731
+    a = np.concatenate([share(c) for c in measured[1:3]], axis=1)
+    b = np.concatenate([share(c) for c in measured[4:6]], axis=1)
+    want = paired_difference(a, b, np.arange(100), level=0.95)
+    assert v["p"] == pytest.approx(want.p_value(">0")) and v["verdict"] != "not judged"
+    # 2x alone differs (0.5 - 0.25), on every instance of seed 0 and 9 in 10 of seed 1; 4x's mean weighs as 2x's
+    assert want.estimate == pytest.approx((0.25 + 0.9 * 0.25) / 2 / 2)
+    missing = judge([claim], measured[:2] + measured[3:], 0.95, 0.05).iloc[0]  # a's 4x not there: not judged
+    assert missing["verdict"] == "not judged"
+
+
 def test_a_bad_competence_gate_is_one_line(tmp_path, monkeypatch):
     from posenc_lab_analysis.sections.lengthgen import read_gate
 
