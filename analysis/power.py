@@ -231,17 +231,20 @@ def task_null_draws(
     return NullDraws(est, se, df)
 
 
-def task_plan_lines(n_claims: int, seeds: Sequence[int], instances: int, alpha: float, seed_sd: float) -> list[str]:
+def task_plan_lines(
+    n_claims: int, seeds: Sequence[int], instances: int, alpha: float, seed_sd: float, claims_file: str
+) -> list[str]:
     """What ``posenc-lab ablate --plan`` says a task grid can detect: for each number of seeds a cell, the smallest
     difference in exact match per instance (``task_null_draws``) that a task verdict tested at Holm's first step
-    (alpha / (2 m), m the claims the report will judge) finds with 80% power, at a seed SD ``seed_sd``. A claim
-    per answer token (``metric: token``) has less spread per instance: the statement bounds it from above."""
+    (alpha / (2 m), m the claims the report will judge) finds with 80% power, at a seed SD ``seed_sd`` (the file of
+    conf/ ``claims_file``'s). A claim per answer token (``metric: token``) has less spread per instance: the statement
+    bounds it from above."""
     level = alpha / (2 * max(1, n_claims))
     out = [
         f"# power (task verdicts): {n_claims} claim(s) the report will judge ({2 * n_claims} hypotheses; Holm's "
         f"first step: one-sided alpha {level:.2g}); exact match per instance of two cells on the same {instances} "
         f"test instances, simulated {REPS} times at the null at accuracy 0.5 (the largest 0/1 variance) with a "
-        f"seed SD of {seed_sd} (conf/lengthgen_paper.yaml's plan_seed_sd); a claim per answer token detects less "
+        f"seed SD of {seed_sd} (conf/{claims_file}'s plan_seed_sd); a claim per answer token detects less "
         f"than this at most"
     ]
     for n in seeds:

@@ -85,7 +85,7 @@ def plan_lines(cell_seeds: dict[str, int], claims_file: str, instances: int) -> 
     n = sum(
         min(cell_seeds.get(f"{c.task}/{c.better}", 0), cell_seeds.get(f"{c.task}/{c.than}", 0)) >= 2 for c in claims
     )
-    return task_plan_lines(n, sorted(set(cell_seeds.values())), instances, alpha, float(seed_sd))
+    return task_plan_lines(n, sorted(set(cell_seeds.values())), instances, alpha, float(seed_sd), claims_file)
 
 
 @dataclass

@@ -147,12 +147,12 @@ def test_a_task_verdicts_stated_effect_is_found_with_its_power(n_seeds, seed_sd)
 
 
 def test_the_task_plan_states_each_seed_count_and_seed_spread_costs_power():
-    lines = task_plan_lines(2, [1, 2, 3, 4], 128, 0.05, 0.05)
+    lines = task_plan_lines(2, [1, 2, 3, 4], 128, 0.05, 0.05, "c.yaml")
     assert "2 claim(s)" in lines[0] and "one-sided alpha 0.013" in lines[0] and "seed SD of 0.05" in lines[0]
     assert "no task verdict is judged" in lines[1]
     # two seeds: the seed part of the interval has about 1 df, and no difference an accuracy can make is found
     assert "2 seeds a cell: detects no difference" in lines[2] and "a claim needs more seeds" in lines[2]
     three, four = (float(re.search(r"difference of ([\d.]+) in exact match", x).group(1)) for x in lines[3:])
     assert 0 < four < three < 1
-    calm = float(re.search(r"difference of ([\d.]+)", task_plan_lines(2, [3], 128, 0.05, 0.0)[1]).group(1))
+    calm = float(re.search(r"difference of ([\d.]+)", task_plan_lines(2, [3], 128, 0.05, 0.0, "c.yaml")[1]).group(1))
     assert calm < three  # seeds that spread detect less

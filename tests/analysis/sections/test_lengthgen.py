@@ -289,18 +289,20 @@ def test_summary_gives_4x_with_intervals_and_where_a_scheme_stops():
 
 
 def test_the_task_grid_of_the_preset():
+    """The third attempt: the claims' four cells on reverse, no memory, five fresh seeds each, and the claims file
+    names exactly those cells (every task a claim names is in the preset)."""
     cfg = compose("ablate", ["experiment=lengthgen"])
     specs = plan(cfg, ["experiment=lengthgen"])
-    # reverse alone (the others through ablate.tasks.names): 22 cells x 2 seeds, the verdicts' 4 cells a third
-    assert len(specs) == 22 * 2 + 4 and {s.group for s in specs} == {"reverse"}
-    third = {s.cell for s in specs if s.seed == 2}
-    assert third == {f"reverse/{s}{r}:nomem" for s in ("sinusoid", "rope") for r in ("", "+rand256")}
-    cells = {s.cell for s in specs if s.group == "reverse"}
-    assert {"reverse/sinusoid+rand256:nomem", "reverse/rope+rand256:mem32", "reverse/fox:nomem"} <= cells
+    cells = {s.cell for s in specs}
+    assert cells == {f"reverse/{c}:nomem" for c in ("nope", "sinusoid", "rope", "rope+rand256")}
+    assert len(specs) == 4 * 5 and {s.seed for s in specs} == {100, 101, 102, 103, 104}
+    claims, _ = read_claims(cfg.ablate.analysis.lengthgen.claims)
+    assert {f"{c.task}/{x}" for c in claims for x in (c.better, c.than)} == cells
     rand = [s for s in specs if s.random_positions]
-    assert {s.scheme for s in rand} == {"sinusoid", "rope"}
-    assert all("+model.random_positions=256" in s.overrides for s in rand)
+    assert {s.scheme for s in rand} == {"rope"} and all("+model.random_positions=256" in s.overrides for s in rand)
     assert all(f"data={s.group}" in s.overrides for s in specs) and len({s.name for s in specs}) == len(specs)
+    run = compose("train", ["experiment=lengthgen", "data=reverse"])
+    assert run.data.corpus.fresh and run.data.corpus.align_to_segment == run.data.segment_len == 24
     others = [
         "experiment=lengthgen",
         "ablate.tasks.names=[copy,addition,duplicate_string]",
