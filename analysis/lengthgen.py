@@ -213,8 +213,8 @@ def estimands(measured: list[CellLength], level: float) -> tuple[pd.DataFrame, p
       (instances the units) and, as their table reports, the best seed. Their test lengths are every length past
       training; here the doubling lengths the split holds.
     - Kazemnejad et al. 2023 (Fig. 3): exact match by length bucket (the table's seq columns), and each cell's rank
-      within its task by its exact match averaged over the buckets past training (1: best; ties share the mean rank),
-      then the mean rank over the tasks (their figure's summary).
+      within its task by its exact match averaged over the buckets past training (1: best; ties share the mean rank; a
+      cell that cannot serve a length ranks last), then the mean rank over the tasks (their figure's summary).
 
     (per task and cell, per cell name over tasks)."""
     rows = []
@@ -241,10 +241,12 @@ def estimands(measured: list[CellLength], level: float) -> tuple[pd.DataFrame, p
     per_cell = pd.DataFrame(rows)
     if per_cell.empty:
         return per_cell, pd.DataFrame(columns=["cell", "tasks", "mean_rank"])
-    per_cell["rank_in_task"] = per_cell.groupby("task")["kazemnejad_exact"].rank(ascending=False, method="average")
+    # a cell that cannot serve a length past training ranks below every cell that can (last, ties shared)
+    per_cell["rank_in_task"] = per_cell.groupby("task")["kazemnejad_exact"].rank(
+        ascending=False, method="average", na_option="bottom"
+    )
     ranks = (
-        per_cell.dropna(subset=["rank_in_task"])
-        .groupby("cell", sort=False)["rank_in_task"]
+        per_cell.groupby("cell", sort=False)["rank_in_task"]
         .agg(tasks="count", mean_rank="mean")
         .reset_index()
         .sort_values("mean_rank", kind="stable")
@@ -306,7 +308,7 @@ def judge(
     for m in measured:  # every length past training, for a claim of factor PAST
         if m.factor > 1:
             at.setdefault((m.task, m.cell, PAST), []).append(m)
-    rows, ps, diffs = [], [], []
+    rows, ps, diffs, gated = [], [], [], []
     for c in claims:
         a, b = at.get((c.task, f"{c.task}/{c.better}", c.factor)), at.get((c.task, f"{c.task}/{c.than}", c.factor))
         past = {m.factor for x in (a, b) if isinstance(x, list) for m in x}  # PAST: both cells at every such length
@@ -332,6 +334,7 @@ def judge(
         elif unlearned:
             d = NOT_EVALUATED
             why = f"not judged: did not learn ({', '.join(unlearned)} exact match in distribution, below {gate:g})"
+            gated.append(len(rows))
         else:
             (hits_a, units), (hits_b, _) = c.values(a), c.values(b)
             d = paired_difference(hits_a, hits_b, units, level=level)
@@ -341,15 +344,22 @@ def judge(
         diffs.append(d)
         rows.append({"claim": c.name, "task": c.task, "better": c.better, "than": c.than, "factor": c.factor})
         rows[-1]["metric"] = c.metric
+        if in_distribution is not None:  # the gate's measure of both cells, shown whether or not they pass
+            values = [in_distribution.get(f"{c.task}/{name}", float("nan")) for name in (c.better, c.than)]
+            rows[-1]["in_distribution"] = " / ".join(f"{v:.3f}" for v in values)
         rows[-1].update({"difference": d.text(3), "p": p_up, "note": why, "source": c.source})
     # Holm over both directions of every judged claim at once: any false "reproduced" or "contradicted" at most
     # alpha; each claim's interval at the level of the Holm step that decided it (as conf/paper.yaml's verdicts)
+    # A claim the competence gate withheld stays in the family with p = 1 in both directions: the gate can withhold a
+    # verdict, never ease another claim's correction.
     judged = [i for i, row in enumerate(rows) if not row["note"]]
-    adjusted, steps = holm_steps([ps[i][0] for i in judged] + [ps[i][1] for i in judged], alpha, corrected=True)
+    family = [ps[i][0] for i in judged] + [1.0] * len(gated) + [ps[i][1] for i in judged] + [1.0] * len(gated)
+    adjusted, steps = holm_steps(family, alpha, corrected=True)
+    half = len(judged) + len(gated)
     for row in rows:
         row["p_holm"], row["verdict"] = float("nan"), "not judged"
     for k, i in enumerate(judged):
-        up, down, at_level = adjusted[k], adjusted[len(judged) + k], 1 - 2 * steps[k]
+        up, down, at_level = adjusted[k], adjusted[half + k], 1 - 2 * steps[k]
         rows[i]["p_holm"] = up
         rows[i]["difference"] = f"{diffs[i].at(at_level).text(3)} at {100 * at_level:.1f}%"
         rows[i]["verdict"] = "reproduced" if up < alpha else "contradicted" if down < alpha else "inconclusive"

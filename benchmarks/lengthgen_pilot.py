@@ -1,7 +1,7 @@
 """A pilot of a length-generalization preset: train runs, then read each on the validation split as the report reads
 the test split (``posenc_lab_analysis.lengthgen.evaluate``), every test length: exact match per instance and
 accuracy per answer token. Pilots choose a preset's settings on validation, never on test; the competence gate
-(``competence`` in conf/lengthgen_paper.yaml) is the 1x exact match.
+(``competence`` of the claims file, conf/lengthgen_claims.yaml for experiment=lengthgen) is the 1x exact match.
 
     python benchmarks/lengthgen_pilot.py --out DIR --jobs 2 NAME='overrides ...' NAME='overrides ...' ...
 

@@ -150,18 +150,15 @@ def scheme_snippet(name: str, composer) -> tuple[str, str]:
     options = OmegaConf.to_container(composer.compose([f"posenc={name}"]).posenc, resolve=True)
     scheme = options.pop("name")
     options = {k: v for k, v in sized_options(scheme, options, **SNIPPET_LENGTHS).items() if v is not None}
-    lengths = SNIPPET_LENGTHS
-    command = (
-        f"posenc-lab train posenc={name} data.segment_len={lengths['segment_len']} model.mem_len={lengths['mem_len']}"
-    )
-    kwargs = "{" + ", ".join(f"{_python(k)}: {_python(v)}" for k, v in options.items()) + "}"
+    segment, memory = SNIPPET_LENGTHS["segment_len"], SNIPPET_LENGTHS["mem_len"]
+    command = f"posenc-lab train posenc={name} data.segment_len={segment} model.mem_len={memory}"
+    kwargs = _python(options)
     if len(kwargs) > 60:  # one option a line
         kwargs = "{\n" + "".join(f"        {_python(k)}: {_python(v)},\n" for k, v in options.items()) + "    }"
     python = (
         "from posenc_lab.model import MemoryTransformer, ModelConfig\n\n"
-        f"config = ModelConfig(\n    posenc={_python(scheme)},\n    posenc_kwargs={kwargs},\n"
-        f"    mem_len={lengths['mem_len']},\n)\n"
-        f"model = MemoryTransformer(config)  # forward(tokens): tokens [B, L], L <= {lengths['segment_len']}"
+        f"config = ModelConfig(\n    posenc={_python(scheme)},\n    posenc_kwargs={kwargs},\n    mem_len={memory},\n)\n"
+        f"model = MemoryTransformer(config)  # forward(tokens): tokens [B, L], L <= {segment}"
     )
     return command, python
 

@@ -236,14 +236,16 @@ class Lengthgen(Section):
             f"{level} over seeds and instances (`analysis/stats.py`'s mean_interval; the instances are the units), "
             "per instance (`seq`) and per answer token (`token`). `not_served`: the first length a cell's scheme "
             "cannot serve, and why (nothing is measured there). Every task, cell and length: "
-            "`lengthgen/lengthgen_accuracy.csv`. The verdicts: conf/lengthgen_paper.yaml, fixed in advance; "
+            f"`lengthgen/lengthgen_accuracy.csv`. The verdicts: conf/{ctx.settings.claims}, fixed in advance; "
             "the accuracy (`metric`: exact match per instance, or per answer token) of `better` minus `than` on the "
-            "same instances, Holm over both directions of every claim; each claim's interval at the level of the "
+            "same instances, Holm over both directions of every claim judged (a claim the gate withheld counts, with "
+            "p = 1); each claim's interval at the level of the "
             "Holm step that decided it (named beside it)."
             + (
                 f" A claim is judged only where both of its cells reach the gate: exact match per instance on the "
                 f"validation split at n_train (in distribution) of at least {gate:g}, the mean over the cell's seeds "
-                f"(`competence` in {ctx.settings.claims}, fixed with the claims); otherwise it says `did not learn`."
+                f"(`competence` in {ctx.settings.claims}, fixed with the claims; `in_distribution`: better's / "
+                "than's); otherwise it says `did not learn`."
                 if (gate := read_gate(ctx.settings.claims)) is not None
                 else ""
             )

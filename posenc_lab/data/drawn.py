@@ -1,4 +1,4 @@
-"""A split drawn on the fly instead of read from an array: too long to hold, and never read twice.
+"""A split drawn on the fly instead of read from an array: too long to hold, and no stretch of it read twice.
 
 The split is a sequence of chunks of ``chunk_tokens`` tokens each, chunk c a pure function of c (``draw(c)``, which
 seeds its own generator with c): so the tokens at any position are the same whoever asks, in any order, in any
@@ -22,8 +22,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-#: chunks each process keeps drawn: a batch of B streams touches at most 2 B of them at a time
-KEPT_CHUNKS = 256
+#: chunks each process keeps drawn: a batch of B streams touches at most 2 B of them at a time, so up to 512 streams
+#: a process never draws a chunk twice (about 40 KB a chunk of 4,096 tokens)
+KEPT_CHUNKS = 1024
 
 
 class DrawnSplit:

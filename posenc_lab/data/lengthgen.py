@@ -14,9 +14,10 @@ Splits, each from the data's own seed (``data.corpus.seed``, with the task's nam
 sees the same data: ``train`` is instances of lengths drawn uniformly from min_len..n_train, concatenated to
 ``train_tokens`` tokens, read again on every pass of a long run; or, with ``fresh: true``, drawn on the fly
 (``FreshDraw``, a ``DrawnSplit``): every chunk of ``FRESH_CHUNK`` tokens from a generator seeded by the chunk's
-index, so no instance is read twice by design (each pass over the streams reads new chunks; ``train_tokens`` is
-then the positions of one pass, which an absolute encoding sees), a resumed run reads what it would have, and no
-training input is one of val's or test's (those are held out of the draws). ``val`` and ``test`` hold
+index, so no stretch of the stream is read twice (each pass over the streams reads new chunks, every instance drawn
+afresh, with replacement, as Ruoss et al. draw theirs; ``train_tokens`` is then the positions of one pass, which an
+absolute encoding sees), a resumed run reads what it would have, and no training input is one of val's or test's
+(those are held out of the draws). ``val`` and ``test`` hold
 ``eval_instances`` instances at each length n_train, 2 n_train, 4 n_train, ... max_factor n_train, in that order,
 none of whose inputs occurs in training or in the other evaluation split. The streams read them in order
 (``streams.py``): an instance longer than a segment is read through the memory.
@@ -176,8 +177,9 @@ class FreshDraw:
     """Chunk c of a task's fresh training split (``DrawnSplit``'s ``draw``): instances of lengths uniform in
     min_len..n_train from a generator seeded by (the data's seed, the task, c), skipping any whose input is held out
     (val's and test's inputs, by length), laid out as the options say (``_layout``) into exactly ``chunk_tokens``:
-    packed, the chunk's last instance is cut at its end (the answer tokens before the cut are still right targets);
-    aligned, the chunk ends in pad tokens where the next instance would not fit."""
+    packed, the chunk starts with an end token (every instance follows one, as in the packed layout) and its last
+    instance is cut at its end (the answer tokens before the cut are still right targets); aligned, the chunk ends in
+    pad tokens where the next instance would not fit."""
 
     def __init__(self, task: Task, options: dict, held_out: dict[int, set[bytes]]):
         self.task, self.options, self.held_out = task.name, dict(options), held_out
@@ -199,7 +201,7 @@ class FreshDraw:
             inputs, rows = task.instances(rng, int(n), int((lengths == n).sum()), S)
             held = self.held_out.get(int(n), ())
             drawn[n] = iter(rows if not held else rows[[key not in held for key in _keys(inputs)]])
-        parts, kept, total = [], [], 0
+        parts, kept, total = [], [], 0 if align else 1  # packed: an end token first (see below)
         for n in lengths:  # in the drawn order; a held-out draw is skipped
             row = next(drawn[n], None)
             if row is None:
@@ -215,6 +217,10 @@ class FreshDraw:
         if not align and total < K:  # only if nearly every input is held out: the options say so first
             raise ValueError(f"{task.name} corpus: a fresh chunk drew {total} of its {K} tokens")
         tokens, mask, distance = _layout(task, parts, kept, o)
+        if not align:  # the end token of the instance the chunk before cut: the first one starts as every one does
+            end = len(task.vocab(S)) - 1
+            tokens = np.concatenate([np.array([end], dtype=tokens.dtype), tokens])
+            mask, distance = np.concatenate([[False], mask]), np.concatenate([[-1], distance]).astype(distance.dtype)
         if len(tokens) < K:  # aligned: pads to the chunk's end, never scored
             extra = K - len(tokens)
             tokens = np.concatenate([tokens, np.full(extra, len(task.vocab(S)), dtype=tokens.dtype)])
@@ -324,7 +330,7 @@ def register_task(
             test lengths n_train .. max_factor n_train (doubling); ``train_tokens`` of training instances;
             ``eval_instances`` per test length in val and test; ``align_to_segment``: 0 packed, else every instance
             starts a segment of this length (data.segment_len; module doc); ``fresh``: training instances drawn on
-            the fly, never read twice (``train_tokens``: then the positions of one pass; module doc)."""
+            the fly, no stretch of the stream read twice (``train_tokens``: the positions of one pass; module doc)."""
             options = dict(seed=seed, n_train=n_train, min_len=min_len, n_symbols=n_symbols, max_factor=max_factor)
             options.update(train_tokens=train_tokens, eval_instances=eval_instances, align_to_segment=align_to_segment)
             if fresh:  # the cache key of a corpus of before the option is kept: the option only where it is set

@@ -230,9 +230,10 @@ class SegmentStream(IterableDataset):
 
     def _laps(self):
         """(lap, pos, length, offset, reset) per step: ``lap``, the passes over the streams before the step."""
-        lap, last = 0, -1
+        lap, first = 0, True
         for pos, length, offset, reset in self.schedule():
-            lap, last = lap + (pos < last), pos
+            lap += pos == 0 and not first  # every return to the streams' start, one-step passes too
+            first = False
             yield lap, pos, length, offset, reset
 
     def __len__(self) -> int:

@@ -39,8 +39,8 @@ def tree(folder: Path) -> dict[str, str]:
     }
 
 
-def issue_folder(u: Path) -> None:
-    """The issue's reproduction: a report and a temporary of the user's, and the files ablate would write to."""
+def users_report_folder(u: Path) -> None:
+    """A folder a user wrote a report and a temporary file into, beside the names ablate would write."""
     (u / "report").mkdir(parents=True)
     (u / "logs").mkdir()
     (u / "report" / "report.md").write_text("MINE\n")
@@ -75,8 +75,8 @@ def sweep_folder(u: Path) -> None:
 
 
 LAYOUTS = {
-    "the issue's folder": (
-        issue_folder,
+    "a user's report folder": (
+        users_report_folder,
         "did not make (no grid.json with its mark; it holds ablate_times.json, logs, report)",
     ),
     "a sweep's folder": (

@@ -232,6 +232,9 @@ def fresh(align: int = 0, **options):
 def chunk_instances(corpus, tokens, mask, whole: bool = False) -> list[tuple[list[int], list[int], np.ndarray]]:
     """(input, answer, scored) of every instance of a stretch of tokens (pads dropped); ``whole``: the stretch begins
     with an instance, else its first one is left out (it may have begun before)."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    if tokens[0] == corpus.document_separator:  # a packed chunk opens with the end token of the instance before
+        tokens, mask = tokens[1:], mask[1:]
     keep = tokens < len(corpus.itos) - (1 if corpus.align else 0)
     view = type("View", (), {"itos": corpus.itos[: len(corpus.itos) - (1 if corpus.align else 0)]})  # the pad out
     view.split = lambda split: tokens[keep]
@@ -300,3 +303,28 @@ def test_fresh_corpus_identity_is_its_draws_and_it_trains(tmp_path):
     results = train(compose_config("train", tiny(tmp_path / "run", tmp_path / "cache", *corpus, steps=2, data="copy")))
     assert results["data"] == "copy" and 0 <= results["test"]["acc"] <= 1
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("train.npy"))  # nothing cached
+
+
+def test_a_pass_of_one_step_still_reads_new_tokens_every_pass():
+    """Streams one segment long: every step is a pass of its own, and each reads the next pass's chunk."""
+    c = fresh(train_tokens=4 * 16 + 1)
+    stream = c.stream("train", 16, 4, cycle=True)
+    assert stream.stream_len == 16
+    batches = [b for _, b in zip(range(3), stream)]
+    stride = c.train.pass_stride
+    for lap, b in enumerate(batches):
+        assert b["reset"] and np.array_equal(b["tokens"][0].numpy(), c.train[lap * stride + np.arange(16)])
+    assert not np.array_equal(batches[0]["tokens"], batches[1]["tokens"])
+
+
+def test_a_packed_chunk_starts_with_an_end_token_so_its_first_instance_is_whole():
+    """The chunk before cut its last instance: the next chunk opens with the end token every instance follows, so
+    copy's first answer is its own input's."""
+    c = load_corpus("copy", root="unused", **dict(SMALL, n_symbols=4, fresh=True))
+    K, end = c.train.chunk_tokens, len(c.itos) - 1
+    for chunk in (1, 2, 7):
+        start = chunk * K
+        assert c.train[start] == end and not c.side["train"]["loss_mask"][start]
+        stretch = np.arange(start, start + 200)
+        first = chunk_instances(c, c.train[stretch], c.side["train"]["loss_mask"][stretch], whole=True)[1]
+        assert first[1] == first[0]  # copy: the answer is the input

@@ -123,9 +123,10 @@ def test_a_token_claim_is_judged_on_answer_tokens_with_instances_as_units():
     assert v.loc["sequence", "verdict"] != "reproduced"
 
 
-def test_a_claim_whose_cells_did_not_learn_is_not_judged_and_leaves_the_holm_family():
+def test_a_claim_whose_cells_did_not_learn_is_not_judged_and_eases_no_other():
     """The competence gate: a claim is judged only where both cells reached the gate's exact match in distribution
-    (validation, n_train); the others say which cell did not learn and how far it got, and Holm runs over the rest."""
+    (validation, n_train); the others say which cell did not learn and how far it got, and stay in Holm's family
+    with p = 1, so that withholding one verdict never eases another's correction."""
     base = hits(0.3, seed=1)
     measured = [
         cell("nope:nomem", base | hits(0.5, seed=2, flips=0)),
@@ -139,14 +140,17 @@ def test_a_claim_whose_cells_did_not_learn_is_not_judged_and_leaves_the_holm_fam
     ]
     learned = {"copy/nope:nomem": 0.97, "copy/sinusoid:nomem": 0.05, "copy/alibi:nomem": 0.95, "copy/rope:nomem": 0.9}
     v = judge(claims, measured, 0.95, 0.05, learned, gate=0.9).set_index("claim")
-    assert v.loc["gated", "verdict"] == "not judged"
+    assert v.loc["gated", "verdict"] == "not judged" and v.loc["gated", "in_distribution"] == "0.970 / 0.050"
+    assert v.loc["kept", "in_distribution"] == "0.950 / 0.900"
     assert (
         v.loc["gated", "note"]
         == "not judged: did not learn (sinusoid:nomem 0.05 exact match in distribution, below 0.9)"
     )
     alone = judge(claims[1:], measured, 0.95, 0.05).set_index("claim")
     assert v.loc["kept", "verdict"] == alone.loc["kept", "verdict"] == "reproduced"
-    assert v.loc["kept", "p_holm"] == alone.loc["kept", "p_holm"]  # the gated claim is out of the family
+    # the withheld claim stays in the family (p = 1 both ways): the kept one's correction is that of 4 hypotheses
+    assert v.loc["kept", "p_holm"] == pytest.approx(min(1.0, 4 * v.loc["kept", "p"]))
+    assert v.loc["kept", "p_holm"] == pytest.approx(2 * alone.loc["kept", "p_holm"])
     ungated = judge(claims, measured, 0.95, 0.05).set_index("claim")
     assert ungated.loc["gated", "verdict"] == "reproduced"  # the gate alone withheld it
     missing = judge(claims, measured, 0.95, 0.05, {}, gate=0.9).set_index("claim")  # not measured: not judged
