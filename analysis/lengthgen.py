@@ -120,39 +120,44 @@ def _share(d: Difference) -> Difference:
     return replace(d, low=min(max(d.low, 0.0), 1.0), high=max(min(d.high, 1.0), 0.0))
 
 
-def measure(runs: list[Run], split: str, max_instances: int | None, log=print) -> list[CellLength]:
-    """Every cell of every task at every test length (tasks, cells and lengths in order)."""
-    out = []
+def task_cells(runs: list[Run]) -> dict[str, list[Run]]:
+    """``<task>/<cell>`` -> its runs (its seeds), the tasks and cells in order."""
     by_task: dict[str, list[Run]] = {}
     for r in runs:
         by_task.setdefault(r.corpus_name, []).append(r)
-    for task, task_runs in by_task.items():
-        for cell, group in cells(task_runs).items():
-            scored = {}
-            for r in group:
-                log(f"  lengthgen: {r.label}")
-                scored[r.name] = evaluate(r, split, max_instances)
-            first = scored[group[0].name]
-            base = n_train(first)
-            for n in sorted(first):
-                per = [scored[r.name][n] for r in group]
-                reason = next((s.reason for s in per if s.correct is None), "")
-                ok = not reason
-                answer = per[0].correct.shape[1] if ok else 0
-                out.append(
-                    CellLength(
-                        task,
-                        cell,
-                        group[0].cell_name.scheme,
-                        group[0].mem_len,
-                        n,
-                        n // base,
-                        np.stack([s.exact for s in per]) if ok else None,
-                        np.stack([s.correct.reshape(-1) for s in per]) if ok else None,
-                        answer,
-                        reason,
-                    )
+    return {cell: group for task_runs in by_task.values() for cell, group in cells(task_runs).items()}
+
+
+def measure(runs: list[Run], split: str, max_instances: int | None, log=print) -> list[CellLength]:
+    """Every cell of every task at every test length (tasks, cells and lengths in order)."""
+    out = []
+    for cell, group in task_cells(runs).items():
+        task = group[0].corpus_name
+        scored = {}
+        for r in group:
+            log(f"  lengthgen: {r.label}")
+            scored[r.name] = evaluate(r, split, max_instances)
+        first = scored[group[0].name]
+        base = n_train(first)
+        for n in sorted(first):
+            per = [scored[r.name][n] for r in group]
+            reason = next((s.reason for s in per if s.correct is None), "")
+            ok = not reason
+            answer = per[0].correct.shape[1] if ok else 0
+            out.append(
+                CellLength(
+                    task,
+                    cell,
+                    group[0].cell_name.scheme,
+                    group[0].mem_len,
+                    n,
+                    n // base,
+                    np.stack([s.exact for s in per]) if ok else None,
+                    np.stack([s.correct.reshape(-1) for s in per]) if ok else None,
+                    answer,
+                    reason,
                 )
+            )
     return out
 
 
@@ -187,21 +192,14 @@ def competence(runs: list[Run], named: set[str], max_instances: int | None, log=
     """The competence gate's measure of each cell in ``named`` (``<task>/<cell>``): exact match per instance on the
     validation split at the training length n_train (in distribution), the mean over the cell's seeds."""
     out: dict[str, float] = {}
-    by_task: dict[str, list[Run]] = {}
-    for r in runs:
-        by_task.setdefault(r.corpus_name, []).append(r)
-    for task_runs in by_task.values():
-        for cell, group in cells(task_runs).items():
-            if cell not in named:
-                continue
-            log(f"  lengthgen: {cell} in distribution (val)")
-            shortest = min(task_instances(group[0].corpus(), "val"))
-            scored = [evaluate(r, "val", max_instances, lengths={shortest})[shortest] for r in group]
-            out[cell] = (
-                float(np.mean([s.exact.mean() for s in scored]))
-                if all(s.correct is not None for s in scored)
-                else float("nan")
-            )
+    for cell, group in task_cells(runs).items():
+        if cell not in named:
+            continue
+        log(f"  lengthgen: {cell} in distribution (val)")
+        shortest = min(task_instances(group[0].corpus(), "val"))
+        scored = [evaluate(r, "val", max_instances, lengths={shortest})[shortest] for r in group]
+        served = all(s.correct is not None for s in scored)
+        out[cell] = float(np.mean([s.exact.mean() for s in scored])) if served else float("nan")
     return out
 
 
