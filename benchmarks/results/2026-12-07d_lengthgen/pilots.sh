@@ -22,3 +22,6 @@ $P o_nope_L4_s24_12k="$B trainer.max_steps=12000 posenc=nope" p_roperand_L4_s24_
    p1_roperand_L4_s24_12k="$B trainer.max_steps=12000 posenc=rope $R seed=1"
 $P s2_nope_L4_s24_10k="$B trainer.max_steps=10000 seed=2 posenc=nope" \
    t2_roperand_L4_s24_10k="$B trainer.max_steps=10000 seed=2 posenc=rope $R"
+# The memory row's first pilot (PILOTS.md, last section), into another folder
+B="experiment=lengthgen data=reverse data.segment_len=8 data.corpus.align_to_segment=8 model.mem_len=32 final_eval.enabled=false trainer.max_steps=8000"
+python benchmarks/lengthgen_pilot.py --out ${OUT}_memory --jobs 2 m_xl_L8_M32_8k="$B posenc=xl" m_rope_L8_M32_8k="$B posenc=rope"
