@@ -102,6 +102,11 @@ class CellLength:
     answer_len: int
     reason: str = ""
 
+    @property
+    def token_share(self) -> np.ndarray:
+        """[seeds, instances]: each instance's share of right answer tokens."""
+        return self.correct.reshape(*self.exact.shape, self.answer_len).mean(2)
+
     def sequence(self, level: float) -> Difference:
         if self.exact is None:
             return NOT_EVALUATED
@@ -230,7 +235,7 @@ def estimands(measured: list[CellLength], level: float) -> tuple[pd.DataFrame, p
             rows.append(row)
             continue
         # per instance, its share of right answer tokens; every length holds as many instances: equal weights
-        per_instance = np.concatenate([m.correct.reshape(*m.exact.shape, m.answer_len).mean(2) for m in ms], axis=1)
+        per_instance = np.concatenate([m.token_share for m in ms], axis=1)
         d = mean_interval(per_instance, np.arange(per_instance.shape[1]), level=level)
         row.update(ruoss=d.estimate, ruoss_low=max(d.low, 0.0), ruoss_high=min(d.high, 1.0))
         row["ruoss_best_seed"] = float(per_instance.mean(1).max())
@@ -278,10 +283,7 @@ class Claim:
         """(hits [seeds, scored], units [scored]) of a measured cell under this claim's metric; of several lengths
         (``PAST``): per instance, its exact match or its share of right answer tokens, the lengths side by side."""
         if isinstance(m, list):
-            per = [
-                x.exact if self.metric == "sequence" else x.correct.reshape(*x.exact.shape, x.answer_len).mean(2)
-                for x in m
-            ]
+            per = [x.exact if self.metric == "sequence" else x.token_share for x in m]
             hits = np.concatenate(per, axis=1).astype(float)
             return hits, np.arange(hits.shape[1])
         if self.metric == "token":
@@ -317,14 +319,11 @@ def judge(
             or any(m.exact is None for m in (x if isinstance(x, list) else [x]))
             or (isinstance(x, list) and {m.factor for m in x} != past)
         ]
+        reached = {name: (in_distribution or {}).get(f"{c.task}/{name}", float("nan")) for name in (c.better, c.than)}
         unlearned = (
-            [
-                f"{name} {in_distribution.get(f'{c.task}/{name}', float('nan')):.2f}"
-                for name in (c.better, c.than)
-                if gate is not None and not in_distribution.get(f"{c.task}/{name}", float("nan")) >= gate
-            ]
-            if gate is not None and in_distribution is not None
-            else []
+            []
+            if gate is None or in_distribution is None
+            else [f"{n} {v:.2f}" for n, v in reached.items() if not v >= gate]
         )
         if missing:
             where = "every length past n_train" if c.factor == PAST else f"{c.factor}x"
@@ -343,8 +342,7 @@ def judge(
         rows.append({"claim": c.name, "task": c.task, "better": c.better, "than": c.than, "factor": c.factor})
         rows[-1]["metric"] = c.metric
         if in_distribution is not None:  # the gate's measure of both cells, shown whether or not they pass
-            values = [in_distribution.get(f"{c.task}/{name}", float("nan")) for name in (c.better, c.than)]
-            rows[-1]["in_distribution"] = " / ".join(f"{v:.3f}" for v in values)
+            rows[-1]["in_distribution"] = " / ".join(f"{v:.3f}" for v in reached.values())
         rows[-1].update({"difference": d.text(3), "p": p_up, "note": why, "source": c.source})
     # Holm over both directions of every judged claim at once: any false "reproduced" or "contradicted" at most
     # alpha; each claim's interval at the level of the Holm step that decided it (as conf/paper.yaml's verdicts)

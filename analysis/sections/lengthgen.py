@@ -194,6 +194,7 @@ class LengthgenMeasured:
     verdicts: pd.DataFrame
     estimands: pd.DataFrame  # one row per task and cell: Ruoss's and Kazemnejad's summaries past n_train
     ranks: pd.DataFrame  # one row per cell: its mean rank over the tasks (Kazemnejad's)
+    gate: float | None  # the competence gate the verdicts were judged under
 
 
 @register
@@ -219,7 +220,7 @@ class Lengthgen(Section):
         per_cell, ranks = estimands(measured, level)
         write_csv(table, ctx.file("lengthgen/lengthgen_accuracy.csv"))
         write_csv(per_cell, ctx.file("lengthgen/lengthgen_estimands.csv"))
-        return LengthgenMeasured(table, verdicts, per_cell, ranks)
+        return LengthgenMeasured(table, verdicts, per_cell, ranks, gate)
 
     def render(self, ctx, m: LengthgenMeasured | None) -> Part | None:
         if m is None:  # no task run (e.g. the default ablation): the section is not shown
@@ -246,7 +247,7 @@ class Lengthgen(Section):
                 f"validation split at n_train (in distribution) of at least {gate:g}, the mean over the cell's seeds "
                 f"(`competence` in {ctx.settings.claims}, fixed with the claims; `in_distribution`: better's / "
                 "than's); otherwise it says `did not learn`."
-                if (gate := read_gate(ctx.settings.claims)) is not None
+                if (gate := m.gate) is not None
                 else ""
             )
             + " The papers' own summaries past n_train (`table_lengthgen_estimands`): Ruoss et al. 2023 (Table 1) "

@@ -94,6 +94,17 @@ LAYOUTS = {
 }
 
 
+def refused_before_any_compute(u: Path, capsys, monkeypatch) -> str:
+    """`posenc-lab ablate` into ``u`` exits 2 before it plans (loads the corpus); its error output."""
+
+    def no_plan(*a, **k):
+        raise AssertionError("ablate planned (loaded the corpus) before refusing the folder")
+
+    monkeypatch.setattr(importlib.import_module("posenc_lab.ablate.main"), "plan", no_plan)
+    assert ablate.main([*ONE_RUN, "ablate.seeds=[0]", f"ablate.out={u}"]) == 2
+    return capsys.readouterr().err.strip()
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_folder_ablate_did_not_make_is_refused_before_any_compute_and_left_as_it_was(
     layout, tmp_path, capsys, monkeypatch
@@ -104,12 +115,7 @@ def test_a_folder_ablate_did_not_make_is_refused_before_any_compute_and_left_as_
     make(u)
     before = tree(u)
 
-    def no_plan(*a, **k):
-        raise AssertionError("ablate planned (loaded the corpus) before refusing the folder")
-
-    monkeypatch.setattr(importlib.import_module("posenc_lab.ablate.main"), "plan", no_plan)
-    assert ablate.main([*ONE_RUN, "ablate.seeds=[0]", f"ablate.out={u}"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = refused_before_any_compute(u, capsys, monkeypatch)
     assert len(err.splitlines()) == 1 and err.startswith(f"posenc-lab ablate: error: ablate.out={u} ")
     assert names in err
     valid = "use a new or empty folder, or the ablate.out of an earlier posenc-lab ablate to continue it"
@@ -310,12 +316,7 @@ def test_a_damaged_grid_json_is_refused_with_what_to_do_and_left_as_it_was(tmp_p
     (u / "grid.json").write_text('{"format": 2, "trials": {"xl_mem16')
     before = tree(u)
 
-    def no_plan(*a, **k):
-        raise AssertionError("ablate planned (loaded the corpus) before refusing the folder")
-
-    monkeypatch.setattr(importlib.import_module("posenc_lab.ablate.main"), "plan", no_plan)
-    assert ablate.main([*ONE_RUN, "ablate.seeds=[0]", f"ablate.out={u}"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = refused_before_any_compute(u, capsys, monkeypatch)
     assert len(err.splitlines()) == 1 and err.startswith(f"posenc-lab ablate: error: ablate.out={u}: ")
     assert f"{u / 'grid.json'} is corrupt or truncated (JSONDecodeError" in err
     assert f"if posenc-lab ablate made the folder, delete {u / 'grid.json'} and rerun" in err

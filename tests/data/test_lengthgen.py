@@ -27,8 +27,13 @@ def cache(tmp_path_factory):
 
 def split_instances(corpus, split: str) -> list[tuple[list[int], list[int], np.ndarray]]:
     """(input, answer, scored mask) of every instance of a split, cut at its end tokens."""
-    tokens, mask = np.asarray(corpus.split(split)), np.asarray(corpus.side[split]["loss_mask"])
     query, end = len(corpus.itos) - 2, len(corpus.itos) - 1
+    return instances(corpus.split(split), corpus.side[split]["loss_mask"], query, end)
+
+
+def instances(tokens, mask, query: int, end: int) -> list[tuple[list[int], list[int], np.ndarray]]:
+    """(input, answer, scored mask) of every instance of a stretch that starts with one, cut at its end tokens."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
     out, start = [], 0
     for stop in np.flatnonzero(tokens == end):
         inst = tokens[start:stop].tolist()
@@ -235,11 +240,9 @@ def chunk_instances(corpus, tokens, mask, whole: bool = False) -> list[tuple[lis
     tokens, mask = np.asarray(tokens), np.asarray(mask)
     if tokens[0] == corpus.document_separator:  # a packed chunk opens with the end token of the instance before
         tokens, mask = tokens[1:], mask[1:]
-    keep = tokens < len(corpus.itos) - (1 if corpus.align else 0)
-    view = type("View", (), {"itos": corpus.itos[: len(corpus.itos) - (1 if corpus.align else 0)]})  # the pad out
-    view.split = lambda split: tokens[keep]
-    view.side = {"x": {"loss_mask": mask[keep]}}
-    return split_instances(view, "x")[0 if whole else 1 :]
+    end = corpus.document_separator
+    keep = tokens < (end + 1)  # the pads out (aligned: the one token after the end token)
+    return instances(tokens[keep], mask[keep], end - 1, end)[0 if whole else 1 :]
 
 
 @pytest.mark.parametrize("align", [0, 8])
