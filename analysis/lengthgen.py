@@ -48,12 +48,12 @@ def evaluate(run: Run, split: str, max_instances: int | None = None, lengths=Non
     """Test length n -> the run's hits on the first ``max_instances`` instances of that length (module doc);
     ``lengths``: the lengths to evaluate (None: every test length of the split)."""
     model, out, corpus = run.model(), {}, run.corpus()
-    for n, (rows, scored) in task_instances(corpus, split).items():
+    for n, (rows, scored, ids) in task_instances(corpus, split).items():
         if lengths is not None and n not in lengths:
             continue
-        rows, scored = rows[:max_instances], scored[:max_instances]
+        rows, scored, ids = rows[:max_instances], scored[:max_instances], {k: a[:max_instances] for k, a in ids.items()}
         if not run.recurrence and corpus.align:
-            rows, scored = widened(rows, scored, run.segment_len, corpus.vocab_size - 1)
+            rows, scored, ids = widened(rows, scored, ids, run.segment_len, corpus.vocab_size - 1)
         segment = run.segment_len if run.recurrence else rows.shape[1] - 1
         torch.manual_seed(0)  # random positions are drawn at evaluation too: the same draws on every report
         try:
@@ -63,6 +63,7 @@ def evaluate(run: Run, split: str, max_instances: int | None = None, lengths=Non
                 segment_len=segment,
                 mem_len=run.mem_len,
                 episode_len=run.episode_len if run.mem_len else None,
+                position_ids=ids,
             )
         except ValueError as e:  # the scheme cannot serve this length: checked before any compute
             out[n] = Scored(None, str(e))
@@ -71,15 +72,21 @@ def evaluate(run: Run, split: str, max_instances: int | None = None, lengths=Non
     return out
 
 
-def widened(rows: np.ndarray, scored: np.ndarray, L: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-    """Aligned instances (rows [k, w], scored [k, w - 1]) shorter than a segment, padded on the right to L inputs
+def widened(rows: np.ndarray, scored: np.ndarray, ids: dict, L: int, pad: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Aligned instances (rows [k, w], scored [k, w - 1], ids {kind: [k, w]}) shorter than a segment, padded on the
+    right to L inputs
     (rows [k, L + 1]), as training read them: random positions are drawn for a window's keys (L in training), so a
     narrower window would draw them sparser than training did; causal attention leaves the instance's own
     predictions unchanged by pads after it. Longer instances are returned as they are."""
     extra = L + 1 - rows.shape[1]
     if extra <= 0:
-        return rows, scored
-    return np.pad(rows, ((0, 0), (0, extra)), constant_values=pad), np.pad(scored, ((0, 0), (0, extra)))
+        return rows, scored, ids
+    widen = ((0, 0), (0, extra))
+    return (
+        np.pad(rows, widen, constant_values=pad),
+        np.pad(scored, widen),
+        {k: np.pad(a, widen) for k, a in ids.items()},
+    )
 
 
 def n_train(scored: dict[int, Scored]) -> int:

@@ -44,14 +44,36 @@ def build_datamodule(data_cfg: DictConfig | dict) -> SegmentDataModule:
 
 
 def build_lit(cfg: DictConfig, datamodule: SegmentDataModule) -> LitLM:
+    model = model_config(cfg, datamodule.vocab_size)
+    check_data_positions(model, datamodule)
     return LitLM(
-        model=model_config(cfg, datamodule.vocab_size),
+        model=model,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         unit=datamodule.unit,
         seed=int(cfg.seed),
         distance_buckets=list(cfg.metrics.distance_buckets),
         config=OmegaConf.to_container(cfg, resolve=True),
     )
+
+
+def check_data_positions(model: ModelConfig, datamodule: SegmentDataModule) -> None:
+    """Raise ConfigError where ``model.data_positions`` reads ids the corpus does not give, or ids past its table."""
+    kind, corpus = model.data_positions, datamodule.corpus
+    if kind is None:
+        return
+    given = corpus.position_id_max
+    if kind not in given:
+        raise ConfigError(
+            f"model.data_positions={kind} reads the data's {kind} position ids, and data.name={datamodule.name} gives "
+            f"{', '.join(sorted(given)) or 'none'}: set data.corpus.position_ids=true on a task that has them "
+            f"(coupling: addition, addition_reversed; abacus: every task), or model.data_positions=null"
+        )
+    if given[kind] >= model.data_positions_size:
+        raise ConfigError(
+            f"model.data_positions_size={model.data_positions_size} is too small for the {kind} ids of data.name="
+            f"{datamodule.name}, up to {given[kind]} (the longest test instance, or a training one shifted by "
+            f"data.corpus.position_shift): raise it to at least {given[kind] + 1}"
+        )
 
 
 def check_splits(datamodule: SegmentDataModule) -> None:

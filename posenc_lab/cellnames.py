@@ -13,9 +13,9 @@ grid's other cells train at L, a window of the same span as L + M: its run carri
 ``model.loss_recent_frac=0.5``), ``xl:mem32:recent0.3`` (any other fraction), ``recall/xl:mem16`` (a cell of
 the recall probe; a corpus name stands there when a report holds several language corpora), ``rope3+nope1:mem32``
 (a per-layer hybrid, by its pattern), ``rope+drop@800:mem32`` (rope dropped at step 800, DroPE), ``rope+ssmax:mem32``
-(rope with ``model.softmax_scale=ssmax``), ``rope+sink:mem32`` and ``rope+gate:mem32`` (``model.attention_sink``,
-``model.output_gate``: ``MARKS``). A *pattern* names
-cells the same way, with parts left open::
+(rope with ``model.softmax_scale=ssmax``), ``rope+sink:mem32``, ``rope+gate:mem32``, ``nope+abacus:nomem`` and
+``nope+coupling:nomem`` (``model.attention_sink``, ``model.output_gate``, ``model.data_positions``: ``MARKS``).
+A *pattern* names cells the same way, with parts left open::
 
     <scheme> may be a kind of the registry (absolute, relative, none) or *        any scheme of that kind
     mem (no length)                                                                 any memory length
@@ -60,6 +60,8 @@ MARKS = {
     "ssmax": ("softmax_scale", "ssmax", "model.softmax_scale=ssmax"),
     "sink": ("attention_sink", True, "model.attention_sink=true"),
     "gate": ("output_gate", True, "model.output_gate=true"),
+    "abacus": ("data_positions", "abacus", "model.data_positions=abacus"),
+    "coupling": ("data_positions", "coupling", "model.data_positions=coupling"),
 }
 
 

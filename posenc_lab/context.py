@@ -74,8 +74,10 @@ def iter_stream(
     episode_len: int | None = None,
     start_offset: int = 0,
     return_attention: bool = False,
+    position_ids=None,
 ):
     """Run ``tokens [B, N + 1]`` through the model in order; yield ``(start, offsets, output)`` per segment.
+    ``position_ids``: {kind: [B, N + 1] int}, the data's position ids of the tokens (``model.data_positions``).
 
     ``start``: index of the segment's first input in the row; ``offsets``: [L] stream offsets of its
     inputs; ``output``: the ModelOutput (targets given, so ``token_loss`` is set). Memory (``mem_len``
@@ -97,6 +99,7 @@ def iter_stream(
         for pos, length, offset, reset in segment_schedule(N, segment_len, T, start_offset=start_offset):
             x = tokens[:, pos : pos + length].to(device)
             y = tokens[:, pos + 1 : pos + length + 1].to(device)
+            ids = {k: _as_rows(a)[:, pos : pos + length].to(device) for k, a in (position_ids or {}).items()}
             out: ModelOutput = memory.step(
                 model,
                 x,
@@ -106,6 +109,7 @@ def iter_stream(
                 return_attention=return_attention,
                 mem_len=mem_len,
                 same_length=same_length,
+                position_ids=ids or None,
             )
             yield pos, torch.arange(offset, offset + length), out
 
@@ -119,8 +123,10 @@ def stream_losses(
     same_length: bool = False,
     episode_len: int | None = None,
     start_offset: int = 0,
+    position_ids=None,
 ) -> StreamResult:
-    """Per-target loss, correctness, offset and prediction of ``tokens [B, N + 1]`` run as an ordered stream."""
+    """Per-target loss, correctness, offset and prediction of ``tokens [B, N + 1]`` run as an ordered stream
+    (``position_ids``: as ``iter_stream``'s)."""
     losses, correct, predicted, offsets = [], [], [], []
     tokens = _as_rows(tokens)
     for pos, offs, out in iter_stream(
@@ -131,6 +137,7 @@ def stream_losses(
         same_length=same_length,
         episode_len=episode_len,
         start_offset=start_offset,
+        position_ids=position_ids,
     ):
         L = offs.numel()
         losses.append(out.token_loss.float().cpu())

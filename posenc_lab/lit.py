@@ -195,6 +195,7 @@ class LitLM(L.LightningModule):
             reset=batch["reset"],  # read on the device: no host sync
             offset=batch["offset"],
             loss_mask=batch["loss_mask"],
+            position_ids=batch.get("position_ids"),
             **self._lengths(split),
         )
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .adaptive_softmax import AdaptiveSoftmax
+from .data_positions import DataPositions, data_positions_problem
 from .errors import shown
 from .memory import Memory, Recurrence  # noqa: F401 (Recurrence: imported from here by callers)
 from .positional import ATTENTION_IMPLS, SCHEMES, Dims, PositionalScheme, Positions, build_scheme
@@ -82,6 +83,9 @@ class ModelConfig:
     attention_sink: bool = False
     # each head's output times sigmoid(x W_g), per channel, from the layer's input (Qiu et al. 2025; sink_gate.py)
     output_gate: bool = False
+    # null | abacus | coupling: a learned embedding of the data's position ids of that kind (data_positions.py)
+    data_positions: str | None = None
+    data_positions_size: int = 256  # rows of its table: ids 0..size-1 (the authors' max_position, max_seq_length)
 
     def __post_init__(self) -> None:
         if self.adaptive_cutoffs is not None and not isinstance(self.adaptive_cutoffs, list):
@@ -133,6 +137,7 @@ class ModelConfig:
                 )
         out.append(softmax_scale_problem(self.softmax_scale, self.posenc, self.posenc_kwargs))
         out.append(attention_sink_problem(self.attention_sink, self.posenc, self.posenc_kwargs))
+        out.append(data_positions_problem(self.data_positions, self.data_positions_size))
         if self.random_positions is not None:
             if (problem := int_problem("model.random_positions", self.random_positions, 1)) is not None:
                 out.append(problem)
@@ -280,6 +285,8 @@ class MemoryTransformer(nn.Module):
         self.scheme.attention_impl = cfg.attention_impl
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.emb_scale = math.sqrt(cfg.d_model)
+        kind = cfg.data_positions
+        self.data_positions = None if kind is None else DataPositions(kind, cfg.data_positions_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_out = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
@@ -401,10 +408,12 @@ class MemoryTransformer(nn.Module):
         return_attention: bool = False,
         mem_len: int | None = None,
         same_length: bool | None = None,
+        position_ids: dict[str, Tensor] | None = None,
     ) -> ModelOutput:
         """tokens, targets: [B, L] int64; mems: n_layer x [B, M, D] (all valid) or None/[] (no memory yet), or a
         ``Memory`` (M slots, some maybe not yet valid: the static memory of ``Recurrence``; the output's is one too);
-        offset: stream offset s of tokens[:, 0], int or [B]; loss_mask: [B, L] bool (True = counted).
+        offset: stream offset s of tokens[:, 0], int or [B]; loss_mask: [B, L] bool (True = counted);
+        position_ids: {kind: [B, L] int}, the data's position ids of the tokens (``model.data_positions`` reads one).
         mem_len (states kept per layer for the next segment) and same_length: None is the config's;
         evaluation at other lengths passes its own."""
         mem_len = self.cfg.mem_len if mem_len is None else mem_len
@@ -424,7 +433,10 @@ class MemoryTransformer(nn.Module):
         valid = None if memory is None else F.pad(memory.valid, (0, L), value=True)  # [M + L] keys that exist
         pos = self.positions(L, M, offset.to(tokens.device), tokens.device, mem_len, same_length, valid)
 
-        h = self.drop(self.scheme.embed(self.embedding(tokens) * self.emb_scale, pos))  # h^0
+        h = self.scheme.embed(self.embedding(tokens) * self.emb_scale, pos)
+        if self.data_positions is not None:
+            h = self.data_positions(h, position_ids)
+        h = self.drop(h)  # h^0
         new_mems, attention = [], ([] if return_attention else None)
         for layer, block in enumerate(self.blocks):
             context = torch.cat([mems[layer].detach().to(h.dtype), h], dim=1) if mems else h  # h~ = [SG(mem) ; h]

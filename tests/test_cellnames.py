@@ -276,8 +276,9 @@ def test_an_ssmax_override_names_every_cell_and_a_bad_entry_is_one_line():
     assert {s.cell for s in plan(compose("ablate", args), args)} == {f"{XL}+ssmax:mem16", f"{XL}+ssmax:nomem"}
     bad = ["experiment=tiny", f"ablate.schemes=[{XL}+ssmx]"]
     with pytest.raises(ValueError, match=r"^ablate: ablate.schemes names unknown scheme\(s\) \['xl\+ssmx'\]; valid: .*"
-                       r"each alone or with \+ssmax, \+sink, \+gate after it \(model.softmax_scale=ssmax, "
-                       r"model.attention_sink=true, model.output_gate=true\)$"):  # fmt: skip
+                       r"each alone or with \+ssmax, \+sink, \+gate, \+abacus, \+coupling after it "
+                       r"\(model.softmax_scale=ssmax, model.attention_sink=true, model.output_gate=true, "
+                       r"model.data_positions=abacus, model.data_positions=coupling\)$"):  # fmt: skip
         plan(compose("ablate", bad), bad)
 
 

@@ -33,6 +33,7 @@ seed draws them); an instance longer than L continues into the next segment (rea
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ _DRAWS = 64
 #: the tokens of a chunk of fresh training instances (``fresh: true``): at least this many, whole segments aligned
 FRESH_CHUNK = 4096
 _FRESH_STREAM = 3  # the generator of the fresh chunks: after those of the training array (0), val (1) and test (2)
+_SHIFT_STREAM = 7  # the generator of the training instances' position-id shifts, beside that of their tokens
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,12 @@ class Task:
     extra: tuple[str, ...] = ()
     symbol_names: Callable[[int], list[str]] = lambda s: [f"s{i}" for i in range(s)]
     source: str = ""  # where the task is framed so (the report names it)
+    couple: Callable[[int], np.ndarray] | None = None  # the coupled position ids of an instance of length n
+
+    def position_ids(self, n: int, n_symbols: int) -> dict[str, np.ndarray]:
+        """The position ids of every token of an instance of length n, laid out ``input = answer .`` (the same for
+        every instance of one length: its symbols sit at fixed places), by kind (``POSITION_ID_KINDS``); 0: none."""
+        return _id_templates(self, n, n_symbols)
 
     def vocab(self, n_symbols: int) -> list[str]:
         return [*self.symbol_names(n_symbols), *self.extra, QUERY, END]
@@ -81,11 +89,31 @@ class Task:
 
 TASKS: dict[str, Task] = {}
 
+#: the kinds of position ids a task gives (``data.corpus.position_ids``), read by ``model.data_positions``
+POSITION_ID_KINDS = ("abacus", "coupling")
+
+
+@functools.lru_cache(maxsize=4096)
+def _id_templates(task: Task, n: int, n_symbols: int) -> dict[str, np.ndarray]:
+    """``Task.position_ids``: abacus from a template instance's tokens, coupling from the task's ``couple``."""
+    row = task.instances(np.random.default_rng(0), n, 1, n_symbols)[1][0]
+    digit = row < n_symbols  # the task's symbols (digits): its own tokens, "=", "." are not
+    # Abacus (McLeish et al. 2024): 1 + the index of a symbol within its run of consecutive symbols, counted from the
+    # run's first (a number's start), 0 elsewhere: [a c b = b c a .] -> [1 2 3 0 1 2 3 0]
+    run_start = np.maximum.accumulate(np.where(digit & ~np.r_[False, digit[:-1]], np.arange(len(row)), 0))
+    out = {"abacus": np.where(digit, np.arange(len(row)) - run_start + 1, 0)}
+    if task.couple is not None:
+        coupled = np.asarray(task.couple(n), dtype=np.int64)
+        if coupled.shape != row.shape or coupled.min() < 0:
+            raise ValueError(f"task {task.name}: couple({n}) gave {coupled.shape} ids, not {row.shape} ids >= 0")
+        out["coupling"] = coupled
+    return out
+
 
 def _option_problems(o: dict) -> list[str]:
     """Why these options (``data.corpus.*``) cannot make the task, each naming its key and what is valid."""
     minimum = dict(seed=0, n_train=1, min_len=1, n_symbols=2, max_factor=1, train_tokens=1, eval_instances=1)
-    minimum["align_to_segment"] = 0
+    minimum.update(align_to_segment=0, position_shift=0)
     out = [
         f"data.corpus.{k} must be an integer >= {low}, got {o[k]!r}"
         for k, low in minimum.items()
@@ -95,6 +123,11 @@ def _option_problems(o: dict) -> list[str]:
         return out
     if o["min_len"] > o["n_train"]:
         out.append(f"data.corpus.min_len={o['min_len']} is above data.corpus.n_train={o['n_train']}: it must be <=")
+    if o["position_shift"] and not o["position_ids"]:
+        out.append(
+            f"data.corpus.position_shift={o['position_shift']} shifts position ids the corpus does not give: set "
+            f"data.corpus.position_ids=true, or position_shift=0"
+        )
     if o["max_factor"] & (o["max_factor"] - 1):
         out.append(f"data.corpus.max_factor must be a power of 2 (the test lengths double), got {o['max_factor']}")
     return out
@@ -109,8 +142,10 @@ def _keys(inputs: np.ndarray) -> list[bytes]:
     return [row.tobytes() for row in np.ascontiguousarray(inputs, dtype=np.int64)]
 
 
-def _train(task: Task, rng, o: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, set]]:
-    """The training stream (tokens, loss_mask, distance) and, per length, the inputs it holds."""
+def _train(task: Task, seed: list[int], o: dict) -> tuple[dict[str, np.ndarray], dict[int, set]]:
+    """The training stream's arrays (``_layout``) from the generator seeded by ``seed`` and, per length, the inputs
+    it holds."""
+    rng = np.random.default_rng(seed)
     lo, hi, S = o["min_len"], o["n_train"], o["n_symbols"]
     sizes = {n: task.instances(rng, n, 1, S)[1].shape[1] for n in range(lo, hi + 1)}
     mean = np.mean(list(sizes.values()))
@@ -126,11 +161,22 @@ def _train(task: Task, rng, o: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray
     for n in lengths:  # in the drawn order: lengths mixed along the stream
         parts.append(rows[n][taken[n]])
         taken[n] += 1
-    return (*_layout(task, parts, lengths, o), seen)
+    return _layout(task, parts, lengths, o, _shifts(o, len(parts), seed)), seen
 
 
-def _layout(task: Task, parts: list[np.ndarray], lengths, o: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, loss_mask, distance) of the instances ``parts`` in order, packed or aligned (module doc)."""
+def _shifts(o: dict, count: int, seed: list[int]) -> np.ndarray | None:
+    """The training instances' shifts of their position ids, uniform in 0..position_shift (McLeish et al.'s k,
+    Cho et al.'s random start), one per instance, so that an instance read across segments keeps one; from a
+    generator of their own, so that the tokens are the same with or without position ids. None without them."""
+    if not o.get("position_ids"):
+        return None
+    return np.random.default_rng([*seed, _SHIFT_STREAM]).integers(0, o["position_shift"] + 1, count)
+
+
+def _layout(task: Task, parts: list[np.ndarray], lengths, o: dict, shifts=None) -> dict[str, np.ndarray]:
+    """{"tokens", "loss_mask", "distance"} of the instances ``parts`` in order, packed or aligned (module doc), and
+    with ``position_ids`` in the options {"position_ids.<kind>"}: each instance's ids (``Task.position_ids``), the
+    nonzero ones plus its shift (``shifts``: one per instance; None: 0), 0 on pads."""
     S, align = o["n_symbols"], o["align_to_segment"]
     query = len(task.vocab(S)) - 2
     sizes = np.array([len(p) for p in parts])
@@ -146,7 +192,16 @@ def _layout(task: Task, parts: list[np.ndarray], lengths, o: dict) -> tuple[np.n
         first = start + int(np.flatnonzero(part == query)[0]) + 1
         mask[first : start + len(part) - 1] = True
         distance[first : start + len(part) - 1] = n
-    return tokens, mask, distance
+    out = {"tokens": tokens, "loss_mask": mask, "distance": distance}
+    if o.get("position_ids"):
+        shifts = np.zeros(len(parts), dtype=np.int64) if shifts is None else shifts
+        for kind in task.position_ids(1, S):
+            ids = np.zeros(total, dtype=np.int32)
+            for part, n, start, k in zip(parts, lengths, starts, shifts):
+                template = task.position_ids(int(n), S)[kind]
+                ids[start : start + len(part)] = np.where(template > 0, template + k, 0)
+            out[f"position_ids.{kind}"] = ids
+    return out
 
 
 def _evaluation(task: Task, rng, o: dict, seen: dict[int, set], split: str):
@@ -170,7 +225,7 @@ def _evaluation(task: Task, rng, o: dict, seen: dict[int, set], split: str):
             )
         parts += got
         lengths += [n] * count
-    return _layout(task, parts, lengths, o)
+    return _layout(task, parts, lengths, o)  # unshifted: the ids a model is judged on are those the task gives
 
 
 class FreshDraw:
@@ -216,16 +271,15 @@ class FreshDraw:
                 break
         if not align and total < K:  # only if nearly every input is held out: the options say so first
             raise ValueError(f"{task.name} corpus: a fresh chunk drew {total} of its {K} tokens")
-        tokens, mask, distance = _layout(task, parts, kept, o)
+        out = _layout(
+            task, parts, kept, o, _shifts(o, len(parts), [o["seed"], zlib.crc32(task.name.encode()), _FRESH_STREAM, c])
+        )
+        pad = {"tokens": len(task.vocab(S)), "loss_mask": False, "distance": -1}  # position ids: 0
         if not align:  # the end token of the instance the chunk before cut: the first one starts as every one does
-            end = len(task.vocab(S)) - 1
-            tokens = np.concatenate([np.array([end], dtype=tokens.dtype), tokens])
-            mask, distance = np.concatenate([[False], mask]), np.concatenate([[-1], distance]).astype(distance.dtype)
-        if len(tokens) < K:  # aligned: pads to the chunk's end, never scored
-            extra = K - len(tokens)
-            tokens = np.concatenate([tokens, np.full(extra, len(task.vocab(S)), dtype=tokens.dtype)])
-            mask, distance = np.pad(mask, (0, extra)), np.pad(distance, (0, extra), constant_values=-1)
-        return {"tokens": tokens[:K], "loss_mask": mask[:K], "distance": distance[:K]}
+            out = {k: np.concatenate([[len(task.vocab(S)) - 1 if k == "tokens" else pad.get(k, 0)], a]).astype(a.dtype)
+                   for k, a in out.items()}  # fmt: skip
+        # aligned: pads to the chunk's end, never scored
+        return {k: np.pad(a, (0, max(K - len(a), 0)), constant_values=pad.get(k, 0))[:K] for k, a in out.items()}
 
     def identity(self) -> dict:
         return {"version": 1, "task": self.task, **self.options, "chunk_tokens": self.chunk_tokens}
@@ -236,23 +290,47 @@ def _fresh(task: Task, options: dict) -> Corpus:
     (apart from each other), held out of the training draws; nothing cached (the draws take milliseconds)."""
     base, seen, arrays = [options["seed"], zlib.crc32(task.name.encode())], {}, {}
     for i, split in enumerate(SPLITS[1:], 1):
-        tokens, mask, distance = _evaluation(task, np.random.default_rng([*base, i]), options, seen, split)
-        arrays[split] = (tokens, {"loss_mask": mask, "distance": distance})
+        arrays[split] = _evaluation(task, np.random.default_rng([*base, i]), options, seen, split)
     draw = FreshDraw(task, options, seen)
     train = DrawnSplit(draw, draw.chunk_tokens, options["train_tokens"], draw.identity())
-    side = {"train": {k: train.side(k) for k in ("loss_mask", "distance")}} | {s: a[1] for s, a in arrays.items()}
+    arrays["train"] = {"tokens": train} | {k: train.side(k) for k in draw(0) if k != "tokens"}
+    return _corpus(task, options, arrays)
+
+
+def _itos(task: Task, options: dict) -> list[str]:
+    return task.vocab(options["n_symbols"]) + ([PAD] if options["align_to_segment"] else [])
+
+
+def _corpus(task: Task, options: dict, arrays: dict[str, dict]) -> Corpus:
+    """The Corpus of the split arrays ``arrays`` ({split: {"tokens", side arrays ...}}, ``_layout``'s names)."""
     align = options["align_to_segment"]
+    side = {}
+    for split, named in arrays.items():
+        side[split] = {k: named[k] for k in ("loss_mask", "distance")}
+        if ids := {k.split(".", 1)[1]: a for k, a in named.items() if k.startswith("position_ids.")}:
+            side[split]["position_ids"] = ids
     return Corpus(
         task.name,
-        train,
-        arrays["val"][0],
-        arrays["test"][0],
-        vocab_size=len(task.vocab(options["n_symbols"])) + (1 if align else 0),
-        itos=task.vocab(options["n_symbols"]) + ([PAD] if align else []),
+        *(arrays[s]["tokens"] for s in SPLITS),
+        vocab_size=len(_itos(task, options)),
+        itos=_itos(task, options),
         side=side,
         document_separator=len(task.vocab(options["n_symbols"])) - 1,
         align=align,
+        position_id_max=_id_max(task, options) if options.get("position_ids") else {},
     )
+
+
+def _id_max(task: Task, o: dict) -> dict[str, int]:
+    """The largest id of each kind in any split: a training instance's shifted by up to ``position_shift``."""
+    S, out = o["n_symbols"], {}
+    for n in range(o["min_len"], o["n_train"] + 1):
+        for kind, ids in task.position_ids(n, S).items():
+            out[kind] = max(out.get(kind, 0), int(ids.max()) + o["position_shift"])
+    for n in eval_lengths(o["n_train"], o["max_factor"]):
+        for kind, ids in task.position_ids(n, S).items():
+            out[kind] = max(out[kind], int(ids.max()))
+    return out
 
 
 def load_task(task: Task, root: Path, options: dict) -> Corpus:
@@ -268,33 +346,27 @@ def load_task(task: Task, root: Path, options: dict) -> Corpus:
         )
 
     options = dict(options)
+    if not options["position_ids"]:  # the corpus of before the options keeps its cache key and identity
+        options.pop("position_ids"), options.pop("position_shift")
     if options.pop("fresh", False):
         return _fresh(task, {**options, "fresh": True})
-    align = options["align_to_segment"]
 
     def build():
         base = [options["seed"], zlib.crc32(task.name.encode())]
-        tokens, mask, distance, seen = _train(task, np.random.default_rng([*base, 0]), options)
-        arrays = {"train": tokens, "train.loss_mask": mask, "train.distance": distance}
+        train, seen = _train(task, [*base, 0], options)
+        arrays = {f"train.{k}" if k != "tokens" else "train": a for k, a in train.items()}
         for i, split in enumerate(SPLITS[1:], 1):
-            tokens, mask, distance = _evaluation(task, np.random.default_rng([*base, i]), options, seen, split)
-            arrays.update({split: tokens, f"{split}.loss_mask": mask, f"{split}.distance": distance})
-        return arrays, task.vocab(options["n_symbols"]) + ([PAD] if align else []), {}
+            named = _evaluation(task, np.random.default_rng([*base, i]), options, seen, split)
+            arrays.update({f"{split}.{k}" if k != "tokens" else split: a for k, a in named.items()})
+        return arrays, _itos(task, options), {}
 
     key = {"version": 1, "task": task.name, **options}
-    if not align:  # the packed corpus keeps its cache key (and its cached files) from before the option
+    if not options["align_to_segment"]:  # the packed corpus keeps its cache key (and its cached files) from before
         key.pop("align_to_segment")
-    arrays, itos, _ = cached(key_dir(root / "lengthgen" / task.name, key), key, build)
-    side = {s: {"loss_mask": arrays[f"{s}.loss_mask"], "distance": arrays[f"{s}.distance"]} for s in SPLITS}
-    return Corpus(
-        task.name,
-        *(arrays[s] for s in SPLITS),
-        vocab_size=len(itos),
-        itos=itos,
-        side=side,
-        document_separator=len(task.vocab(options["n_symbols"])) - 1,
-        align=align,
-    )
+    arrays, _, _ = cached(key_dir(root / "lengthgen" / task.name, key), key, build)
+    named = {s: {"tokens": arrays[s]} | {k[len(s) + 1 :]: a for k, a in arrays.items() if k.startswith(f"{s}.")}
+             for s in SPLITS}  # fmt: skip
+    return _corpus(task, options, named)
 
 
 def register_task(
@@ -305,12 +377,14 @@ def register_task(
     symbol_names: Callable[[int], list[str]] | None = None,
     n_symbols: int = 8,
     source: str = "",
+    couple: Callable[[int], np.ndarray] | None = None,
 ):
     """Decorator: the instance generator ``make`` becomes task ``name`` (``Task``) and corpus ``name``, whose
-    options are those of ``load`` below (``n_symbols``: this task's default alphabet)."""
+    options are those of ``load`` below (``n_symbols``: this task's default alphabet); ``couple(n)``: the coupled
+    position ids of an instance of length n (Cho et al. 2024), where the task has them."""
 
     def add(make):
-        task = Task(name, make, space, extra, symbol_names or Task.symbol_names, source)
+        task = Task(name, make, space, extra, symbol_names or Task.symbol_names, source, couple)
         default_symbols = n_symbols
 
         def load(
@@ -325,14 +399,20 @@ def register_task(
             eval_instances: int = 128,
             align_to_segment: int = 0,
             fresh: bool = False,
+            position_ids: bool = False,
+            position_shift: int = 0,
         ) -> Corpus:
             """Task ``name``: the data's own seed; training lengths min_len..n_train; ``n_symbols`` the alphabet;
             test lengths n_train .. max_factor n_train (doubling); ``train_tokens`` of training instances;
             ``eval_instances`` per test length in val and test; ``align_to_segment``: 0 packed, else every instance
             starts a segment of this length (data.segment_len; module doc); ``fresh``: training instances drawn on
-            the fly, no stretch of the stream read twice (``train_tokens``: the positions of one pass; module doc)."""
+            the fly, no stretch of the stream read twice (``train_tokens``: the positions of one pass; module doc);
+            ``position_ids``: the corpus also gives every token's position ids of each kind the task has (abacus,
+            coupling: ``model.data_positions``), every training instance's shifted by a draw from 0..``position_shift``
+            (module doc)."""
             options = dict(seed=seed, n_train=n_train, min_len=min_len, n_symbols=n_symbols, max_factor=max_factor)
             options.update(train_tokens=train_tokens, eval_instances=eval_instances, align_to_segment=align_to_segment)
+            options.update(position_ids=position_ids, position_shift=position_shift)
             if fresh:  # the cache key of a corpus of before the option is kept: the option only where it is set
                 options["fresh"] = True
             return load_task(task, root, options)
@@ -345,15 +425,17 @@ def register_task(
     return add
 
 
-def task_instances(corpus: Corpus, split: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per test length n of a task's val or test split: (rows [k, w], scored [k, w - 1]): each instance as training
-    read it, and which of its targets (rows[:, 1:]) are answer tokens. Packed: the end token before the instance
-    (after the previous one), w = 1 + size; aligned (``corpus.align``): the instance alone from a segment's first
-    position, w = size."""
+def task_instances(corpus: Corpus, split: str) -> dict[int, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """Per test length n of a task's val or test split: (rows [k, w], scored [k, w - 1], ids {kind: [k, w]}): each
+    instance as training read it, which of its targets (rows[:, 1:]) are answer tokens, and the position ids of its
+    tokens where the corpus gives them ({} otherwise). Packed: the end token before the instance (after the previous
+    one; id 0), w = 1 + size; aligned (``corpus.align``): the instance alone from a segment's first position,
+    w = size."""
     tokens, side = np.asarray(corpus.split(split)), corpus.side[split]
     distance, mask = np.asarray(side["distance"]), np.asarray(side["loss_mask"])
     keep = tokens < (corpus.vocab_size - 1 if corpus.align else corpus.vocab_size)  # the pads out
     tokens, distance, mask = tokens[keep], distance[keep], mask[keep]
+    given = {k: np.asarray(a)[keep] for k, a in side.get("position_ids", {}).items()}
     sizes = np.bincount(np.concatenate([[0], np.cumsum(tokens[:-1] == corpus.document_separator)]))
     starts = np.cumsum(sizes) - sizes
     lengths = np.maximum.reduceat(distance, starts)
@@ -364,9 +446,11 @@ def task_instances(corpus: Corpus, split: str) -> dict[int, tuple[np.ndarray, np
         if (sizes[which] != size).any():
             raise ValueError(f"corpus {corpus.name}: the {split} instances of length {n} differ in size")
         at = starts[which][:, None] + np.arange(size)
+        ids = {k: a[at].astype(np.int64) for k, a in given.items()}
         if corpus.align:
-            out[int(n)] = (tokens[at].astype(np.int64), mask[at][:, 1:])
+            out[int(n)] = (tokens[at].astype(np.int64), mask[at][:, 1:], ids)
             continue
         rows = np.concatenate([np.full((len(which), 1), corpus.document_separator), tokens[at]], axis=1)
-        out[int(n)] = (rows.astype(np.int64), mask[at])
+        ids = {k: np.pad(a, ((0, 0), (1, 0))) for k, a in ids.items()}
+        out[int(n)] = (rows.astype(np.int64), mask[at], ids)
     return out

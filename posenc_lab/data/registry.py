@@ -33,7 +33,8 @@ class Corpus:
 
     unit: "byte" | "char" | "word", as registered (``register_corpus``); itos: id -> symbol (None for bytes,
     where id = byte value); side: per split, optional side arrays {"loss_mask": [N] bool, "distance": [N]
-    int} (recall); document_separator: the token that ends every document (pystdlib's file separator),
+    int} (recall), and {"position_ids": {kind: [N] int}} (a task's, ``model.data_positions``);
+    document_separator: the token that ends every document (pystdlib's file separator),
     None where the corpus has no natural documents: they are then cut into chunks of ``document_chunk`` tokens.
     A corpus split by family (``families.py``: pystdlib, textdir) also gives, per split, document_lengths
     [n_documents] (tokens of every document, its separator included), document_families [n_documents] (its
@@ -54,6 +55,8 @@ class Corpus:
     document_families: dict[str, np.ndarray] = field(default_factory=dict)
     family_names: dict[str, list[str]] = field(default_factory=dict)
     align: int = 0  # > 0: documents start at multiples of it, and so must the streams (lengthgen's aligned layout)
+    #: the largest position id of each kind the side arrays ``position_ids`` hold, over every split (lengthgen)
+    position_id_max: dict[str, int] = field(default_factory=dict)
 
     def split(self, split: str) -> np.ndarray:
         return getattr(self, check_split(split))

@@ -14,8 +14,9 @@ A batch (one dict per step, already batched; use DataLoader(batch_size=None)):
     offset    LongTensor [B]     position of tokens[:, 0] since its episode began
     reset     BoolTensor []      True on the first segment of an episode: drop memory before it
     distance  LongTensor [B, L]  the `distance` side array (recall probe), else -1
+    position_ids {kind: LongTensor [B, L]}  the data's position ids of the inputs, only where it gives them
 Side arrays are indexed like `data` and describe each token *as a target*: the batch takes
-them at the target positions.
+them at the target positions; the position ids describe each token as an input and are taken at the inputs.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class SegmentStream(IterableDataset):
     segment_len:   L, tokens per segment (the mean with var_len)
     n_streams:     global batch B; with world_size > 1 this rank yields B / world_size of them
     loss_mask, distance: optional side arrays [N] (bool, int) sliced at the target positions
+    position_ids:  optional {kind: [N] int}, each token's position ids as the data gives them (lengthgen's
+                   abacus and coupling ids, ``model.data_positions``), sliced at the input positions
     episode_len:   T, tokens per episode (None: one episode per stream); must be >= segment_len
     cycle:         True: wrap around at the end of the streams forever (training, step-based;
                    the wrap starts a new episode); False: one pass (evaluation)
@@ -133,6 +136,7 @@ class SegmentStream(IterableDataset):
         *,
         loss_mask=None,
         distance=None,
+        position_ids=None,
         episode_len: int | None = None,
         cycle: bool = False,
         var_len: bool = False,
@@ -148,7 +152,13 @@ class SegmentStream(IterableDataset):
         data = data if isinstance(data, (np.ndarray, DrawnSplit)) else np.asarray(data)
         if data.ndim != 1 or not np.issubdtype(data.dtype, np.integer):
             raise ValueError(f"data must be a 1-D integer token array, got shape {data.shape} dtype {data.dtype}")
-        for name, side in (("loss_mask", loss_mask), ("distance", distance)):
+        position_ids = dict(position_ids or {})
+        named = [
+            ("loss_mask", loss_mask),
+            ("distance", distance),
+            *((f"position_ids.{k}", a) for k, a in position_ids.items()),
+        ]
+        for name, side in named:
             if side is not None and len(side) != len(data):
                 raise ValueError(
                     f"{name} has {len(side)} entries but data has {len(data)} tokens; "
@@ -185,7 +195,7 @@ class SegmentStream(IterableDataset):
         if var_len and var_len_std < 0:
             raise ValueError(f"var_len_std must be >= 0, got {var_len_std}")
 
-        self.data, self.loss_mask, self.distance = data, loss_mask, distance
+        self.data, self.loss_mask, self.distance, self.position_ids = data, loss_mask, distance, position_ids
         self.segment_len, self.n_streams, self.episode_len = segment_len, n_streams, episode_len
         self.cycle, self.var_len, self.var_len_std = cycle, var_len, var_len_std
         self.min_len, self.max_len, self.seed = min_len, max_len, seed
@@ -267,7 +277,7 @@ class SegmentStream(IterableDataset):
             distance = torch.full((B, length), -1, dtype=torch.long)
         else:
             distance = torch.from_numpy(self.distance[target_idx].astype(np.int64))
-        return {
+        batch = {
             "tokens": window[:, :-1].contiguous(),
             "targets": window[:, 1:].contiguous(),
             "loss_mask": loss_mask,
@@ -275,6 +285,12 @@ class SegmentStream(IterableDataset):
             "reset": torch.tensor(reset),
             "distance": distance,
         }
+        if self.position_ids:
+            inputs = idx[:, :-1]
+            batch["position_ids"] = {
+                k: torch.from_numpy(a[inputs].astype(np.int64)) for k, a in self.position_ids.items()
+            }
+        return batch
 
     # ---- resuming and pickling ----
 
@@ -318,9 +334,11 @@ class SegmentStream(IterableDataset):
         state = dict(self.__dict__)
         for k in ("data", "loss_mask", "distance"):
             state[k] = _to_ref(state[k])
+        state["position_ids"] = {k: _to_ref(a) for k, a in state["position_ids"].items()}
         return state
 
     def __setstate__(self, state):
         for k in ("data", "loss_mask", "distance"):
             state[k] = _from_ref(state[k])
+        state["position_ids"] = {k: _from_ref(a) for k, a in state.get("position_ids", {}).items()}
         self.__dict__.update(state)

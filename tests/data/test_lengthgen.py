@@ -85,7 +85,8 @@ def test_test_lengths_double_and_no_test_input_occurs_in_training(task, cache):
         seen |= set(inputs)
         by_length = task_instances(c, split)
         assert sorted(by_length) == eval_lengths(n, 8) == [n, 2 * n, 4 * n, 8 * n]
-        for length, (rows, scored) in by_length.items():
+        for length, (rows, scored, ids) in by_length.items():
+            assert ids == {}  # no position ids unless asked for
             assert rows.shape[0] == options["eval_instances"] and rows[:, 0].tolist() == [len(c.itos) - 1] * len(rows)
             d = np.asarray(c.side[split]["distance"])
             assert set(d[d >= 0].tolist()) == set(by_length)  # distance: each answer's instance length

@@ -366,12 +366,14 @@ def test_an_aligned_instance_shorter_than_a_segment_is_read_in_a_segments_window
     """Random positions are drawn for a window's keys: an instance of 18 tokens read alone would draw 17 positions
     where training drew 32. Pads go after it (causal: its predictions unchanged) and are never scored."""
     rows, scored = np.arange(36).reshape(2, 18), np.tile([False] * 9 + [True] * 8, (2, 1))
-    wide, wide_scored = widened(rows, scored, 32, pad=99)
+    ids = {"abacus": rows % 5 + 1}
+    wide, wide_scored, wide_ids = widened(rows, scored, ids, 32, pad=99)
     assert wide.shape == (2, 33) and wide_scored.shape == (2, 32)
+    assert np.array_equal(wide_ids["abacus"][:, :18], ids["abacus"]) and (wide_ids["abacus"][:, 18:] == 0).all()
     assert np.array_equal(wide[:, :18], rows) and (wide[:, 18:] == 99).all()
     assert np.array_equal(wide_scored[:, :17], scored) and not wide_scored[:, 17:].any()
     long, long_scored = np.zeros((2, 40), np.int64), np.zeros((2, 39), bool)
-    assert widened(long, long_scored, 32, pad=99)[0] is long  # longer than a segment: as it is
+    assert widened(long, long_scored, {}, 32, pad=99)[0] is long  # longer than a segment: as it is
 
 
 def test_the_figure_draws_an_interval_that_does_not_hold_its_mean(tmp_path):
