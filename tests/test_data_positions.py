@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from posenc_lab.ablate.plan import scheme_entry
-from posenc_lab.build import build_datamodule, build_lit
 from posenc_lab.cellnames import scheme_label
 from posenc_lab.context import stream_losses
 from posenc_lab.errors import ConfigError
@@ -86,12 +85,14 @@ def test_bad_options_name_what_is_valid(options, message):
     ],
 )
 def test_what_the_data_cannot_give_is_refused_before_any_compute(extra, message, tmp_path):
+    from posenc_lab.train import train
+
     corpus = ["data.corpus.train_tokens=3000", "data.corpus.eval_instances=8", "data.corpus.n_train=4"]
-    overrides = tiny(tmp_path / "run", tmp_path / "cache", *corpus, *extra, "model.data_positions_size=32", data="reverse")
-    cfg = compose_config("train", overrides)
+    extra = [*corpus, *extra, "model.data_positions_size=32"]
+    overrides = tiny(tmp_path / "run", tmp_path / "cache", *extra, data="reverse")
     with pytest.raises(ConfigError, match=re.escape(message)):
-        build_lit(cfg, build_datamodule(cfg.data))
-    assert not (tmp_path / "run").exists()
+        train(compose_config("train", overrides))
+    assert not (tmp_path / "run").exists()  # nothing written, nothing trained
 
 
 def test_a_cell_with_the_data_positions_is_a_cell_of_its_own():

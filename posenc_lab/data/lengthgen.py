@@ -29,6 +29,13 @@ with the pad token ``_`` (never scored, never an answer), and the streams are cu
 straddle its start (their answers lose their input) and an absolute encoding sees an instance at any offset;
 aligned, as Ruoss et al. 2023 train, each instance starts at position 0. The same instances either way (the same
 seed draws them); an instance longer than L continues into the next segment (read through the memory).
+
+Position ids (``position_ids: true``; read by ``model.data_positions``, posenc_lab/data_positions.py): the corpus
+also gives, per split, every token's ids of each kind the task has (``Task.position_ids``): ``abacus`` for every task
+(1 + a symbol's index within its run of symbols, McLeish et al. 2024), ``coupling`` where the task defines
+``couple`` (addition's digits of one significance share an id, Cho et al. 2024); 0 on every other token and on pads.
+Each training instance's nonzero ids are shifted by one draw from 0..``position_shift``, from a generator of their
+own (the tokens are those of the same options without ids); validation and test instances are unshifted.
 """
 
 from __future__ import annotations

@@ -138,4 +138,3 @@ def test_a_stream_hands_over_the_ids_of_its_inputs_and_pickles_them(fresh, tmp_p
     assert all(torch.equal(first["position_ids"][k], again["position_ids"][k]) for k in ("abacus", "coupling"))
     plain = SegmentStream(np.asarray(tokens[:3000]), 8, 3)
     assert "position_ids" not in next(iter(plain))  # a corpus without ids: the batch has none
-
