@@ -1,7 +1,7 @@
 """Positions the data gives: a learned embedding of each token's position id as the task assigns it, added to the
 input beside whatever the scheme does (``model.data_positions``):
 
-    h^0_i = E[x_i] (+ the scheme's embedding) + A[id_i]          A: [data_positions_size, D], a learned table
+    h^0_i = sqrt(D) E[x_i] (+ the scheme's embedding) + sqrt(D) A[id_i]      A: [data_positions_size, D], learned
 
 where id_i is the token's id of one kind (``data.corpus.position_ids``, ``posenc_lab.data.lengthgen``):
 
@@ -16,6 +16,10 @@ past the trained lengths have been trained too; the data draws it per instance (
 since an instance read through the memory across segments must keep one shift, and gives test instances unshifted.
 The authors add A to a model without other positional information (Abacus: NoPE or FIRE; coupling: in place of the
 absolute table): here that is ``posenc=nope model.data_positions=abacus``, and any scheme may be beside it.
+
+A is drawn as E is (N(0, 0.02)) and scaled as E is (by sqrt(D)), so that ids and tokens are learned at one scale:
+unscaled, the table stayed about 20 times smaller than the token embedding in training and the model did not tell
+neighbouring ids apart (benchmarks/results/, the lengthgen pilots of addition).
 
 The ids enter with the tokens, so memory needs nothing more: a memory state carries the embedding its token had.
 """
@@ -45,8 +49,9 @@ class DataPositions(nn.Module):
         self.kind, self.size = kind, size
         self.table = nn.Parameter(torch.randn(size, d_model) * 0.02)
 
-    def forward(self, h: Tensor, position_ids: dict[str, Tensor] | None) -> Tensor:
-        """h: [B, L, D] the input embedding; position_ids: {kind: [B, L] int}, the batch's (``SegmentStream``)."""
+    def forward(self, h: Tensor, position_ids: dict[str, Tensor] | None, scale: float = 1.0) -> Tensor:
+        """h: [B, L, D] the input embedding; position_ids: {kind: [B, L] int}, the batch's (``SegmentStream``);
+        scale: the token embedding's (sqrt(D)), by which A is multiplied as E is."""
         if not position_ids or self.kind not in position_ids:
             given = ", ".join(sorted(position_ids or {})) or "none"
             raise ValueError(
@@ -60,7 +65,7 @@ class DataPositions(nn.Module):
                 f"model.data_positions: position id {largest} is past the table of model.data_positions_size="
                 f"{self.size} (ids 0..{self.size - 1}); raise model.data_positions_size to at least {largest + 1}"
             )
-        return h + self.table[ids].to(h.dtype)  # + A[id_i]
+        return h + self.table[ids].to(h.dtype) * scale  # + sqrt(D) A[id_i]
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, size={self.size}"

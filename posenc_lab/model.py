@@ -435,7 +435,7 @@ class MemoryTransformer(nn.Module):
 
         h = self.scheme.embed(self.embedding(tokens) * self.emb_scale, pos)
         if self.data_positions is not None:
-            h = self.data_positions(h, position_ids)
+            h = self.data_positions(h, position_ids, self.emb_scale)
         h = self.drop(h)  # h^0
         new_mems, attention = [], ([] if return_attention else None)
         for layer, block in enumerate(self.blocks):

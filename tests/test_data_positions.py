@@ -22,8 +22,8 @@ V = 13  # addition's vocabulary: 10 digits, +, =, .
 
 
 def test_the_ids_embedding_is_added_to_the_input():
-    """h^0 = E[x] + A[id]: with A's rows for these ids set to zero the model is the plain model with its weights, and
-    a different id of one token changes the outputs from that token on, never before it."""
+    """h^0 = sqrt(D) (E[x] + A[id]): with A's rows for these ids set to zero the model is the plain model with its
+    weights, and a different id of one token changes the outputs from that token on, never before it."""
     torch.manual_seed(0)
     given = make_model("nope", n_layer=2, vocab_size=V, randomize="all", data_positions="abacus")
     plain = make_model("nope", n_layer=2, vocab_size=V, randomize="all")
@@ -39,6 +39,12 @@ def test_the_ids_embedding_is_added_to_the_input():
         moved[:, 5] += 1
         other = given(tokens, position_ids={"abacus": moved}).logits
     assert torch.equal(base[:, :5], other[:, :5]) and not torch.allclose(base[:, 5:], other[:, 5:])
+    seen = []
+    given.drop.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        given(tokens, position_ids={"abacus": ids})
+    scale = 16**0.5  # sqrt(D): A is scaled as E is
+    assert torch.allclose(seen[0], scale * (given.embedding.weight[tokens] + given.data_positions.table[ids]))
 
 
 def test_with_memory_an_instance_across_segments_reads_as_in_one_pass():
