@@ -83,6 +83,9 @@ CLAIMS = {
     # the third attempt's claims (Kazemnejad et al., Ruoss et al.): their four cells without memory, 5 fresh seeds
     "lengthgen": dict(smoke=False, steps=12000, model=(4, 64), lengths=(24, 0), seeds=[100, 101, 102, 103, 104],
                       without_memory=set(), half_loss=set(), recall=set(), task_schemes={NOPE, SINUSOID, ROPE}),
+    # positions the data gives (McLeish et al., Cho et al.): reversed addition, nope with each kind of ids against rope
+    "lengthgen_addition": dict(smoke=False, steps=8000, model=(4, 64), lengths=(16, 0), seeds=[200, 201, 202],
+                               without_memory=set(), half_loss=set(), recall=set(), task_schemes={NOPE, ROPE}),
     # the published finding (Ruoss et al.): reverse, sinusoid and rope with and without random positions, 3 seeds
     "lengthgen_finding": dict(smoke=False, steps=16000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],
                               without_memory=set(), half_loss=set(), recall=set(), task_schemes={SINUSOID, ROPE}),
