@@ -157,7 +157,7 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     if preset == "zoo":  # every registered scheme, with memory only, and a sink and a gate on rope and xl
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
         assert {"rope+sink:mem32", "rope+gate:mem32", "xl+sink:mem32", "xl+gate:mem32"} <= {s.cell for s in main}
-    elif preset not in ("lengthgen_finding", "lengthgen"):  # the published claims' cells: without memory only
+    elif preset not in ("lengthgen_finding", "lengthgen", "lengthgen_addition"):  # published claims: no memory
         assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
     ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis))  # the analysis block is valid
     for spec in specs if every_run else representative(specs):
