@@ -32,6 +32,11 @@ from torch import Tensor, nn
 KINDS = ("abacus", "coupling")
 
 
+class DataPositionsError(LookupError):
+    """The batch lacks the ids ``model.data_positions`` reads, or holds one past its table: a run set up wrongly,
+    never a length a scheme cannot serve (what the analyses catch as a ValueError and report as such)."""
+
+
 def data_positions_problem(kind, size) -> str | None:
     """Why ``model.data_positions=kind`` with a table of ``size`` rows cannot be built (one line), or None."""
     if kind is not None and kind not in KINDS:
@@ -54,14 +59,14 @@ class DataPositions(nn.Module):
         scale: the token embedding's (sqrt(D)), by which A is multiplied as E is."""
         if not position_ids or self.kind not in position_ids:
             given = ", ".join(sorted(position_ids or {})) or "none"
-            raise ValueError(
+            raise DataPositionsError(
                 f"model.data_positions={self.kind} reads the data's {self.kind} position ids, and this batch gives "
                 f"{given}: train on a task with data.corpus.position_ids=true (the tasks with coupled ids: "
                 f"addition, addition_reversed), or set model.data_positions=null"
             )
         ids = position_ids[self.kind]
         if (largest := int(ids.max())) >= self.size:  # one host read a segment: the table is never indexed past
-            raise ValueError(
+            raise DataPositionsError(
                 f"model.data_positions: position id {largest} is past the table of model.data_positions_size="
                 f"{self.size} (ids 0..{self.size - 1}); raise model.data_positions_size to at least {largest + 1}"
             )

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import inspect
 import logging
 import os
 import re
 import shutil
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from .data import CORPORA, SPLITS, path_options
 from .data.drawn import DrawnSide, DrawnSplit
 from .errors import RunDirError
 from .io import CorruptFileError, path_problem, read_json, write_json, write_text
+from .model import ModelConfig
 from .runlock import LOCK_FILE, RunLock, lock_not_a_file
 
 log = logging.getLogger("posenc_lab.rundir")
@@ -122,13 +124,10 @@ def corpus_identity(corpus) -> dict[str, Any]:
     fly, of what decides its draws (``DrawnSplit.identity``)}."""
     digest = hashlib.sha256()
     arrays = {_HASHED_NAMES.get(s, s): corpus.split(s) for s in SPLITS}
-    arrays.update(
-        {
-            f"{_HASHED_NAMES.get(s, s)}.{k}": a
-            for s, side in sorted(corpus.side.items())
-            for k, a in sorted(side.items())
-        }
-    )
+    for s, side in sorted(corpus.side.items()):
+        for k, a in sorted(side.items()):  # a mapping of arrays (the position ids by kind): each array by its name
+            named = sorted(a.items()) if isinstance(a, dict) else [(None, a)]
+            arrays.update({".".join(filter(None, [_HASHED_NAMES.get(s, s), k, kind])): v for kind, v in named})
     for name, array in arrays.items():
         if isinstance(array, DrawnSplit | DrawnSide):  # drawn on the fly: what decides its draws stands for it
             drawn = array if isinstance(array, DrawnSplit) else array.split
@@ -189,12 +188,36 @@ def _without(section: Any, keys: tuple[str, ...]) -> Any:
     return {k: v for k, v in section.items() if k not in keys} if isinstance(section, dict) else section
 
 
-def differences(saved: Any, now: Any, key: str = "") -> list[str]:
-    """``["optim.lr: run 0.001, now 0.01", ...]`` for every leaf that differs."""
+_NO_DEFAULT = object()
+
+
+def option_default(key: str, identity: dict[str, Any]) -> Any:
+    """The default of a model option (``model.<field>``: ModelConfig's) or of the run's corpus's option
+    (``data.corpus.<option>``: its loader's), the value a run had before the option existed; else none."""
+    parts = key.split(".")
+    if len(parts) == 2 and parts[0] == "model":
+        found = {f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING}
+        return found.get(parts[1], _NO_DEFAULT)
+    name = (identity.get("data") or {}).get("name")
+    if len(parts) == 3 and parts[:2] == ["data", "corpus"] and name in CORPORA:
+        parameter = inspect.signature(CORPORA[name]).parameters.get(parts[2])
+        return _NO_DEFAULT if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+    return _NO_DEFAULT
+
+
+def differences(saved: Any, now: Any, key: str = "", default=None) -> list[str]:
+    """``["optim.lr: run 0.001, now 0.01", ...]`` for every leaf that differs. ``default(key)``: the value an option
+    had before it existed (``option_default``): a key one side lacks is no difference where the other side holds
+    that value, so a run saved before an option was added stays the same run."""
     if isinstance(saved, dict) and isinstance(now, dict):
         out = []
         for k in list(saved) + [k for k in now if k not in saved]:
-            out += differences(saved.get(k), now.get(k), f"{key}.{k}" if key else str(k))
+            path = f"{key}.{k}" if key else str(k)
+            if (k in saved) != (k in now) and default is not None:
+                present = saved[k] if k in saved else now[k]
+                if (before := default(path)) is not _NO_DEFAULT and present == before:
+                    continue
+            out += differences(saved.get(k), now.get(k), path, default)
         return out
     if isinstance(saved, (list, tuple)) and isinstance(now, (list, tuple)):
         saved, now = list(saved), list(now)
@@ -417,7 +440,7 @@ class RunDir:
             config = read_checkpoint(ckpt)["hyper_parameters"].get("config") or {}
             saved = run_identity(config, identity["corpus"])
             record = {"format": FORMAT, "identity": saved, "adopted_from": str(ckpt)}
-        diff = differences(saved, identity)
+        diff = differences(saved, identity, default=lambda key: option_default(key, identity))
         if diff:
             raise RunDirError(
                 f"run_dir {run_dir} holds another run; it differs in {'; '.join(diff)}. Use another "

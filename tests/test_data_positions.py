@@ -13,6 +13,7 @@ import torch
 from posenc_lab.ablate.plan import scheme_entry
 from posenc_lab.cellnames import scheme_label
 from posenc_lab.context import stream_losses
+from posenc_lab.data_positions import DataPositionsError
 from posenc_lab.errors import ConfigError
 from posenc_lab.model import ModelConfig
 from tests.helpers_train import compose_config, tiny
@@ -61,9 +62,13 @@ def test_with_memory_an_instance_across_segments_reads_as_in_one_pass():
 def test_a_batch_without_the_ids_or_with_ids_past_the_table_is_refused():
     model = make_model("nope", vocab_size=V, data_positions="abacus", data_positions_size=16)
     tokens = torch.randint(0, V, (1, 8))
-    with pytest.raises(ValueError, match="model.data_positions=abacus reads the data's abacus position ids, and this "):
+    with pytest.raises(
+        DataPositionsError, match="model.data_positions=abacus reads the data's abacus position ids, and "
+    ):
         model(tokens, position_ids={"coupling": torch.zeros(1, 8, dtype=torch.long)})
-    with pytest.raises(ValueError, match=re.escape("position id 16 is past the table of model.data_positions_size=16")):
+    with pytest.raises(
+        DataPositionsError, match=re.escape("position id 16 is past the table of model.data_positions_size=16")
+    ):
         model(tokens, position_ids={"abacus": torch.full((1, 8), 16)})
 
 
@@ -121,6 +126,30 @@ def test_it_trains_and_the_report_reads_it_with_the_ids(tmp_path):
     run = load_run(tmp_path / "run")
     scored = evaluate(run, "test")
     assert sorted(scored) == [3, 6, 12, 24] and all(s.correct is not None for s in scored.values())
-    with torch.no_grad():  # the report's reading used the ids: without them the model refuses
-        run.model().data_positions.kind = "missing"
-    assert all("reads the data's missing position ids" in s.reason for s in evaluate(run, "test").values())
+    run.model().data_positions.kind = "missing"  # the report's reading used the ids: without them the model refuses,
+    with pytest.raises(DataPositionsError, match="reads the data's missing position ids"):  # never as a length
+        evaluate(run, "test")
+
+
+def test_a_run_saved_before_these_options_existed_resumes(tmp_path):
+    """A run's record from before an option was added lacks its key; it ran with the option's default, so it is the
+    same run and continues; a value other than that default is another run."""
+    import json
+
+    from posenc_lab.errors import RunDirError
+    from posenc_lab.train import train
+
+    corpus = ["data.corpus.train_tokens=3000", "data.corpus.eval_instances=8", "data.corpus.n_train=3"]
+    run = tmp_path / "run"
+    train(compose_config("train", tiny(run, tmp_path / "cache", *corpus, steps=2, data="copy")))
+    record = json.loads((run / "run.json").read_text())
+    for key in ("data_positions", "data_positions_size"):
+        del record["identity"]["model"][key]
+    for key in ("position_ids", "position_shift"):
+        del record["identity"]["data"]["corpus"][key]
+    (run / "run.json").write_text(json.dumps(record))
+    results = train(compose_config("train", tiny(run, tmp_path / "cache", *corpus, steps=4, data="copy")))
+    assert results["steps"] == 4  # continued from step 2 under the older record
+    other = tiny(run, tmp_path / "cache", *corpus, "model.data_positions_size=64", steps=6, data="copy")
+    with pytest.raises(RunDirError, match="model.data_positions_size: run None, now 64"):
+        train(compose_config("train", other))

@@ -138,3 +138,26 @@ def test_a_stream_hands_over_the_ids_of_its_inputs_and_pickles_them(fresh, tmp_p
     assert all(torch.equal(first["position_ids"][k], again["position_ids"][k]) for k in ("abacus", "coupling"))
     plain = SegmentStream(np.asarray(tokens[:3000]), 8, 3)
     assert "position_ids" not in next(iter(plain))  # a corpus without ids: the batch has none
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_corpus_hash_covers_the_ids_and_is_the_same_in_another_process(fresh, tmp_path):
+    """A run's record holds its corpus's hash: a resumed run (another process) must compute the same one."""
+    import subprocess
+    import sys
+
+    from posenc_lab.rundir import corpus_identity
+
+    options = dict(SMALL, fresh=fresh, position_ids=True, position_shift=2)
+    here = corpus_identity(load_corpus("addition", root=tmp_path, **options))["sha256"]
+    code = (
+        "import sys; from posenc_lab.data import load_corpus; from posenc_lab.rundir import corpus_identity; "
+        f"print(corpus_identity(load_corpus('addition', root=sys.argv[1], **{options!r}))['sha256'])"
+    )
+    there = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert there.stdout.strip() == here
+    other = corpus_identity(load_corpus("addition", root=tmp_path, **{**options, "position_shift": 3}))["sha256"]
+    plain = corpus_identity(
+        load_corpus("addition", root=tmp_path, **{**options, "position_ids": False, "position_shift": 0})
+    )
+    assert len({here, other, plain["sha256"]}) == 3  # the ids (their shifts) are part of what the hash covers
