@@ -5,7 +5,10 @@ Each test instance is read alone, as training put it: after the end token of the
 from a segment's first position (aligned, ``align_to_segment``):
 
 - with memory (M > 0): in segments of the training length L, each layer carrying M states, so an instance
-  longer than a segment is read through the memory;
+  longer than a segment is read through the memory; the memory first holds the instance before it in the split (of
+  the same length, laid out as training lays out instances: ``after_previous``), as in training, where the memory is
+  never empty when an instance starts. Read with an empty memory instead, the memory-row pilots' xl copied 8-symbol
+  instances with 0.51 of the answer tokens right against 0.85 after the previous instance;
 - without memory: in one window of the whole instance (the usual length-generalization test, Kazemnejad et al.
   2023, Ruoss et al. 2023): the positions go past those of training, and a scheme that cannot serve them (a
   learned table shorter than the instance, random positions fewer than its keys) is not evaluated, with its
@@ -54,6 +57,8 @@ def evaluate(run: Run, split: str, max_instances: int | None = None, lengths=Non
         rows, scored, ids = rows[:max_instances], scored[:max_instances], {k: a[:max_instances] for k, a in ids.items()}
         if not run.recurrence and corpus.align:
             rows, scored, ids = widened(rows, scored, ids, run.segment_len, corpus.vocab_size - 1)
+        if run.recurrence:
+            rows, scored, ids = after_previous(rows, scored, ids, corpus.align, corpus.vocab_size - 1)
         segment = run.segment_len if run.recurrence else rows.shape[1] - 1
         torch.manual_seed(0)  # random positions are drawn at evaluation too: the same draws on every report
         try:
@@ -70,6 +75,28 @@ def evaluate(run: Run, split: str, max_instances: int | None = None, lengths=Non
             continue
         out[n] = Scored(res.correct.numpy()[scored].reshape(len(rows), -1))
     return out
+
+
+def after_previous(rows: np.ndarray, scored: np.ndarray, ids: dict, align: int, pad: int):
+    """Each instance (rows [k, w], scored [k, w - 1], ids {kind: [k, w]}) after the one before it (the first after the
+    last), as training streams them: packed, the previous row (its end token first) then this one without its own
+    leading end token; aligned, the previous instance padded to a multiple of ``align`` with ``pad``, then this one
+    from a segment's first position. Only this instance's answers are scored."""
+    before = np.roll(rows, 1, axis=0)
+    if align:
+        extra = -rows.shape[1] % align
+        widen = ((0, 0), (0, extra))
+        before, ids_before = (
+            np.pad(before, widen, constant_values=pad),
+            {k: np.pad(np.roll(a, 1, 0), widen) for k, a in ids.items()},
+        )
+        joined = np.concatenate([before, rows], axis=1)
+        ids = {k: np.concatenate([ids_before[k], a], axis=1) for k, a in ids.items()}
+    else:
+        joined = np.concatenate([before, rows[:, 1:]], axis=1)
+        ids = {k: np.concatenate([np.roll(a, 1, 0), a[:, 1:]], axis=1) for k, a in ids.items()}
+    lead = joined.shape[1] - rows.shape[1]
+    return joined, np.pad(scored, ((0, 0), (lead, 0))), ids
 
 
 def widened(rows: np.ndarray, scored: np.ndarray, ids: dict, L: int, pad: int) -> tuple[np.ndarray, np.ndarray, dict]:

@@ -388,3 +388,23 @@ def test_the_figure_draws_an_interval_that_does_not_hold_its_mean(tmp_path):
     ]  # fmt: skip
     path = figure(pd.DataFrame(rows), tmp_path / "lengthgen_accuracy.png")
     assert path.exists() and path.stat().st_size > 1000
+
+
+def test_a_memory_cell_reads_each_instance_after_the_one_before_it_as_training_streams_them():
+    from posenc_lab_analysis.lengthgen import after_previous
+
+    rows = np.array([[9, 1, 2, 7, 3, 9], [9, 4, 5, 7, 6, 9]])  # packed: the end token (9), then the instance
+    scored = np.array([[0, 0, 0, 1, 0], [0, 0, 0, 1, 0]], dtype=bool)
+    ids = {"abacus": np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 0, 1, 0]])}
+    joined, s, i = after_previous(rows, scored, ids, align=0, pad=99)
+    assert joined.tolist() == [[9, 4, 5, 7, 6, 9, 1, 2, 7, 3, 9], [9, 1, 2, 7, 3, 9, 4, 5, 7, 6, 9]]
+    assert s.shape == (2, 10) and np.flatnonzero(s[0]).tolist() == [8]  # the target 3 of this instance alone
+    assert joined[0, 8 + 1] == 3 and i["abacus"][0].tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 0, 1, 0]
+    aligned, s, i = after_previous(rows[:, 1:], scored[:, 1:], {k: a[:, 1:] for k, a in ids.items()}, align=4, pad=99)
+    # aligned: the instance before it padded to a multiple of 4, so this one starts a segment
+    assert aligned[0].tolist() == [4, 5, 7, 6, 9, 99, 99, 99, 1, 2, 7, 3, 9] and i["abacus"][0, 5:8].tolist() == [
+        0,
+        0,
+        0,
+    ]
+    assert np.flatnonzero(s[0]).tolist() == [10] and aligned[0, 11] == 3
