@@ -86,6 +86,9 @@ CLAIMS = {
     # positions the data gives (McLeish et al., Cho et al.): reversed addition, nope with each kind of ids against rope
     "lengthgen_addition": dict(smoke=False, steps=8000, model=(4, 64), lengths=(16, 0), seeds=[200, 201, 202],
                                without_memory=set(), half_loss=set(), recall=set(), task_schemes={NOPE, ROPE}),
+    # the memory row: copy across segments through the memory, xl against nope with Abacus ids, memory only
+    "lengthgen_memory": dict(smoke=False, steps=8000, model=(4, 64), lengths=(8, 32), seeds=[300, 301, 302],
+                             without_memory=set(), half_loss=set(), recall=set(), task_schemes={XL, NOPE}),
     # the published finding (Ruoss et al.): reverse, sinusoid and rope with and without random positions, 3 seeds
     "lengthgen_finding": dict(smoke=False, steps=16000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],
                               without_memory=set(), half_loss=set(), recall=set(), task_schemes={SINUSOID, ROPE}),
@@ -157,6 +160,8 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
     if preset == "zoo":  # every registered scheme, with memory only, and a sink and a gate on rope and xl
         assert schemes == set(SCHEMES) and all(s.mem_len > 0 for s in main)
         assert {"rope+sink:mem32", "rope+gate:mem32", "xl+sink:mem32", "xl+gate:mem32"} <= {s.cell for s in main}
+    elif preset == "lengthgen_memory":  # the memory row: with memory only
+        assert {s.mem_len > 0 for s in main} == {True}
     elif preset not in ("lengthgen_finding", "lengthgen", "lengthgen_addition"):  # published claims: no memory
         assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
     ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis))  # the analysis block is valid
