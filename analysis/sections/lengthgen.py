@@ -229,8 +229,9 @@ class Lengthgen(Section):
         path = figure(m.table, ctx.file("lengthgen/lengthgen_accuracy.png"))
         text = (
             f"Each task's {ctx.shared.split} instances at n_train, 2, 4 and 8 x n_train (inputs training never saw; "
-            "training: lengths 1..n_train), each read alone after an end token: with memory in segments of the "
-            "training length L through the memory, without memory in one window holding the whole instance (as "
+            "training: lengths 1..n_train): with memory after the instance before it (as training streams them: the "
+            "memory is never empty when an instance starts), in segments of the training length L through the "
+            "memory; without memory alone after an end token, in one window holding the whole instance (as "
             "the published suites test; an instance aligned to segments and shorter than one is read in a "
             "segment's window, pads after it, as training placed it). Answers only are scored. `seq_*`: exact "
             "match per instance (every answer token the model's argmax), by test length; intervals "
