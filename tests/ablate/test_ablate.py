@@ -259,7 +259,7 @@ def test_every_preset_runs_on_any_corpus(preset, textfile, tmp_path):
     """`posenc-lab ablate data=textfile data.corpus.path=FILE` with every preset: the runs of the main
     grid load the file (presets carry no corpus-specific keys); the recall grid keeps its own data."""
     if not any(s.group is None for s in plan(preset)):
-        pytest.skip(f"{preset} trains the recall probe alone (no language-corpus grid for data= to choose)")
+        pytest.skip(f"{preset} has no language-corpus grid for data= to choose (only the recall probe or a task grid)")
     specs = plan(preset, "data=textfile", f"data.corpus.path={textfile}")
     for spec in representative(specs):
         run = compose("train", [*spec.overrides, f"run_dir={tmp_path / spec.name}"])
