@@ -82,19 +82,10 @@ def after_previous(rows: np.ndarray, scored: np.ndarray, ids: dict, align: int, 
     last), as training streams them: packed, the previous row (its end token first) then this one without its own
     leading end token; aligned, the previous instance padded to a multiple of ``align`` with ``pad``, then this one
     from a segment's first position. Only this instance's answers are scored."""
-    before = np.roll(rows, 1, axis=0)
-    if align:
-        extra = -rows.shape[1] % align
-        widen = ((0, 0), (0, extra))
-        before, ids_before = (
-            np.pad(before, widen, constant_values=pad),
-            {k: np.pad(np.roll(a, 1, 0), widen) for k, a in ids.items()},
-        )
-        joined = np.concatenate([before, rows], axis=1)
-        ids = {k: np.concatenate([ids_before[k], a], axis=1) for k, a in ids.items()}
-    else:
-        joined = np.concatenate([before, rows[:, 1:]], axis=1)
-        ids = {k: np.concatenate([np.roll(a, 1, 0), a[:, 1:]], axis=1) for k, a in ids.items()}
+    widen = ((0, 0), (0, -rows.shape[1] % align if align else 0))
+    cut = 0 if align else 1  # packed: the previous row's end token is this one's leading end token
+    joined = np.concatenate([np.pad(np.roll(rows, 1, 0), widen, constant_values=pad), rows[:, cut:]], axis=1)
+    ids = {k: np.concatenate([np.pad(np.roll(a, 1, 0), widen), a[:, cut:]], axis=1) for k, a in ids.items()}
     lead = joined.shape[1] - rows.shape[1]
     return joined, np.pad(scored, ((0, 0), (lead, 0))), ids
 

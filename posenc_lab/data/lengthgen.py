@@ -79,7 +79,8 @@ class Task:
 
     def position_ids(self, n: int, n_symbols: int) -> dict[str, np.ndarray]:
         """The position ids of every token of an instance of length n, laid out ``input = answer .`` (the same for
-        every instance of one length: its symbols sit at fixed places), by kind (``POSITION_ID_KINDS``); 0: none."""
+        every instance of one length: its symbols sit at fixed places), by kind: abacus, and coupling where the task
+        has ``couple``; 0: none."""
         return _id_templates(self, n, n_symbols)
 
     def vocab(self, n_symbols: int) -> list[str]:
@@ -95,9 +96,6 @@ class Task:
 
 
 TASKS: dict[str, Task] = {}
-
-#: the kinds of position ids a task gives (``data.corpus.position_ids``), read by ``model.data_positions``
-POSITION_ID_KINDS = ("abacus", "coupling")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -39,16 +39,27 @@ def add_digits(rng: np.random.Generator, n: int, count: int, n_symbols: int):
     return a, b, total
 
 
-@register_task(
-    "addition",
-    space=lambda n, s: s ** (2 * n),
-    extra=("+",),
-    symbol_names=lambda s: [str(i) for i in range(s)],
-    n_symbols=10,
-    source="Kazemnejad et al. 2023",
-    couple=lambda n: significance_ids(n, operands_from_units=False),
-)
-def make_addition(rng: np.random.Generator, n: int, count: int, n_symbols: int):
-    a, b, total = add_digits(rng, n, count, n_symbols)
-    plus = np.full((count, 1), n_symbols)  # the task's own token "+", right after the digits
-    return np.concatenate([a, plus, b], axis=1), total
+def register_addition(name: str, source: str, from_units: bool):
+    """Register addition as task ``name``: numbers written from their most significant digit, or (``from_units``)
+    every number, operands and sum, from its units; its coupled ids by significance either way."""
+
+    @register_task(
+        name,
+        space=lambda n, s: s ** (2 * n),
+        extra=("+",),
+        symbol_names=lambda s: [str(i) for i in range(s)],
+        n_symbols=10,
+        source=source,
+        couple=lambda n: significance_ids(n, operands_from_units=from_units),
+    )
+    def make(rng: np.random.Generator, n: int, count: int, n_symbols: int):
+        a, b, total = add_digits(rng, n, count, n_symbols)
+        if from_units:
+            a, b, total = a[:, ::-1], b[:, ::-1], total[:, ::-1].copy()
+        plus = np.full((count, 1), n_symbols)  # the task's own token "+", right after the digits
+        return np.concatenate([a, plus, b], axis=1), total
+
+    return make
+
+
+make_addition = register_addition("addition", "Kazemnejad et al. 2023", from_units=False)

@@ -9,22 +9,6 @@ id is its significance + 1 in both operands and the sum: ``1 2 0 1 2 0 1 2 3 0``
 
 from __future__ import annotations
 
-import numpy as np
+from .task_addition import register_addition
 
-from .lengthgen import register_task
-from .task_addition import add_digits, significance_ids
-
-
-@register_task(
-    "addition_reversed",
-    space=lambda n, s: s ** (2 * n),
-    extra=("+",),
-    symbol_names=lambda s: [str(i) for i in range(s)],
-    n_symbols=10,
-    source="McLeish et al. 2024",
-    couple=lambda n: significance_ids(n, operands_from_units=True),
-)
-def make_addition_reversed(rng: np.random.Generator, n: int, count: int, n_symbols: int):
-    a, b, total = add_digits(rng, n, count, n_symbols)
-    plus = np.full((count, 1), n_symbols)
-    return np.concatenate([a[:, ::-1], plus, b[:, ::-1]], axis=1), total[:, ::-1].copy()
+make_addition_reversed = register_addition("addition_reversed", "McLeish et al. 2024", from_units=True)
