@@ -32,7 +32,7 @@ def palette(schemes) -> dict:
     order = scheme_order()
     known = dict(zip(order, sns.color_palette("husl", max(1, len(order)))))
     extra = [s for s in schemes if s not in known]
-    known.update(zip(extra, sns.color_palette("Greys", max(1, len(extra)))))
+    known.update(zip(extra, sns.color_palette("dark", max(1, len(extra)))))  # cells with marks: distinct, darker
     return {s: known[s] for s in schemes}
 
 

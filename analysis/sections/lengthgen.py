@@ -5,6 +5,7 @@ conf/lengthgen_paper.yaml (``analysis/lengthgen.py`` measures and judges)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,14 +145,21 @@ def _interval(r, kind: str) -> str:
     return f"{r[f'{kind}_acc']:.3f} [{r[f'{kind}_low']:.3f}, {r[f'{kind}_high']:.3f}]"
 
 
+def line_style(scheme: str) -> tuple[str, str]:
+    """A cell's colour key and marker in the figure: random positions (``+rand<P>``) keep the colour of the cell
+    without them and draw squares; any other mark (``+abacus``, ``+sink``) is a cell of its own colour."""
+    random = re.fullmatch(r"(.+)\+rand\d+", scheme)
+    return (random.group(1), "s") if random else (scheme, "o")
+
+
 def figure(t: pd.DataFrame, path: Path) -> Path:
     """Accuracy against the test length, a panel per task: exact match per instance (top row) and per answer
-    token (bottom row; a task learned in part shows there first); a colour per scheme (squares: with random
-    positions), solid with memory, dashed without; bars: the intervals; not-served lengths left out."""
+    token (bottom row; a task learned in part shows there first); a colour per scheme with its marks (squares:
+    with random positions, ``line_style``), solid with memory, dashed without; bars: the intervals; not-served
+    lengths left out."""
     t = t[np.isfinite(t["seq_acc"])].copy()
     tasks = list(dict.fromkeys(t["task"]))
-    base = t["scheme"].str.split("+").str[0]  # sinusoid+rand256: sinusoid's colour, square markers
-    colours = palette(list(dict.fromkeys(base)))
+    colours = palette(list(dict.fromkeys(line_style(s)[0] for s in t["scheme"])))
     n = max(1, len(tasks))
     fig, axes = plt.subplots(2, n, figsize=(4.2 * n, 6.6), squeeze=False, sharex=True)
     factors = sorted(set(t["factor"]))
@@ -165,9 +173,9 @@ def figure(t: pd.DataFrame, path: Path) -> Path:
                     acc,
                     # an interval need not hold its mean (a skewness-corrected one): no negative bar
                     yerr=[np.maximum(acc - low, 0), np.maximum(high - acc, 0)],
-                    color=colours[g["scheme"].iloc[0].split("+")[0]],
+                    color=colours[line_style(g["scheme"].iloc[0])[0]],
                     ls="-" if g["memory"].iloc[0] else "--",
-                    marker="s" if "+" in g["scheme"].iloc[0] else "o",
+                    marker=line_style(g["scheme"].iloc[0])[1],
                     ms=3,
                     lw=1,
                     capsize=2,

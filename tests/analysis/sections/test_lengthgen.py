@@ -408,3 +408,15 @@ def test_a_memory_cell_reads_each_instance_after_the_one_before_it_as_training_s
         0,
     ]
     assert np.flatnonzero(s[0]).tolist() == [10] and aligned[0, 11] == 3
+
+
+def test_the_figure_tells_random_positions_from_other_marks():
+    """Squares mean random positions alone: a cell with the data's ids (nope+abacus) is a cell of its own colour,
+    not drawn as nope with random positions, and two kinds of ids are two colours."""
+    from posenc_lab_analysis.sections.lengthgen import line_style
+
+    assert line_style("rope+rand256") == ("rope", "s")
+    assert line_style("rope") == ("rope", "o")
+    assert line_style("nope+abacus") == ("nope+abacus", "o")
+    assert line_style("nope+abacus+rand64") == ("nope+abacus", "s")
+    assert line_style("nope+abacus")[0] != line_style("nope+coupling")[0]
