@@ -83,12 +83,13 @@ CLAIMS = {
     # the third attempt's claims (Kazemnejad et al., Ruoss et al.): their four cells without memory, 5 fresh seeds
     "lengthgen": dict(smoke=False, steps=12000, model=(4, 64), lengths=(24, 0), seeds=[100, 101, 102, 103, 104],
                       without_memory=set(), half_loss=set(), recall=set(), task_schemes={NOPE, SINUSOID, ROPE}),
-    # positions the data gives (McLeish et al., Cho et al.): reversed addition, nope with each kind of ids against rope
-    "lengthgen_addition": dict(smoke=False, steps=8000, model=(4, 64), lengths=(16, 0), seeds=[200, 201, 202],
+    # positions the data gives (McLeish et al., Cho et al.): reversed addition, nope with each kind of ids against rope,
+    # each with and without memory
+    "lengthgen_addition": dict(smoke=False, steps=8000, model=(4, 64), lengths=(16, 32), seeds=[200, 201, 202],
                                without_memory=set(), half_loss=set(), recall=set(), task_schemes={NOPE, ROPE}),
-    # the memory row: copy across segments through the memory, xl against nope with Abacus ids, memory only
+    # the memory row: copy and reverse across segments through the memory, xl and rope against nope with Abacus ids
     "lengthgen_memory": dict(smoke=False, steps=8000, model=(4, 64), lengths=(8, 32), seeds=[300, 301, 302],
-                             without_memory=set(), half_loss=set(), recall=set(), task_schemes={XL, NOPE}),
+                             without_memory=set(), half_loss=set(), recall=set(), task_schemes={XL, ROPE, NOPE}),
     # the published finding (Ruoss et al.): reverse, sinusoid and rope with and without random positions, 3 seeds
     "lengthgen_finding": dict(smoke=False, steps=16000, model=(2, 64), lengths=(32, 32), seeds=[0, 1, 2],
                               without_memory=set(), half_loss=set(), recall=set(), task_schemes={SINUSOID, ROPE}),
@@ -162,7 +163,7 @@ def test_preset_composes_into_runs(preset, every_run, tmp_path):
         assert {"rope+sink:mem32", "rope+gate:mem32", "xl+sink:mem32", "xl+gate:mem32"} <= {s.cell for s in main}
     elif preset == "lengthgen_memory":  # the memory row: with memory only
         assert {s.mem_len > 0 for s in main} == {True}
-    elif preset not in ("lengthgen_finding", "lengthgen", "lengthgen_addition"):  # published claims: no memory
+    elif preset not in ("lengthgen_finding", "lengthgen"):  # published claims: no memory
         assert {s.mem_len > 0 for s in main} == {True, False}  # with and without memory
     ReportSettings.read(OmegaConf.to_container(cfg.ablate.analysis))  # the analysis block is valid
     for spec in specs if every_run else representative(specs):
