@@ -32,7 +32,7 @@ def palette(schemes) -> dict:
     order = scheme_order()
     known = dict(zip(order, sns.color_palette("husl", max(1, len(order)))))
     extra = [s for s in schemes if s not in known]
-    known.update(zip(extra, sns.color_palette("dark", max(1, len(extra)))))  # cells with marks: distinct, darker
+    known.update(zip(extra, sns.husl_palette(max(1, len(extra)), l=0.35)))  # marked or unregistered: darker, one each
     return {s: known[s] for s in schemes}
 
 
