@@ -167,15 +167,16 @@ def figure(t: pd.DataFrame, path: Path) -> Path:
         for ax, task in zip(axes[row], tasks):
             for cell, g in t[t["task"] == task].groupby("cell", sort=False):
                 g = g.sort_values("factor")
+                colour_key, marker = line_style(g["scheme"].iloc[0])
                 acc, low, high = g[f"{kind}_acc"], g[f"{kind}_low"].clip(lower=0), g[f"{kind}_high"].clip(upper=1)
                 ax.errorbar(
                     g["factor"],
                     acc,
                     # an interval need not hold its mean (a skewness-corrected one): no negative bar
                     yerr=[np.maximum(acc - low, 0), np.maximum(high - acc, 0)],
-                    color=colours[line_style(g["scheme"].iloc[0])[0]],
+                    color=colours[colour_key],
                     ls="-" if g["memory"].iloc[0] else "--",
-                    marker=line_style(g["scheme"].iloc[0])[1],
+                    marker=marker,
                     ms=3,
                     lw=1,
                     capsize=2,
